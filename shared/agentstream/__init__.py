@@ -1,0 +1,37 @@
+"""agentstream: run LLM agents as services that talk over Redis Streams.
+
+The public API of the shared library: declare an :class:`App` of :class:`Agent` s and
+:func:`tool` s; the events of a trace are in :mod:`agentstream.events`; the context library
+is :mod:`agentstream.context`.
+"""
+
+from agentstream.app import Agent, App, Tool, ToolResultValue, load_app, tool
+from agentstream.errors import AgentStreamError
+from agentstream.events import (
+    TRACE_SCHEMA_VERSION,
+    ModelOutput,
+    ToolCall,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    TurnMessage,
+)
+
+__all__ = [
+    "TRACE_SCHEMA_VERSION",
+    "Agent",
+    "AgentStreamError",
+    "App",
+    "ModelOutput",
+    "Tool",
+    "ToolCall",
+    "ToolOutput",
+    "ToolResultValue",
+    "TurnEnded",
+    "TurnFailed",
+    "TurnInput",
+    "TurnMessage",
+    "load_app",
+    "tool",
+]

@@ -1,0 +1,3 @@
+from agentstream.cli import main
+
+main()

@@ -1,0 +1,337 @@
+"""The ``agentstream`` command (typer).
+
+Commands:
+
+- ``run "question"``: the main job on a laptop: Redis (REDIS_URL or embedded), a model
+  (OPENAI_* or the local SmolLM2), the agent loop and a tool worker as separate processes; asks,
+  prints each step as it happens, verifies the trace's fingerprints, and stops everything.
+- ``serve <service> --app mod:app``: one service (``agent-loop`` or ``tool-worker``).
+- ``dev --app mod:app``: every service in one process.
+- ``ask "question"``: publish a turn to running services and follow it.
+- ``trace show <id>`` / ``trace verify <id>``: print a stored trace / rebuild its requests.
+- ``schema turn``: the JSON schema of the turn message other backends publish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from enum import Enum
+from typing import Annotated, Optional
+
+import httpx
+import typer
+
+from agentstream import codec
+from agentstream.app import load_app
+from agentstream.errors import AgentStreamError
+from agentstream.events import Event, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput, TurnMessage
+from agentstream.keys import TURN_FIELD
+from agentstream.redis_conn import connect, redis_url_or_embedded
+from agentstream.settings import Settings
+from agentstream.store import TraceStore
+
+DEFAULT_APP = "agentstream.demo.app:app"
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True, help="Run LLM agents as services over Redis Streams.")
+trace_cli = typer.Typer(no_args_is_help=True, help="Read stored traces.")
+schema_cli = typer.Typer(no_args_is_help=True, help="Print wire-format schemas.")
+cli.add_typer(trace_cli, name="trace")
+cli.add_typer(schema_cli, name="schema")
+
+
+class Service(str, Enum):
+    agent_loop = "agent-loop"
+    tool_worker = "tool-worker"
+
+
+AppOption = Annotated[str, typer.Option("--app", envvar="AGENTSTREAM_APP", help="The app, as module:attribute.")]
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _fail(exc: Exception) -> None:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+# --- services --------------------------------------------------------------------------------
+
+
+async def _serve(services: list[Service], app_path: str, queues: list[str] | None, settings: Settings) -> None:
+    from agentstream.service import run_consumers
+    from agentstream_services.agent_loop.service import build as build_loop
+    from agentstream_services.tool_worker.service import build as build_worker
+
+    app = load_app(app_path)
+    if not settings.redis_url:
+        raise AgentStreamError("REDIS_URL is not set (use `agentstream dev` or `agentstream run` for an embedded Redis)")
+    redis = connect(settings.redis_url)
+    store = TraceStore(redis, settings.keys)
+    consumers = []
+    async with httpx.AsyncClient() as http:
+        if Service.agent_loop in services:
+            consumers += build_loop(app, settings, store, http)[1]
+        if Service.tool_worker in services:
+            consumers += build_worker(app, settings, store, queues)[1]
+        try:
+            await run_consumers(consumers, grace_s=settings.shutdown_grace_s, metrics_port=settings.metrics_port)
+        finally:
+            await redis.aclose()
+
+
+@cli.command()
+def serve(
+    service: Annotated[Service, typer.Argument(help="Which service to run.")],
+    app: AppOption = DEFAULT_APP,
+    queue: Annotated[Optional[list[str]], typer.Option(help="Tool queue(s) to consume (tool-worker).")] = None,
+    log_level: str = "INFO",
+) -> None:
+    """Run one service until SIGTERM (then drain within AGENTSTREAM_SHUTDOWN_GRACE_S)."""
+    _setup_logging(log_level)
+    try:
+        asyncio.run(_serve([service], app, queue, Settings()))
+    except AgentStreamError as exc:
+        _fail(exc)
+
+
+@contextlib.contextmanager
+def _environment(settings: Settings):
+    """Redis and a model: the configured ones, or an embedded Redis and the local model."""
+    url, embedded = redis_url_or_embedded(settings.redis_url)
+    local = None
+    try:
+        base_url, model = settings.openai_base_url, settings.openai_model
+        if not base_url:
+            from agentstream.localmodel import LocalModelServer
+
+            typer.secho("starting the local model (SmolLM2-135M on llama.cpp)…", fg=typer.colors.BRIGHT_BLACK, err=True)
+            local = LocalModelServer()
+            local.start()
+            base_url, model = local.base_url, local.model
+        env = {"REDIS_URL": url, "OPENAI_BASE_URL": base_url, "OPENAI_MODEL": model or ""}
+        os.environ.update(env)
+        yield Settings()
+    finally:
+        if local is not None:
+            local.stop()
+        if embedded is not None:
+            embedded.stop()
+
+
+@cli.command()
+def dev(app: AppOption = DEFAULT_APP, log_level: str = "INFO") -> None:
+    """Every service in one process, on REDIS_URL / OPENAI_* or the embedded defaults."""
+    _setup_logging(log_level)
+    try:
+        with _environment(Settings()) as settings:
+            typer.secho(f"REDIS_URL={settings.redis_url}", err=True)
+            asyncio.run(_serve(list(Service), app, None, settings))
+    except AgentStreamError as exc:
+        _fail(exc)
+
+
+# --- asking ----------------------------------------------------------------------------------
+
+
+def describe(event: Event) -> str:
+    """One line per event, for people following a trace."""
+    match event:
+        case TurnInput(agent=agent, text=text):
+            return f"» turn for {agent}: {text}"
+        case ModelOutput(step=step, tool_calls=calls, content=content, stop_reason=stop, latency_ms=ms):
+            head = f"· model call {step} ({ms / 1000:.1f} s, {stop})"
+            lines = [head]
+            for call in calls:
+                lines.append(f"  → tool call {call.name}({call.arguments}) [{call.id}]")
+            if content and calls:
+                lines.append(f"  text: {content}")
+            return "\n".join(lines)
+        case ToolOutput(name=name, text=text, error=error, call_id=call_id):
+            shown = text if len(text) <= 300 else text[:300] + "…"
+            return f"  ← tool result {name} [{call_id}]{' (error)' if error else ''}: {shown}"
+        case TurnEnded(answer=answer):
+            return f"✓ answer: {answer}"
+        case TurnFailed(code=code, reason=reason):
+            return f"✗ turn failed ({code}): {reason}"
+    return repr(event)
+
+
+async def _ask(settings: Settings, agent: str, text: str, trace_id: str, timeout_s: float, echo=typer.echo) -> TurnEnded | TurnFailed | None:
+    redis = connect(settings.redis_url or "")
+    store = TraceStore(redis, settings.keys)
+    try:
+        turn_id = uuid.uuid4().hex
+        start = "0-0"
+        last = await redis.xrevrange(settings.keys.trace(trace_id), count=1)
+        if last:
+            start = last[0][0].decode()
+        message = TurnMessage(trace_id=trace_id, turn_id=turn_id, agent=agent, text=text)
+        await redis.xadd(settings.keys.turns, {TURN_FIELD: codec.encode(message)})
+        deadline = time.monotonic() + timeout_s
+        stop = asyncio.Event()
+
+        async def watchdog() -> None:
+            await asyncio.sleep(timeout_s)
+            stop.set()
+
+        guard = asyncio.create_task(watchdog())
+        try:
+            async for _, event in store.follow(trace_id, after=start, block_ms=500, stop=stop):
+                if getattr(event, "turn_id", None) != turn_id:
+                    continue
+                echo(describe(event))
+                if isinstance(event, (TurnEnded, TurnFailed)):
+                    return event
+        finally:
+            guard.cancel()
+        echo(f"no answer within {timeout_s:.0f} s (trace {trace_id}); is `agentstream serve` running?")
+        _ = deadline
+        return None
+    finally:
+        await redis.aclose()
+
+
+@cli.command()
+def ask(
+    text: Annotated[str, typer.Argument(help="The user's message.")],
+    agent: str = "demo",
+    trace_id: Annotated[Optional[str], typer.Option(help="Continue this conversation.")] = None,
+    timeout_s: float = 300.0,
+) -> None:
+    """Publish a turn to running services (REDIS_URL) and print each step until the answer."""
+    settings = Settings()
+    if not settings.redis_url:
+        _fail(AgentStreamError("REDIS_URL is not set; `agentstream run` runs everything on a laptop"))
+    trace_id = trace_id or uuid.uuid4().hex
+    typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
+    ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
+    raise typer.Exit(0 if isinstance(ending, TurnEnded) else 1)
+
+
+@cli.command()
+def run(
+    text: Annotated[str, typer.Argument(help="The user's message.")] = "What is 17 * 23 + 4? Use the calculator.",
+    app: AppOption = DEFAULT_APP,
+    agent: str = "demo",
+    timeout_s: float = 300.0,
+    log_level: str = "WARNING",
+) -> None:
+    """The main job: answer one turn end to end with the agent loop and a tool worker as
+    separate processes, on REDIS_URL / OPENAI_* or the embedded defaults."""
+    _setup_logging(log_level)
+    procs: list[subprocess.Popen] = []
+    try:
+        with _environment(Settings()) as settings:
+            load_app(app)  # fail fast on a bad app path, before starting processes
+            for service in (Service.agent_loop, Service.tool_worker):
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "agentstream", "serve", service.value, "--app", app, "--log-level", log_level],
+                        env={**os.environ, "AGENTSTREAM_CONSUMER": f"{service.value}-{os.getpid()}"},
+                    )
+                )
+            typer.secho(
+                f"agent-loop pid {procs[0].pid}, tool-worker pid {procs[1].pid}, model {settings.openai_model} "
+                f"at {settings.openai_base_url}",
+                fg=typer.colors.BRIGHT_BLACK,
+                err=True,
+            )
+            trace_id = uuid.uuid4().hex
+            typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
+            ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
+            if ending is not None:
+                asyncio.run(_verify(settings, app, trace_id, quiet=True))
+    except AgentStreamError as exc:
+        _fail(exc)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    raise typer.Exit(0 if isinstance(ending, TurnEnded) else 1)
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+
+async def _read(settings: Settings, trace_id: str):
+    redis = connect(settings.redis_url or "")
+    try:
+        return await TraceStore(redis, settings.keys).read(trace_id)
+    finally:
+        await redis.aclose()
+
+
+@trace_cli.command("show")
+def trace_show(trace_id: str, as_json: Annotated[bool, typer.Option("--json", help="One JSON event per line.")] = False) -> None:
+    """Print a stored trace (REDIS_URL)."""
+    try:
+        entries = asyncio.run(_read(Settings(), trace_id))
+    except AgentStreamError as exc:
+        _fail(exc)
+    if not entries:
+        _fail(AgentStreamError(f"trace {trace_id!r} has no events"))
+    for entry_id, event in entries:
+        if as_json:
+            typer.echo(json.dumps({"id": entry_id, **json.loads(codec.encode(event))}))
+        else:
+            typer.echo(f"{entry_id}  {describe(event)}")
+
+
+async def _verify(settings: Settings, app_path: str, trace_id: str, *, quiet: bool = False) -> bool:
+    from agentstream.replay import rebuild_calls
+
+    app = load_app(app_path)
+    events = [e for _, e in await _read(settings, trace_id)]
+    calls = rebuild_calls(events, app.agent, model_name=settings.openai_model or "gpt-4o-mini")
+    good = sum(c.matches for c in calls)
+    if not quiet:
+        for c in calls:
+            typer.echo(f"turn {c.turn_id} step {c.step}: {'match' if c.matches else 'MISMATCH'} {c.rebuilt_sha256}")
+    typer.secho(
+        f"fingerprints: {good}/{len(calls)} model calls rebuilt from the stored trace match",
+        fg=typer.colors.GREEN if good == len(calls) else typer.colors.RED,
+        err=True,
+    )
+    return good == len(calls)
+
+
+@trace_cli.command("verify")
+def trace_verify(trace_id: str, app: AppOption = DEFAULT_APP) -> None:
+    """Rebuild every model call's request from the stored trace and compare fingerprints."""
+    try:
+        ok = asyncio.run(_verify(Settings(), app, trace_id))
+    except AgentStreamError as exc:
+        _fail(exc)
+    raise typer.Exit(0 if ok else 1)
+
+
+@schema_cli.command("turn")
+def schema_turn() -> None:
+    """The JSON schema of the turn message other backends publish."""
+    typer.echo(json.dumps(codec.turn_message_schema(), indent=2))
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Every error agentstream raises, under one base class.
+
+The tree::
+
+    AgentStreamError
+    ├── ConfigError              misuse found at startup: a bad app path, an unknown model id,
+    │                            a missing setting. Fix the configuration and restart.
+    ├── TraceError               the stored record cannot be used as it is
+    │   ├── SchemaVersionError   an entry was written by a newer agentstream than this one
+    │   ├── EventDecodeError     an entry is not a valid event (names the trace and entry id)
+    │   └── StaleLeaseError      an append was fenced off: another worker holds the trace now
+    ├── TurnRejected             a published turn is malformed (the reason names the field)
+    ├── ToolError                a tool call could not produce a result
+    │   ├── ToolArgumentsError   the arguments are not JSON or do not validate
+    │   ├── UnknownToolError     the model named a tool the agent does not have
+    │   └── ToolTimeoutError     the tool ran past its timeout
+    ├── ContextError             the context library could not build a request
+    │   ├── UnrenderedEventError an event type that no renderer knows
+    │   └── ContextFullError     the context cannot fit the model's window
+    └── ModelError               a model call failed
+        ├── ModelConfigError     wrong key, model or URL (HTTP 401/403/404): not retried
+        ├── ModelUnanswered      no answer after the retries (network, timeout, 408/409/429/5xx)
+        │                        or the input was refused (HTTP 400/413/422)
+        └── InvalidModelOutput   the reply cannot be used (refused, cut off, empty, malformed)
+
+Errors say what happened, to what (trace id, call id, stream) and what to do next. Third-party
+errors are converted at the boundary into the most specific of these (``raise ... from exc``).
+"""
+
+from __future__ import annotations
+
+
+class AgentStreamError(Exception):
+    """Base class of every agentstream error."""
+
+
+class ConfigError(AgentStreamError):
+    """The configuration is wrong; raised at startup, before any work is taken."""
+
+
+class TraceError(AgentStreamError):
+    """A stored trace cannot be read or written as asked."""
+
+
+class SchemaVersionError(TraceError):
+    """A trace entry carries a schema version newer than this agentstream can read."""
+
+
+class EventDecodeError(TraceError):
+    """A trace entry does not decode into a known event."""
+
+
+class StaleLeaseError(TraceError):
+    """An append carried a fencing token that is no longer the trace's current lease."""
+
+
+class TurnRejected(AgentStreamError):
+    """A published turn message is malformed; ``reason`` says what and where."""
+
+    def __init__(self, reason: str, *, trace_id: str | None = None, turn_id: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.trace_id = trace_id
+        self.turn_id = turn_id
+
+
+class ToolError(AgentStreamError):
+    """A tool call could not produce a result; the message is shown to the model."""
+
+
+class ToolArgumentsError(ToolError):
+    """The tool call's arguments are not a JSON object or do not match the tool's schema."""
+
+
+class UnknownToolError(ToolError):
+    """The model called a tool that the agent does not have."""
+
+
+class ToolTimeoutError(ToolError):
+    """The tool ran longer than its timeout."""
+
+
+class ContextError(AgentStreamError):
+    """The context library could not build a model request from the trace."""
+
+
+class UnrenderedEventError(ContextError):
+    """An event type reached the builder that no renderer handles."""
+
+
+class ContextFullError(ContextError):
+    """The context does not fit the model's window even after every shrink."""
+
+
+class ModelError(AgentStreamError):
+    """A model call failed."""
+
+
+class ModelConfigError(ModelError):
+    """The endpoint refused the key, the model or the URL (HTTP 401, 403, 404)."""
+
+
+class ModelUnanswered(ModelError):
+    """The endpoint gave no answer after the retries, or refused this input (HTTP 400/413/422).
+
+    Attributes:
+        status_code: the last HTTP status, or None for a network error or a timeout.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class InvalidModelOutput(ModelError):
+    """The model's reply cannot be used; ``reason`` says why. Never repaired."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,227 @@
+"""The events of a trace, and the turn message that other backends publish.
+
+Every step of a conversation is one event in that conversation's trace (a Redis stream; see
+:mod:`agentstream.store`). Events are frozen msgspec Structs in one tagged union. Each class has
+an explicit, stable ``tag`` (class names may change, stored tags never do) and follows msgspec's
+schema-evolution rules: a new field always has a default, and a field's type never changes.
+
+The stored record is versioned: :data:`TRACE_SCHEMA_VERSION` is written beside every entry; a
+reader accepts every version up to its own and refuses a newer one (see :mod:`agentstream.codec`).
+
+Event types (tag → meaning):
+
+- ``turn_input``: a user's turn entered the trace (text and metadata).
+- ``model_output``: one model call's answer: content, reasoning, complete tool calls, provider
+  and model, opaque replay blocks, why it stopped, token usage and the sha256 of the request body.
+- ``tool_result``: the result of one tool call (text, structured data, or an error).
+- ``turn_ended``: the turn's final answer.
+- ``turn_failed``: the turn ended without an answer; ``reason`` is written for a person to act on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+TRACE_SCHEMA_VERSION = 1
+"""Version of the stored trace format written by this agentstream."""
+
+StopReason = Literal[
+    "stop",  # the model finished its answer
+    "tool_calls",  # the model asked for tools
+    "length",  # cut off by the output token limit
+    "content_filter",  # stopped by the provider's filter
+    "refusal",  # the model refused
+    "pause",  # the provider paused a long turn (may be continued)
+    "interrupted",  # the stream broke before the reply completed
+    "unknown",  # a finish reason this agentstream does not know
+]
+
+NORMAL_STOPS: frozenset[str] = frozenset({"stop", "tool_calls"})
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """One complete tool call, as the model wrote it.
+
+    Attributes:
+        id: the call id the provider gave (or one agentstream made when it gave none).
+        name: the tool name the model wrote (may be a tool the agent does not have).
+        arguments: the raw argument text, exactly as received; never parsed for replay.
+    """
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Token usage reported by the provider for one call (tokens; None when not reported)."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
+    """A user's turn, appended once per ``turn_id``.
+
+    Attributes:
+        turn_id: the publisher's id for this turn; the idempotency key of the append.
+        agent: the name of the agent that answers the turn.
+        text: the user's message.
+        metadata: string pairs carried through to the reply (the publisher's own ids, say).
+        reply_to: the stream the answer is published on (default: the replies stream).
+    """
+
+    turn_id: str
+    agent: str
+    text: str
+    metadata: dict[str, str] = {}
+    reply_to: str | None = None
+
+
+class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output"):
+    """One model call's answer.
+
+    Attributes:
+        turn_id: the turn this call belongs to.
+        step: 0-based index of the model call within the turn; with ``turn_id`` it is the
+            idempotency key of the append.
+        content: the answer text; may be empty when the model only calls tools.
+        reasoning: reasoning text the provider returned, or None.
+        tool_calls: the complete tool calls, in the order the model wrote them.
+        provider: the provider kind that answered (``openai``, ``anthropic``, ...).
+        model: the provider's model name.
+        replay_blocks: opaque provider blocks (reasoning signatures and the like) that go back
+            unchanged, and only to the same provider and model.
+        stop_reason: why the model stopped (see :data:`StopReason`).
+        stop_detail: the provider's own finish reason or refusal text, when it says more.
+        usage: token usage as the provider reported it.
+        request_sha256: hex sha256 of the exact request body this answered.
+        latency_ms: wall time of the call in milliseconds.
+    """
+
+    turn_id: str
+    step: int
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    provider: str = ""
+    model: str = ""
+    replay_blocks: tuple[dict[str, Any], ...] = ()
+    stop_reason: str = "stop"
+    stop_detail: str | None = None
+    usage: Usage = Usage()
+    request_sha256: str = ""
+    latency_ms: float = 0.0
+
+    @property
+    def stopped_normally(self) -> bool:
+        """True when the model finished or asked for tools."""
+        return self.stop_reason in NORMAL_STOPS
+
+
+class ToolOutput(msgspec.Struct, frozen=True, kw_only=True, tag="tool_result"):
+    """The result of one tool call, appended once per ``call_id``.
+
+    Attributes:
+        turn_id: the turn of the call.
+        call_id: the id of the tool call this answers.
+        name: the tool's name as called.
+        text: what the model is shown.
+        data: the tool's structured return value (JSON-compatible), when it had one.
+        error: a short error message when the call failed; ``text`` then explains it to the model.
+        duration_ms: wall time the tool ran, in milliseconds.
+    """
+
+    turn_id: str
+    call_id: str
+    name: str
+    text: str
+    data: Any = None
+    error: str | None = None
+    duration_ms: float = 0.0
+
+
+class TurnEnded(msgspec.Struct, frozen=True, kw_only=True, tag="turn_ended"):
+    """The turn finished with an answer."""
+
+    turn_id: str
+    answer: str
+
+
+class TurnFailed(msgspec.Struct, frozen=True, kw_only=True, tag="turn_failed"):
+    """The turn ended without an answer.
+
+    Attributes:
+        turn_id: the failed turn.
+        code: a stable machine-readable cause (``bad_turn``, ``model_error``, ``passes_cap``, ...).
+        reason: what went wrong and what to do, for a person.
+    """
+
+    turn_id: str
+    code: str
+    reason: str
+
+
+Event = TurnInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed
+"""The union of every event type that a trace holds."""
+
+TERMINAL_EVENTS = (TurnEnded, TurnFailed)
+
+
+class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """The turn message other backends publish on the turns stream.
+
+    Publish it as a JSON object in the field ``turn`` of a stream entry::
+
+        XADD agentstream:turns * turn '{"trace_id":"c1","turn_id":"t1","agent":"demo","text":"Hi"}'
+
+    Attributes:
+        trace_id: the conversation's id; every turn with the same id shares one trace.
+        turn_id: the publisher's unique id for the turn; a turn published twice is answered once.
+        agent: the name of the agent to answer with.
+        text: the user's message.
+        metadata: string pairs echoed on the reply.
+        reply_to: the stream to publish the answer on; defaults to ``agentstream:replies``.
+    """
+
+    trace_id: str
+    turn_id: str
+    agent: str
+    text: str
+    metadata: dict[str, str] = {}
+    reply_to: str | None = None
+
+
+class Reply(msgspec.Struct, kw_only=True):
+    """What the agent loop publishes (field ``reply``) when a turn ends.
+
+    ``status`` is ``ended`` (``answer`` set) or ``failed`` (``code`` and ``reason`` set).
+    """
+
+    trace_id: str
+    turn_id: str
+    status: Literal["ended", "failed"]
+    answer: str | None = None
+    code: str | None = None
+    reason: str | None = None
+    metadata: dict[str, str] = {}
+
+
+class ToolJob(msgspec.Struct, frozen=True, kw_only=True):
+    """A hint on a tool queue: run this call of this trace (the trace holds the truth)."""
+
+    trace_id: str
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: str
+
+
+class Wake(msgspec.Struct, frozen=True, kw_only=True):
+    """A hint on the wake-up stream: something was appended to this trace; decide the next step."""
+
+    trace_id: str
+    reason: str = ""

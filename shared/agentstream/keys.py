@@ -1,0 +1,90 @@
+"""Every Redis key and stream name agentstream uses; no other module builds a key string.
+
+All names start with a namespace (default ``agentstream``, setting ``AGENTSTREAM_NAMESPACE``),
+so several deployments can share one Redis. The keys of one trace share the hash tag
+``{<trace id>}``, so a trace's stream, idempotency keys and lease sit in one slot and a Lua
+script may touch them together on Redis Cluster.
+
+Work streams (hints, never state):
+
+- ``<ns>:turns``: turns published by backends (field ``turn``: JSON, see TurnMessage).
+- ``<ns>:wake``: wake-ups for the agent loop (field ``wake``).
+- ``<ns>:tools:<queue>``: tool jobs of one tool queue (field ``job``).
+- ``<ns>:replies``: answers (field ``reply``), unless a turn names its own ``reply_to``.
+- ``<ns>:errors``: turns rejected before they had a trace (fields ``error``, ``payload``).
+- ``<ns>:dead:<stream>``: the dead-letter stream of a work stream.
+
+Per trace:
+
+- ``<ns>:trace:{<id>}``: the trace (a stream of events).
+- ``<ns>:trace:{<id>}:keys``: idempotency keys of appends (hash: key → entry id).
+- ``<ns>:trace:{<id>}:lease``: the lease of the agent loop (value: fencing token).
+- ``<ns>:trace:{<id>}:dirty``: set when a hint came while another worker held the lease.
+- ``<ns>:fence``: the counter that issues fencing tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_NAMESPACE = "agentstream"
+
+AGENT_LOOP_GROUP = "agent-loop"
+TOOL_WORKER_GROUP = "tool-workers"
+
+TURN_FIELD = b"turn"
+WAKE_FIELD = b"wake"
+JOB_FIELD = b"job"
+REPLY_FIELD = b"reply"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key and stream names under one namespace."""
+
+    namespace: str = DEFAULT_NAMESPACE
+
+    @property
+    def turns(self) -> str:
+        return f"{self.namespace}:turns"
+
+    @property
+    def wake(self) -> str:
+        return f"{self.namespace}:wake"
+
+    @property
+    def replies(self) -> str:
+        return f"{self.namespace}:replies"
+
+    @property
+    def errors(self) -> str:
+        return f"{self.namespace}:errors"
+
+    @property
+    def fence(self) -> str:
+        return f"{self.namespace}:fence"
+
+    def tools(self, queue: str) -> str:
+        """The stream of tool jobs for one tool queue."""
+        return f"{self.namespace}:tools:{queue}"
+
+    def dead(self, stream: str) -> str:
+        """The dead-letter stream of a work stream."""
+        return f"{self.namespace}:dead:{stream}"
+
+    def trace(self, trace_id: str) -> str:
+        return f"{self.namespace}:trace:{{{trace_id}}}"
+
+    def trace_keys(self, trace_id: str) -> str:
+        return f"{self.namespace}:trace:{{{trace_id}}}:keys"
+
+    def lease(self, trace_id: str) -> str:
+        return f"{self.namespace}:trace:{{{trace_id}}}:lease"
+
+    def dirty(self, trace_id: str) -> str:
+        return f"{self.namespace}:trace:{{{trace_id}}}:dirty"
+
+    def trace_id_of(self, trace_key: str) -> str:
+        """The trace id inside a trace stream name (inverse of :meth:`trace`)."""
+        start = trace_key.index("{") + 1
+        return trace_key[start : trace_key.rindex("}")]

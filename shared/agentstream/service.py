@@ -1,0 +1,62 @@
+"""Running consumers as a service process: signals, graceful drain, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+
+from agentstream import metrics
+from agentstream.consumer import StreamConsumer
+
+log = logging.getLogger("agentstream.service")
+
+
+async def run_consumers(
+    consumers: Sequence[StreamConsumer],
+    *,
+    stop: asyncio.Event | None = None,
+    grace_s: float = 30.0,
+    metrics_port: int = 0,
+    handle_signals: bool = True,
+) -> None:
+    """Run consumers until ``stop`` is set or SIGTERM/SIGINT arrives, then drain.
+
+    On stop, consumers take no new entries and finish what they hold within ``grace_s``
+    seconds; what is still running after that stays pending in its group and is claimed by
+    another worker (nothing is acknowledged that did not finish).
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+    server = None
+    if metrics_port:
+        server = await metrics.serve_http(metrics_port, ready=lambda: not stop.is_set())
+    tasks = [asyncio.create_task(c.run(stop), name=f"consume:{c.stream}") for c in consumers]
+    try:
+        waiter = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not waiter and task.exception() is not None:
+                log.error("consumer %s stopped with an error", task.get_name(), exc_info=task.exception())
+                stop.set()
+        stop.set()
+        waiter.cancel()
+        _, still = await asyncio.wait(tasks, timeout=grace_s)
+        for task in still:
+            log.warning("%s did not drain within %.0f s; its entries stay pending for another worker", task.get_name(), grace_s)
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)

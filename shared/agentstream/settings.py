@@ -1,0 +1,54 @@
+"""Settings from the environment (pydantic-settings), read once at startup.
+
+Variables (all optional):
+
+- ``REDIS_URL``: the Redis to use, e.g. ``redis://localhost:6379/0``. Unset: the commands that
+  run everything (``agentstream run``, ``agentstream dev``) start an embedded Redis.
+- ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL``: the ``default`` model endpoint,
+  any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp). Unset base
+  URL: the commands that run everything start the local SmolLM2 model.
+- ``AGENTSTREAM_NAMESPACE``: prefix of every Redis key (default ``agentstream``).
+- ``AGENTSTREAM_CONSUMER``: this process's consumer name in its groups (default host-pid).
+- ``AGENTSTREAM_BLOCK_MS``: how long one blocking read waits, in milliseconds.
+- ``AGENTSTREAM_LEASE_TTL_MS``: the agent loop's lease on a trace, renewed while held.
+- ``AGENTSTREAM_MODEL_TIMEOUT_S``: one model HTTP request's timeout, in seconds.
+- ``AGENTSTREAM_MODEL_RETRIES``: retries of a failed model request (network, 408/409/429/5xx).
+- ``AGENTSTREAM_METRICS_PORT``: the port of /metrics, /healthz and /readyz (0 = off).
+- ``AGENTSTREAM_SHUTDOWN_GRACE_S``: how long a service drains on SIGTERM, in seconds.
+
+The API key is a ``SecretStr``: it never appears in a repr, a log or a trace.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import cached_property
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agentstream.keys import DEFAULT_NAMESPACE, Keys
+
+
+class Settings(BaseSettings):
+    """agentstream's settings; see the module docstring for the variables."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTSTREAM_", extra="ignore", frozen=True)
+
+    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "AGENTSTREAM_REDIS_URL"))
+    openai_base_url: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_BASE_URL"))
+    openai_api_key: SecretStr | None = Field(default=None, validation_alias=AliasChoices("OPENAI_API_KEY"))
+    openai_model: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_MODEL"))
+    namespace: str = DEFAULT_NAMESPACE
+    consumer: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    block_ms: int = Field(default=2000, ge=10)
+    lease_ttl_ms: int = Field(default=30_000, ge=1000)
+    model_timeout_s: float = Field(default=120.0, gt=0)
+    model_retries: int = Field(default=2, ge=0)
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+
+    @cached_property
+    def keys(self) -> Keys:
+        return Keys(self.namespace)

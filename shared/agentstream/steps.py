@@ -1,0 +1,149 @@
+"""Deciding a trace's next step: a pure function of its events and the app.
+
+The agent loop is level-triggered: whatever hint woke it (a new turn, a tool result, a
+redelivered entry after a crash), it reads the trace and asks :func:`decide` what to do next.
+Running the same decision twice is harmless because every append is once-only by key.
+
+Turns of one trace are answered one at a time, in the order their inputs entered the trace;
+a turn published while another runs waits behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agentstream.app import Agent
+from agentstream.events import Event, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
+
+EMPTY_REPLY_RETRIES = 1
+"""How many times an empty model reply is retried before the turn fails."""
+
+
+@dataclass(frozen=True)
+class CallModel:
+    """Call the model for pass ``step`` of the turn."""
+
+    turn: TurnInput
+    agent: Agent
+    step: int
+
+
+@dataclass(frozen=True)
+class RecordResults:
+    """Append these results (calls that must not run: unknown tool, cut-off arguments)."""
+
+    turn: TurnInput
+    results: tuple[ToolOutput, ...]
+
+
+@dataclass(frozen=True)
+class RunTools:
+    """Tool calls of pass ``step`` still lack results: make sure their jobs are published."""
+
+    turn: TurnInput
+    agent: Agent
+    step: int
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True)
+class EndTurn:
+    turn: TurnInput
+    answer: str
+
+
+@dataclass(frozen=True)
+class FailTurn:
+    turn: TurnInput
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Idle:
+    """No turn is waiting for this trace."""
+
+
+Decision = CallModel | RecordResults | RunTools | EndTurn | FailTurn | Idle
+
+
+def active_turn(events: Sequence[Event]) -> TurnInput | None:
+    """The oldest turn of the trace without an ending, or None."""
+    ended = {e.turn_id for e in events if isinstance(e, (TurnEnded, TurnFailed))}
+    for event in events:
+        if isinstance(event, TurnInput) and event.turn_id not in ended:
+            return event
+    return None
+
+
+def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> Decision:
+    """The next step of the trace.
+
+    Args:
+        events: the whole trace, oldest first.
+        agent_of: looks an agent up by name (``App.agent``).
+    """
+    turn = active_turn(events)
+    if turn is None:
+        return Idle()
+    agent = agent_of(turn.agent)
+    if agent is None:
+        return FailTurn(turn, "unknown_agent", f"no agent named {turn.agent!r} in this app")
+    outputs = [e for e in events if isinstance(e, ModelOutput) and e.turn_id == turn.turn_id]
+    if not outputs:
+        return CallModel(turn, agent, 0)
+    last = outputs[-1]
+    results = {e.call_id for e in events if isinstance(e, ToolOutput) and e.turn_id == turn.turn_id}
+
+    if last.stop_reason in ("refusal", "content_filter"):
+        detail = f": {last.stop_detail}" if last.stop_detail else ""
+        what = "refused" if last.stop_reason == "refusal" else "was stopped by the provider's content filter"
+        return FailTurn(turn, last.stop_reason, f"the model {what}{detail}")
+
+    if last.tool_calls:
+        unrunnable = []
+        for call in last.tool_calls:
+            if call.id in results:
+                continue
+            if last.stop_reason == "length":
+                unrunnable.append(
+                    _error_result(turn, call, "cut_off", "Error: your reply was cut off by the output token limit "
+                                  "in the middle of this tool call, so it was not run. Make the arguments shorter.")
+                )
+            elif agent.tool(call.name) is None:
+                names = ", ".join(t.name for t in agent.tools) or "none"
+                unrunnable.append(
+                    _error_result(turn, call, "unknown_tool", f"Error: there is no tool named {call.name!r}. "
+                                  f"Available tools: {names}.")
+                )
+        if unrunnable:
+            return RecordResults(turn, tuple(unrunnable))
+        pending = tuple(c for c in last.tool_calls if c.id not in results)
+        if pending:
+            return RunTools(turn, agent, last.step, pending)
+        if len(outputs) >= agent.max_passes:
+            return FailTurn(
+                turn,
+                "passes_cap",
+                f"the agent {agent.name!r} reached its passes cap of {agent.max_passes} model calls "
+                "without a final answer; raise max_passes or simplify the task",
+            )
+        return CallModel(turn, agent, last.step + 1)
+
+    if last.stop_reason == "length" and not last.content.strip():
+        return FailTurn(turn, "cut_off", "the model's reply was cut off by the output token limit before any answer")
+    if not last.content.strip():
+        empty_in_a_row = 0
+        for output in reversed(outputs):
+            if output.tool_calls or output.content.strip():
+                break
+            empty_in_a_row += 1
+        if empty_in_a_row <= EMPTY_REPLY_RETRIES and len(outputs) < agent.max_passes:
+            return CallModel(turn, agent, last.step + 1)
+        return FailTurn(turn, "empty_reply", f"the model gave an empty reply {empty_in_a_row} times in a row")
+    return EndTurn(turn, last.content.strip())
+
+
+def _error_result(turn: TurnInput, call: ToolCall, error: str, text: str) -> ToolOutput:
+    return ToolOutput(turn_id=turn.turn_id, call_id=call.id, name=call.name, text=text, error=error)

@@ -1,0 +1,228 @@
+"""The trace store: the only code that reads and writes traces in Redis.
+
+A trace is one Redis stream (``Keys.trace``). Every append carries an idempotency key; the check
+and the XADD run in one Lua script on keys of the same hash slot, so an effect is recorded once
+however often the step that makes it runs. An append may also carry a fencing token: it then
+succeeds only while that token is the trace's current lease (a stale holder cannot append).
+
+Idempotency keys used by the services (see :func:`key_for`):
+
+- ``turn:<turn_id>`` for TurnInput, ``model:<turn_id>:<step>`` for ModelOutput,
+  ``result:<call_id>`` for ToolOutput, ``end:<turn_id>`` for TurnEnded and TurnFailed (a turn
+  has one ending).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from agentstream import codec
+from agentstream.errors import StaleLeaseError
+from agentstream.events import Event, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.keys import Keys
+
+# KEYS: trace stream, idempotency hash, lease. ARGV: fence token ('' = unfenced), version,
+# then (idempotency key, event bytes) pairs. Returns {status, id, status, id, ...}:
+# status 1 = appended, 0 = already there (id of the first append), -1 = fenced off.
+_APPEND_LUA = """
+if ARGV[1] ~= '' then
+  local current = redis.call('GET', KEYS[3])
+  if current ~= ARGV[1] then
+    return {-1, current or ''}
+  end
+end
+local out = {}
+for i = 3, #ARGV, 2 do
+  local existing = redis.call('HGET', KEYS[2], ARGV[i])
+  if existing then
+    table.insert(out, 0)
+    table.insert(out, existing)
+  else
+    local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'e', ARGV[i + 1], 'k', ARGV[i])
+    redis.call('HSET', KEYS[2], ARGV[i], id)
+    table.insert(out, 1)
+    table.insert(out, id)
+  end
+end
+return out
+"""
+
+
+def key_for(event: Event) -> str:
+    """The idempotency key of an event (see the module docstring)."""
+    match event:
+        case TurnInput(turn_id=turn_id):
+            return f"turn:{turn_id}"
+        case ModelOutput(turn_id=turn_id, step=step):
+            return f"model:{turn_id}:{step}"
+        case ToolOutput(call_id=call_id):
+            return f"result:{call_id}"
+        case TurnEnded(turn_id=turn_id) | TurnFailed(turn_id=turn_id):
+            return f"end:{turn_id}"
+    raise TypeError(f"no idempotency key for event type {type(event).__name__}")
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The outcome of one append.
+
+    Attributes:
+        entry_id: the stream id of the event (the first append's id when it was already there).
+        created: False when an event with the same idempotency key was already in the trace.
+    """
+
+    entry_id: str
+    created: bool
+
+
+class TraceStore:
+    """Reads and writes traces.
+
+    Args:
+        redis: an asyncio Redis client (``decode_responses=False``).
+        keys: the key names (namespace).
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys | None = None):
+        self.redis = redis
+        self.keys = keys or Keys()
+        self._append_script = redis.register_script(_APPEND_LUA)
+
+    async def append(self, trace_id: str, event: Event, *, key: str | None = None, fence: int | None = None) -> Appended:
+        """Append one event once.
+
+        Args:
+            trace_id: the trace.
+            event: the event.
+            key: the idempotency key; defaults to :func:`key_for` of the event.
+            fence: the fencing token of the caller's lease, or None for an unfenced append.
+
+        Raises:
+            StaleLeaseError: ``fence`` is not the trace's current lease.
+        """
+        (result,) = await self.append_many(trace_id, [event], keys=[key] if key else None, fence=fence)
+        return result
+
+    async def append_many(
+        self,
+        trace_id: str,
+        events: Sequence[Event],
+        *,
+        keys: Sequence[str] | None = None,
+        fence: int | None = None,
+    ) -> list[Appended]:
+        """Append several events in order, each once, in one round trip and atomically.
+
+        Raises:
+            StaleLeaseError: ``fence`` is not the trace's current lease (nothing is appended).
+        """
+        if not events:
+            return []
+        idem = list(keys) if keys is not None else [key_for(e) for e in events]
+        argv: list[bytes | str] = ["" if fence is None else str(fence), codec._VERSION_BYTES]
+        for k, event in zip(idem, events, strict=True):
+            argv.append(k)
+            argv.append(codec.encode(event))
+        k = self.keys
+        raw = await self._append_script(keys=[k.trace(trace_id), k.trace_keys(trace_id), k.lease(trace_id)], args=argv)
+        if raw and int(raw[0]) == -1:
+            holder = raw[1].decode() if isinstance(raw[1], bytes) else raw[1]
+            raise StaleLeaseError(
+                f"trace {trace_id!r}: append fenced off (token {fence}, current lease {holder or 'none'}); "
+                "another worker now holds this trace"
+            )
+        out = []
+        for i in range(0, len(raw), 2):
+            entry_id = raw[i + 1].decode() if isinstance(raw[i + 1], bytes) else raw[i + 1]
+            out.append(Appended(entry_id=entry_id, created=int(raw[i]) == 1))
+        return out
+
+    async def has_key(self, trace_id: str, key: str) -> bool:
+        """Whether an append with this idempotency key is in the trace."""
+        return bool(await self.redis.hexists(self.keys.trace_keys(trace_id), key))
+
+    async def read(self, trace_id: str, *, after: str | None = None, count: int | None = None) -> list[tuple[str, Event]]:
+        """The trace's events ``[(entry id, event)]`` in order, after ``after`` (exclusive).
+
+        Raises:
+            SchemaVersionError, EventDecodeError: an entry cannot be read.
+        """
+        start = f"({after}" if after else "-"
+        entries = await self.redis.xrange(self.keys.trace(trace_id), min=start, max="+", count=count)
+        return codec.decode_entries(entries, trace_id=trace_id)
+
+    async def exists(self, trace_id: str) -> bool:
+        """Whether the trace has any event."""
+        return bool(await self.redis.exists(self.keys.trace(trace_id)))
+
+    async def follow(
+        self, trace_id: str, *, after: str = "0-0", block_ms: int = 1000, stop: asyncio.Event | None = None
+    ) -> AsyncIterator[tuple[str, Event]]:
+        """Yield the trace's events after ``after`` as they are appended (blocking reads).
+
+        Runs until the consumer stops iterating or ``stop`` is set. ``block_ms`` is the longest
+        one XREAD waits before checking ``stop`` again.
+        """
+        last = after
+        stream = self.keys.trace(trace_id)
+        while stop is None or not stop.is_set():
+            reply = await self.redis.xread({stream: last}, block=block_ms, count=500)
+            for _stream, entries in reply or ():
+                for entry_id, event in codec.decode_entries(entries, trace_id=trace_id):
+                    last = entry_id
+                    yield entry_id, event
+
+    # --- the lease: one step at a time per trace --------------------------------------------
+
+    async def acquire_lease(self, trace_id: str, *, ttl_ms: int) -> int | None:
+        """Take the trace's lease for ``ttl_ms`` → its fencing token, or None when held.
+
+        Fencing tokens increase across the whole namespace, so a newer holder always has a
+        larger token than an older one.
+        """
+        token = int(await self.redis.incr(self.keys.fence))
+        ok = await self.redis.set(self.keys.lease(trace_id), str(token), nx=True, px=ttl_ms)
+        return token if ok else None
+
+    async def renew_lease(self, trace_id: str, token: int, *, ttl_ms: int) -> bool:
+        """Extend a held lease by ``ttl_ms``; False when the lease is no longer ours."""
+        return bool(await self.redis.eval(_RENEW_LUA, 1, self.keys.lease(trace_id), str(token), ttl_ms))
+
+    async def release_lease(self, trace_id: str, token: int) -> str:
+        """Give the lease back, unless a hint came while it was held.
+
+        Returns:
+            ``"released"``; or ``"dirty"`` when a hint arrived meanwhile (the mark is cleared,
+            the lease is kept: look at the trace again, then release); or ``"lost"`` when the
+            lease is no longer ours (it expired and perhaps another worker took it).
+        """
+        k = self.keys
+        code = int(await self.redis.eval(_RELEASE_LUA, 2, k.lease(trace_id), k.dirty(trace_id), str(token)))
+        return {1: "released", 2: "dirty"}.get(code, "lost")
+
+    async def mark_dirty(self, trace_id: str, *, ttl_ms: int) -> None:
+        """Note that a hint for the trace arrived (read by :meth:`release_lease`)."""
+        await self.redis.set(self.keys.dirty(trace_id), b"1", px=ttl_ms)
+
+
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if redis.call('DEL', KEYS[2]) == 1 then
+  return 2
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from agentstream.keys import Keys
+from agentstream.redis_conn import connect
+from agentstream.store import TraceStore
+from tests.support.redis_server import test_redis_url
+from tests.support.scripted_model import ScriptedModelServer
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real Redis for the session (REDIS_URL, testcontainers, or a local redis-server)."""
+    with test_redis_url() as url:
+        yield url
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A key namespace of this test's own: tests never share or flush keys."""
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def keys(namespace: str) -> Keys:
+    return Keys(namespace)
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator:
+    client = connect(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def store(redis, keys: Keys) -> TraceStore:
+    return TraceStore(redis, keys)
+
+
+@pytest.fixture
+def scripted_model() -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer() as server:
+        yield server

@@ -1,0 +1,90 @@
+"""A real Redis for tests: REDIS_URL, else testcontainers (where Docker runs), else a local
+redis-server on a free port. Tests isolate themselves by a unique key namespace; nothing here
+ever flushes a database."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ping(url: str, deadline_s: float = 10.0) -> None:
+    client = redis.Redis.from_url(url)
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            if client.ping():
+                return
+        except redis.exceptions.ConnectionError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.02)
+        finally:
+            client.close()
+
+
+@contextmanager
+def local_redis_server(port: int | None = None, *, appendonly: bool = False) -> Iterator[tuple[str, subprocess.Popen, str]]:
+    """Start ``redis-server`` on a free port → (url, process, data dir)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server), REDIS_URL is unset and Docker is not running")
+    port = port or free_port()
+    data_dir = tempfile.mkdtemp(prefix="agentstream-test-redis-")
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", data_dir,
+           "--appendonly", "yes" if appendonly else "no", "--daemonize", "no", "--loglevel", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        _wait_ping(url)
+        yield url, proc, data_dir
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+@contextmanager
+def test_redis_url() -> Iterator[str]:
+    """The Redis URL for a test session (see the module docstring)."""
+    explicit = os.environ.get("REDIS_URL")
+    if explicit:
+        yield explicit
+        return
+    if _docker_available():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7-alpine") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    with local_redis_server() as (url, _proc, _dir):
+        yield url
