@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from agentstream.app import App
-from agentstream.consumer import ConsumerConfig, StreamConsumer
+from agentstream.consumer import StreamConsumer
 from agentstream.keys import AGENT_LOOP_GROUP
 from agentstream.models.endpoints import default_endpoint
 from agentstream.models.openai import OpenAIChatModel
@@ -28,7 +28,7 @@ def build(app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClie
     }
     loop = AgentLoop(app, store, models, lease_ttl_ms=settings.lease_ttl_ms)
     keys = settings.keys
-    config = ConsumerConfig(block_ms=settings.block_ms)
+    config = settings.consumer_config()
     consumers = [
         StreamConsumer(
             store.redis,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentstream.app import App
-from agentstream.consumer import ConsumerConfig, StreamConsumer
+from agentstream.consumer import StreamConsumer
 from agentstream.keys import TOOL_WORKER_GROUP
 from agentstream.settings import Settings
 from agentstream.store import TraceStore
@@ -16,7 +16,7 @@ def build(app: App, settings: Settings, store: TraceStore, queues: Sequence[str]
     """The tool worker and one consumer per tool queue (default: every queue the app uses)."""
     worker = ToolWorker(app, store)
     keys = settings.keys
-    config = ConsumerConfig(block_ms=settings.block_ms)
+    config = settings.consumer_config()
     consumers = [
         StreamConsumer(
             store.redis,

@@ -124,9 +124,12 @@ class StreamConsumer:
         drained_own = False
         loop = asyncio.get_running_loop()
         next_reclaim = 0.0
+        need_group = True
         while not stop.is_set():
             try:
-                await self.ensure_group()
+                if need_group:
+                    await self.ensure_group()
+                    need_group = False
                 if not drained_own:
                     await self._drain_own_pending(stop)
                     drained_own = True
@@ -136,7 +139,8 @@ class StreamConsumer:
                 await self._read_new(stop)
                 backoff_s = 0.1
             except ResponseError as exc:
-                if "NOGROUP" in str(exc):
+                if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
+                    need_group = True
                     log.warning(
                         "stream %s or its group %s is gone (Redis restarted without persistence or was "
                         "flushed?); recreating in %.1f s",

@@ -10,6 +10,9 @@ Variables (all optional):
 - ``AGENTSTREAM_NAMESPACE``: prefix of every Redis key (default ``agentstream``).
 - ``AGENTSTREAM_CONSUMER``: this process's consumer name in its groups (default host-pid).
 - ``AGENTSTREAM_BLOCK_MS``: how long one blocking read waits, in milliseconds.
+- ``AGENTSTREAM_MIN_IDLE_MS``: a pending entry idle this long is claimed from its (dead) consumer.
+- ``AGENTSTREAM_MAX_DELIVERIES``: deliveries after which an entry goes to the dead-letter stream.
+- ``AGENTSTREAM_CONCURRENCY``: entries one consumer handles at the same time.
 - ``AGENTSTREAM_LEASE_TTL_MS``: the agent loop's lease on a trace, renewed while held.
 - ``AGENTSTREAM_MODEL_TIMEOUT_S``: one model HTTP request's timeout, in seconds.
 - ``AGENTSTREAM_MODEL_RETRIES``: retries of a failed model request (network, 408/409/429/5xx).
@@ -43,6 +46,9 @@ class Settings(BaseSettings):
     namespace: str = DEFAULT_NAMESPACE
     consumer: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     block_ms: int = Field(default=2000, ge=10)
+    min_idle_ms: int = Field(default=60_000, ge=10)
+    max_deliveries: int = Field(default=5, ge=1)
+    concurrency: int = Field(default=16, ge=1)
     lease_ttl_ms: int = Field(default=30_000, ge=1000)
     model_timeout_s: float = Field(default=120.0, gt=0)
     model_retries: int = Field(default=2, ge=0)
@@ -52,3 +58,15 @@ class Settings(BaseSettings):
     @cached_property
     def keys(self) -> Keys:
         return Keys(self.namespace)
+
+    def consumer_config(self) -> "ConsumerConfig":
+        """The consumer settings of every work stream."""
+        from agentstream.consumer import ConsumerConfig
+
+        return ConsumerConfig(
+            block_ms=self.block_ms,
+            min_idle_ms=self.min_idle_ms,
+            reclaim_interval_ms=max(50, min(5_000, self.min_idle_ms // 4)),
+            max_deliveries=self.max_deliveries,
+            concurrency=self.concurrency,
+        )

@@ -62,13 +62,25 @@ def local_redis_server(port: int | None = None, *, appendonly: bool = False) -> 
 
 
 def _docker_available() -> bool:
-    try:
-        import docker
-
-        docker.from_env().ping()
-        return True
-    except Exception:
+    """Whether a Docker engine answers (not just a client on PATH)."""
+    if not (os.environ.get("DOCKER_HOST") or os.path.exists("/var/run/docker.sock")):
         return False
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            import docker
+
+            client = docker.from_env()
+        except Exception:
+            return False
+        try:
+            return bool(client.ping())
+        except Exception:
+            return False
+        finally:
+            client.close()
 
 
 @contextmanager

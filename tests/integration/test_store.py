@@ -1,0 +1,71 @@
+"""The trace store on a real Redis."""
+
+import asyncio
+
+import pytest
+
+from agentstream.errors import StaleLeaseError
+from agentstream.events import ToolOutput, TurnEnded, TurnInput
+
+pytestmark = pytest.mark.integration
+
+
+async def test_append_is_once_only_by_key(store):
+    turn = TurnInput(turn_id="t1", agent="a", text="hi")
+    first = await store.append("tr", turn)
+    again = await store.append("tr", TurnInput(turn_id="t1", agent="a", text="different"))
+    assert first.created and not again.created and again.entry_id == first.entry_id
+    events = await store.read("tr")
+    assert [e for _, e in events] == [turn]
+
+
+async def test_concurrent_appends_of_one_result_record_it_once(store):
+    results = [ToolOutput(turn_id="t", call_id="c1", name="f", text=str(i)) for i in range(20)]
+    outcomes = await asyncio.gather(*(store.append("tr", r) for r in results))
+    assert sum(o.created for o in outcomes) == 1
+    assert len(await store.read("tr")) == 1
+
+
+async def test_fenced_append_needs_the_current_lease(store):
+    token = await store.acquire_lease("tr", ttl_ms=10_000)
+    assert token is not None
+    assert await store.acquire_lease("tr", ttl_ms=10_000) is None
+    await store.append("tr", TurnInput(turn_id="t1", agent="a", text="x"), fence=token)
+    # the lease expires and another worker takes it: the old holder is fenced off
+    await store.redis.delete(store.keys.lease("tr"))
+    newer = await store.acquire_lease("tr", ttl_ms=10_000)
+    assert newer is not None and newer > token
+    with pytest.raises(StaleLeaseError, match="another worker"):
+        await store.append("tr", TurnEnded(turn_id="t1", answer="x"), fence=token)
+    assert len(await store.read("tr")) == 1
+
+
+async def test_release_reports_hints_that_came_while_held(store):
+    token = await store.acquire_lease("tr", ttl_ms=10_000)
+    await store.mark_dirty("tr", ttl_ms=10_000)
+    assert await store.release_lease("tr", token) == "dirty"
+    assert await store.release_lease("tr", token) == "released"
+    assert await store.release_lease("tr", token) == "lost"
+
+
+async def test_follow_yields_appends_as_they_happen(store):
+    got = []
+    stop = asyncio.Event()
+
+    async def reader():
+        async for _, event in store.follow("tr", block_ms=100, stop=stop):
+            got.append(event)
+            if len(got) == 2:
+                return
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0.05)
+    await store.append("tr", TurnInput(turn_id="t1", agent="a", text="x"))
+    await store.append("tr", TurnEnded(turn_id="t1", answer="y"))
+    await asyncio.wait_for(task, 5)
+    assert [type(e).__name__ for e in got] == ["TurnInput", "TurnEnded"]
+
+
+async def test_keys_of_one_trace_share_a_hash_tag(keys):
+    tags = {k[k.index("{") : k.index("}") + 1] for k in (keys.trace("x"), keys.trace_keys("x"), keys.lease("x"), keys.dirty("x"))}
+    assert tags == {"{x}"}

@@ -1,0 +1,71 @@
+import json
+
+import msgspec
+import pytest
+
+from agentstream import codec
+from agentstream.errors import EventDecodeError, SchemaVersionError, TurnRejected
+from agentstream.events import TRACE_SCHEMA_VERSION, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput, Usage
+
+
+EVENTS = [
+    TurnInput(turn_id="t1", agent="a", text="hi", metadata={"k": "v"}),
+    ModelOutput(
+        turn_id="t1", step=0, content="", reasoning="think", tool_calls=(ToolCall(id="c1", name="f", arguments='{"x": 1}'),),
+        provider="openai", model="m", replay_blocks=({"type": "thinking", "signature": "SIG", "thinking": "a\n"},),
+        stop_reason="tool_calls", usage=Usage(prompt_tokens=10, completion_tokens=2, total_tokens=12), request_sha256="ab" * 32,
+    ),
+    ToolOutput(turn_id="t1", call_id="c1", name="f", text="2", data={"v": 2}),
+    TurnEnded(turn_id="t1", answer="2"),
+    TurnFailed(turn_id="t2", code="bad_turn", reason="why"),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
+def test_round_trip_is_exact(event):
+    fields = codec.encode_entry(event)
+    assert codec.decode_entry(fields) == event
+    assert codec.encode_entry(codec.decode_entry(fields)) == fields  # byte-identical re-encode
+
+
+def test_stored_tags_are_stable():
+    tags = [json.loads(codec.encode(e))["type"] for e in EVENTS]
+    assert tags == ["turn_input", "model_output", "tool_result", "turn_ended", "turn_failed"]
+
+
+def test_replay_blocks_survive_byte_for_byte():
+    block = {"type": "thinking", "thinking": "Plan: call lookup.\n", "signature": "SIG_A"}
+    out = ModelOutput(turn_id="t", step=0, replay_blocks=(block,))
+    assert codec.decode_entry(codec.encode_entry(out)).replay_blocks == (block,)
+
+
+def test_newer_schema_version_is_refused_with_upgrade_hint():
+    fields = codec.encode_entry(EVENTS[0])
+    fields[b"v"] = str(TRACE_SCHEMA_VERSION + 1).encode()
+    with pytest.raises(SchemaVersionError, match="upgrade agentstream"):
+        codec.decode_entry(fields, trace_id="tr", entry_id="1-0")
+
+
+def test_unknown_event_names_trace_and_entry():
+    with pytest.raises(EventDecodeError, match=r"trace 'tr' entry 5-0"):
+        codec.decode_entry({b"v": b"1", b"e": b'{"type":"nope"}'}, trace_id="tr", entry_id="5-0")
+
+
+def test_turn_decode_errors_say_what_and_where():
+    with pytest.raises(TurnRejected, match="not valid JSON"):
+        codec.decode_turn(b"{not json")
+    with pytest.raises(TurnRejected, match=r"\$\.\w+|turn_id") as info:
+        codec.decode_turn(b'{"trace_id": "c", "agent": "a", "text": "x"}')
+    assert info.value.trace_id == "c" and info.value.turn_id is None
+    with pytest.raises(TurnRejected, match=r"\$\.text"):
+        codec.decode_turn(b'{"trace_id": "c", "turn_id": "t", "agent": "a", "text": 5}')
+    with pytest.raises(TurnRejected, match="empty"):
+        codec.decode_turn(b'{"trace_id": "c", "turn_id": " ", "agent": "a", "text": "x"}')
+
+
+def test_turn_schema_is_json_schema_of_the_wire_format():
+    schema = codec.turn_message_schema()
+    body = schema["$defs"]["TurnMessage"]
+    assert set(body["required"]) == {"trace_id", "turn_id", "agent", "text"}
+    assert schema["$schema"].startswith("https://json-schema.org/")
+    msgspec.json.encode(schema)

@@ -1,0 +1,59 @@
+import json
+
+from agentstream.app import Agent, tool
+from agentstream.context import build_request
+from agentstream.events import ModelOutput, ToolCall, ToolOutput, TurnInput
+from agentstream.models import openai_format
+
+
+@tool
+def f(x: int) -> int:
+    """F."""
+    return x
+
+
+def parse(message, finish="stop", **kw):
+    return openai_format.parse_response(
+        {"choices": [{"message": message, "finish_reason": finish}], "model": "m", **kw},
+        turn_id="t", step=2, request_sha256="h", latency_ms=1.0, model="m",
+    )
+
+
+def test_tool_calls_keep_raw_arguments_and_get_ids():
+    out = parse({"content": None, "tool_calls": [
+        {"function": {"name": "f", "arguments": '{"x": 1}{"x": 2}'}},
+        {"id": "c9", "function": {"name": "f", "arguments": {"x": 3}}},
+    ]}, finish="tool_calls")
+    assert out.tool_calls[0] == ToolCall(id="call_t_2_0", name="f", arguments='{"x": 1}{"x": 2}')
+    assert out.tool_calls[1].arguments == '{"x":3}'
+    assert out.stop_reason == "tool_calls" and out.content == ""
+
+
+def test_stop_reasons():
+    assert parse({"content": "x"}, "length").stop_reason == "length"
+    assert parse({"content": None}, "content_filter").stop_reason == "content_filter"
+    refused = parse({"content": None, "refusal": "I can't help with that."})
+    assert refused.stop_reason == "refusal" and refused.stop_detail == "I can't help with that."
+    odd = parse({"content": "x"}, "weird_reason")
+    assert odd.stop_reason == "unknown" and odd.stop_detail == "weird_reason"
+
+
+def test_body_is_deterministic_and_replays_arguments_verbatim():
+    agent = Agent(name="a", system_prompt="S", tools=[f], max_passes=3)
+    bad = '{"x": 1}{"x": 2}'  # C11: a stored unparseable string replays as the same string
+    events = [
+        TurnInput(turn_id="t", agent="a", text="go"),
+        ModelOutput(turn_id="t", step=0, tool_calls=(ToolCall(id="c1", name="f", arguments=bad),)),
+        ToolOutput(turn_id="t", call_id="c1", name="f", text="Error: invalid arguments", error="invalid_arguments"),
+    ]
+    body = openai_format.request_body(build_request(events, agent, turn_id="t", step=1), model="m")
+    again = openai_format.request_body(build_request(list(events), agent, turn_id="t", step=1), model="m")
+    assert body == again
+    doc = json.loads(body)
+    assert doc["messages"][0] == {"role": "system", "content": "S"}
+    assistant = doc["messages"][2]
+    assert assistant["content"] == "" and assistant["tool_calls"][0]["function"]["arguments"] == bad
+    assert doc["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "Error: invalid arguments"}
+    assert doc["tool_choice"] == "auto" and doc["tools"][0]["function"]["name"] == "f"
+    last = json.loads(openai_format.request_body(build_request(events, agent, turn_id="t", step=2), model="m"))
+    assert "tools" not in last and "tool_choice" not in last  # the last pass must answer

@@ -1,0 +1,128 @@
+"""The agent loop's decisions, as a pure function of the trace."""
+
+from agentstream.app import Agent, tool
+from agentstream.context import ToolResultMessage, UserMessage, build_messages
+from agentstream.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.steps import CallModel, EndTurn, FailTurn, Idle, RecordResults, RunTools, decide
+
+
+@tool
+def get(k: str) -> str:
+    """Get a value."""
+    return k
+
+
+AGENT = Agent(name="a", system_prompt="S", tools=[get], max_passes=3)
+T1 = TurnInput(turn_id="t1", agent="a", text="Compare A and B")
+
+
+def agents(name):
+    return AGENT if name == "a" else None
+
+
+def calls(*ids, name="get", args='{"k":"A"}'):
+    return tuple(ToolCall(id=i, name=name, arguments=args) for i in ids)
+
+
+def test_new_turn_calls_the_model():
+    assert decide([T1], agents) == CallModel(T1, AGENT, 0)
+    assert decide([], agents) == Idle()
+
+
+def test_unknown_agent_fails_the_turn():
+    turn = TurnInput(turn_id="t", agent="nobody", text="x")
+    d = decide([turn], agents)
+    assert isinstance(d, FailTurn) and d.code == "unknown_agent"
+
+
+def test_waits_for_every_result_then_calls_again():
+    out = ModelOutput(turn_id="t1", step=0, tool_calls=calls("c1", "c2"), stop_reason="tool_calls")
+    r2 = ToolOutput(turn_id="t1", call_id="c2", name="get", text="B=2")
+    d = decide([T1, out, r2], agents)
+    assert isinstance(d, RunTools) and [c.id for c in d.calls] == ["c1"]
+    r1 = ToolOutput(turn_id="t1", call_id="c1", name="get", text="A=1")
+    assert decide([T1, out, r2, r1], agents) == CallModel(T1, AGENT, 1)
+
+
+def test_unknown_tool_gets_an_error_result_and_siblings_still_run():
+    out = ModelOutput(turn_id="t1", step=0, tool_calls=calls("c1") + calls("c2", name="nope"), stop_reason="tool_calls")
+    d = decide([T1, out], agents)
+    assert isinstance(d, RecordResults)
+    (result,) = d.results
+    assert result.call_id == "c2" and result.error == "unknown_tool" and "get" in result.text
+    after = [T1, out, *d.results]
+    d2 = decide(after, agents)
+    assert isinstance(d2, RunTools) and [c.id for c in d2.calls] == ["c1"]
+
+
+def test_call_cut_off_by_length_is_not_run():
+    # C12 A/B: a tool call cut off by the output limit is never executed.
+    out = ModelOutput(turn_id="t1", step=0, tool_calls=calls("c1", args='{"k":"hel'), stop_reason="length")
+    d = decide([T1, out], agents)
+    assert isinstance(d, RecordResults) and d.results[0].error == "cut_off"
+
+
+def test_refusal_and_content_filter_end_the_turn_without_retry():
+    for reason in ("refusal", "content_filter"):
+        out = ModelOutput(turn_id="t1", step=0, stop_reason=reason, stop_detail="I can't help with that.")
+        d = decide([T1, out], agents)
+        assert isinstance(d, FailTurn) and d.code == reason and "can't help" in d.reason
+
+
+def test_empty_reply_is_retried_once_then_fails():
+    empty = ModelOutput(turn_id="t1", step=0, content="")
+    assert decide([T1, empty], agents) == CallModel(T1, AGENT, 1)
+    empty2 = ModelOutput(turn_id="t1", step=1, content=" ")
+    d = decide([T1, empty, empty2], agents)
+    assert isinstance(d, FailTurn) and d.code == "empty_reply"
+
+
+def test_answer_ends_the_turn_and_the_next_queued_turn_starts():
+    t2 = TurnInput(turn_id="t2", agent="a", text="next")
+    out = ModelOutput(turn_id="t1", step=0, content="done")
+    assert decide([T1, t2, out], agents) == EndTurn(T1, "done")
+    assert decide([T1, t2, out, TurnEnded(turn_id="t1", answer="done")], agents) == CallModel(t2, AGENT, 0)
+
+
+def test_passes_cap_fails_with_a_reason():
+    events = [T1]
+    for step in range(3):
+        events.append(ModelOutput(turn_id="t1", step=step, tool_calls=calls(f"c{step}"), stop_reason="tool_calls"))
+        events.append(ToolOutput(turn_id="t1", call_id=f"c{step}", name="get", text="x"))
+    d = decide(events, agents)
+    assert isinstance(d, FailTurn) and d.code == "passes_cap" and "3" in d.reason
+
+
+def test_results_are_shown_in_call_order_whatever_the_arrival_order():
+    # C25: results arrive B before A; the context shows A then B, matched by id.
+    out = ModelOutput(turn_id="t1", step=0, tool_calls=calls("call_A", "call_B"))
+    rb = ToolOutput(turn_id="t1", call_id="call_B", name="get", text="B-content")
+    ra = ToolOutput(turn_id="t1", call_id="call_A", name="get", text="A-content")
+    dup = ToolOutput(turn_id="t1", call_id="call_A", name="get", text="second copy")
+    msgs = build_messages([T1, out, rb, ra, dup])
+    tools = [m for m in msgs if isinstance(m, ToolResultMessage)]
+    assert [(m.call_id, m.text) for m in tools] == [("call_A", "A-content"), ("call_B", "B-content")]
+
+
+def test_late_result_after_the_turn_ended_is_ignored():
+    # C27: a result arriving after the turn ended (cancel/failure) never enters a context.
+    out = ModelOutput(turn_id="t1", step=0, tool_calls=calls("call_1", "call_2"))
+    r2 = ToolOutput(turn_id="t1", call_id="call_2", name="get", text="lint ok")
+    ended = TurnFailed(turn_id="t1", code="cancelled", reason="by user")
+    t2 = TurnInput(turn_id="t2", agent="a", text="Actually, just fix the typo.")
+    late = ToolOutput(turn_id="t1", call_id="call_1", name="get", text="tests passed")
+    msgs = build_messages([T1, out, r2, ended, t2, late])
+    tools = [m for m in msgs if isinstance(m, ToolResultMessage)]
+    assert tools[0].call_id == "call_1" and tools[0].is_error and "tests passed" not in tools[0].text
+    assert tools[1].text == "lint ok"
+    assert isinstance(msgs[-1], UserMessage) and msgs[-1].text.startswith("Actually")
+
+
+def test_a_queued_turn_is_not_shown_inside_the_running_one():
+    t2 = TurnInput(turn_id="t2", agent="a", text="second")
+    out = ModelOutput(turn_id="t1", step=0, tool_calls=calls("c1"))
+    r1 = ToolOutput(turn_id="t1", call_id="c1", name="get", text="x")
+    msgs = build_messages([T1, t2, out, r1], upto_turn="t1")
+    assert not any(isinstance(m, UserMessage) and m.text == "second" for m in msgs)
+    full = build_messages([T1, t2, out, r1, ModelOutput(turn_id="t1", step=1, content="ok"), TurnEnded(turn_id="t1", answer="ok")])
+    assert isinstance(full[-1], UserMessage) and full[-1].text == "second"

@@ -1,0 +1,92 @@
+import asyncio
+
+import pytest
+
+from agentstream.app import Agent, App, load_app, tool
+from agentstream.errors import ConfigError, ToolArgumentsError
+
+
+@tool(timeout_s=0.2)
+def add(a: int, b: int = 2) -> int:
+    """Add two integers.
+
+    More text."""
+    return a + b
+
+
+@tool(timeout_s=0.1)
+async def sleepy(seconds: float) -> str:
+    """Sleep."""
+    await asyncio.sleep(seconds)
+    return "ok"
+
+
+@tool
+def boom() -> str:
+    """Raise."""
+    raise RuntimeError("kaput")
+
+
+def test_schema_comes_from_the_signature():
+    d = add.definition()
+    assert d["name"] == "add" and d["description"] == "Add two integers."
+    assert d["parameters"]["required"] == ["a"]
+    assert d["parameters"]["properties"]["a"]["type"] == "integer"
+    assert d["parameters"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("raw", ["", "   ", "\n"])
+def test_empty_arguments_mean_empty_object(raw):
+    assert boom.parse_arguments(raw) == {}
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ('{"a": 1}{"a": 2}', "not valid JSON"),  # C11: concatenated objects
+        ('{"a": "x"}', "a: Input should be a valid integer"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"a": 1, "zzz": 3}', "zzz: Extra inputs are not permitted"),
+        ("{}", "a: Field required"),
+    ],
+)
+def test_bad_arguments_are_explained(raw, message):
+    with pytest.raises(ToolArgumentsError, match=message):
+        add.parse_arguments(raw)
+
+
+async def test_invoke_turns_every_failure_into_an_error_result():
+    assert (await add.invoke('{"a": 1}')).text == "3"
+    bad = await add.invoke('{"a": "one"}')
+    assert bad.error == "invalid_arguments" and "valid integer" in bad.text
+    raised = await boom.invoke("")
+    assert raised.error == "tool_error" and "RuntimeError: kaput" in raised.text
+    slow = await sleepy.invoke('{"seconds": 5}')
+    assert slow.error == "timeout" and "0.1 s" in slow.text
+
+
+def test_structured_results_keep_data():
+    @tool
+    def pair() -> dict:
+        """A dict."""
+        return {"x": 1}
+
+    result = asyncio.run(pair.invoke(""))
+    assert result.data == {"x": 1} and result.text == '{"x":1}'
+
+
+def test_passes_cap_and_tool_choice():
+    agent = Agent(name="a", system_prompt="s", tools=[add], max_passes=3, first_tool_choice="required")
+    assert [agent.tool_choice_for(i) for i in range(3)] == ["required", "auto", "none"]
+    with pytest.raises(ConfigError):
+        Agent(name="a", system_prompt="s", max_passes=0)
+
+
+def test_load_app_errors_are_clear():
+    with pytest.raises(ConfigError, match="module:attribute|package.module:attribute"):
+        load_app("nocolon")
+    with pytest.raises(ConfigError, match="cannot import"):
+        load_app("no_such_module_xyz:app")
+    with pytest.raises(ConfigError, match="no attribute"):
+        load_app("tests.support.apps:nope")
+    assert isinstance(load_app("tests.support.apps:app"), App)
