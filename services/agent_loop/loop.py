@@ -15,7 +15,7 @@ import logging
 
 import msgspec
 
-from agentstream import codec, metrics
+from agentstream import codec, logs, metrics
 from agentstream.app import App
 from agentstream.context import build_request
 from agentstream.errors import ModelError, StaleLeaseError, TurnRejected
@@ -108,6 +108,10 @@ class AgentLoop:
         When another worker holds the trace, mark it dirty and return: the holder looks again
         before it lets go.
         """
+        with logs.bind(trace_id=trace_id):
+            await self._advance(trace_id)
+
+    async def _advance(self, trace_id: str) -> None:
         await self.store.mark_dirty(trace_id, ttl_ms=self.lease_ttl_ms * 4)
         token = await self.store.acquire_lease(trace_id, ttl_ms=self.lease_ttl_ms)
         if token is None:

@@ -13,7 +13,7 @@ import time
 
 import msgspec
 
-from agentstream import codec, metrics
+from agentstream import codec, logs, metrics
 from agentstream.app import App
 from agentstream.events import ToolJob, ToolOutput, Wake
 from agentstream.keys import JOB_FIELD, WAKE_FIELD, Keys
@@ -45,12 +45,13 @@ class ToolWorker:
             log.error("dropping malformed tool job %s: %s", entry_id, exc)
             await self.redis.xadd(self.keys.errors, {b"error": f"malformed tool job {entry_id}: {exc}".encode(), b"payload": payload or b""})
             return
-        if await self.store.has_key(job.trace_id, f"result:{job.call_id}"):
-            await self._wake(job)  # the result is in; make sure the loop heard about it
-            return
-        result = await self.run(job)
-        await self.store.append(job.trace_id, result)
-        await self._wake(job)
+        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id, call_id=job.call_id):
+            if await self.store.has_key(job.trace_id, f"result:{job.call_id}"):
+                await self._wake(job)  # the result is in; make sure the loop heard about it
+                return
+            result = await self.run(job)
+            await self.store.append(job.trace_id, result)
+            await self._wake(job)
 
     async def run(self, job: ToolJob) -> ToolOutput:
         """Run the job's tool → its result (an error result when it cannot run)."""

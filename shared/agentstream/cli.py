@@ -56,11 +56,9 @@ AppOption = Annotated[str, typer.Option("--app", envvar="AGENTSTREAM_APP", help=
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from agentstream import logs
+
+    logs.setup(level, fmt=os.environ.get("AGENTSTREAM_LOG_FORMAT", "json"))
 
 
 def _fail(exc: Exception) -> None:
@@ -88,7 +86,12 @@ async def _serve(services: list[Service], app_path: str, queues: list[str] | Non
         if Service.tool_worker in services:
             consumers += build_worker(app, settings, store, queues)[1]
         try:
-            await run_consumers(consumers, grace_s=settings.shutdown_grace_s, metrics_port=settings.metrics_port)
+            await run_consumers(
+                consumers,
+                grace_s=settings.shutdown_grace_s,
+                metrics_port=settings.metrics_port,
+                metrics_interval_s=settings.metrics_interval_s,
+            )
         finally:
             await redis.aclose()
 

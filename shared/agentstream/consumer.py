@@ -30,6 +30,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from agentstream import metrics
+
 log = logging.getLogger("agentstream.consumer")
 
 Fields = dict[bytes, bytes]
@@ -225,6 +227,7 @@ class StreamConsumer:
                 if entry in self._inflight:
                     continue
                 self.reclaimed += 1
+                metrics.RECLAIMS.labels(stream=self.stream).inc()
                 log.info("claimed idle entry %s of %s", entry, self.stream)
                 if not fields:
                     await self._lost_entry(entry)
@@ -292,6 +295,7 @@ class StreamConsumer:
         await self.redis.xadd(self.dead_stream, record)
         await self.redis.xack(self.stream, self.group, entry_id)
         self.dead_lettered += 1
+        metrics.DEAD_LETTERS.labels(stream=self.stream).inc()
 
     async def _lost_entry(self, entry_id: str) -> None:
         """A pending entry whose body was trimmed away: acknowledge it and say so."""

@@ -17,6 +17,7 @@ from agentstream.events import ModelOutput
 
 log = logging.getLogger("agentstream.metrics")
 
+_LAG_COUNT_CAP = 10_000
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 TURNS_STARTED = Counter("agentstream_turns_started_total", "Turns that entered a trace.", ["agent"])
@@ -84,3 +85,39 @@ async def serve_http(port: int, ready: Callable[[], bool], *, host: str = "0.0.0
     server = await asyncio.start_server(handle, host, port)
     log.info("metrics and health on :%d", port)
     return server
+
+
+async def observe_streams(redis, streams: list[str], *, interval_s: float = 15.0, stop: asyncio.Event) -> None:
+    """Every ``interval_s`` seconds, set the length, pending entries and consumer lag gauges of
+    each stream's consumer groups (XLEN, XINFO GROUPS; ``lag`` needs Redis ≥ 7.0)."""
+    while not stop.is_set():
+        try:
+            await observe_streams_once(redis, streams)
+        except Exception as exc:  # metrics never take a service down
+            log.debug("stream metrics failed: %s", exc)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def observe_streams_once(redis, streams: list[str]) -> None:
+    """One observation of :func:`observe_streams`."""
+    for stream in streams:
+        STREAM_LENGTH.labels(stream=stream).set(await redis.xlen(stream))
+        try:
+            groups = await redis.xinfo_groups(stream)
+        except Exception:  # the stream does not exist yet
+            continue
+        for info in groups:
+            name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+            PENDING_ENTRIES.labels(stream=stream, group=name).set(info.get("pending", 0) or 0)
+            lag = info.get("lag")
+            if lag is None:
+                # Redis < 7 has no lag, and 7.x reports none when the group's read counter is
+                # unknown (a group made at an id with entries already in the stream): count the
+                # entries after the last delivered id instead, up to a cap.
+                last = info.get("last-delivered-id") or b"0-0"
+                last = last.decode() if isinstance(last, bytes) else last
+                lag = len(await redis.xrange(stream, min=f"({last}", max="+", count=_LAG_COUNT_CAP))
+            CONSUMER_LAG.labels(stream=stream, group=name).set(lag)

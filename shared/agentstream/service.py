@@ -20,6 +20,7 @@ async def run_consumers(
     stop: asyncio.Event | None = None,
     grace_s: float = 30.0,
     metrics_port: int = 0,
+    metrics_interval_s: float = 15.0,
     handle_signals: bool = True,
 ) -> None:
     """Run consumers until ``stop`` is set or SIGTERM/SIGINT arrives, then drain.
@@ -38,6 +39,11 @@ async def run_consumers(
     if metrics_port:
         server = await metrics.serve_http(metrics_port, ready=lambda: not stop.is_set())
     tasks = [asyncio.create_task(c.run(stop), name=f"consume:{c.stream}") for c in consumers]
+    observer = None
+    if metrics_port and consumers:
+        observer = asyncio.create_task(
+            metrics.observe_streams(consumers[0].redis, sorted({c.stream for c in consumers}), interval_s=metrics_interval_s, stop=stop)
+        )
     try:
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -53,6 +59,9 @@ async def run_consumers(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        if observer is not None:
+            observer.cancel()
+            await asyncio.gather(observer, return_exceptions=True)
         if server is not None:
             server.close()
             await server.wait_closed()

