@@ -11,11 +11,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from agentstream.events import ModelOutput
 
 log = logging.getLogger("agentstream.metrics")
+
+disable_created_metrics()  # no `*_created` gauge beside every counter
 
 _LAG_COUNT_CAP = 10_000
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
