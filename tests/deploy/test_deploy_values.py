@@ -197,3 +197,9 @@ def test_notes_for_external_redis(helm: str, tmp_path: Path) -> None:
     assert "STREAMS prod:replies 0" in notes
     assert "REDIS_PASSWORD" not in notes
     assert "has no API key" not in notes
+
+
+def test_chart_readme_lists_every_param() -> None:
+    readme = (CHART / "README.md").read_text()
+    missing = [p for p in documented() if f"| `{p}` |" not in readme]
+    assert not missing, f"charts/agentstream/README.md lacks these parameters: {missing}"
