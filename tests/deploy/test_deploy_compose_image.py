@@ -21,6 +21,7 @@ METRICS = (
     "agentstream_turns_ended_total",
     "agentstream_turns_failed_total",
     "agentstream_turns_cancelled_total",
+    "agentstream_turns_rejected_total",
     "agentstream_step_seconds",
     "agentstream_model_call_seconds",
     "agentstream_model_tokens_total",
