@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import CHART, FULL_VALUES, K8S_NAMESPACE, RELEASE, Render, Rendered, find_tool, run
+from tests.deploy.deploy_support import CHART, FULL_VALUES, K8S_NAMESPACE, RELEASE, Render, Rendered, find_tool, run
 
 
 @pytest.fixture(scope="session")

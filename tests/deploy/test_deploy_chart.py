@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from deploy_support import CHART, FULL_VALUES, K8S_NAMESPACE, RELEASE, Manifest, Rendered, find_tool, run
+from tests.deploy.deploy_support import CHART, FULL_VALUES, K8S_NAMESPACE, RELEASE, Manifest, Rendered, find_tool, run
 
 FULLNAME = f"{RELEASE}-agentstream"
 AGENTSTREAM_COMPONENTS = {"agent-loop", "tool-worker", "delegation", "compaction"}

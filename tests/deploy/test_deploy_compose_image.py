@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import CHART, REPO, find_tool, run
+from tests.deploy.deploy_support import CHART, REPO, find_tool, run
 
 COMPOSE = REPO / "docker-compose.yml"
 AGENTSTREAM_SERVICES = ("agent-loop", "tool-worker", "delegation", "compaction")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import CHART, FULL_VALUES, RELEASE, Render, run
+from tests.deploy.deploy_support import CHART, FULL_VALUES, RELEASE, Render, run
 
 PARAM_LINE = re.compile(r"^\s*## @param (\S+) (.+)$")
 
