@@ -26,12 +26,16 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import pydantic
 
 from agentstream.errors import ConfigError, ToolArgumentsError, ToolTimeoutError
+
+if TYPE_CHECKING:
+    from agentstream.context.limits import ModelLimits
+    from agentstream.context.render import ContextConfig
 
 ToolChoice = Literal["auto", "required", "none"]
 
@@ -214,6 +218,11 @@ class Agent:
             makes a small model use a tool before answering).
         max_output_tokens: the output limit sent with each model call, in tokens.
         temperature: sampling temperature sent with each model call.
+        context: how each model call's context is built and kept within the model's limits
+            (policy, element layout, event selection and renderers, citation style); None uses
+            the defaults (see :mod:`agentstream.context`).
+        model_limits: the model's window and characters per token; None assumes a 32 000-token
+            window (:data:`agentstream.context.limits.DEFAULT_LIMITS`).
     """
 
     name: str
@@ -225,6 +234,8 @@ class Agent:
     first_tool_choice: ToolChoice | None = None
     max_output_tokens: int = 512
     temperature: float = 0.0
+    context: ContextConfig | None = None
+    model_limits: ModelLimits | None = None
 
     def __post_init__(self) -> None:
         if self.max_passes < 1:

@@ -16,7 +16,10 @@ The tree::
     │   └── ToolTimeoutError     the tool ran past its timeout
     ├── ContextError             the context library could not build a request
     │   ├── UnrenderedEventError an event type that no renderer knows
-    │   └── ContextFullError     the context cannot fit the model's window
+    │   ├── ContextFullError     the context cannot fit the model's window
+    │   ├── ShortenError         a shorten function added, removed or reordered elements,
+    │   │                        or changed a result's error
+    │   └── CompactionError      a summary that is empty or replaces nothing
     └── ModelError               a model call failed
         ├── ModelConfigError     wrong key, model or URL (HTTP 401/403/404): not retried
         ├── ModelUnanswered      no answer after the retries (network, timeout, 408/409/429/5xx)
@@ -90,6 +93,18 @@ class UnrenderedEventError(ContextError):
 
 class ContextFullError(ContextError):
     """The context does not fit the model's window even after every shrink."""
+
+
+class ShortenError(ContextError):
+    """A shorten function of the context policy changed a result's elements or its error.
+
+    Handles and citations find elements by id, and the model reacts to the error, so a shorten
+    function may change text and data only. Fix the function named in the message.
+    """
+
+
+class CompactionError(ContextError):
+    """A compaction would replace nothing, or its summary is empty."""
 
 
 class ModelError(AgentStreamError):

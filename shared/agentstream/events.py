@@ -16,6 +16,11 @@ Event types (tag → meaning):
 - ``tool_result``: the result of one tool call (text, structured data, or an error).
 - ``turn_ended``: the turn's final answer.
 - ``turn_failed``: the turn ended without an answer; ``reason`` is written for a person to act on.
+- ``compaction``: a summary that replaces the turns before ``kept_from_turn`` in every later
+  model call's context (the replaced events stay in the trace).
+
+Elements (tag field ``kind``) are the typed things that inputs and tool results carry: sources
+the model can cite (``source``, ``document``, ``passage``) and images (``image``).
 """
 
 from __future__ import annotations
@@ -55,6 +60,50 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
     arguments: str = ""
 
 
+class Element(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Base of the elements that inputs and tool results carry (never stored itself).
+
+    Attributes:
+        id: the element's real id (a URL, a document key, ...). The context shows it to the
+            model only as a number (see :mod:`agentstream.context.elements`).
+        ref: the id of the whole this element is part of (a passage's document), or None.
+        properties: extra attributes, shown by the XML layout (JSON-compatible values).
+    """
+
+    id: str
+    ref: str | None = None
+    properties: dict[str, Any] = {}
+
+
+class Source(Element, frozen=True, kw_only=True, tag="source"):
+    """Text the model may cite; ``text`` is its content."""
+
+    text: str = ""
+
+
+class Document(Source, frozen=True, kw_only=True, tag="document"):
+    """A whole document (a citable source), with an optional title and URL."""
+
+    title: str = ""
+    url: str = ""
+
+
+class Passage(Source, frozen=True, kw_only=True, tag="passage"):
+    """A part of a document (``ref`` names the document)."""
+
+
+class Image(Element, frozen=True, kw_only=True, tag="image"):
+    """An image: a URL or base64 ``data`` of ``media_type``. Not citable."""
+
+    media_type: str = ""
+    url: str = ""
+    data: str = ""
+
+
+AnyElement = Source | Document | Passage | Image
+"""The union of every stored element type."""
+
+
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
     """Token usage reported by the provider for one call (tokens; None when not reported)."""
 
@@ -72,6 +121,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
         text: the user's message.
         metadata: string pairs carried through to the reply (the publisher's own ids, say).
         reply_to: the stream the answer is published on (default: the replies stream).
+        elements: sources and images that come with the message, shown before its text.
     """
 
     turn_id: str
@@ -79,6 +129,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
     text: str
     metadata: dict[str, str] = {}
     reply_to: str | None = None
+    elements: tuple[AnyElement, ...] = ()
 
 
 class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output"):
@@ -133,6 +184,7 @@ class ToolOutput(msgspec.Struct, frozen=True, kw_only=True, tag="tool_result"):
         data: the tool's structured return value (JSON-compatible), when it had one.
         error: a short error message when the call failed; ``text`` then explains it to the model.
         duration_ms: wall time the tool ran, in milliseconds.
+        elements: sources and images the result carries (numbered in the context, citable).
     """
 
     turn_id: str
@@ -142,6 +194,7 @@ class ToolOutput(msgspec.Struct, frozen=True, kw_only=True, tag="tool_result"):
     data: Any = None
     error: str | None = None
     duration_ms: float = 0.0
+    elements: tuple[AnyElement, ...] = ()
 
 
 class TurnEnded(msgspec.Struct, frozen=True, kw_only=True, tag="turn_ended"):
@@ -165,7 +218,34 @@ class TurnFailed(msgspec.Struct, frozen=True, kw_only=True, tag="turn_failed"):
     reason: str
 
 
-Event = TurnInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed
+class Compaction(msgspec.Struct, frozen=True, kw_only=True, tag="compaction"):
+    """A summary that replaces the earlier turns of the conversation in later contexts.
+
+    From this event on, the context of a model call shows ``summary`` in the system message and
+    leaves out every turn before ``kept_from_turn`` (in turn order). The kept part always starts
+    on a turn's input, so a tool call is never separated from its results, and the running turn
+    is never replaced. A later compaction folds this summary into its own.
+
+    Attributes:
+        turn_id: the turn that was running when the summary was made.
+        summary: the summary text the model wrote.
+        kept_from_turn: the id of the first turn shown in full after the summary.
+        replaced_turns: how many turns the summary replaces (those of earlier summaries included).
+        provider: the provider kind that wrote the summary.
+        model: the provider's model name.
+        usage: token usage of the summary call.
+    """
+
+    turn_id: str = ""
+    summary: str = ""
+    kept_from_turn: str = ""
+    replaced_turns: int = 0
+    provider: str = ""
+    model: str = ""
+    usage: Usage = Usage()
+
+
+Event = TurnInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction
 """The union of every event type that a trace holds."""
 
 TERMINAL_EVENTS = (TurnEnded, TurnFailed)

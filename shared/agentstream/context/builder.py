@@ -1,111 +1,285 @@
-"""Events → the chat request of one model call: a pure function of the trace and the config.
+"""Events → the chat request of one model call: a pure function of the trace, the agent and its limits.
 
-No I/O, no clock, no randomness: the same events, agent and model give the same request, in
-any process. The rules it keeps (tested as properties):
+No I/O, no clock, no randomness: the same events, agent and limits give the same request, in
+any process. The rules it keeps (tested as properties over generated traces):
 
 - every assistant tool call is followed by exactly one result, in call order, before the next
   user or assistant message; a result is matched by call id whatever order results arrived in,
-  and the first result for a call id wins; a result with no matching call is never shown;
+  the first result for a call id wins, and a result appended after its turn ended is ignored;
+  a result with no matching call is never shown;
 - a call that never got a result (the worker died, the turn was cancelled or failed) gets a
-  synthetic error result saying so, once the conversation has moved past it;
-- the system prompt is always first; after it, history starts on a user message.
+  synthetic error result saying so;
+- the system prompt is always first; after it, history starts on a user message;
+- under budget the history is shown whole and unchanged; the prefix of the context stays the
+  same between calls unless a shrink or a compaction changed it.
+
+The agent's settings come from ``Agent.context`` (a :class:`ContextConfig`, default settings
+when None) and ``Agent.model_limits`` (:data:`~agentstream.context.limits.DEFAULT_LIMITS` when
+None).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from agentstream.app import Agent
-from agentstream.context.request import (
-    AssistantMessage,
-    ChatRequest,
-    Message,
-    ToolDefinition,
-    ToolResultMessage,
-    UserMessage,
-)
-from agentstream.errors import UnrenderedEventError
-from agentstream.events import Event, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
+from agentstream.context.compaction import instructions as compaction_instructions
+from agentstream.context.elements import Numbering
+from agentstream.context.forms.shorten import Form
+from agentstream.context.limits import DEFAULT_LIMITS, ModelLimits
+from agentstream.context.render import ContextConfig, EventFilter, cap_images
+from agentstream.context.request import ChatRequest, Message, ToolDefinition
+from agentstream.context.shrink import judge
+from agentstream.context.state import TraceState
+from agentstream.errors import ContextFullError
 
-MISSING_RESULT_TEXT = (
-    "Error: this tool call has no result: it was interrupted before it finished "
-    "(the turn ended, failed or was cancelled). It may have partly run."
-)
+FROM_AGENT: Literal["agent"] = "agent"
+"""Take the limits from the agent (``Agent.model_limits``, or the default limits)."""
+
+LimitsArg = ModelLimits | None | Literal["agent"]
+
+DEFAULT_CONFIG = ContextConfig()
+"""The settings of an agent that gives none."""
 
 
-def build_messages(events: Sequence[Event], *, upto_turn: str | None = None) -> tuple[Message, ...]:
-    """Trace events (in trace order) → the history messages.
+def settings_of(agent: Agent, config: ContextConfig | None = None, limits: LimitsArg = FROM_AGENT) -> tuple[ContextConfig, ModelLimits | None]:
+    """The builder settings and model limits of an agent (explicit arguments win)."""
+    own_config = getattr(agent, "context", None)
+    if config is None:
+        config = own_config if own_config is not None else DEFAULT_CONFIG
+    if limits == FROM_AGENT:
+        own_limits = getattr(agent, "model_limits", None)
+        limits = own_limits if own_limits is not None else DEFAULT_LIMITS
+    return config, limits  # type: ignore[return-value]
 
-    Turns are shown one after another in the order their inputs entered the trace, each with
-    all its own events, so a turn queued behind a running one does not appear in the middle of
-    it. A tool result counts only if it was appended before its turn ended: a late result (after
-    a cancel, a crash or a failure) never moves into an older turn.
+
+@dataclass(frozen=True)
+class Shrunk:
+    """Why a shown result has a shortened form: which shrink gave it, at which model call.
+
+    Attributes:
+        handle: the result's handle (``r3``).
+        call_id: the id of the tool call it answers.
+        tool: the tool's name.
+        form: its form in this call.
+        by: the shrink that gave the form.
+        at: the index of the model call (among the trace's calls) at which it got the form.
+        at_turn: the turn of that call.
+        at_step: the step of that call within its turn.
+    """
+
+    handle: str
+    call_id: str
+    tool: str
+    form: Form
+    by: Any
+    at: int
+    at_turn: str
+    at_step: int
+
+
+@dataclass(frozen=True)
+class BuiltContext:
+    """A model call's context and what the builder knows about it.
+
+    Attributes:
+        request: the provider-neutral request.
+        turn_id: the turn of the call (None when the trace has no turn).
+        step: the call's step within its turn.
+        call: the index of the call among the trace's model calls.
+        size_tokens: the estimated size (prompt plus output reserve), or None without limits.
+        window_tokens: the model's window, or None without limits.
+        fits: False when the size is over the window (the call must not be made).
+        compaction: the compaction that is due before this call, or None.
+        shrunk: each shortened result shown, in recorded order.
+    """
+
+    request: ChatRequest
+    turn_id: str | None
+    step: int
+    call: int
+    size_tokens: int | None
+    window_tokens: int | None
+    fits: bool
+    compaction: CompactionPlan | None
+    shrunk: tuple[Shrunk, ...]
+
+
+def new_state(events: Sequence[Any], agent: Agent, config: ContextConfig, limits: ModelLimits | None) -> TraceState:
+    """Fold events into a fresh state (a selection that is not :func:`only` is applied here)."""
+    if limits is not None:
+        config.policy.check(limits)
+    if config.select is not None and not isinstance(config.select, EventFilter):
+        numbering = Numbering()
+        for event in events:
+            numbering.add_event(event)
+        state = TraceState(agent, config, limits, numbering)
+        state.feed(config.select(events))
+        state.count = len(events)
+        return state
+    state = TraceState(agent, config, limits)
+    state.feed(events)
+    return state
+
+
+def build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> BuiltContext:
+    """Build the next call's context from a folded state; the state is left as it was.
+
+    Raises:
+        ShortenError: a shorten function changed a result's elements or its error.
+    """
+    index = state.turn_index.get(turn_id) if turn_id is not None else None
+    if index is None:
+        index = len(state.turns) - 1
+    call = len(state.calls)
+    changes = judge(state, index, step, call, speculative=True) if state.limits is not None and index >= 0 else []
+    try:
+        if index < 0:
+            request = ChatRequest(
+                system=state.agent.system_prompt,
+                messages=(),
+                tools=state.tools_for(0, step),
+                tool_choice=state.agent.tool_choice_for(step),
+                max_output_tokens=state.agent.max_output_tokens,
+                temperature=state.agent.temperature,
+            )
+            return BuiltContext(request, None, step, call, None, None, True, None, ())
+        messages = state.messages(index)
+        max_images = state.policy.max_images if state.limits is not None else None
+        if max_images is not None:
+            cap_images(messages, max_images)
+        choice = state.agent.tool_choice_for(step)
+        request = ChatRequest(
+            system=state.system_prompt(index),
+            messages=tuple(messages),
+            tools=state.tools_for(index, step),
+            tool_choice=choice,
+            max_output_tokens=state.agent.max_output_tokens,
+            temperature=state.agent.temperature,
+        )
+        size = window = None
+        fits = True
+        due = None
+        if state.limits is not None:
+            size = state.size(index, step)
+            window = state.limits.window.count
+            fits = size <= window
+            compact = state.policy.compact
+            if compact is not None:
+                threshold = trigger_tokens(
+                    compact, state.limits, state.policy.output_reserve.count, len(compaction_instructions(compact, state))
+                )
+                if size > threshold or not fits:
+                    due = plan(state, index, compact)
+        shrunk = tuple(
+            Shrunk(
+                handle=s.handle,
+                call_id=s.output.call_id,
+                tool=s.output.name,
+                form=s.form,
+                by=s.by,
+                at=s.at,
+                at_turn=state.calls[s.at][0] if 0 <= s.at < len(state.calls) else state.turns[index].turn_id,
+                at_step=state.calls[s.at][1] if 0 <= s.at < len(state.calls) else step,
+            )
+            for s in state.shrunk(index)
+        )
+        return BuiltContext(request, state.turns[index].turn_id, step, call, size, window, fits, due, shrunk)
+    finally:
+        if changes:
+            state.undo(changes)
+
+
+def require_fit(built: BuiltContext, *, trace_id: str | None = None) -> ChatRequest:
+    """The request of a built context that fits the window.
+
+    Raises:
+        ContextFullError: the context is over the window after every shrink.
+    """
+    if built.fits:
+        return built.request
+    where = f"trace {trace_id!r}, " if trace_id else ""
+    hint = (
+        "a compaction is due: summarise earlier turns first"
+        if built.compaction is not None
+        else "give the agent's context policy a Compact setting, shorten the tool results (result_cap, per-tool forms), "
+        "or use a model with a larger window"
+    )
+    raise ContextFullError(
+        f"{where}turn {built.turn_id!r} step {built.step}: the context needs about {built.size_tokens} tokens "
+        f"(prompt and output reserve) but the model's window is {built.window_tokens} tokens, even after every "
+        f"shrink; {hint}. Nothing was sent."
+    )
+
+
+def build_context(
+    events: Sequence[Any],
+    agent: Agent,
+    *,
+    turn_id: str | None,
+    step: int,
+    config: ContextConfig | None = None,
+    limits: LimitsArg = FROM_AGENT,
+) -> BuiltContext:
+    """The context of model call ``step`` of turn ``turn_id``, from the events before it.
+
+    Args:
+        events: the trace's events up to (not including) this call's model output.
+        agent: the agent answering the turn.
+        turn_id: the turn being answered; later (queued) turns are not shown. None, or a turn
+            not in the events, shows every turn.
+        step: the pass number within the turn (the last pass under the passes cap offers no tools).
+        config: the builder settings (default: the agent's).
+        limits: the model's limits (default: the agent's); None shrinks nothing and checks no size.
+
+    Raises:
+        UnrenderedEventError: a selected event that nothing renders.
+        ShortenError: a shorten function changed a result's elements or its error.
+        ValueError: the policy's target is not below its start_at in the model's window.
+    """
+    config, resolved = settings_of(agent, config, limits)
+    state = new_state(events, agent, config, resolved)
+    return build_from_state(state, turn_id=turn_id, step=step)
+
+
+def build_request(
+    events: Sequence[Any],
+    agent: Agent,
+    *,
+    turn_id: str,
+    step: int,
+    config: ContextConfig | None = None,
+    limits: LimitsArg = FROM_AGENT,
+) -> ChatRequest:
+    """The request of model call ``step`` (0-based) of turn ``turn_id``, from the events before it.
+
+    See :func:`build_context` for the arguments.
+
+    Raises:
+        ContextFullError: the context does not fit the model's window after every shrink.
+        UnrenderedEventError: a selected event that nothing renders.
+        ShortenError: a shorten function changed a result's elements or its error.
+    """
+    return require_fit(build_context(events, agent, turn_id=turn_id, step=step, config=config, limits=limits))
+
+
+def build_messages(events: Sequence[Any], *, upto_turn: str | None = None) -> tuple[Message, ...]:
+    """Trace events → the history messages, whole (no limits, default settings).
 
     Args:
         events: the trace's events, oldest first.
-        upto_turn: show only the turns up to and including this one (the turn being answered);
-            None shows every turn.
+        upto_turn: show only the turns up to and including this one; None shows every turn.
 
     Raises:
         UnrenderedEventError: an event type that no rule renders.
     """
-    by_turn: dict[str, list[Event]] = {}
-    order: list[str] = []
-    ended: set[str] = set()
-    results: dict[str, ToolOutput] = {}
-    for event in events:
-        match event:
-            case TurnInput(turn_id=turn_id):
-                if turn_id not in by_turn:
-                    order.append(turn_id)
-                    by_turn[turn_id] = [event]
-                continue
-            case ToolOutput(turn_id=turn_id, call_id=call_id):
-                if turn_id not in ended:
-                    results.setdefault(call_id, event)
-                continue
-            case TurnEnded(turn_id=turn_id) | TurnFailed(turn_id=turn_id):
-                ended.add(turn_id)
-                continue
-            case ModelOutput(turn_id=turn_id):
-                bucket = by_turn.get(turn_id)
-                if bucket is not None:
-                    bucket.append(event)
-                continue
-            case _:
-                raise UnrenderedEventError(f"no renderer for event type {type(event).__name__}")
-
-    if upto_turn is not None and upto_turn in by_turn:
-        order = order[: order.index(upto_turn) + 1]
-
-    messages: list[Message] = []
-    for turn_id in order:
-        for event in by_turn[turn_id]:
-            if isinstance(event, TurnInput):
-                messages.append(UserMessage(text=event.text))
-                continue
-            assert isinstance(event, ModelOutput)
-            if not event.tool_calls and not event.content.strip():
-                continue  # an empty reply (retried) is not replayed: providers refuse empty turns
-            messages.append(
-                AssistantMessage(
-                    content=event.content,
-                    tool_calls=event.tool_calls,
-                    reasoning=event.reasoning,
-                    provider=event.provider,
-                    model=event.model,
-                    replay_blocks=event.replay_blocks,
-                )
-            )
-            for call in event.tool_calls:
-                result = results.get(call.id)
-                if result is not None:
-                    messages.append(
-                        ToolResultMessage(call_id=call.id, name=call.name, text=result.text, is_error=result.error is not None)
-                    )
-                else:
-                    messages.append(ToolResultMessage(call_id=call.id, name=call.name, text=MISSING_RESULT_TEXT, is_error=True))
-    return tuple(messages)
+    state = TraceState(_PLAIN_AGENT, ContextConfig(), None)
+    state.feed(events)
+    index = state.turn_index.get(upto_turn, len(state.turns) - 1) if upto_turn is not None else len(state.turns) - 1
+    return tuple(state.messages(index)) if index >= 0 else ()
 
 
 def tool_definitions(agent: Agent) -> tuple[ToolDefinition, ...]:
@@ -113,25 +287,4 @@ def tool_definitions(agent: Agent) -> tuple[ToolDefinition, ...]:
     return tuple(ToolDefinition(name=t.name, description=t.description, parameters=t.parameters) for t in agent.tools)
 
 
-def build_request(events: Sequence[Event], agent: Agent, *, turn_id: str, step: int) -> ChatRequest:
-    """The request of model call ``step`` (0-based) of turn ``turn_id``, from the events before it.
-
-    Args:
-        events: the trace's events up to (not including) the model output of this call.
-        turn_id: the turn being answered; later (queued) turns are not shown.
-        agent: the agent answering the turn.
-        step: the pass number within the turn, which sets the tool choice (the last pass under
-            the passes cap offers no tools, so the model must answer).
-
-    Raises:
-        UnrenderedEventError: see :func:`build_messages`.
-    """
-    choice = agent.tool_choice_for(step)
-    return ChatRequest(
-        system=agent.system_prompt,
-        messages=build_messages(events, upto_turn=turn_id),
-        tools=tool_definitions(agent) if choice != "none" else (),
-        tool_choice=choice,
-        max_output_tokens=agent.max_output_tokens,
-        temperature=agent.temperature,
-    )
+_PLAIN_AGENT = Agent(name="_history", system_prompt="")

@@ -14,13 +14,17 @@ from typing import Any
 
 import msgspec
 
-from agentstream.events import ToolCall
+from agentstream.events import Image, ToolCall
 
 
 class UserMessage(msgspec.Struct, frozen=True, kw_only=True, tag="user"):
-    """A user's message."""
+    """A user's message.
+
+    ``images`` are the images sent with it (an adapter that cannot send images leaves them out).
+    """
 
     text: str
+    images: tuple[Image, ...] = ()
 
 
 class AssistantMessage(msgspec.Struct, frozen=True, kw_only=True, tag="assistant"):
@@ -45,6 +49,7 @@ class ToolResultMessage(msgspec.Struct, frozen=True, kw_only=True, tag="tool"):
     name: str
     text: str
     is_error: bool = False
+    images: tuple[Image, ...] = ()
 
 
 Message = UserMessage | AssistantMessage | ToolResultMessage

@@ -1,0 +1,91 @@
+"""Element numbering: the numbers under which the model sees the elements of a trace.
+
+The model never sees an element's real id: each element gets a number, in the order elements
+first appear in the trace (inputs and tool results), and keeps it for the whole trace. So a
+selection of events, a shrink or a compaction never renumbers anything, and a citation ``[7]``
+means the same element in every later call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agentstream.events import AnyElement, Element, Image, Source, ToolOutput, TurnInput
+
+
+class Numbering:
+    """Element id → number (1, 2, …), in order of first appearance; append-only.
+
+    Also remembers, for each id, the element first recorded under it and the tool that recorded
+    it (None for an input), which the reopen tool and the layout's references need.
+    """
+
+    __slots__ = ("_numbers", "_ids", "_first", "_tool")
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+        self._ids: dict[int, str] = {}
+        self._first: dict[str, AnyElement] = {}
+        self._tool: dict[str, str | None] = {}
+
+    def copy(self) -> Numbering:
+        """An independent copy."""
+        other = Numbering()
+        other._numbers = dict(self._numbers)
+        other._ids = dict(self._ids)
+        other._first = dict(self._first)
+        other._tool = dict(self._tool)
+        return other
+
+    def add(self, elements: Iterable[AnyElement], tool: str | None) -> None:
+        """Number the elements not numbered yet (in the order given)."""
+        for element in elements:
+            if element.id not in self._numbers:
+                number = len(self._numbers) + 1
+                self._numbers[element.id] = number
+                self._ids[number] = element.id
+                self._first[element.id] = element
+                self._tool[element.id] = tool
+
+    def add_event(self, event: object) -> None:
+        """Number the elements of an input or a tool result; other events carry none."""
+        if isinstance(event, TurnInput):
+            if event.elements:
+                self.add(event.elements, None)
+        elif isinstance(event, ToolOutput):
+            if event.elements:
+                self.add(event.elements, event.name)
+
+    def number(self, element_id: str) -> int | None:
+        """The number of an element id, or None when it was never recorded."""
+        return self._numbers.get(element_id)
+
+    def element_id(self, number: int) -> str | None:
+        """The element id under a number, or None."""
+        return self._ids.get(number)
+
+    @property
+    def ids(self) -> dict[int, str]:
+        """Number → element id (a copy)."""
+        return dict(self._ids)
+
+    def first(self, element_id: str) -> AnyElement | None:
+        """The element as first recorded under this id, or None."""
+        return self._first.get(element_id)
+
+    def tool_of(self, element_id: str) -> str | None:
+        """The tool whose result first recorded the element (None for an input or unknown)."""
+        return self._tool.get(element_id)
+
+    def __len__(self) -> int:
+        return len(self._numbers)
+
+
+def is_citable(element: Element) -> bool:
+    """True for sources (text the model may cite); images and other elements are not."""
+    return isinstance(element, Source)
+
+
+def images_of(elements: Iterable[Element]) -> tuple[Image, ...]:
+    """The images among elements, in order."""
+    return tuple(e for e in elements if isinstance(e, Image))

@@ -1,0 +1,451 @@
+"""The folded state of a trace: what the builder needs, updated one event at a time.
+
+:class:`TraceState` reads a trace's events in order and keeps the turns, the results (by call
+id and by handle), the element numbering, the citations, the compaction in effect, the form of
+each result and the estimated size of the context, with every size kept up to date as events
+arrive. At each model output it first judges the call that output answered (the shrinks that
+call applied), so the forms of the next call follow from the whole trace, and it costs time in
+proportion to the events added. The per-worker cache keeps one state per trace.
+
+The rules it keeps: turns in the order of their inputs; each turn's events under it; a tool
+result counts only if appended before its turn ended, and the first result per call id wins;
+a call without a result gets a synthetic one; an empty reply is not replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from agentstream.app import Agent
+from agentstream.context.compaction import summary_section
+from agentstream.context.elements import Numbering
+from agentstream.context.forms.shorten import FULL, Form
+from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits, corrected_tokens, message_chars, tools_chars
+from agentstream.context.policy import ALWAYS, CURRENT_TURN, ContextView
+from agentstream.context.render import (
+    MISSING_RESULT_TEXT,
+    ContextConfig,
+    EventFilter,
+    ResultRenderer,
+    assistant_message,
+    check_rendered,
+    is_empty_reply,
+    missing_result,
+    user_message,
+)
+from agentstream.context.reopen import derive_reopened, is_reopen_output
+from agentstream.context.shrink import judge
+from agentstream.context.request import AssistantMessage, Message, ToolDefinition
+from agentstream.errors import UnrenderedEventError
+from agentstream.events import Compaction, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+
+
+RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested"})
+"""Stored event types that change no context: they are records for the runtime (a side-effect
+tool about to run, a cancel request whose effects are written as their own events)."""
+
+
+def _record_only(event: object) -> bool:
+    config = getattr(type(event), "__struct_config__", None)
+    return config is not None and getattr(config, "tag", None) in RECORD_ONLY_TAGS
+
+
+class Slot:
+    """One accepted tool result: its handle, where it shows, and its current form."""
+
+    __slots__ = ("handle", "output", "turn", "form", "by", "at", "element_forms", "message", "chars")
+
+    def __init__(self, handle: str, output: ToolOutput) -> None:
+        self.handle = handle
+        self.output = output
+        self.turn: Turn | None = None
+        self.form: Form = FULL
+        self.by: Any = None
+        self.at: int = -1
+        self.element_forms: tuple[Form, ...] | None = None
+        self.message: Any = None
+        self.chars = 0
+
+
+class Output:
+    """One replayed model output (an empty reply is never one)."""
+
+    __slots__ = ("event", "message", "chars", "reasoning_chars", "round")
+
+    def __init__(self, event: ModelOutput) -> None:
+        self.event = event
+        self.message = assistant_message(event, False)
+        self.chars = message_chars(self.message)
+        self.reasoning_chars = len(event.reasoning) if event.reasoning else 0
+        self.round = -1
+
+
+class Turn:
+    """One turn: its input, then its outputs (and app events' messages) in trace order."""
+
+    __slots__ = ("index", "turn_id", "user", "items", "handles", "chars", "reasoning_chars", "version", "cache_key", "cache")
+
+    def __init__(self, index: int, event: TurnInput, user: Message) -> None:
+        self.index = index
+        self.turn_id = event.turn_id
+        self.user = user
+        self.items: list[Output | tuple[Message, ...]] = []
+        self.handles: list[str] = []
+        self.chars = message_chars(user)
+        self.reasoning_chars = 0
+        self.version = 0
+        self.cache_key: tuple[int, bool] | None = None
+        self.cache: tuple[Message, ...] = ()
+
+
+@dataclass(frozen=True)
+class Change:
+    """The state of a slot before a form change (to undo a speculative or unprofitable change)."""
+
+    slot: Slot
+    form: Form
+    by: Any
+    at: int
+    element_forms: tuple[Form, ...] | None
+    message: Any
+    chars: int
+    had_form: bool
+
+
+def missing_chars(call_id: str) -> int:
+    return len(MISSING_RESULT_TEXT) + len(call_id) + MESSAGE_OVERHEAD_CHARS
+
+
+class TraceState:
+    """The incremental fold of one trace for one agent's settings and one model's limits.
+
+    Args:
+        agent: the agent whose calls are built (system prompt, tools, passes).
+        config: the builder's settings.
+        limits: the model's limits, or None to shrink nothing and check no size.
+        numbering: a numbering made over the whole trace beforehand (when a selection function
+            hides events), or None to number elements as events arrive.
+    """
+
+    def __init__(self, agent: Agent, config: ContextConfig, limits: ModelLimits | None, numbering: Numbering | None = None):
+        self.agent = agent
+        self.config = config
+        self.policy = config.policy
+        self.limits = limits
+        self.prenumbered = numbering is not None
+        self.numbering = numbering if numbering is not None else Numbering()
+        self.renderer = ResultRenderer(config, limits, self.numbering)
+        self.filter = config.select if isinstance(config.select, EventFilter) else None
+        self.turns: list[Turn] = []
+        self.turn_index: dict[str, int] = {}
+        self.ended: set[str] = set()
+        self.results: dict[str, Slot] = {}
+        self.slots: list[Slot] = []
+        self.handle_index: dict[str, Slot] = {}
+        self.places: dict[str, list[tuple[Turn, Output]]] = {}
+        self.rounds: list[list[str]] = []
+        self.cited: set[str] = set()
+        self.forms: dict[str, Form] = {}
+        self.forms_view = MappingProxyType(self.forms)
+        self.compaction: Compaction | None = None
+        self.kept_from = 0
+        self.total_chars = 0
+        self.hidden_chars = 0
+        self.total_reasoning = 0
+        self.hidden_reasoning = 0
+        self.calls: list[tuple[str, int]] = []
+        self.recorded: tuple[int, int] | None = None
+        self.last_chars = 0
+        self.pending: list[tuple[Message, ...]] = []
+        self.count = 0
+        self.tool_defs = tuple(
+            ToolDefinition(name=t.name, description=t.description, parameters=t.parameters) for t in agent.tools
+        )
+        self.tools_chars = tools_chars(self.tool_defs)
+        reopen = self.policy.reopen
+        self.reopen_def = reopen.definition() if reopen is not None and agent.tool(reopen.name) is None else None
+        self.reopen_chars = tools_chars((*self.tool_defs, self.reopen_def)) - self.tools_chars if self.reopen_def else 0
+
+    # --- feeding events ------------------------------------------------------------------------
+
+    def feed(self, events: Sequence[Any]) -> None:
+        """Fold events (the trace's next events, in order) into the state."""
+        for event in events:
+            self.count += 1
+            if not self.prenumbered:
+                self.numbering.add_event(event)
+            if self.filter is not None and not self.filter.keeps(event):
+                continue
+            if isinstance(event, ModelOutput):
+                self._output(event)
+            elif isinstance(event, ToolOutput):
+                self._result(event)
+            elif isinstance(event, TurnInput):
+                self._input(event)
+            elif isinstance(event, (TurnEnded, TurnFailed)):
+                self.ended.add(event.turn_id)
+            elif isinstance(event, Compaction):
+                self._compaction(event)
+            elif _record_only(event):
+                continue
+            else:
+                self._app_event(event)
+
+    def _show(self, elements: Sequence[Any]) -> str:
+        return self.renderer.show(elements, None)
+
+    def _input(self, event: TurnInput) -> None:
+        if event.turn_id in self.turn_index:
+            return
+        turn = Turn(len(self.turns), event, user_message(event, self._show))
+        self.turn_index[event.turn_id] = turn.index
+        self.turns.append(turn)
+        self._add_chars(turn, turn.chars, counted=False)
+        for messages in self.pending:
+            self._append_item(turn, messages)
+        self.pending.clear()
+
+    def _output(self, event: ModelOutput) -> None:
+        index = self.turn_index.get(event.turn_id)
+        if index is None:
+            return
+        turn = self.turns[index]
+        if self.limits is not None:
+            judge(self, index, event.step, len(self.calls), speculative=False)
+            if event.usage.prompt_tokens is not None and (self.limits.model is None or self.limits.model == event.model):
+                self.recorded = (event.usage.prompt_tokens, self.last_chars)
+        self.calls.append((event.turn_id, event.step))
+        style = self.config.citations
+        if style is not None and event.content:
+            for number in style.read(event.content):
+                element_id = self.numbering.element_id(number)
+                if element_id is not None:
+                    self.cited.add(element_id)
+        if is_empty_reply(event):
+            return
+        output = Output(event)
+        chars = output.chars
+        if event.tool_calls:
+            output.round = len(self.rounds)
+            self.rounds.append([])
+        for call in event.tool_calls:
+            self.places.setdefault(call.id, []).append((turn, output))
+            slot = self.results.get(call.id)
+            if slot is None:
+                chars += missing_chars(call.id)
+                continue
+            chars += slot.chars
+            if slot.turn is None:
+                self._place(slot, turn, output)
+        turn.items.append(output)
+        turn.reasoning_chars += output.reasoning_chars
+        self.total_reasoning += output.reasoning_chars
+        if index < self.kept_from:
+            self.hidden_reasoning += output.reasoning_chars
+        self._add_chars(turn, chars)
+
+    def _place(self, slot: Slot, turn: Turn, output: Output) -> None:
+        slot.turn = turn
+        turn.handles.append(slot.handle)
+        if output.round >= 0:
+            self.rounds[output.round].append(slot.handle)
+
+    def _result(self, event: ToolOutput) -> None:
+        if event.turn_id in self.ended or event.call_id in self.results or getattr(event, "late", False):
+            return
+        output = event
+        if is_reopen_output(event, self.policy):
+            output = derive_reopened(event, self)
+        slot = Slot(f"r{len(self.slots) + 1}", output)
+        slot.message = self.renderer.message(output, slot.handle, FULL, None)
+        slot.chars = message_chars(slot.message)
+        self.results[event.call_id] = slot
+        self.slots.append(slot)
+        self.handle_index[slot.handle] = slot
+        places = self.places.get(event.call_id)
+        if places:
+            self._place(slot, places[0][0], places[0][1])
+            for turn, _ in places:
+                self._add_chars(turn, slot.chars - missing_chars(event.call_id))
+
+    def _compaction(self, event: Compaction) -> None:
+        index = self.turn_index.get(event.kept_from_turn)
+        if index is None:
+            return
+        self.compaction = event
+        self.kept_from = index
+        self.hidden_chars = sum(t.chars for t in self.turns[:index])
+        self.hidden_reasoning = sum(t.reasoning_chars for t in self.turns[:index])
+
+    def _app_event(self, event: Any) -> None:
+        render = None
+        for cls in type(event).__mro__:
+            render = self.config.renderers.get(cls)
+            if render is not None:
+                break
+        if render is None:
+            raise UnrenderedEventError(
+                f"no renderer for event type {type(event).__name__}: give one in the agent's "
+                "ContextConfig.renderers, or leave the type out with ContextConfig.select"
+            )
+        messages = check_rendered(event, render(event, self._show))
+        if not messages:
+            return
+        index = self.turn_index.get(getattr(event, "turn_id", None) or "", len(self.turns) - 1)
+        if index < 0:
+            self.pending.append(messages)
+            return
+        self._append_item(self.turns[index], messages)
+
+    def _append_item(self, turn: Turn, messages: tuple[Message, ...]) -> None:
+        turn.items.append(messages)
+        self._add_chars(turn, sum(message_chars(m) for m in messages))
+
+    def _add_chars(self, turn: Turn, delta: int, counted: bool = True) -> None:
+        if counted:
+            turn.chars += delta
+        turn.version += 1
+        self.total_chars += delta
+        if turn.index < self.kept_from:
+            self.hidden_chars += delta
+
+    # --- sizes ----------------------------------------------------------------------------------
+
+    def with_reasoning(self, turn_index: int, current: int) -> bool:
+        mode = self.policy.reasoning
+        return mode == ALWAYS or (mode == CURRENT_TURN and turn_index == current)
+
+    def visible_from(self, current: int) -> int:
+        return min(self.kept_from, current) if self.compaction is not None else 0
+
+    def compaction_shown(self, current: int) -> bool:
+        return self.compaction is not None and self.kept_from > 0 and self.kept_from <= current
+
+    def offers_reopen(self, current: int) -> bool:
+        return self.reopen_def is not None and (bool(self.forms) or self.compaction_shown(current))
+
+    def system_prompt(self, current: int) -> str:
+        if self.compaction_shown(current):
+            assert self.compaction is not None
+            return self.agent.system_prompt + summary_section(self.compaction)
+        return self.agent.system_prompt
+
+    def tools_for(self, current: int, step: int) -> tuple[ToolDefinition, ...]:
+        if self.agent.tool_choice_for(step) == "none":
+            return ()
+        if self.offers_reopen(current):
+            assert self.reopen_def is not None
+            return (*self.tool_defs, self.reopen_def)
+        return self.tool_defs
+
+    def chars(self, current: int, step: int) -> int:
+        """Characters of the request of a call in turn ``current`` (an index) at ``step``."""
+        start = self.visible_from(current)
+        history = self.total_chars
+        reasoning = self.total_reasoning
+        if start == self.kept_from:
+            history -= self.hidden_chars
+            reasoning -= self.hidden_reasoning
+        else:
+            history -= sum(t.chars for t in self.turns[:start])
+            reasoning -= sum(t.reasoning_chars for t in self.turns[:start])
+        for turn in reversed(self.turns):
+            if turn.index <= current:
+                break
+            history -= turn.chars
+            reasoning -= turn.reasoning_chars
+        mode = self.policy.reasoning
+        if mode == CURRENT_TURN and current >= start and self.turns:
+            history += self.turns[current].reasoning_chars
+        elif mode == ALWAYS:
+            history += reasoning
+        system = len(self.system_prompt(current)) + MESSAGE_OVERHEAD_CHARS
+        tools = 0
+        if self.agent.tool_choice_for(step) != "none":
+            tools = self.tools_chars + (self.reopen_chars if self.offers_reopen(current) else 0)
+        return system + tools + history
+
+    def size(self, current: int, step: int) -> int:
+        """Estimated tokens of the call (prompt, corrected by recorded usage, plus output reserve)."""
+        assert self.limits is not None
+        prompt = corrected_tokens(self.chars(current, step), self.limits, self.recorded)
+        return prompt + self.policy.output_reserve.count
+
+    # --- forms ----------------------------------------------------------------------------------
+
+    def view(self, current: int, call: int) -> ContextView:
+        return ContextView(
+            turns=[t.handles for t in self.turns[: current + 1]],
+            rounds=self.rounds,
+            results=[s.handle for s in self.slots],
+            tools={s.handle: s.output.name for s in self.slots},
+            cited=frozenset(self.cited),
+            call=call,
+        )
+
+    def set_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, message: Any, chars: int) -> Change:
+        """Give a slot a form (with its rendered message) and keep every size right."""
+        change = Change(slot, slot.form, slot.by, slot.at, slot.element_forms, slot.message, slot.chars, slot.handle in self.forms)
+        delta = chars - slot.chars
+        slot.form, slot.by, slot.at, slot.element_forms, slot.message, slot.chars = form, by, at, element_forms, message, chars
+        if form == FULL:
+            self.forms.pop(slot.handle, None)
+        else:
+            self.forms[slot.handle] = form
+        for turn, _ in self.places.get(slot.output.call_id, ()):
+            self._add_chars(turn, delta)
+        return change
+
+    def undo(self, changes: Sequence[Change]) -> None:
+        """Undo form changes, newest first."""
+        for change in reversed(changes):
+            self.set_form(change.slot, change.form, change.by, change.at, change.element_forms, change.message, change.chars)
+            if not change.had_form:
+                self.forms.pop(change.slot.handle, None)
+
+    # --- messages -------------------------------------------------------------------------------
+
+    def turn_messages(self, turn: Turn, with_reasoning: bool) -> tuple[Message, ...]:
+        key = (turn.version, with_reasoning)
+        if turn.cache_key == key:
+            return turn.cache
+        messages: list[Message] = [turn.user]
+        results = self.results
+        for item in turn.items:
+            if isinstance(item, Output):
+                if with_reasoning and item.event.reasoning:
+                    messages.append(assistant_message(item.event, True))
+                else:
+                    messages.append(item.message)
+                for call in item.event.tool_calls:
+                    slot = results.get(call.id)
+                    messages.append(slot.message if slot is not None else missing_result(call))
+            else:
+                messages.extend(item)
+        turn.cache_key, turn.cache = key, tuple(messages)
+        return turn.cache
+
+    def messages(self, current: int) -> list[Message]:
+        """The history of a call in turn ``current``: the visible turns, in order."""
+        out: list[Message] = []
+        for turn in self.turns[self.visible_from(current) : current + 1]:
+            out.extend(self.turn_messages(turn, self.with_reasoning(turn.index, current)))
+        return out
+
+    def shrunk(self, current: int) -> list[Slot]:
+        """The shortened results shown in a call in turn ``current``, in recorded order."""
+        start = self.visible_from(current)
+        return [
+            s for s in self.slots
+            if s.form != FULL and s.turn is not None and start <= s.turn.index <= current
+        ]
+
+    def last_assistant(self) -> AssistantMessage | None:
+        for turn in reversed(self.turns):
+            for item in reversed(turn.items):
+                if isinstance(item, Output):
+                    return item.message
+        return None

@@ -1,0 +1,206 @@
+"""Trimming a message list to a token budget, never separating a tool call from its results.
+
+:func:`trim_messages` keeps the first or the last messages that fit ``max_tokens`` as a token
+counter counts them, optionally splitting one message's text to fill the rest, starting on or
+ending on a message kind, and keeping a leading system message. Unlike a plain trimmer it
+works on units: an assistant message with tool calls and all its results are kept or dropped
+together, and a result whose call is not in the list is never kept. Under budget, the input
+comes back unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal, Union
+
+import msgspec
+
+from agentstream.context.limits import ModelLimits, message_chars
+from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
+
+
+class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, tag="system"):
+    """A system message, for trimming lists that hold one (a ChatRequest keeps its own apart)."""
+
+    text: str
+
+
+AnyMessage = Union[SystemMessage, UserMessage, AssistantMessage, ToolResultMessage]
+Kind = Literal["system", "user", "assistant", "tool"]
+KindSpec = Union[Kind, type, Sequence[Union[Kind, type]]]
+
+_KINDS: dict[type, str] = {SystemMessage: "system", UserMessage: "user", AssistantMessage: "assistant", ToolResultMessage: "tool"}
+_ALIASES = {"human": "user", "ai": "assistant", "function": "tool"}
+
+
+def kind_of(message: AnyMessage) -> str:
+    """``system``, ``user``, ``assistant`` or ``tool``."""
+    return _KINDS[type(message)]
+
+
+def _kinds(spec: KindSpec | None) -> frozenset[str] | None:
+    if spec is None:
+        return None
+    items = [spec] if isinstance(spec, (str, type)) else list(spec)
+    out = set()
+    for item in items:
+        if isinstance(item, type):
+            out.add(_KINDS[item])
+        else:
+            out.add(_ALIASES.get(item, item))
+    return frozenset(out)
+
+
+def split_lines(text: str) -> list[str]:
+    """The default text splitter: lines, each keeping its newline (so the parts join back to the text)."""
+    return text.splitlines(keepends=True)
+
+
+def estimate_counter(limits: ModelLimits) -> Callable[[Sequence[AnyMessage]], int]:
+    """A token counter that estimates from characters with the model's characters per token."""
+
+    def count(messages: Sequence[AnyMessage]) -> int:
+        return limits.tokens_of_chars(sum(len(m.text) if isinstance(m, SystemMessage) else message_chars(m) for m in messages))
+
+    return count
+
+
+def units(messages: Sequence[AnyMessage]) -> list[list[AnyMessage]]:
+    """Group messages into units that are kept or dropped whole.
+
+    An assistant message with tool calls forms one unit with the results of those calls that
+    follow it; every other message is its own unit; a tool result that answers no call of the
+    assistant message before it is dropped.
+    """
+    out: list[list[AnyMessage]] = []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        index += 1
+        if isinstance(message, ToolResultMessage):
+            continue  # an orphan result: never kept
+        unit: list[AnyMessage] = [message]
+        if isinstance(message, AssistantMessage) and message.tool_calls:
+            ids = {c.id for c in message.tool_calls}
+            while index < len(messages) and isinstance(messages[index], ToolResultMessage):
+                result = messages[index]
+                assert isinstance(result, ToolResultMessage)
+                if result.call_id in ids:
+                    unit.append(result)
+                index += 1
+        out.append(unit)
+    return out
+
+
+def _partial(message: AnyMessage, fits: Callable[[AnyMessage], bool], splitter: Callable[[str], list[str]], keep_end: bool) -> AnyMessage | None:
+    """The message with as many of its text's parts as fit (its last parts, or its first), or None."""
+    if isinstance(message, ToolResultMessage) or (isinstance(message, AssistantMessage) and message.tool_calls):
+        return None
+    field = "content" if isinstance(message, AssistantMessage) else "text"
+    parts = splitter(getattr(message, field))
+    chosen: list[str] = []
+    best = None
+    for part in reversed(parts) if keep_end else parts:
+        trial = [part, *chosen] if keep_end else [*chosen, part]
+        candidate = msgspec.structs.replace(message, **{field: "".join(trial)})
+        if not fits(candidate):
+            break
+        chosen, best = trial, candidate
+    return best
+
+
+def trim_messages(
+    messages: Sequence[AnyMessage],
+    *,
+    max_tokens: int,
+    token_counter: Callable[[Sequence[AnyMessage]], int],
+    strategy: Literal["first", "last"] = "last",
+    allow_partial: bool = False,
+    text_splitter: Callable[[str], list[str]] | None = None,
+    start_on: KindSpec | None = None,
+    end_on: KindSpec | None = None,
+    include_system: bool = False,
+) -> tuple[AnyMessage, ...]:
+    """Keep the first or the last messages that fit ``max_tokens``.
+
+    Args:
+        messages: the messages, oldest first (a system message, if any, first).
+        max_tokens: the most tokens the kept messages may count.
+        token_counter: counts the tokens of a list of messages (see :func:`estimate_counter`).
+        strategy: ``last`` keeps the newest messages, ``first`` the oldest.
+        allow_partial: split one message's text (user or plain assistant) to fill what is left:
+            its last parts with ``last``, its first parts with ``first``.
+        text_splitter: splits a text into parts that join back to it (default: lines).
+        start_on: with ``last``, drop leading messages until one of this kind (or kinds).
+        end_on: drop trailing messages after the last one of this kind (or kinds).
+        include_system: with ``last``, keep a leading system message (it counts toward the budget).
+
+    Returns:
+        The kept messages; ``messages`` itself, as a tuple, when nothing had to go.
+    """
+    original = tuple(messages)
+    splitter = text_splitter or split_lines
+    starts, ends = _kinds(start_on), _kinds(end_on)
+    system: list[AnyMessage] = []
+    body = list(original)
+    if include_system and body and isinstance(body[0], SystemMessage):
+        system = [body.pop(0)]
+    grouped = units(body)
+    if strategy == "last" and ends is not None:
+        while grouped and kind_of(grouped[-1][-1]) not in ends:
+            grouped.pop()
+    kept: list[list[AnyMessage]] = []
+    if token_counter([*system, *(m for u in grouped for m in u)]) <= max_tokens:
+        kept = grouped
+    elif strategy == "last":
+        tail: list[AnyMessage] = []
+        for unit in reversed(grouped):
+            if token_counter([*system, *unit, *tail]) <= max_tokens:
+                kept.insert(0, unit)
+                tail = [*unit, *tail]
+                continue
+            if allow_partial and len(unit) == 1:
+                part = _partial(unit[0], lambda m: token_counter([*system, m, *tail]) <= max_tokens, splitter, True)
+                if part is not None:
+                    kept.insert(0, [part])
+            break
+    else:
+        head: list[AnyMessage] = list(system)
+        for unit in grouped:
+            if token_counter([*head, *unit]) <= max_tokens:
+                kept.append(unit)
+                head.extend(unit)
+                continue
+            if allow_partial and len(unit) == 1:
+                part = _partial(unit[0], lambda m: token_counter([*head, m]) <= max_tokens, splitter, False)
+                if part is not None:
+                    kept.append([part])
+            break
+    if strategy == "last" and starts is not None:
+        while kept and kind_of(kept[0][0]) not in starts:
+            kept.pop(0)
+    if strategy == "first" and ends is not None:
+        while kept and kind_of(kept[-1][-1]) not in ends:
+            kept.pop()
+    result = tuple([*system, *(m for u in kept for m in u)])
+    return original if result == original else result
+
+
+def trim_request(request: ChatRequest, limits: ModelLimits, *, output_reserve: int, note: str | None = None) -> ChatRequest:
+    """A request whose history is trimmed, from the oldest, to fit the window (a last resort).
+
+    The system prompt and the tools are kept; the history keeps whole tool-call units and
+    starts on a user message. ``note`` (if given) is added to the system prompt to say that
+    earlier messages were left out.
+
+    Returns:
+        ``request`` itself when it fits.
+    """
+    counter = estimate_counter(limits)
+    system = request.system + (f"\n\n{note}" if note else "")
+    fixed = limits.tokens_of_chars(len(system)) + limits.tokens_of_chars(len(msgspec.json.encode(request.tools)) if request.tools else 0)
+    budget = limits.window.count - output_reserve - fixed
+    if counter(request.messages) <= budget:
+        return request
+    kept = trim_messages(request.messages, max_tokens=max(0, budget), token_counter=counter, strategy="last", start_on="user")
+    return msgspec.structs.replace(request, system=system, messages=tuple(m for m in kept if not isinstance(m, SystemMessage)))
