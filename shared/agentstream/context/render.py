@@ -166,6 +166,7 @@ class ResultRenderer:
         if self.limits is None:
             return join_content(self.show(output.elements, output.name), output.text), images_of(output.elements)
         full = self.full_output(output)
+        line = ""
         if form == FULL:
             elements = full.elements
             text = full.text
@@ -178,9 +179,10 @@ class ResultRenderer:
                 if f > STUBBED
             )
             line = self.handle_line(handle or "?", output.name, form)
-            body = compressed.text if form == COMPRESSED else ""
-            text = f"{line}\n{body}" if body else line
+            text = compressed.text if form == COMPRESSED else ""
         text = join_content(self.show(elements, output.name), text)
+        if line:
+            text = f"{line}\n{text}" if text else line
         cap = self.config.policy.cap_for(output.name)
         if cap is not None:
             text = cut_text(text, cap, self.limits)
