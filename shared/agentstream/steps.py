@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agentstream.app import Agent
+from agentstream.context import reopen_result
 from agentstream.events import Event, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
 EMPTY_REPLY_RETRIES = 1
@@ -111,6 +112,8 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
                     _error_result(turn, call, "cut_off", "Error: your reply was cut off by the output token limit "
                                   "in the middle of this tool call, so it was not run. Make the arguments shorter.")
                 )
+            elif (reopened := reopen_result(events, agent, turn.turn_id, call)) is not None:
+                unrunnable.append(reopened)  # the context library's reopen tool: recorded here, run nowhere
             elif agent.tool(call.name) is None:
                 names = ", ".join(t.name for t in agent.tools) or "none"
                 unrunnable.append(

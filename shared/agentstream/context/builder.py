@@ -31,10 +31,12 @@ from agentstream.context.elements import Numbering
 from agentstream.context.forms.shorten import Form
 from agentstream.context.limits import DEFAULT_LIMITS, ModelLimits
 from agentstream.context.render import ContextConfig, EventFilter, cap_images
+from agentstream.context.reopen import resolve_reopen
 from agentstream.context.request import ChatRequest, Message, ToolDefinition
 from agentstream.context.shrink import judge
 from agentstream.context.state import TraceState
 from agentstream.errors import ContextFullError
+from agentstream.events import ToolCall, ToolOutput
 
 FROM_AGENT: Literal["agent"] = "agent"
 """Take the limits from the agent (``Agent.model_limits``, or the default limits)."""
@@ -280,6 +282,20 @@ def build_messages(events: Sequence[Any], *, upto_turn: str | None = None) -> tu
     state.feed(events)
     index = state.turn_index.get(upto_turn, len(state.turns) - 1) if upto_turn is not None else len(state.turns) - 1
     return tuple(state.messages(index)) if index >= 0 else ()
+
+
+def reopen_result(events: Sequence[Any], agent: Agent, turn_id: str, call: ToolCall) -> ToolOutput | None:
+    """The result of a call of the agent's reopen tool, or None when ``call`` is not one.
+
+    The agent loop records it like any result (the reopen tool runs nowhere else): source
+    numbers become element ids and handles become call ids, checked against the trace.
+    An app tool of the same name wins: then this returns None.
+    """
+    config, _ = settings_of(agent)
+    reopen = config.policy.reopen
+    if reopen is None or call.name != reopen.name or agent.tool(call.name) is not None:
+        return None
+    return resolve_reopen(call, turn_id, new_state(events, agent, config, None))
 
 
 def tool_definitions(agent: Agent) -> tuple[ToolDefinition, ...]:

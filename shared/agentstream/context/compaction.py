@@ -73,9 +73,9 @@ class CompactionPlan:
     previous_summary: str | None
 
 
-def summary_budget_chars(state: TraceState, compact: Compact, previous: str | None) -> int:
+def summary_budget_chars(state: TraceState, compact: Compact, summary_chars: int) -> int:
     """Characters of history one summary call may carry: the window less the summary output,
-    the instructions, the system prompt and the summary so far."""
+    the instructions, the system prompt and ``summary_chars`` of summary so far."""
     limits = state.limits
     assert limits is not None
     fixed = (
@@ -83,7 +83,8 @@ def summary_budget_chars(state: TraceState, compact: Compact, previous: str | No
         + len(instructions(compact, state))
         + 4 * MESSAGE_OVERHEAD_CHARS
         + len(SUMMARY_HEADING)
-        + max(len(previous or ""), limits.chars_of_tokens(compact.summary_output.count))
+        + 32
+        + summary_chars
     )
     return limits.chars_of_tokens(limits.window.count - compact.summary_output.count) - fixed
 
@@ -104,7 +105,9 @@ def plan(state: TraceState, current: int, compact: Compact) -> CompactionPlan | 
         return None
     previous = state.compaction.summary if state.compaction is not None else None
     new = [state.turns[i] for i in range(already, kept)]
-    budget = summary_budget_chars(state, compact, previous)
+    # A later chunk carries the summary written so far: at most the summary output.
+    summary_room = max(len(previous or ""), state.limits.chars_of_tokens(compact.summary_output.count)) if state.limits else 0
+    budget = summary_budget_chars(state, compact, summary_room)
     chunks: list[tuple[str, ...]] = []
     chunk: list[str] = []
     used = 0
@@ -198,7 +201,7 @@ def summary_request(state: TraceState, compaction_plan: CompactionPlan, chunk: i
     system = state.agent.system_prompt
     if summary_so_far:
         system += summary_section(Compaction(summary=summary_so_far))
-    budget = summary_budget_chars(state, compact, summary_so_far)
+    budget = summary_budget_chars(state, compact, len(summary_so_far or ""))
     messages = summary_messages(state, compaction_plan.chunks[chunk], budget)
     messages.append(UserMessage(text=instructions(compact, state)))
     return ChatRequest(
