@@ -28,6 +28,7 @@ from agentstream.context.builder import (
     require_fit,
     settings_of,
     tool_definitions,
+    trimmed_request,
 )
 from agentstream.context.cache import ContextCache
 from agentstream.context.citations import BRACKETS, FULLWIDTH, CitationStyle
@@ -156,6 +157,7 @@ __all__ = [
     "tool_definitions",
     "trim_messages",
     "trim_request",
+    "trimmed_request",
     "turns",
     "xml",
 ]

@@ -35,6 +35,7 @@ from agentstream.context.reopen import resolve_reopen
 from agentstream.context.request import ChatRequest, Message, ToolDefinition
 from agentstream.context.shrink import judge
 from agentstream.context.state import TraceState
+from agentstream.context.trimming import trim_request
 from agentstream.errors import ContextFullError
 from agentstream.events import ToolCall, ToolOutput
 
@@ -266,6 +267,21 @@ def build_request(
         ShortenError: a shorten function changed a result's elements or its error.
     """
     return require_fit(build_context(events, agent, turn_id=turn_id, step=step, config=config, limits=limits))
+
+
+TRIMMED_NOTE = "Earlier messages of this conversation were left out to fit the model's context window."
+
+
+def trimmed_request(built: BuiltContext, agent: Agent, *, limits: LimitsArg = FROM_AGENT) -> ChatRequest:
+    """A request that fits the window, by trimming the oldest history whole (the last resort).
+
+    For when a compaction failed: the history keeps whole tool-call units, starts on a user
+    message, and the system prompt says that earlier messages were left out.
+    """
+    config, resolved = settings_of(agent, None, limits)
+    if built.fits or resolved is None:
+        return built.request
+    return trim_request(built.request, resolved, output_reserve=config.policy.output_reserve.count, note=TRIMMED_NOTE)
 
 
 def build_messages(events: Sequence[Any], *, upto_turn: str | None = None) -> tuple[Message, ...]:
