@@ -17,8 +17,8 @@ import msgspec
 
 from agentstream import codec, logs, metrics
 from agentstream.app import App
-from agentstream.context import build_request
-from agentstream.errors import ModelError, StaleLeaseError, TurnRejected
+from agentstream.context import ContextCache
+from agentstream.errors import ContextError, ModelError, StaleLeaseError, TurnRejected
 from agentstream.events import ModelOutput, Reply, ToolJob, TurnEnded, TurnFailed, TurnInput
 from agentstream.keys import JOB_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
 from agentstream.models.openai import OpenAIChatModel
@@ -45,6 +45,7 @@ class AgentLoop:
         self.keys: Keys = store.keys
         self.models = models
         self.lease_ttl_ms = lease_ttl_ms
+        self.contexts = ContextCache()  # folded traces: each step's rebuild costs what was added
 
     # --- hints ------------------------------------------------------------------------------
 
@@ -152,7 +153,11 @@ class AgentLoop:
                 await self._publish_missing_reply(trace_id, events)
                 return False
             case CallModel(turn=turn, agent=agent, step=step):
-                request = build_request(events, agent, turn_id=turn.turn_id, step=step)
+                try:
+                    request = self.contexts.request(trace_id, entries, agent, turn_id=turn.turn_id, step=step)
+                except ContextError as exc:  # does not fit the window, or the agent's context settings are wrong
+                    await self._end(trace_id, token, TurnFailed(turn_id=turn.turn_id, code="context", reason=str(exc)), turn)
+                    return True
                 model = self.models.get(agent.model)
                 if model is None:
                     failed = TurnFailed(
