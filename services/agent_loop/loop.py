@@ -24,6 +24,7 @@ from agentstream.keys import JOB_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Key
 from agentstream.models.openai import OpenAIChatModel
 from agentstream.steps import CallModel, EndTurn, FailTurn, Idle, RecordResults, RunTools, decide
 from agentstream.store import TraceStore
+from agentstream_services.agent_loop.children import Children
 
 log = logging.getLogger("agentstream.agent_loop")
 
@@ -44,6 +45,7 @@ class AgentLoop:
         self.redis = store.redis
         self.keys: Keys = store.keys
         self.models = models
+        self.children = Children(app, store)
         self.lease_ttl_ms = lease_ttl_ms
         self.contexts = ContextCache()  # folded traces: each step's rebuild costs what was added
 
@@ -201,7 +203,8 @@ class AgentLoop:
             tool = agent.tool(call.name)
             queue = tool.queue if tool is not None else "default"
             job = ToolJob(trace_id=trace_id, turn_id=turn.turn_id, call_id=call.id, name=call.name, arguments=call.arguments)
-            pipe.xadd(self.keys.tools(queue), {JOB_FIELD: codec.encode(job)})
+            stream, field = self.children.job_stream(tool, queue)  # a delegation goes to the delegation service
+            pipe.xadd(stream, {field: codec.encode(job)})
         pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
         await pipe.execute()
 
@@ -235,6 +238,7 @@ class AgentLoop:
             reply.metadata = dict(turn.metadata)
         stream = (turn.reply_to if turn is not None else None) or self.keys.replies
         pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
+        if not await self.children.turn_ended(pipe, trace_id, turn, ending):  # a child answers its parent instead
+            pipe.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
         pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
         await pipe.execute()

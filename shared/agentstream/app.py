@@ -82,6 +82,17 @@ class Tool:
         schema.pop("title", None)
         self.parameters: dict[str, Any] = schema
 
+    delegated = False
+    """True for a delegation (:class:`agentstream.delegation.Delegation`): its calls go to the
+    delegation service, which runs a subagent, instead of to a tool queue."""
+
+    def check(self, app: App) -> None:
+        """Refuse a tool that does not fit the app it is in (a delegation to a missing agent).
+
+        Raises:
+            ConfigError: the tool cannot work in this app.
+        """
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
@@ -279,6 +290,8 @@ class App:
                 raise ConfigError(f"two different tools are named {t.name!r}")
         self._tools = by_name
         self._agents = {a.name: a for a in self.agents}
+        for t in by_name.values():
+            t.check(self)
 
     def agent(self, name: str) -> Agent | None:
         """The agent of that name, or None."""
@@ -294,8 +307,8 @@ class App:
 
     @property
     def tool_queues(self) -> list[str]:
-        """Every tool queue the app's tools use, sorted."""
-        return sorted({t.queue for t in self._tools.values()})
+        """Every tool queue the app's tools use, sorted (delegations use none)."""
+        return sorted({t.queue for t in self._tools.values() if not t.delegated})
 
 
 def load_app(path: str) -> App:

@@ -3,9 +3,11 @@
 Commands:
 
 - ``run "question"``: the main job on a laptop: Redis (REDIS_URL or embedded), a model
-  (OPENAI_* or the local SmolLM2), the agent loop and a tool worker as separate processes; asks,
-  prints each step as it happens, verifies the trace's fingerprints, and stops everything.
-- ``serve <service> --app mod:app``: one service (``agent-loop`` or ``tool-worker``).
+  (OPENAI_* or the local SmolLM2), and every service (agent loop, tool worker, delegation) as
+  separate processes; asks, prints each step as it happens, verifies the trace's fingerprints,
+  and stops everything.
+- ``serve <service> --app mod:app``: one service (``agent-loop``, ``tool-worker`` or
+  ``delegation``); scale a service by running more of them.
 - ``dev --app mod:app``: every service in one process.
 - ``ask "question"``: publish a turn to running services and follow it.
 - ``trace show <id>`` / ``trace verify <id>``: print a stored trace / rebuild its requests.
@@ -50,6 +52,7 @@ cli.add_typer(schema_cli, name="schema")
 class Service(str, Enum):
     agent_loop = "agent-loop"
     tool_worker = "tool-worker"
+    delegation = "delegation"
 
 
 AppOption = Annotated[str, typer.Option("--app", envvar="AGENTSTREAM_APP", help="The app, as module:attribute.")]
@@ -85,6 +88,10 @@ async def _serve(services: list[Service], app_path: str, queues: list[str] | Non
             consumers += build_loop(app, settings, store, http)[1]
         if Service.tool_worker in services:
             consumers += build_worker(app, settings, store, queues)[1]
+        if Service.delegation in services:
+            from agentstream_services.delegation.service import build as build_delegation
+
+            consumers += build_delegation(app, settings, store)[1]
         try:
             await run_consumers(
                 consumers,
@@ -240,7 +247,7 @@ def run(
     try:
         with _environment(Settings()) as settings:
             load_app(app)  # fail fast on a bad app path, before starting processes
-            for service in (Service.agent_loop, Service.tool_worker):
+            for service in Service:
                 procs.append(
                     subprocess.Popen(
                         [sys.executable, "-m", "agentstream", "serve", service.value, "--app", app, "--log-level", log_level],
@@ -248,7 +255,7 @@ def run(
                     )
                 )
             typer.secho(
-                f"agent-loop pid {procs[0].pid}, tool-worker pid {procs[1].pid}, model {settings.openai_model} "
+                f"{', '.join(f'{s.value} pid {p.pid}' for s, p in zip(Service, procs))}, model {settings.openai_model} "
                 f"at {settings.openai_base_url}",
                 fg=typer.colors.BRIGHT_BLACK,
                 err=True,

@@ -11,6 +11,8 @@ reader accepts every version up to its own and refuses a newer one (see :mod:`ag
 Event types (tag → meaning):
 
 - ``turn_input``: a user's turn entered the trace (text and metadata).
+- ``task_input``: the first event of a child trace: a task delegated by a parent's tool call
+  (a turn input that also names the parent trace and call, the depth and the root trace).
 - ``model_output``: one model call's answer: content, reasoning, complete tool calls, provider
   and model, opaque replay blocks, why it stopped, token usage and the sha256 of the request body.
 - ``tool_result``: the result of one tool call (text, structured data, or an error).
@@ -132,6 +134,43 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
     elements: tuple[AnyElement, ...] = ()
 
 
+class TaskInput(TurnInput, frozen=True, kw_only=True, tag="task_input"):
+    """The first event of a child trace: a task that a parent's model delegated.
+
+    It is a turn input (the child's agent answers it like any turn, on the child's own
+    config), plus where its result goes back to. Depth and root travel here, in the record, so
+    every service that reads the child knows them without asking the parent.
+
+    Attributes:
+        call_id: the id of the parent's tool call whose result the child's result becomes.
+        parent_trace_id: the trace of the parent run.
+        parent_turn_id: the parent's turn that made the call.
+        root_trace_id: the trace at the top of the delegation tree.
+        depth: 1 for a child of a root trace, 2 for a grandchild, and so on.
+        delegation: the name of the delegation tool that was called.
+        arguments: the call's arguments as parsed (JSON-compatible; element fields hold the
+            elements' real ids).
+        expects: the JSON Schema that the child's result must fit, or None for any result.
+        model: the model endpoint id the child runs on, or None for its agent's own model.
+        lineage: the digests of the tasks of this child and its ancestors, oldest first (see
+            :func:`agentstream.delegation.task_digest`): an identical task delegated to the same
+            agent further down is refused.
+        deadline_s: the longest the child may run, in seconds; then a supervisor ends it.
+    """
+
+    call_id: str = ""
+    parent_trace_id: str = ""
+    parent_turn_id: str = ""
+    root_trace_id: str = ""
+    depth: int = 1
+    delegation: str = ""
+    arguments: Any = None
+    expects: dict[str, Any] | None = None
+    model: str | None = None
+    lineage: tuple[str, ...] = ()
+    deadline_s: float = 0.0
+
+
 class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output"):
     """One model call's answer.
 
@@ -245,7 +284,7 @@ class Compaction(msgspec.Struct, frozen=True, kw_only=True, tag="compaction"):
     usage: Usage = Usage()
 
 
-Event = TurnInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction
+Event = TurnInput | TaskInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction
 """The union of every event type that a trace holds."""
 
 TERMINAL_EVENTS = (TurnEnded, TurnFailed)

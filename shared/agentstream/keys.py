@@ -11,6 +11,9 @@ Work streams (hints, never state):
 - ``<ns>:wake``: wake-ups for the agent loop (field ``wake``).
 - ``<ns>:tools:<queue>``: tool jobs of one tool queue (field ``job``).
 - ``<ns>:replies``: answers (field ``reply``), unless a turn names its own ``reply_to``.
+- ``<ns>:delegations``: calls of delegation tools, for the delegation service (field ``job``).
+- ``<ns>:child-endings``: a child trace's turn ended; hand its result back (field ``ending``).
+- ``<ns>:compactions``: a trace's context needs a summary (field ``compaction``).
 - ``<ns>:errors``: turns rejected before they had a trace (fields ``error``, ``payload``).
 - ``<ns>:dead:<stream>``: the dead-letter stream of a work stream.
 
@@ -20,7 +23,11 @@ Per trace:
 - ``<ns>:trace:{<id>}:keys``: idempotency keys of appends (hash: key → entry id).
 - ``<ns>:trace:{<id>}:lease``: the lease of the agent loop (value: fencing token).
 - ``<ns>:trace:{<id>}:dirty``: set when a hint came while another worker held the lease.
+- ``<ns>:trace:{<id>}:descendants``: of a root trace, the ids of every child trace opened under
+  it (a set, the index behind the per-root cap on descendants).
 - ``<ns>:fence``: the counter that issues fencing tokens.
+- ``<ns>:delegations:deadlines``: open child traces scored by their deadline (Unix ms), which
+  the delegation service's supervisor watches.
 """
 
 from __future__ import annotations
@@ -31,11 +38,15 @@ DEFAULT_NAMESPACE = "agentstream"
 
 AGENT_LOOP_GROUP = "agent-loop"
 TOOL_WORKER_GROUP = "tool-workers"
+DELEGATION_GROUP = "delegation"
+COMPACTION_GROUP = "compaction"
 
 TURN_FIELD = b"turn"
 WAKE_FIELD = b"wake"
 JOB_FIELD = b"job"
 REPLY_FIELD = b"reply"
+ENDING_FIELD = b"ending"
+COMPACTION_FIELD = b"compaction"
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,26 @@ class Keys:
     def fence(self) -> str:
         return f"{self.namespace}:fence"
 
+    @property
+    def delegations(self) -> str:
+        """The stream of delegation tool calls (the delegation service's work)."""
+        return f"{self.namespace}:delegations"
+
+    @property
+    def child_endings(self) -> str:
+        """The stream of child traces whose turn ended (the delegation service hands them back)."""
+        return f"{self.namespace}:child-endings"
+
+    @property
+    def delegation_deadlines(self) -> str:
+        """The sorted set of open child traces by deadline (Unix ms)."""
+        return f"{self.namespace}:delegations:deadlines"
+
+    @property
+    def compactions(self) -> str:
+        """The stream of compaction jobs (the compaction service's work)."""
+        return f"{self.namespace}:compactions"
+
     def tools(self, queue: str) -> str:
         """The stream of tool jobs for one tool queue."""
         return f"{self.namespace}:tools:{queue}"
@@ -83,6 +114,10 @@ class Keys:
 
     def dirty(self, trace_id: str) -> str:
         return f"{self.namespace}:trace:{{{trace_id}}}:dirty"
+
+    def descendants(self, root_trace_id: str) -> str:
+        """The set of child traces opened under a root trace (same hash slot as the root)."""
+        return f"{self.namespace}:trace:{{{root_trace_id}}}:descendants"
 
     def trace_id_of(self, trace_key: str) -> str:
         """The trace id inside a trace stream name (inverse of :meth:`trace`)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from agentstream.app import Agent
 from agentstream.context import build_request
+from agentstream.delegation import offered_agent
 from agentstream.events import Event, ModelOutput, TurnInput
 from agentstream.models import openai_format
 
@@ -41,15 +42,17 @@ def rebuild_calls(events: Sequence[Event], agent_of: Callable[[str], Agent | Non
     Raises:
         KeyError: a turn names an agent the app does not have.
     """
-    agents: dict[str, str] = {}
+    turns: dict[str, TurnInput] = {}
     out: list[RebuiltCall] = []
     for index, event in enumerate(events):
         if isinstance(event, TurnInput):
-            agents[event.turn_id] = event.agent
+            turns.setdefault(event.turn_id, event)
         elif isinstance(event, ModelOutput):
-            agent = agent_of(agents[event.turn_id])
+            turn = turns[event.turn_id]
+            agent = agent_of(turn.agent)
             if agent is None:
-                raise KeyError(f"turn {event.turn_id!r}: agent {agents[event.turn_id]!r} is not in the app")
+                raise KeyError(f"turn {event.turn_id!r}: agent {turn.agent!r} is not in the app")
+            agent = offered_agent(agent, turn)
             request = build_request(events[:index], agent, turn_id=event.turn_id, step=event.step)
             body = openai_format.request_body(request, model=model_name)
             out.append(

@@ -20,6 +20,10 @@ Variables (all optional):
 - ``AGENTSTREAM_METRICS_INTERVAL_S``: how often stream length, pending entries and lag are read.
 - ``AGENTSTREAM_SHUTDOWN_GRACE_S``: how long a service drains on SIGTERM, in seconds.
 
+- ``AGENTSTREAM_MAX_DESCENDANTS``: the most child traces (subagent runs) one root conversation
+  may open, all levels together; a delegation past it gets an error result.
+- ``AGENTSTREAM_SUPERVISE_INTERVAL_MS``: how often the delegation service's supervisor looks for
+  child traces past their deadline, in milliseconds.
 The API key is a ``SecretStr``: it never appears in a repr, a log or a trace.
 """
 
@@ -56,6 +60,8 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_interval_s: float = Field(default=15.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    max_descendants: int = Field(default=100, ge=1)
+    supervise_interval_ms: int = Field(default=1000, ge=10)
 
     @cached_property
     def keys(self) -> Keys:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agentstream.app import Agent
+from agentstream.delegation import offered_agent
 from agentstream.context import reopen_result
 from agentstream.events import Event, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
@@ -91,9 +92,10 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
     agent = agent_of(turn.agent)
     if agent is None:
         return FailTurn(turn, "unknown_agent", f"no agent named {turn.agent!r} in this app")
+    offered = offered_agent(agent, turn)  # a child's model and depth: delegations withheld at the limit
     outputs = [e for e in events if isinstance(e, ModelOutput) and e.turn_id == turn.turn_id]
     if not outputs:
-        return CallModel(turn, agent, 0)
+        return CallModel(turn, offered, 0)
     last = outputs[-1]
     results = {e.call_id for e in events if isinstance(e, ToolOutput) and e.turn_id == turn.turn_id}
 
@@ -132,7 +134,7 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
                 f"the agent {agent.name!r} reached its passes cap of {agent.max_passes} model calls "
                 "without a final answer; raise max_passes or simplify the task",
             )
-        return CallModel(turn, agent, last.step + 1)
+        return CallModel(turn, offered, last.step + 1)
 
     if last.stop_reason == "length" and not last.content.strip():
         return FailTurn(turn, "cut_off", "the model's reply was cut off by the output token limit before any answer")
@@ -143,7 +145,7 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
                 break
             empty_in_a_row += 1
         if empty_in_a_row <= EMPTY_REPLY_RETRIES and len(outputs) < agent.max_passes:
-            return CallModel(turn, agent, last.step + 1)
+            return CallModel(turn, offered, last.step + 1)
         return FailTurn(turn, "empty_reply", f"the model gave an empty reply {empty_in_a_row} times in a row")
     return EndTurn(turn, last.content.strip())
 

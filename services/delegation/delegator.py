@@ -1,0 +1,262 @@
+"""The delegation service: opens child traces for delegation calls and hands their results back.
+
+A thin shell around :mod:`agentstream.delegation`. Both hints it takes are level-triggered:
+
+- a delegation job (a call of a delegation tool): read the parent's trace; append the error
+  result the call gets instead of a child, or open the child: note its deadline, append its
+  TaskInput (once, by the task's turn id) and wake it;
+- a child ending: read the child's trace; append its result to the parent's trace (once, by
+  call id) and wake the parent.
+
+The :class:`Supervisor` ends every child that passes its deadline with exactly one TurnFailed
+(code ``timed_out``) and hands it back, so the parent hears even when the child's worker died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from agentstream import codec, logs
+from agentstream.app import App
+from agentstream.delegation import (
+    Delegation,
+    HandOff,
+    decode_child_ended,
+    delegations_of,
+    descendants_refused,
+    ending_of,
+    hand_back,
+    hand_off,
+    task_of,
+    timed_out,
+)
+from agentstream.events import CancelMessage, ModelOutput, ToolCall, ToolJob, ToolOutput, Wake
+from agentstream.keys import CANCEL_FIELD, ENDING_FIELD, JOB_FIELD, WAKE_FIELD, Keys
+from agentstream.store import TraceStore
+
+log = logging.getLogger("agentstream.delegation")
+
+# KEYS: the root's descendants set. ARGV: child trace id, limit. 1 = admitted, 0 = over the limit.
+_ADMIT_LUA = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class Delegator:
+    """Handles delegation jobs and child endings.
+
+    Args:
+        app: the user's app (its delegations).
+        store: the trace store.
+        max_descendants: the most child traces one root trace may open, all levels together.
+    """
+
+    def __init__(self, app: App, store: TraceStore, *, max_descendants: int = 100):
+        self.app = app
+        self.store = store
+        self.redis = store.redis
+        self.keys: Keys = store.keys
+        self.delegations = delegations_of(app)
+        self.max_descendants = max_descendants
+        self._admit = self.redis.register_script(_ADMIT_LUA)
+
+    # --- hints ------------------------------------------------------------------------------
+
+    async def on_delegation(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        """A delegation job: open its child, or give the call its error result."""
+        payload = fields.get(JOB_FIELD)
+        try:
+            job = codec.decode_job(payload or b"")
+        except msgspec.DecodeError as exc:
+            await self._malformed("delegation job", entry_id, payload, exc)
+            return
+        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id, call_id=job.call_id):
+            await self.open(job)
+
+    async def on_child_ended(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        """A child ending: hand the child's result back to its parent."""
+        payload = fields.get(ENDING_FIELD)
+        try:
+            ending = decode_child_ended(payload or b"")
+        except msgspec.DecodeError as exc:
+            await self._malformed("child ending", entry_id, payload, exc)
+            return
+        with logs.bind(trace_id=ending.trace_id):
+            await self.give_back(ending.trace_id)
+
+    async def on_dead_delegation(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
+        """A delegation job that failed on every delivery: the call gets an error result."""
+        try:
+            job = codec.decode_job(fields.get(JOB_FIELD) or b"")
+        except msgspec.DecodeError:
+            return
+        await self._result(job.trace_id, ToolOutput(
+            turn_id=job.turn_id, call_id=job.call_id, name=job.name, error="dead_letter",
+            text=f"Error: the delegation {job.name!r} could not be started (it failed on every try: {error}).",
+        ))
+
+    async def _malformed(self, what: str, entry_id: str, payload: bytes | None, exc: Exception) -> None:
+        log.error("dropping malformed %s %s: %s", what, entry_id, exc)
+        await self.redis.xadd(self.keys.errors, {b"error": f"malformed {what} {entry_id}: {exc}".encode(), b"payload": payload or b""})
+
+    # --- hand-off -----------------------------------------------------------------------------
+
+    async def open(self, job: ToolJob) -> None:
+        """Open the child of a delegation call once (or record why it gets none)."""
+        parent = job.trace_id
+        if await self.store.has_key(parent, f"result:{job.call_id}"):
+            await self._wake(parent, f"result:{job.call_id}")
+            return
+        events = [e for _, e in await self.store.read(parent)]
+        if ending_of(events, job.turn_id) is not None:
+            log.info("delegation %s of trace %s: the parent's turn already ended; no child opened", job.call_id, parent)
+            return
+        delegation = self.delegations.get(job.name)
+        call = _call(events, job)
+        if delegation is None:
+            known = ", ".join(sorted(self.delegations)) or "none"
+            await self._result(parent, ToolOutput(
+                turn_id=job.turn_id, call_id=job.call_id, name=job.name, error="unknown_tool",
+                text=f"Error: there is no delegation named {job.name!r}. Delegations: {known}.",
+            ))
+            return
+        outcome = hand_off(delegation, parent, events, call, job.turn_id)
+        if isinstance(outcome, ToolOutput):
+            log.info("delegation %s of trace %s refused: %s", job.call_id, parent, outcome.error)
+            await self._result(parent, outcome)
+            return
+        if not await self._admit(keys=[self.keys.descendants(outcome.task.root_trace_id)],
+                                 args=[outcome.child_trace_id, self.max_descendants]):
+            await self._result(parent, descendants_refused(delegation, call, job.turn_id, self.max_descendants))
+            return
+        await self._start(outcome, delegation)
+        if await self.store.has_key(parent, f"end:{job.turn_id}"):
+            # the parent ended while the child was being opened: the child must not run on
+            await self._cancel(outcome.child_trace_id, outcome.task.turn_id, f"its parent turn {job.turn_id!r} ended")
+
+    async def _start(self, handoff: HandOff, delegation: Delegation) -> None:
+        child = handoff.child_trace_id
+        deadline_ms = int((time.time() + delegation.deadline_s) * 1000)
+        await self.redis.zadd(self.keys.delegation_deadlines, {child: deadline_ms}, nx=True)
+        appended = await self.store.append(child, handoff.task)
+        if appended.created:
+            log.info("opened child trace %s (depth %d) for call %s of trace %s", child, handoff.task.depth,
+                     handoff.task.call_id, handoff.task.parent_trace_id)
+        await self._wake(child, "task")
+
+    # --- hand-back ----------------------------------------------------------------------------
+
+    async def give_back(self, child: str) -> bool:
+        """Append an ended child's result to its parent once and wake the parent.
+
+        Returns:
+            False when the child has not ended (or is not a child trace): nothing was done.
+        """
+        events = [e for _, e in await self.store.read(child)]
+        task = task_of(events)
+        if task is None or ending_of(events, task.turn_id) is None:
+            return False
+        parent = task.parent_trace_id
+        if not await self.store.has_key(parent, f"result:{task.call_id}"):
+            result = hand_back(self.delegations.get(task.delegation), events)
+            await self.store.append(parent, result)
+            log.info("handed back child trace %s to call %s of trace %s%s", child, task.call_id, parent,
+                     f" (error: {result.error})" if result.error else "")
+        await self.redis.zrem(self.keys.delegation_deadlines, child)
+        await self._wake(parent, f"result:{task.call_id}")
+        return True
+
+    async def expire(self, child: str) -> None:
+        """End a child past its deadline (one TurnFailed, ``timed_out``) and hand it back."""
+        events = [e for _, e in await self.store.read(child)]
+        task = task_of(events)
+        if task is None:  # its TaskInput never made it: a redelivered job opens it afresh
+            await self.redis.zrem(self.keys.delegation_deadlines, child)
+            return
+        if ending_of(events, task.turn_id) is None:
+            appended = await self.store.append(child, timed_out(task))
+            if appended.created:
+                log.warning("child trace %s passed its deadline of %g s; ended it as timed out", child, task.deadline_s)
+            # its own agent loop (if alive) sees the ending, cancels the child's children and stops
+            await self._wake(child, "timed_out")
+        await self.give_back(child)
+
+    # --- publishing ---------------------------------------------------------------------------
+
+    async def _result(self, trace_id: str, result: ToolOutput) -> None:
+        await self.store.append(trace_id, result)
+        await self._wake(trace_id, f"result:{result.call_id}")
+
+    async def _wake(self, trace_id: str, reason: str) -> None:
+        await self.redis.xadd(self.keys.wake, {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason=reason))})
+
+    async def _cancel(self, trace_id: str, turn_id: str, reason: str) -> None:
+        message = CancelMessage(trace_id=trace_id, turn_id=turn_id, by="parent", reason=reason)
+        await self.redis.xadd(self.keys.cancel, {CANCEL_FIELD: codec.encode(message)})
+
+
+def _call(events, job: ToolJob) -> ToolCall:
+    """The call as the trace recorded it (the truth), else as the job carries it."""
+    for event in events:
+        if isinstance(event, ModelOutput) and event.turn_id == job.turn_id:
+            for call in event.tool_calls:
+                if call.id == job.call_id:
+                    return call
+    return ToolCall(id=job.call_id, name=job.name, arguments=job.arguments)
+
+
+class Supervisor:
+    """Ends child traces that pass their deadline, in every delegation service process.
+
+    Several supervisors may run at once: the ending is appended once (by the child's turn id)
+    and the hand-back once (by the call id).
+
+    Args:
+        delegator: the delegator that ends and hands back.
+        interval_ms: how often to look for children past their deadline.
+        batch: the most children handled per look.
+    """
+
+    def __init__(self, delegator: Delegator, *, interval_ms: int = 1000, batch: int = 100):
+        self.delegator = delegator
+        self.redis = delegator.redis
+        self.stream = delegator.keys.child_endings  # for the service runner's bookkeeping
+        self.interval_s = interval_ms / 1000.0
+        self.batch = batch
+        self.expired = 0
+
+    async def sweep(self, now_ms: int | None = None) -> int:
+        """End and hand back every child whose deadline is before ``now_ms`` → how many."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        due = await self.redis.zrangebyscore(self.delegator.keys.delegation_deadlines, "-inf", now_ms, start=0, num=self.batch)
+        for raw in due:
+            child = raw.decode() if isinstance(raw, bytes) else raw
+            with logs.bind(trace_id=child):
+                await self.delegator.expire(child)
+            self.expired += 1
+        return len(due)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep every ``interval_ms`` until ``stop`` is set; Redis errors back off and retry."""
+        backoff_s = self.interval_s
+        while not stop.is_set():
+            try:
+                await self.sweep()
+                backoff_s = self.interval_s
+            except (RedisConnectionError, RedisTimeoutError, ResponseError, OSError) as exc:
+                log.warning("supervisor could not read the deadlines (%s); retrying in %.1f s", exc, backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=backoff_s)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,122 @@
+"""The hand-back of an ended child trace as its parent's tool result (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pydantic
+
+from agentstream.context import ToolResultMessage, build_messages
+from agentstream.delegation import TIMED_OUT, Delegation, ending_of, hand_back, timed_out
+from agentstream.events import (
+    Document,
+    ModelOutput,
+    Passage,
+    Source,
+    TaskInput,
+    ToolCall,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+)
+
+
+class Question(pydantic.BaseModel):
+    question: str
+
+
+SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}}, "required": ["verdict"]}
+plain = Delegation(name="ask", description="Ask.", input=Question, agent="worker")
+typed = Delegation(name="judge", description="Judge.", input=Question, agent="worker", result_schema=SCHEMA)
+
+
+def task(name: str = "ask", expects=None, call_id: str = "call_9", deadline_s: float = 300.0) -> TaskInput:
+    return TaskInput(turn_id=call_id, agent="worker", text="research X", call_id=call_id, parent_trace_id="P",
+                     parent_turn_id="t1", root_trace_id="P", depth=1, delegation=name, expects=expects,
+                     deadline_s=deadline_s)
+
+
+def ended(*middle, answer: str, start: TaskInput | None = None) -> list:
+    start = start or task()
+    return [start, *middle, ModelOutput(turn_id=start.turn_id, step=len(middle), content=answer),
+            TurnEnded(turn_id=start.turn_id, answer=answer)]
+
+
+def test_an_answer_becomes_the_result_of_the_parents_call():
+    result = hand_back(plain, ended(answer="X is a thing."))
+    assert (result.turn_id, result.call_id, result.name) == ("t1", "call_9", "ask")
+    assert result.text == "X is a thing." and result.error is None
+
+
+def test_the_sources_the_child_cited_come_back_with_the_result_without_its_numbers():
+    doc = Document(id="https://d", title="D", text="whole")
+    cited = Passage(id="https://d#2", ref="https://d", text="the fact")
+    uncited = Source(id="https://e", text="other")
+    lookup = ModelOutput(turn_id="call_9", step=0, tool_calls=(ToolCall(id="c1", name="lookup", arguments="{}"),), stop_reason="tool_calls")
+    found = ToolOutput(turn_id="call_9", call_id="c1", name="lookup", text="found", elements=(doc, cited, uncited))
+    result = hand_back(plain, ended(lookup, found, answer="X is true [2]. See also [9] and [x]."))
+    assert result.text == "X is true. See also [9] and [x]."  # only marks that resolve are taken out
+    assert result.elements == (doc, cited)
+
+
+def test_c28_an_empty_answer_is_an_incomplete_result_never_a_silent_success():
+    events = [task(), TurnEnded(turn_id="call_9", answer="   ")]
+    result = hand_back(plain, events)
+    assert result.error == "incomplete" and "without a result" in result.text
+    nothing = Delegation(name="ask", description="Ask.", input=Question, agent="worker", result=lambda events: None)
+    assert hand_back(nothing, ended(answer="fine")).error == "incomplete"
+
+
+def test_a_result_that_fits_the_schema_comes_back_as_data():
+    result = hand_back(typed, ended(answer='```json\n{"verdict": "yes"}\n```', start=task("judge", SCHEMA)))
+    assert result.error is None and result.data == {"verdict": "yes"} and json.loads(result.text) == {"verdict": "yes"}
+
+
+def test_a_result_that_does_not_fit_the_schema_is_an_error_the_model_sees():
+    wrong = hand_back(typed, ended(answer='{"verdict": "maybe"}', start=task("judge", SCHEMA)))
+    assert wrong.error == "schema_mismatch" and "verdict" in wrong.text and "maybe" in wrong.text
+    prose = hand_back(typed, ended(answer="I think yes.", start=task("judge", SCHEMA)))
+    assert prose.error == "schema_mismatch" and "not the JSON" in prose.text and "I think yes." in prose.text
+
+
+def test_a_result_function_that_raises_is_an_error_result():
+    def broken(events):
+        raise KeyError("nope")
+
+    result = hand_back(Delegation(name="ask", description="Ask.", input=Question, agent="worker", result=broken), ended(answer="x"))
+    assert result.error == "result_error" and "KeyError" in result.text
+
+
+def test_a_failed_child_is_an_error_result_with_its_partial_output():
+    start = task()
+    events = [start, ModelOutput(turn_id="call_9", step=0, content="Half done: A is 1."),
+              TurnFailed(turn_id="call_9", code="passes_cap", reason="reached its passes cap")]
+    result = hand_back(plain, events)
+    assert result.error == "passes_cap" and "passes cap" in result.text and "Half done: A is 1." in result.text
+
+
+def test_c28_a_child_killed_at_its_deadline_has_one_ending_and_the_parent_gets_a_timed_out_result():
+    # P delegated "research X" as call_9; child C1 called web_search and was never heard of again.
+    start = task(deadline_s=300)
+    search = ModelOutput(turn_id="call_9", step=0, tool_calls=(ToolCall(id="c1", name="web_search", arguments="{}"),), stop_reason="tool_calls")
+    partial = ToolOutput(turn_id="call_9", call_id="c1", name="web_search", text="two pages")
+    ending = timed_out(start)
+    events = [start, search, partial, ending]
+    assert ending_of(events, "call_9") == ending and ending.code == TIMED_OUT and "300 s" in ending.reason
+    result = hand_back(plain, events)
+    assert result.call_id == "call_9" and result.error == TIMED_OUT
+    assert "deadline" in result.text and "1 tool result" in result.text  # its partial output
+
+
+def test_parallel_delegations_come_back_in_call_order_whatever_order_they_end_in():
+    turn = TurnInput(turn_id="t1", agent="lead", text="Compare A and B")
+    calls = (ToolCall(id="call_A", name="ask", arguments='{"question":"A"}'),
+             ToolCall(id="call_B", name="ask", arguments='{"question":"B"}'))
+    out = ModelOutput(turn_id="t1", step=0, tool_calls=calls, stop_reason="tool_calls")
+    child_a = ended(answer="A-result", start=task(call_id="call_A"))
+    child_b = ended(answer="B-result", start=task(call_id="call_B"))
+    results = [hand_back(plain, child_b), hand_back(plain, child_a)]  # B ended first
+    messages = build_messages([turn, out, *results])
+    shown = [(m.call_id, m.text) for m in messages if isinstance(m, ToolResultMessage)]
+    assert shown == [("call_A", "A-result"), ("call_B", "B-result")]
