@@ -11,6 +11,8 @@ Commands:
 - ``dev --app mod:app``: every service in one process.
 - ``ask "question"``: publish a turn to running services and follow it.
 - ``trace show <id>`` / ``trace verify <id>``: print a stored trace / rebuild its requests.
+- ``trace explain <id> --step N [--turn ID]``: one model call's exact request, and why each
+  old result in it was shortened (which shrink, at which call).
 - ``schema turn``: the JSON schema of the turn message other backends publish.
 """
 
@@ -331,6 +333,68 @@ def trace_verify(trace_id: str, app: AppOption = DEFAULT_APP) -> None:
     except AgentStreamError as exc:
         _fail(exc)
     raise typer.Exit(0 if ok else 1)
+
+
+async def _explain(settings: Settings, app_path: str, trace_id: str, step: int, turn_id: str | None, as_json: bool) -> None:
+    from agentstream.context import describe_shrunk, explain
+    from agentstream.models import openai_format
+    from agentstream.replay import rebuild_calls
+
+    app = load_app(app_path)
+    events = [e for _, e in await _read(settings, trace_id)]
+    if not events:
+        raise AgentStreamError(f"trace {trace_id!r} has no events")
+    try:
+        explanation = explain(events, app.agent, step=step, turn_id=turn_id)
+    except LookupError as exc:
+        raise AgentStreamError(f"trace {trace_id!r}: {exc}") from exc
+    body = None
+    if explanation.made:  # the body as the call's provider format rendered it (see `trace verify`)
+        for call in rebuild_calls(events, app.agent, model_name=settings.openai_model):
+            if (call.turn_id, call.step) == (explanation.turn_id, step):
+                body = call.body
+    if body is None:
+        body = openai_format.request_body(explanation.request, model=settings.openai_model or "gpt-4o-mini")
+    sha256 = openai_format.fingerprint(body)
+    built = explanation.built
+    if as_json:
+        typer.echo(json.dumps({
+            "trace_id": trace_id, "turn_id": explanation.turn_id, "step": step, "call": built.call,
+            "made": explanation.made, "recorded_sha256": explanation.recorded_sha256, "rebuilt_sha256": sha256,
+            "size_tokens": built.size_tokens, "window_tokens": built.window_tokens,
+            "body": json.loads(body), "shrunk": [describe_shrunk(s) for s in built.shrunk],
+        }, indent=2))
+        return
+    state = "made" if explanation.made else "not made yet (the next call)"
+    typer.echo(f"trace {trace_id}, turn {explanation.turn_id}, step {step}: model call {built.call} of the trace, {state}")
+    if built.size_tokens is not None:
+        typer.echo(f"estimated size: {built.size_tokens} tokens (prompt and output reserve) of a {built.window_tokens}-token window")
+    if explanation.recorded_sha256:
+        verdict = "matches" if explanation.recorded_sha256 == sha256 else "DOES NOT match"
+        typer.echo(f"fingerprint: rebuilt {sha256} {verdict} the recorded {explanation.recorded_sha256}")
+    typer.echo("request body:")
+    typer.echo(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
+    if built.shrunk:
+        typer.echo("shortened results (handle, call, tool: form, by which shrink, at which model call):")
+        for shrunk in built.shrunk:
+            typer.echo(f"  {describe_shrunk(shrunk)}")
+    else:
+        typer.echo("shortened results: none; every result is shown as recorded")
+
+
+@trace_cli.command("explain")
+def trace_explain(
+    trace_id: str,
+    step: Annotated[int, typer.Option("--step", help="The model call's step within its turn (0-based).")],
+    turn: Annotated[Optional[str], typer.Option("--turn", help="The turn id (default: the newest turn).")] = None,
+    app: AppOption = DEFAULT_APP,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Show the exact request of one model call, and which shrink shortened each old result and when."""
+    try:
+        asyncio.run(_explain(Settings(), app, trace_id, step, turn, as_json))
+    except AgentStreamError as exc:
+        _fail(exc)
 
 
 @schema_cli.command("turn")
