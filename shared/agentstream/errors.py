@@ -23,8 +23,11 @@ The tree::
     └── ModelError               a model call failed
         ├── ModelConfigError     wrong key, model or URL (HTTP 401/403/404): not retried
         ├── ModelUnanswered      no answer after the retries (network, timeout, 408/409/429/5xx)
-        │                        or the input was refused (HTTP 400/413/422)
-        └── InvalidModelOutput   the reply cannot be used (refused, cut off, empty, malformed)
+        │   └── ModelInputRejected  the server refused this request's input (HTTP 400/413/422):
+        │                           sending the same body again cannot help
+        ├── InvalidModelOutput   the reply cannot be used (refused, cut off, empty, malformed)
+        └── ModelStopError       a stored model output did not finish normally (raised on
+                                 purpose by ``ModelOutput.raise_for_stop``)
 
 Errors say what happened, to what (trace id, call id, stream) and what to do next. Third-party
 errors are converted at the boundary into the most specific of these (``raise ... from exc``).
@@ -127,9 +130,40 @@ class ModelUnanswered(ModelError):
         self.status_code = status_code
 
 
+class ModelInputRejected(ModelUnanswered):
+    """The endpoint refused this request's input (HTTP 400, 413 or 422); not retried.
+
+    Too long a context, a malformed history or a field the server does not accept: the same
+    body would be refused again, so the caller must change the request (shorten the context,
+    fix the endpoint's quirks) instead of retrying.
+    """
+
+
 class InvalidModelOutput(ModelError):
     """The model's reply cannot be used; ``reason`` says why. Never repaired."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class ModelStopError(ModelError):
+    """A model output ended for a reason other than finishing or asking for tools.
+
+    Raised by :meth:`agentstream.events.ModelOutput.raise_for_stop`, the blocking-script
+    counterpart of ``response.raise_for_status()``; the runtime never raises it by itself.
+
+    Attributes:
+        stop_reason: ``refusal``, ``content_filter``, ``length``, ``pause``, ``interrupted`` or
+            ``unknown`` (see :data:`agentstream.events.StopReason`).
+        detail: the provider's own finish reason or refusal text, when it said more.
+        turn_id: the turn of the model call.
+        step: the model call's step within the turn.
+    """
+
+    def __init__(self, message: str, *, stop_reason: str, detail: str | None, turn_id: str, step: int):
+        super().__init__(message)
+        self.stop_reason = stop_reason
+        self.detail = detail
+        self.turn_id = turn_id
+        self.step = step

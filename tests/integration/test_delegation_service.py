@@ -1,0 +1,82 @@
+"""The delegation service's handlers on a real Redis (in process): once-only hand-offs and
+hand-backs, the per-root cap on descendants, and supervisors racing on one expired child."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentstream import codec
+from agentstream.delegation import ChildEnded, child_trace_id
+from agentstream.events import ModelOutput, TaskInput, ToolCall, ToolJob, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.keys import ENDING_FIELD, JOB_FIELD
+from agentstream_services.delegation.delegator import Delegator, Supervisor
+from tests.support.delegation_apps import app
+
+pytestmark = pytest.mark.integration
+
+
+async def parent_with_calls(store, trace_id: str, *topics: str) -> list[ToolJob]:
+    calls = tuple(ToolCall(id=f"call_{t}", name="research", arguments=json.dumps({"topic": t})) for t in topics)
+    await store.append(trace_id, TurnInput(turn_id="t1", agent="lead", text="Compare"))
+    await store.append(trace_id, ModelOutput(turn_id="t1", step=0, tool_calls=calls, stop_reason="tool_calls"))
+    return [ToolJob(trace_id=trace_id, turn_id="t1", call_id=c.id, name=c.name, arguments=c.arguments) for c in calls]
+
+
+async def events(store, trace_id):
+    return [e for _, e in await store.read(trace_id)]
+
+
+async def test_a_job_delivered_twice_opens_one_child_and_its_ending_is_handed_back_once(store, keys):
+    delegator = Delegator(app, store)
+    (job,) = await parent_with_calls(store, "p", "A")
+    fields = {JOB_FIELD: codec.encode(job)}
+    await delegator.on_delegation("1-0", fields)
+    await delegator.on_delegation("1-0", fields)
+    child = child_trace_id("p", "call_A")
+    (task,) = await events(store, child)
+    assert isinstance(task, TaskInput) and task.text == "A" and task.depth == 1
+    assert await store.redis.zscore(keys.delegation_deadlines, child) is not None
+    await store.append(child, TurnEnded(turn_id=task.turn_id, answer="A: alpha"))
+    ending = {ENDING_FIELD: codec.encode(ChildEnded(trace_id=child, turn_id=task.turn_id))}
+    await delegator.on_child_ended("2-0", ending)
+    await delegator.on_child_ended("2-0", ending)
+    results = [e for e in await events(store, "p") if isinstance(e, ToolOutput)]
+    assert [(r.call_id, r.text, r.error) for r in results] == [("call_A", "A: alpha", None)]
+    assert await store.redis.zscore(keys.delegation_deadlines, child) is None
+
+
+async def test_the_root_cap_on_descendants_refuses_the_next_child(store):
+    delegator = Delegator(app, store, max_descendants=1)
+    first, second = await parent_with_calls(store, "p", "A", "B")
+    await delegator.open(first)
+    await delegator.open(second)
+    (refused,) = [e for e in await events(store, "p") if isinstance(e, ToolOutput)]
+    assert refused.call_id == "call_B" and refused.error == "descendants_limit"
+    assert not await store.exists(child_trace_id("p", "call_B"))
+
+
+async def test_no_child_opens_for_a_parent_turn_that_already_ended(store):
+    delegator = Delegator(app, store)
+    (job,) = await parent_with_calls(store, "p", "A")
+    await store.append("p", TurnFailed(turn_id="t1", code="cancelled", reason="cancelled by user"))
+    await delegator.open(job)
+    assert not await store.exists(child_trace_id("p", "call_A"))
+
+
+async def test_c28_two_supervisors_racing_on_an_expired_child_write_one_ending_and_one_result(store, keys):
+    delegator = Delegator(app, store)
+    (job,) = await parent_with_calls(store, "p", "A")
+    await delegator.open(job)
+    child = child_trace_id("p", "call_A")
+    supervisors = [Supervisor(Delegator(app, store)) for _ in range(3)]
+    far_future_ms = 2**52
+    await asyncio.gather(*(s.sweep(now_ms=far_future_ms) for s in supervisors))
+    child_events = await events(store, child)
+    endings = [e for e in child_events if isinstance(e, (TurnEnded, TurnFailed))]
+    assert len(endings) == 1 and endings[0].code == "timed_out"
+    results = [e for e in await events(store, "p") if isinstance(e, ToolOutput)]
+    assert len(results) == 1 and results[0].error == "timed_out"
+    assert await store.redis.zcard(keys.delegation_deadlines) == 0
