@@ -5,6 +5,12 @@ library what to do (:func:`agentstream.steps.decide`), does it, and repeats unti
 waits on something (tool results) or has no turn left. It holds a trace's lease (with a
 fencing token) while it works on it, so one trace takes one step at a time; it never holds a
 worker while tools run: their results wake it.
+
+A hint for a trace whose lease another worker holds marks the trace dirty (the holder looks
+again before it lets go) and is deferred until the lease would expire, so the hint survives a
+holder that dies. Cancels come on the cancel stream (see :mod:`agentstream.cancel`); the
+busy-conversation policy (``queue``, ``reject``, ``interrupt``) decides what a turn published
+on a busy conversation does. Dead-lettered hints end their turn with code ``dead_letter``.
 """
 
 from __future__ import annotations
@@ -18,15 +24,32 @@ import msgspec
 from agentstream import codec, logs, metrics
 from agentstream.app import App
 from agentstream.context import ContextCache
-from agentstream.errors import ContextError, ModelError, StaleLeaseError, TurnRejected
-from agentstream.events import ModelOutput, Reply, ToolJob, TurnEnded, TurnFailed, TurnInput
-from agentstream.keys import JOB_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
+from agentstream.cancel import publish_cancel
+from agentstream.errors import ContextError, Deferred, ModelError, StaleLeaseError, TurnRejected
+from agentstream.events import (
+    CancelMessage,
+    CancelRequested,
+    ModelOutput,
+    Reply,
+    ToolJob,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    Wake,
+)
+from agentstream.keys import CANCEL_FIELD, JOB_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
 from agentstream.models.openai import OpenAIChatModel
-from agentstream.steps import CallModel, EndTurn, FailTurn, Idle, RecordResults, RunTools, decide
+from agentstream.steps import CallModel, CancelTurn, EndTurn, FailTurn, Idle, RecordResults, RunTools, active_turn, decide
 from agentstream.store import TraceStore
 from agentstream_services.agent_loop.children import Children
 
 log = logging.getLogger("agentstream.agent_loop")
+
+BUSY_POLICIES = ("queue", "reject", "interrupt")
+"""What a turn published on a busy conversation does: wait behind the running turn (default),
+fail at once with code ``busy``, or cancel the running turn and then run."""
+
+DEAD_LETTER_CODE = "dead_letter"
 
 
 class AgentLoop:
@@ -37,9 +60,23 @@ class AgentLoop:
         store: the trace store.
         models: model clients by endpoint id (agents name them).
         lease_ttl_ms: the trace lease's time to live, renewed every third of it while held.
+        busy_policy: what a turn published on a busy conversation does (:data:`BUSY_POLICIES`).
+        trace_retention_s: delete a whole conversation this long after its last turn ended;
+            None keeps traces forever (the runtime never trims a trace).
     """
 
-    def __init__(self, app: App, store: TraceStore, models: dict[str, OpenAIChatModel], *, lease_ttl_ms: int = 30_000):
+    def __init__(
+        self,
+        app: App,
+        store: TraceStore,
+        models: dict[str, OpenAIChatModel],
+        *,
+        lease_ttl_ms: int = 30_000,
+        busy_policy: str = "queue",
+        trace_retention_s: float | None = None,
+    ):
+        if busy_policy not in BUSY_POLICIES:
+            raise ValueError(f"busy_policy must be one of {BUSY_POLICIES}, got {busy_policy!r}")
         self.app = app
         self.store = store
         self.redis = store.redis
@@ -48,6 +85,9 @@ class AgentLoop:
         self.children = Children(app, store)
         self.lease_ttl_ms = lease_ttl_ms
         self.contexts = ContextCache()  # folded traces: each step's rebuild costs what was added
+        self.busy_policy = busy_policy
+        self.trace_retention_s = trace_retention_s
+        self._model_calls: dict[str, tuple[str, asyncio.Task]] = {}  # trace → (turn, model call)
 
     # --- hints ------------------------------------------------------------------------------
 
@@ -71,13 +111,49 @@ class AgentLoop:
         except TurnRejected as exc:
             await self._reject(entry_id, payload, exc)
             return
+        if self.busy_policy != "queue" and not await self._admit(turn):
+            return
         appended = await self.store.append(
             turn.trace_id,
             TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text, metadata=turn.metadata, reply_to=turn.reply_to),
         )
         if appended.created:
             metrics.TURNS_STARTED.labels(agent=turn.agent).inc()
+            if self.trace_retention_s:
+                await self.store.keep_for(turn.trace_id, self.trace_retention_s)
         await self.advance(turn.trace_id)
+
+    async def _admit(self, turn) -> bool:
+        """Apply the reject or interrupt policy to a new turn → whether it enters the trace."""
+        if await self.store.has_key(turn.trace_id, f"turn:{turn.turn_id}"):
+            return True  # entered before (a re-delivery)
+        events = [e for _, e in await self.store.read(turn.trace_id)]
+        ending = next((e for e in events if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == turn.turn_id), None)
+        routing = TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text, metadata=turn.metadata, reply_to=turn.reply_to)
+        if ending is not None:  # rejected before (a re-delivery)
+            await self._ensure_reply(turn.trace_id, routing, ending)
+            return False
+        running = active_turn(events)
+        if running is None:
+            return True
+        if self.busy_policy == "reject":
+            failed = TurnFailed(
+                turn_id=turn.turn_id,
+                code="busy",
+                reason=f"conversation {turn.trace_id!r} is busy with turn {running.turn_id!r}; this turn was rejected "
+                "(busy policy 'reject'): publish it again once that turn has ended",
+            )
+            await self.store.append(turn.trace_id, failed)
+            metrics.TURNS_FAILED.labels(agent=turn.agent, code="busy").inc()
+            await self._ensure_reply(turn.trace_id, routing, failed)
+            return False
+        message = CancelMessage(
+            trace_id=turn.trace_id, turn_id=running.turn_id, by="interrupt", reason=f"interrupted by turn {turn.turn_id}"
+        )
+        await self.store.append(turn.trace_id, CancelRequested(turn_id=running.turn_id, by=message.by, reason=message.reason))
+        await publish_cancel(self.redis, self.keys, message)  # every process: abort the running step now
+        self._abort_local(turn.trace_id, running.turn_id)
+        return True
 
     async def on_wake(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
         """A wake-up: something was appended to a trace; advance it."""
@@ -89,6 +165,105 @@ class AgentLoop:
             await self.redis.xadd(self.keys.errors, {b"error": f"malformed wake-up {entry_id}: {exc}".encode(), b"payload": payload or b""})
             return
         await self.advance(wake.trace_id)
+
+    async def on_cancel(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        """A cancel request (the agent loop's group on the cancel stream): record it, then advance."""
+        payload = fields.get(CANCEL_FIELD)
+        try:
+            message = codec.decode_cancel(payload or b"")
+        except msgspec.DecodeError as exc:
+            log.error("dropping malformed cancel %s: %s", entry_id, exc)
+            await self.redis.xadd(self.keys.errors, {b"error": f"malformed cancel {entry_id}: {exc}".encode(), b"payload": payload or b""})
+            return
+        recorded = await self.request_cancel(message)
+        if recorded is not None:
+            self._abort_local(message.trace_id, recorded.turn_id)
+            await self.advance(message.trace_id)
+
+    async def request_cancel(self, message: CancelMessage) -> CancelRequested | None:
+        """Write the cancel into the trace (once) → the event, or None when no turn is left to cancel."""
+        events = [e for _, e in await self.store.read(message.trace_id)]
+        turn_id = message.turn_id
+        if not turn_id:
+            running = active_turn(events)
+            if running is None:
+                log.info("cancel for trace %s: no turn is running; nothing to cancel", message.trace_id)
+                return None
+            turn_id = running.turn_id
+        if any(isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == turn_id for e in events):
+            log.info("cancel for turn %s of trace %s: the turn has already ended", turn_id, message.trace_id)
+            return None
+        event = CancelRequested(turn_id=turn_id, by=message.by, reason=message.reason)
+        await self.store.append(message.trace_id, event)
+        return event
+
+    async def on_cancel_broadcast(self, message: CancelMessage) -> None:
+        """A cancel heard by this process: abort its in-flight model call for the turn, if any."""
+        held = self._model_calls.get(message.trace_id)
+        if held is None:
+            return
+        turn_id, _task = held
+        if message.turn_id and message.turn_id != turn_id:
+            return
+        # The truth first: the aborted step reads the trace again and must find the cancel.
+        await self.store.append(message.trace_id, CancelRequested(turn_id=turn_id, by=message.by, reason=message.reason))
+        self._abort_local(message.trace_id, turn_id)
+
+    def _abort_local(self, trace_id: str, turn_id: str) -> None:
+        held = self._model_calls.get(trace_id)
+        if held is not None and held[0] == turn_id and not held[1].done():
+            log.info("aborting the in-flight model request of turn %s (trace %s): cancelled", turn_id, trace_id)
+            held[1].cancel()
+
+    async def _abortable(self, trace_id: str, turn_id: str, call) -> ModelOutput | None:
+        """Run a model call that a cancel of the turn may abort → its output, or None when aborted."""
+        task = asyncio.ensure_future(call)
+        self._model_calls[trace_id] = (turn_id, task)
+        try:
+            await asyncio.wait({task})
+        finally:
+            self._model_calls.pop(trace_id, None)
+            if not task.done():
+                task.cancel()
+        if task.cancelled():
+            return None
+        return task.result()
+
+    # --- dead letters: the waiting turn ends with a reason ------------------------------------
+
+    async def on_dead_turn(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
+        """A turn entry that kept failing: its turn fails with code ``dead_letter``."""
+        try:
+            turn = codec.decode_turn(fields.get(TURN_FIELD) or b"")
+        except TurnRejected:
+            return  # nothing to fail: the dead-letter stream keeps it
+        routing = TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text, metadata=turn.metadata, reply_to=turn.reply_to)
+        await self._dead_end(turn.trace_id, routing, f"turn entry {entry_id} of {self.keys.turns}", error)
+
+    async def on_dead_wake(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
+        """A wake-up that kept failing: the trace's running turn fails with code ``dead_letter``."""
+        try:
+            wake = codec.decode_wake(fields.get(WAKE_FIELD) or b"")
+        except msgspec.DecodeError:
+            return
+        events = [e for _, e in await self.store.read(wake.trace_id)]
+        running = active_turn(events)
+        if running is not None:
+            await self._dead_end(wake.trace_id, running, f"wake-up {entry_id} of {self.keys.wake}", error)
+
+    async def _dead_end(self, trace_id: str, turn: TurnInput, what: str, error: str) -> None:
+        failed = TurnFailed(
+            turn_id=turn.turn_id,
+            code=DEAD_LETTER_CODE,
+            reason=f"the {what} failed on every delivery and was moved to its dead-letter stream "
+            f"(last error: {error}); the turn was given up",
+        )
+        appended = await self.store.append(trace_id, failed)
+        if appended.created:
+            metrics.TURNS_FAILED.labels(agent=turn.agent, code=DEAD_LETTER_CODE).inc()
+        await self._ensure_reply(trace_id, turn, failed)
+        # a turn queued behind this one goes on
+        await self.redis.xadd(self.keys.wake, {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason="dead_letter"))})
 
     async def _reject(self, entry_id: str, payload: bytes | None, exc: TurnRejected) -> None:
         log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
@@ -118,7 +293,11 @@ class AgentLoop:
         await self.store.mark_dirty(trace_id, ttl_ms=self.lease_ttl_ms * 4)
         token = await self.store.acquire_lease(trace_id, ttl_ms=self.lease_ttl_ms)
         if token is None:
-            return
+            # The holder sees the dirty mark when it lets go; if it dies instead, this hint
+            # comes back when its lease would have expired and takes the trace over.
+            left_ms = await self.redis.pttl(self.keys.lease(trace_id))
+            delay_s = min(max(left_ms, 0), self.lease_ttl_ms) / 1000.0 + 0.05
+            raise Deferred(delay_s, f"trace {trace_id} is held by another worker")
         renewer = asyncio.create_task(self._renew(trace_id, token))
         try:
             while True:
@@ -171,7 +350,9 @@ class AgentLoop:
                     return True
                 try:
                     with metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time():
-                        output = await model.complete(request, turn_id=turn.turn_id, step=step)
+                        output = await self._abortable(trace_id, turn.turn_id, model.complete(request, turn_id=turn.turn_id, step=step))
+                    if output is None:  # aborted by a cancel: the next step ends the turn
+                        return True
                 except ModelError as exc:
                     failed = TurnFailed(turn_id=turn.turn_id, code="model_error", reason=f"model call {step} failed: {exc}")
                     await self._end(trace_id, token, failed, turn)
@@ -191,6 +372,10 @@ class AgentLoop:
             case FailTurn(turn=turn, code=code, reason=reason):
                 await self._end(trace_id, token, TurnFailed(turn_id=turn.turn_id, code=code, reason=reason), turn)
                 return True
+            case CancelTurn(turn=turn, results=results, code=code, reason=reason):
+                failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
+                await self._end(trace_id, token, failed, turn, before=results)
+                return True
         raise AssertionError(f"unhandled decision {decision!r}")
 
     async def _publish_jobs(self, trace_id: str, turn: TurnInput, agent, step: int, calls) -> None:
@@ -208,13 +393,18 @@ class AgentLoop:
         pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
         await pipe.execute()
 
-    async def _end(self, trace_id: str, token: int, ending: TurnEnded | TurnFailed, turn: TurnInput) -> None:
-        appended = await self.store.append(trace_id, ending, fence=token)
+    async def _end(self, trace_id: str, token: int, ending: TurnEnded | TurnFailed, turn: TurnInput, *, before=()) -> None:
+        """Append ``before`` (results) and the turn's ending in one atomic append, then reply."""
+        *_, appended = await self.store.append_many(trace_id, [*before, ending], fence=token)
         if appended.created:
             if isinstance(ending, TurnEnded):
                 metrics.TURNS_ENDED.labels(agent=turn.agent).inc()
+            elif ending.code == "cancelled":
+                metrics.TURNS_CANCELLED.labels(agent=turn.agent).inc()
             else:
                 metrics.TURNS_FAILED.labels(agent=turn.agent, code=ending.code).inc()
+            if self.trace_retention_s:
+                await self.store.keep_for(trace_id, self.trace_retention_s)
         await self._ensure_reply(trace_id, turn, ending)
 
     async def _publish_missing_reply(self, trace_id: str, events) -> None:

@@ -1,12 +1,13 @@
-"""``agentstream serve agent-loop``: consumers of the turns and wake-up streams."""
+"""``agentstream serve agent-loop``: consumers of the turns, wake-up and cancel streams."""
 
 from __future__ import annotations
 
 import httpx
 
 from agentstream.app import App
+from agentstream.cancel import CancelListener
 from agentstream.consumer import StreamConsumer
-from agentstream.keys import AGENT_LOOP_GROUP
+from agentstream.keys import AGENT_LOOP_GROUP, attempts_key
 from agentstream.models.endpoints import default_endpoint
 from agentstream.models.openai import OpenAIChatModel
 from agentstream.settings import Settings
@@ -14,8 +15,10 @@ from agentstream.store import TraceStore
 from agentstream_services.agent_loop.loop import AgentLoop
 
 
-def build(app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClient) -> tuple[AgentLoop, list[StreamConsumer]]:
-    """The agent loop and its two consumers (turns, wake-ups).
+def build(
+    app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClient
+) -> tuple[AgentLoop, list[StreamConsumer | CancelListener]]:
+    """The agent loop, its three consumers (turns, wake-ups, cancels) and its cancel listener.
 
     Raises:
         ConfigError: no model endpoint is configured.
@@ -26,10 +29,17 @@ def build(app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClie
             endpoint, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries
         )
     }
-    loop = AgentLoop(app, store, models, lease_ttl_ms=settings.lease_ttl_ms)
+    loop = AgentLoop(
+        app,
+        store,
+        models,
+        lease_ttl_ms=settings.lease_ttl_ms,
+        busy_policy=settings.busy_policy,
+        trace_retention_s=settings.trace_retention_s,
+    )
     keys = settings.keys
     config = settings.consumer_config()
-    consumers = [
+    runners: list[StreamConsumer | CancelListener] = [
         StreamConsumer(
             store.redis,
             stream=stream,
@@ -37,8 +47,15 @@ def build(app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClie
             consumer=settings.consumer,
             handler=handler,
             dead_stream=keys.dead(stream),
+            on_dead_letter=on_dead,
             config=config,
+            attempts_key=attempts_key(stream, AGENT_LOOP_GROUP),
         )
-        for stream, handler in ((keys.turns, loop.on_turn), (keys.wake, loop.on_wake))
+        for stream, handler, on_dead in (
+            (keys.turns, loop.on_turn, loop.on_dead_turn),
+            (keys.wake, loop.on_wake, loop.on_dead_wake),
+            (keys.cancel, loop.on_cancel, None),
+        )
     ]
-    return loop, consumers
+    runners.append(CancelListener(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms))
+    return loop, runners

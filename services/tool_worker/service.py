@@ -5,28 +5,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentstream.app import App
+from agentstream.cancel import CancelListener
 from agentstream.consumer import StreamConsumer
-from agentstream.keys import TOOL_WORKER_GROUP
+from agentstream.keys import TOOL_WORKER_GROUP, attempts_key
 from agentstream.settings import Settings
 from agentstream.store import TraceStore
 from agentstream_services.tool_worker.worker import ToolWorker
 
 
-def build(app: App, settings: Settings, store: TraceStore, queues: Sequence[str] | None = None) -> tuple[ToolWorker, list[StreamConsumer]]:
-    """The tool worker and one consumer per tool queue (default: every queue the app uses)."""
-    worker = ToolWorker(app, store)
+def build(
+    app: App, settings: Settings, store: TraceStore, queues: Sequence[str] | None = None
+) -> tuple[ToolWorker, list[StreamConsumer | CancelListener]]:
+    """The tool worker, one consumer per tool queue (default: every queue the app uses) and
+    its cancel listener (running calls of a cancelled turn are told)."""
+    worker = ToolWorker(app, store, worker_name=settings.consumer)
     keys = settings.keys
     config = settings.consumer_config()
-    consumers = [
-        StreamConsumer(
-            store.redis,
-            stream=keys.tools(queue),
-            group=TOOL_WORKER_GROUP,
-            consumer=settings.consumer,
-            handler=worker.on_job,
-            dead_stream=keys.dead(keys.tools(queue)),
-            config=config,
+    runners: list[StreamConsumer | CancelListener] = []
+    for queue in queues or app.tool_queues or ["default"]:
+        stream = keys.tools(queue)
+        runners.append(
+            StreamConsumer(
+                store.redis,
+                stream=stream,
+                group=TOOL_WORKER_GROUP,
+                consumer=settings.consumer,
+                handler=worker.handler_for(stream),
+                dead_stream=keys.dead(stream),
+                on_dead_letter=worker.on_dead_job,
+                config=config,
+                attempts_key=attempts_key(stream, TOOL_WORKER_GROUP),
+            )
         )
-        for queue in (queues or app.tool_queues or ["default"])
-    ]
-    return worker, consumers
+    runners.append(CancelListener(store.redis, keys, worker.on_cancel_broadcast, block_ms=settings.block_ms))
+    return worker, runners

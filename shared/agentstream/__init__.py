@@ -6,7 +6,7 @@ is :mod:`agentstream.context`.
 """
 
 from agentstream.app import Agent, App, Tool, ToolResultValue, load_app, tool
-from agentstream.errors import AgentStreamError
+from agentstream.errors import AgentStreamError, ToolCancelled
 from agentstream.events import (
     TRACE_SCHEMA_VERSION,
     ModelOutput,
@@ -17,14 +17,17 @@ from agentstream.events import (
     TurnInput,
     TurnMessage,
 )
+from agentstream.tool_context import CallContext, current_call
 
 __all__ = [
     "TRACE_SCHEMA_VERSION",
     "Agent",
     "AgentStreamError",
     "App",
+    "CallContext",
     "ModelOutput",
     "Tool",
+    "ToolCancelled",
     "ToolCall",
     "ToolOutput",
     "ToolResultValue",
@@ -32,6 +35,7 @@ __all__ = [
     "TurnFailed",
     "TurnInput",
     "TurnMessage",
+    "current_call",
     "load_app",
     "tool",
 ]

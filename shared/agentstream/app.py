@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import pydantic
 
-from agentstream.errors import ConfigError, ToolArgumentsError, ToolTimeoutError
+from agentstream.errors import ConfigError, ToolArgumentsError, ToolCancelled, ToolTimeoutError
 
 if TYPE_CHECKING:
     from agentstream.context.limits import ModelLimits
@@ -59,6 +59,11 @@ class Tool:
         description: overrides the docstring.
         timeout_s: longest run time in seconds before the call gets a timeout error result.
         queue: the tool queue (stream) its jobs go to, so heavy tools get their own worker pool.
+        side_effects: the tool changes the world (sends, writes, pays). A ``tool_started`` event
+            is recorded before it runs, and if its worker dies mid-run the call is not run again:
+            it gets an "outcome unknown" error result for the model (unless ``retry_safe``).
+        retry_safe: running it again after a crash is harmless (it is idempotent), so a call
+            whose worker died mid-run is simply run again, side effects or not.
     """
 
     def __init__(
@@ -69,6 +74,8 @@ class Tool:
         description: str | None = None,
         timeout_s: float = 60.0,
         queue: str = "default",
+        side_effects: bool = False,
+        retry_safe: bool = False,
     ):
         self.fn = fn
         self.name = name or fn.__name__
@@ -76,6 +83,8 @@ class Tool:
         self.description = description if description is not None else doc.split("\n\n")[0].strip()
         self.timeout_s = timeout_s
         self.queue = queue
+        self.side_effects = side_effects
+        self.retry_safe = retry_safe
         self.is_async = inspect.iscoroutinefunction(fn)
         self.arguments_model = _arguments_model(fn, self.name)
         schema = self.arguments_model.model_json_schema()
@@ -97,7 +106,7 @@ class Tool:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"Tool({self.name!r}, queue={self.queue!r})"
+        return f"Tool({self.name!r}, queue={self.queue!r}, side_effects={self.side_effects!r})"
 
     def definition(self) -> dict[str, Any]:
         """The provider-neutral definition: ``{"name", "description", "parameters"}``."""
@@ -158,6 +167,9 @@ class Tool:
             return ToolResultValue(
                 text=f"Error: tool {self.name!r} did not finish within {limit:g} s", error="timeout"
             )
+        except ToolCancelled as exc:
+            return ToolResultValue(text=f"Cancelled: tool {self.name!r} stopped because its turn was cancelled ({exc}); "
+                                   "it may have partly run.", error="cancelled")
         except Exception as exc:  # the tool's own failure becomes the model's error result
             return ToolResultValue(text=f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", error="tool_error")
         return _as_result(value)
@@ -203,11 +215,16 @@ def tool(
     description: str | None = None,
     timeout_s: float = 60.0,
     queue: str = "default",
+    side_effects: bool = False,
+    retry_safe: bool = False,
 ) -> Any:
-    """Make a :class:`Tool` of a function; use as ``@tool`` or ``@tool(timeout_s=5)``."""
+    """Make a :class:`Tool` of a function; use as ``@tool`` or ``@tool(timeout_s=5, side_effects=True)``."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, timeout_s=timeout_s, queue=queue)
+        return Tool(
+            f, name=name, description=description, timeout_s=timeout_s, queue=queue,
+            side_effects=side_effects, retry_safe=retry_safe,
+        )
 
     return wrap(fn) if fn is not None else wrap
 

@@ -3,13 +3,15 @@
 Commands:
 
 - ``run "question"``: the main job on a laptop: Redis (REDIS_URL or embedded), a model
-  (OPENAI_* or the local SmolLM2), and every service (agent loop, tool worker, delegation) as
-  separate processes; asks, prints each step as it happens, verifies the trace's fingerprints,
-  and stops everything.
-- ``serve <service> --app mod:app``: one service (``agent-loop``, ``tool-worker`` or
-  ``delegation``); scale a service by running more of them.
+  (OPENAI_* or the local SmolLM2), and every service (agent loop, tool worker, delegation,
+  compaction) as separate processes; asks, prints each step as it happens, verifies the trace's
+  fingerprints, and stops everything.
+- ``serve <service> --app mod:app``: one service (``agent-loop``, ``tool-worker``,
+  ``delegation`` or ``compaction``); scale a service by running more of them.
 - ``dev --app mod:app``: every service in one process.
 - ``ask "question"``: publish a turn to running services and follow it.
+- ``cancel <trace id>``: stop the running turn of a conversation (or ``--turn-id``) and wait
+  until it has ended.
 - ``trace show <id>`` / ``trace verify <id>``: print a stored trace / rebuild its requests.
 - ``trace explain <id> --step N [--turn ID]``: one model call's exact request, and why each
   old result in it was shortened (which shrink, at which call).
@@ -55,6 +57,7 @@ class Service(str, Enum):
     agent_loop = "agent-loop"
     tool_worker = "tool-worker"
     delegation = "delegation"
+    compaction = "compaction"
 
 
 AppOption = Annotated[str, typer.Option("--app", envvar="AGENTSTREAM_APP", help="The app, as module:attribute.")]
@@ -184,7 +187,6 @@ def describe(event: Event) -> str:
 
 async def _ask(settings: Settings, agent: str, text: str, trace_id: str, timeout_s: float, echo=typer.echo) -> TurnEnded | TurnFailed | None:
     redis = connect(settings.redis_url or "")
-    store = TraceStore(redis, settings.keys)
     try:
         turn_id = uuid.uuid4().hex
         start = "0-0"

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from agentstream.errors import EventDecodeError, SchemaVersionError, TurnRejected
-from agentstream.events import TRACE_SCHEMA_VERSION, Event, Reply, ToolJob, TurnMessage, Wake
+from agentstream.events import TRACE_SCHEMA_VERSION, CancelMessage, Event, Reply, ToolJob, TurnMessage, Wake
 
 _event_encoder = msgspec.json.Encoder()
 _event_decoder = msgspec.json.Decoder(Event)
@@ -27,6 +27,7 @@ _turn_decoder = msgspec.json.Decoder(TurnMessage)
 _job_decoder = msgspec.json.Decoder(ToolJob)
 _wake_decoder = msgspec.json.Decoder(Wake)
 _reply_decoder = msgspec.json.Decoder(Reply)
+_cancel_decoder = msgspec.json.Decoder(CancelMessage)
 
 VERSION_FIELD = b"v"
 EVENT_FIELD = b"e"
@@ -146,6 +147,11 @@ def decode_job(payload: bytes) -> ToolJob:
 def decode_wake(payload: bytes) -> Wake:
     """The JSON of a wake-up → :class:`Wake` (raises ``msgspec.DecodeError``)."""
     return _wake_decoder.decode(payload)
+
+
+def decode_cancel(payload: bytes) -> CancelMessage:
+    """The JSON of a cancel request → :class:`CancelMessage` (raises ``msgspec.DecodeError``)."""
+    return _cancel_decoder.decode(payload)
 
 
 def decode_reply(payload: bytes) -> Reply:

@@ -10,10 +10,13 @@ The tree::
     │   ├── EventDecodeError     an entry is not a valid event (names the trace and entry id)
     │   └── StaleLeaseError      an append was fenced off: another worker holds the trace now
     ├── TurnRejected             a published turn is malformed (the reason names the field)
+    ├── Deferred                 a handler's signal, raised on purpose: not now, hand me this
+    │                            work-stream entry again after a delay (not a failure)
     ├── ToolError                a tool call could not produce a result
     │   ├── ToolArgumentsError   the arguments are not JSON or do not validate
     │   ├── UnknownToolError     the model named a tool the agent does not have
-    │   └── ToolTimeoutError     the tool ran past its timeout
+    │   ├── ToolTimeoutError     the tool ran past its timeout
+    │   └── ToolCancelled        the call's turn was cancelled (a tool raises it to stop early)
     ├── ContextError             the context library could not build a request
     │   ├── UnrenderedEventError an event type that no renderer knows
     │   ├── ContextFullError     the context cannot fit the model's window
@@ -70,6 +73,19 @@ class TurnRejected(AgentStreamError):
         self.turn_id = turn_id
 
 
+class Deferred(AgentStreamError):
+    """Raised by a work-stream handler on purpose: not now; hand me this entry again after ``delay_s``.
+
+    The entry stays pending on the consumer (its claim renewed) and the deferral does not
+    count as a delivery. The agent loop defers a hint while another worker holds the trace.
+    """
+
+    def __init__(self, delay_s: float, reason: str = ""):
+        super().__init__(reason or f"deferred for {delay_s:.2f} s")
+        self.delay_s = delay_s
+        self.reason = reason
+
+
 class ToolError(AgentStreamError):
     """A tool call could not produce a result; the message is shown to the model."""
 
@@ -84,6 +100,10 @@ class UnknownToolError(ToolError):
 
 class ToolTimeoutError(ToolError):
     """The tool ran longer than its timeout."""
+
+
+class ToolCancelled(ToolError):
+    """The call's turn was cancelled; raised by :meth:`agentstream.tool_context.CallContext.raise_if_cancelled`."""
 
 
 class ContextError(AgentStreamError):

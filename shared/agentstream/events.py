@@ -15,7 +15,12 @@ Event types (tag → meaning):
   (a turn input that also names the parent trace and call, the depth and the root trace).
 - ``model_output``: one model call's answer: content, reasoning, complete tool calls, provider
   and model, opaque replay blocks, why it stopped, token usage and the sha256 of the request body.
-- ``tool_result``: the result of one tool call (text, structured data, or an error).
+- ``tool_result``: the result of one tool call (text, structured data, or an error). The first
+  result of a call answers it; one that arrives after it (a tool that finished after its call
+  was cancelled or given up) is kept with ``late`` set and never enters a context.
+- ``tool_started``: a tool with side effects is about to run (written before it runs, so a
+  re-delivery after a crash knows the outcome is unknown instead of running it again).
+- ``cancel_requested``: someone asked to stop a turn; the agent loop ends it as cancelled.
 - ``turn_ended``: the turn's final answer.
 - ``turn_failed``: the turn ended without an answer; ``reason`` is written for a person to act on.
 - ``compaction``: a summary that replaces the turns before ``kept_from_turn`` in every later
@@ -257,6 +262,8 @@ class ToolOutput(msgspec.Struct, frozen=True, kw_only=True, tag="tool_result"):
         error: a short error message when the call failed; ``text`` then explains it to the model.
         duration_ms: wall time the tool ran, in milliseconds.
         elements: sources and images the result carries (numbered in the context, citable).
+        late: True when the call already had a result (a cancelled, outcome-unknown or
+            dead-letter one) when this one arrived; recorded for the record, never shown.
     """
 
     turn_id: str
@@ -267,6 +274,7 @@ class ToolOutput(msgspec.Struct, frozen=True, kw_only=True, tag="tool_result"):
     error: str | None = None
     duration_ms: float = 0.0
     elements: tuple[AnyElement, ...] = ()
+    late: bool = False
 
 
 class TurnEnded(msgspec.Struct, frozen=True, kw_only=True, tag="turn_ended"):
@@ -317,7 +325,42 @@ class Compaction(msgspec.Struct, frozen=True, kw_only=True, tag="compaction"):
     usage: Usage = Usage()
 
 
-Event = TurnInput | TaskInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction
+class ToolStarted(msgspec.Struct, frozen=True, kw_only=True, tag="tool_started"):
+    """A call of a tool with side effects is about to run (appended once per ``call_id``).
+
+    Attributes:
+        turn_id: the turn of the call.
+        call_id: the tool call.
+        name: the tool's name.
+        worker: the consumer name of the tool worker that runs it.
+        job: ``<stream>/<entry id>`` of the tool job that runs it.
+    """
+
+    turn_id: str
+    call_id: str
+    name: str
+    worker: str = ""
+    job: str = ""
+
+
+class CancelRequested(msgspec.Struct, frozen=True, kw_only=True, tag="cancel_requested"):
+    """Someone asked to stop a turn (appended once per ``turn_id``).
+
+    The agent loop then gives every call of the turn without a result a synthetic cancelled
+    result and ends the turn with :class:`TurnFailed` code ``cancelled``.
+
+    Attributes:
+        turn_id: the turn to stop (running or still queued).
+        by: who asked (``user``, ``interrupt``, an operator's name, ...).
+        reason: why, for a person.
+    """
+
+    turn_id: str
+    by: str = "user"
+    reason: str = ""
+
+
+Event = TurnInput | TaskInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction | ToolStarted | CancelRequested
 """The union of every event type that a trace holds."""
 
 TERMINAL_EVENTS = (TurnEnded, TurnFailed)
@@ -376,4 +419,22 @@ class Wake(msgspec.Struct, frozen=True, kw_only=True):
     """A hint on the wake-up stream: something was appended to this trace; decide the next step."""
 
     trace_id: str
+    reason: str = ""
+
+
+class CancelMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """A cancel request, published as JSON in the field ``cancel`` on the cancel stream::
+
+        XADD agentstream:cancel * cancel '{"trace_id":"c1","by":"user","reason":"changed my mind"}'
+
+    Attributes:
+        trace_id: the conversation.
+        turn_id: the turn to stop; empty means the turn running now (the oldest without an end).
+        by: who asks (shown in the cancelled results and the turn's failure reason).
+        reason: why, for a person.
+    """
+
+    trace_id: str
+    turn_id: str = ""
+    by: str = "user"
     reason: str = ""

@@ -11,16 +11,24 @@ Work streams (hints, never state):
 - ``<ns>:wake``: wake-ups for the agent loop (field ``wake``).
 - ``<ns>:tools:<queue>``: tool jobs of one tool queue (field ``job``).
 - ``<ns>:replies``: answers (field ``reply``), unless a turn names its own ``reply_to``.
+- ``<ns>:cancel``: cancel requests (field ``cancel``: JSON, see CancelMessage), read by the agent
+  loop's group and, without a group, by every service process (to abort work in hand).
 - ``<ns>:delegations``: calls of delegation tools, for the delegation service (field ``job``).
 - ``<ns>:child-endings``: a child trace's turn ended; hand its result back (field ``ending``).
 - ``<ns>:compactions``: a trace's context needs a summary (field ``compaction``).
 - ``<ns>:errors``: turns rejected before they had a trace (fields ``error``, ``payload``).
 - ``<ns>:dead:<stream>``: the dead-letter stream of a work stream.
+- ``<stream>:attempts:<group>``: agentstream's own delivery counter of a work stream's entries in
+  one group (hash: entry id → handler starts, ``<entry id>:error`` → the last error); an entry's
+  fields are deleted when it is acknowledged.
 
 Per trace:
 
 - ``<ns>:trace:{<id>}``: the trace (a stream of events).
-- ``<ns>:trace:{<id>}:keys``: idempotency keys of appends (hash: key → entry id).
+- ``<ns>:trace:{<id>}:keys``: idempotency keys of appends (hash: key → entry id), and the
+  runtime's once-only markers of the trace (``jobs:<turn>:<step>``, ``reply:<turn>``,
+  ``claim:<call id>``: the tool job entry that runs the call). ``cancel:<turn id>`` in it is the
+  cancel key that tool workers check.
 - ``<ns>:trace:{<id>}:lease``: the lease of the agent loop (value: fencing token).
 - ``<ns>:trace:{<id>}:dirty``: set when a hint came while another worker held the lease.
 - ``<ns>:trace:{<id>}:deltas``: the trace's token deltas while a model answers (field ``d``:
@@ -50,8 +58,14 @@ WAKE_FIELD = b"wake"
 JOB_FIELD = b"job"
 REPLY_FIELD = b"reply"
 DELTA_FIELD = b"d"
+CANCEL_FIELD = b"cancel"
 ENDING_FIELD = b"ending"
 COMPACTION_FIELD = b"compaction"
+
+
+def attempts_key(stream: str, group: str) -> str:
+    """The hash counting real deliveries of ``stream``'s entries in ``group``."""
+    return f"{stream}:attempts:{group}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,10 @@ class Keys:
     @property
     def replies(self) -> str:
         return f"{self.namespace}:replies"
+
+    @property
+    def cancel(self) -> str:
+        return f"{self.namespace}:cancel"
 
     @property
     def errors(self) -> str:

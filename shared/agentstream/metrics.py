@@ -39,6 +39,18 @@ PENDING_ENTRIES = Gauge("agentstream_pending_entries", "Pending entries of a con
 CONSUMER_LAG = Gauge("agentstream_consumer_lag", "Entries not yet delivered to a consumer group.", ["stream", "group"])
 RECLAIMS = Counter("agentstream_reclaims_total", "Pending entries claimed from idle consumers.", ["stream"])
 DEAD_LETTERS = Counter("agentstream_dead_letters_total", "Entries moved to a dead-letter stream.", ["stream"])
+LOST_ENTRIES = Counter(
+    "agentstream_lost_entries_total", "Pending entries found without a body (deleted while pending).", ["stream"]
+)
+TRIMMED_ENTRIES = Counter(
+    "agentstream_trimmed_entries_total", "Acknowledged entries trimmed from a work stream.", ["stream"]
+)
+TOOL_OUTCOMES_UNKNOWN = Counter(
+    "agentstream_tool_outcomes_unknown_total",
+    "Calls of tools with side effects whose worker died mid-run (not run again).",
+    ["tool"],
+)
+LATE_RESULTS = Counter("agentstream_late_results_total", "Tool results that arrived after their call was answered.", ["tool"])
 COMPACTIONS = Counter("agentstream_compactions_total", "Compactions appended.")
 DELEGATIONS = Counter("agentstream_delegations_total", "Child traces opened by delegation.")
 

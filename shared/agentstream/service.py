@@ -7,15 +7,23 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
+from typing import Protocol
 
 from agentstream import metrics
-from agentstream.consumer import StreamConsumer
 
 log = logging.getLogger("agentstream.service")
 
 
+class Runner(Protocol):
+    """What a service runs: a consumer or a listener of one stream."""
+
+    stream: str
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
 async def run_consumers(
-    consumers: Sequence[StreamConsumer],
+    consumers: Sequence[Runner],
     *,
     stop: asyncio.Event | None = None,
     grace_s: float = 30.0,
@@ -26,8 +34,9 @@ async def run_consumers(
     """Run consumers until ``stop`` is set or SIGTERM/SIGINT arrives, then drain.
 
     On stop, consumers take no new entries and finish what they hold within ``grace_s``
-    seconds; what is still running after that stays pending in its group and is claimed by
-    another worker (nothing is acknowledged that did not finish).
+    seconds; what is still running after that is cancelled and released: it stays pending in
+    its group, marked idle so another worker claims it at once (nothing is acknowledged that
+    did not finish), and a trace lease it held is given back.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -25,7 +25,14 @@ Variables (all optional):
 - ``AGENTSTREAM_METRICS_PORT``: the port of /metrics, /healthz and /readyz (0 = off).
 - ``AGENTSTREAM_METRICS_INTERVAL_S``: how often stream length, pending entries and lag are read.
 - ``AGENTSTREAM_SHUTDOWN_GRACE_S``: how long a service drains on SIGTERM, in seconds.
-
+- ``AGENTSTREAM_BUSY_POLICY``: what a turn published on a busy conversation does: ``queue``
+  (default: it waits behind the running turn), ``reject`` (it fails at once with code ``busy``)
+  or ``interrupt`` (the running turn is cancelled, then the new one runs).
+- ``AGENTSTREAM_TRIM_INTERVAL_MS``: how often work streams are trimmed below what every consumer
+  group acknowledged, in milliseconds (0 = never). Traces are never trimmed.
+- ``AGENTSTREAM_TRACE_RETENTION_S``: delete a whole conversation (its trace and keys) this long
+  after its last turn ended, in seconds; unset keeps traces forever. Set it well above the
+  longest turn.
 - ``AGENTSTREAM_MAX_DESCENDANTS``: the most child traces (subagent runs) one root conversation
   may open, all levels together; a delegation past it gets an error result.
 - ``AGENTSTREAM_SUPERVISE_INTERVAL_MS``: how often the delegation service's supervisor looks for
@@ -38,6 +45,7 @@ from __future__ import annotations
 import os
 import socket
 from functools import cached_property
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -70,6 +78,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_interval_s: float = Field(default=15.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    busy_policy: Literal["queue", "reject", "interrupt"] = "queue"
+    trim_interval_ms: int = Field(default=60_000, ge=0)
+    trace_retention_s: float | None = Field(default=None, gt=0)
     max_descendants: int = Field(default=100, ge=1)
     supervise_interval_ms: int = Field(default=1000, ge=10)
 
@@ -87,4 +98,6 @@ class Settings(BaseSettings):
             reclaim_interval_ms=max(50, min(5_000, self.min_idle_ms // 4)),
             max_deliveries=self.max_deliveries,
             concurrency=self.concurrency,
+            trim_interval_ms=self.trim_interval_ms,
+            retry_delay_s=min(1.0, self.min_idle_ms / 4000.0),
         )

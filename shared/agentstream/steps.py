@@ -6,6 +6,10 @@ Running the same decision twice is harmless because every append is once-only by
 
 Turns of one trace are answered one at a time, in the order their inputs entered the trace;
 a turn published while another runs waits behind it.
+
+A turn with a CancelRequested ends as cancelled at its next step, whatever it was waiting on:
+every call of the turn still without a result gets a synthetic cancelled result (so the
+history stays valid: field case C27), then the turn fails with code ``cancelled``.
 """
 
 from __future__ import annotations
@@ -14,9 +18,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agentstream.app import Agent
-from agentstream.delegation import offered_agent
 from agentstream.context import reopen_result
-from agentstream.events import Event, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.delegation import offered_agent
+from agentstream.events import (
+    CancelRequested,
+    Event,
+    ModelOutput,
+    ToolCall,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+)
 
 EMPTY_REPLY_RETRIES = 1
 """How many times an empty model reply is retried before the turn fails."""
@@ -63,11 +76,24 @@ class FailTurn:
 
 
 @dataclass(frozen=True)
+class CancelTurn:
+    """The turn was cancelled: record ``results`` (calls left without one), then end it."""
+
+    turn: TurnInput
+    results: tuple[ToolOutput, ...]
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Idle:
     """No turn is waiting for this trace."""
 
 
-Decision = CallModel | RecordResults | RunTools | EndTurn | FailTurn | Idle
+Decision = CallModel | RecordResults | RunTools | EndTurn | FailTurn | CancelTurn | Idle
+
+CANCELLED_CODE = "cancelled"
+"""The TurnFailed code of a cancelled turn."""
 
 
 def active_turn(events: Sequence[Event]) -> TurnInput | None:
@@ -89,6 +115,9 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
     turn = active_turn(events)
     if turn is None:
         return Idle()
+    cancel = next((e for e in events if isinstance(e, CancelRequested) and e.turn_id == turn.turn_id), None)
+    if cancel is not None:
+        return cancel_turn(events, turn, cancel)
     agent = agent_of(turn.agent)
     if agent is None:
         return FailTurn(turn, "unknown_agent", f"no agent named {turn.agent!r} in this app")
@@ -148,6 +177,26 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
             return CallModel(turn, offered, last.step + 1)
         return FailTurn(turn, "empty_reply", f"the model gave an empty reply {empty_in_a_row} times in a row")
     return EndTurn(turn, last.content.strip())
+
+
+def cancel_turn(events: Sequence[Event], turn: TurnInput, cancel: CancelRequested) -> CancelTurn:
+    """The cancel of ``turn``: a cancelled result for each of its calls without one, and the reason."""
+    who = f"by {cancel.by}" if cancel.by else ""
+    why = f": {cancel.reason}" if cancel.reason else ""
+    answered = {e.call_id for e in events if isinstance(e, ToolOutput) and e.turn_id == turn.turn_id}
+    results = []
+    for event in events:
+        if not isinstance(event, ModelOutput) or event.turn_id != turn.turn_id:
+            continue
+        for call in event.tool_calls:
+            if call.id in answered:
+                continue
+            answered.add(call.id)
+            results.append(
+                _error_result(turn, call, CANCELLED_CODE, f"Cancelled {who}{why} before this call returned a result; "
+                              "it may have partly run.")
+            )
+    return CancelTurn(turn, tuple(results), CANCELLED_CODE, f"the turn was cancelled {who}{why}".rstrip())
 
 
 def _error_result(turn: TurnInput, call: ToolCall, error: str, text: str) -> ToolOutput:

@@ -8,8 +8,12 @@ succeeds only while that token is the trace's current lease (a stale holder cann
 Idempotency keys used by the services (see :func:`key_for`):
 
 - ``turn:<turn_id>`` for TurnInput, ``model:<turn_id>:<step>`` for ModelOutput,
-  ``result:<call_id>`` for ToolOutput, ``end:<turn_id>`` for TurnEnded and TurnFailed (a turn
-  has one ending).
+  ``result:<call_id>`` for ToolOutput (``late:<call_id>`` for a late one: a call has one
+  result), ``end:<turn_id>`` for TurnEnded and TurnFailed (a turn has one ending),
+  ``started:<call_id>`` for ToolStarted, ``cancel:<turn_id>`` for CancelRequested.
+
+Besides appends, :meth:`TraceStore.begin_call` claims a tool call for one tool job (the
+``claim:<call_id>`` marker), so a call published or delivered twice runs once.
 """
 
 from __future__ import annotations
@@ -18,11 +22,21 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+import msgspec
 import redis.asyncio as aioredis
 
 from agentstream import codec
 from agentstream.errors import StaleLeaseError
-from agentstream.events import Event, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.events import (
+    CancelRequested,
+    Event,
+    ModelOutput,
+    ToolOutput,
+    ToolStarted,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+)
 from agentstream.keys import Keys
 
 # KEYS: trace stream, idempotency hash, lease. ARGV: fence token ('' = unfenced), version,
@@ -59,10 +73,14 @@ def key_for(event: Event) -> str:
             return f"turn:{turn_id}"
         case ModelOutput(turn_id=turn_id, step=step):
             return f"model:{turn_id}:{step}"
-        case ToolOutput(call_id=call_id):
-            return f"result:{call_id}"
+        case ToolOutput(call_id=call_id, late=late):
+            return f"late:{call_id}" if late else f"result:{call_id}"
         case TurnEnded(turn_id=turn_id) | TurnFailed(turn_id=turn_id):
             return f"end:{turn_id}"
+        case ToolStarted(call_id=call_id):
+            return f"started:{call_id}"
+        case CancelRequested(turn_id=turn_id):
+            return f"cancel:{turn_id}"
     raise TypeError(f"no idempotency key for event type {type(event).__name__}")
 
 
@@ -77,6 +95,49 @@ class Appended:
 
     entry_id: str
     created: bool
+
+
+@dataclass(frozen=True)
+class CallState:
+    """What the trace says about a tool call when a job for it arrives (:meth:`TraceStore.begin_call`).
+
+    Attributes:
+        has_result: the call already has its result.
+        cancelled: its turn was cancelled.
+        turn_ended: its turn has ended.
+        started: a ToolStarted was recorded (a tool with side effects began running it).
+        holder: the job (``<stream>/<entry id>``) that holds the call's claim, or ``""``.
+        claimed: this job holds the claim (it was free, or this job took it before).
+    """
+
+    has_result: bool
+    cancelled: bool
+    turn_ended: bool
+    started: bool
+    holder: str
+    claimed: bool
+
+    @property
+    def should_skip(self) -> bool:
+        """Nothing to run: answered already, or its turn is over or being cancelled."""
+        return self.has_result or self.cancelled or self.turn_ended
+
+
+# KEYS: the trace's key hash. ARGV: call id, turn id, job ref. Claims the call for the job
+# unless it is answered, its turn is cancelled or over, or another job holds it.
+_BEGIN_CALL_LUA = """
+local h = KEYS[1]
+local result = redis.call('HEXISTS', h, 'result:' .. ARGV[1])
+local cancelled = redis.call('HEXISTS', h, 'cancel:' .. ARGV[2])
+local ended = redis.call('HEXISTS', h, 'end:' .. ARGV[2])
+local started = redis.call('HEXISTS', h, 'started:' .. ARGV[1])
+local holder = redis.call('HGET', h, 'claim:' .. ARGV[1])
+if not holder and result == 0 and cancelled == 0 and ended == 0 then
+  redis.call('HSET', h, 'claim:' .. ARGV[1], ARGV[3])
+  holder = ARGV[3]
+end
+return {result, cancelled, ended, started, holder or ''}
+"""
 
 
 class TraceStore:
@@ -140,6 +201,48 @@ class TraceStore:
             entry_id = raw[i + 1].decode() if isinstance(raw[i + 1], bytes) else raw[i + 1]
             out.append(Appended(entry_id=entry_id, created=int(raw[i]) == 1))
         return out
+
+    async def append_result(self, trace_id: str, result: ToolOutput) -> tuple[Appended, bool]:
+        """Append a tool result once per call; one that finds the call answered is kept as late.
+
+        Returns:
+            ``(appended, late)``: ``late`` is True when the call already had a result (cancelled,
+            outcome unknown, dead letter), so this one was recorded with ``late`` set.
+        """
+        appended = await self.append(trace_id, result)
+        if appended.created:
+            return appended, False
+        return await self.append(trace_id, msgspec.structs.replace(result, late=True)), True
+
+    async def begin_call(self, trace_id: str, turn_id: str, call_id: str, job: str) -> CallState:
+        """Look at a tool call and claim it for ``job`` (``<stream>/<entry id>``), in one step.
+
+        The claim is taken only when the call has no result and its turn is neither cancelled
+        nor over; once taken it stays with that job (a re-delivery of the same job finds it
+        ``claimed``; a second job for the same call finds another ``holder``).
+        """
+        raw = await self.redis.eval(_BEGIN_CALL_LUA, 1, self.keys.trace_keys(trace_id), call_id, turn_id, job)
+        holder = raw[4].decode() if isinstance(raw[4], bytes) else raw[4]
+        return CallState(
+            has_result=bool(int(raw[0])),
+            cancelled=bool(int(raw[1])),
+            turn_ended=bool(int(raw[2])),
+            started=bool(int(raw[3])),
+            holder=holder,
+            claimed=holder == job,
+        )
+
+    async def keep_for(self, trace_id: str, seconds: float) -> None:
+        """Delete the whole trace (events, keys, lease) ``seconds`` from now, unless renewed.
+
+        The runtime never trims a trace; this is the explicit retention of whole conversations
+        (setting ``AGENTSTREAM_TRACE_RETENTION_S``), renewed each time a turn of it ends.
+        """
+        ms = max(1, int(seconds * 1000))
+        pipe = self.redis.pipeline(transaction=False)
+        for key in (self.keys.trace(trace_id), self.keys.trace_keys(trace_id)):
+            pipe.pexpire(key, ms)
+        await pipe.execute()
 
     async def has_key(self, trace_id: str, key: str) -> bool:
         """Whether an append with this idempotency key is in the trace."""

@@ -13,7 +13,8 @@ def make(redis, keys, name, handler, **config):
     return StreamConsumer(
         redis, stream=f"{keys.namespace}:work", group="g", consumer=name, handler=handler,
         dead_stream=keys.dead(f"{keys.namespace}:work"),
-        config=ConsumerConfig(block_ms=50, min_idle_ms=config.pop("min_idle_ms", 200), reclaim_interval_ms=50, **config),
+        config=ConsumerConfig(block_ms=50, min_idle_ms=config.pop("min_idle_ms", 200), reclaim_interval_ms=50,
+                              retry_delay_s=config.pop("retry_delay_s", 0.05), **config),
     )
 
 
@@ -123,3 +124,295 @@ async def test_group_created_before_entries_delivers_existing_entries(redis, key
 
     await make(redis, keys, "w1", ok).run_until_idle()
     assert seen == [b"early"]
+
+
+# --- issue 4: reclaim, renewal, real-delivery counting, dead letters, lost entries ------------
+
+
+async def pending_of(redis, stream):
+    return await redis.xpending_range(stream, "g", min="-", max="+", count=100)
+
+
+async def test_c15_entry_of_a_killed_worker_is_claimed_by_a_live_one_and_pel_ends_empty(redis, keys):
+    # C15: w1 took 1-0 and died before XACK; w2 only reads '>' yet must finish it within min-idle.
+    stream = f"{keys.namespace}:work"
+    await make(redis, keys, "w1", None).ensure_group()
+    await redis.xadd(stream, {b"call_id": b"call_1"})
+    await redis.xreadgroup("g", "w1", {stream: ">"}, count=1)  # delivered to w1, then kill -9
+    results = []
+
+    async def ok(entry_id, fields):
+        results.append(fields[b"call_id"])
+
+    w2 = make(redis, keys, "w2", ok, min_idle_ms=300)
+    await run_for(w2, 1.2)
+    assert results == [b"call_1"]  # exactly one result for call_1
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_c20_reclaim_actually_issues_claim_commands(redis, keys):
+    # C20: "the reclaim path is verified to actually issue claim commands".
+    def claims() -> int:
+        return sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_xautoclaim"))
+
+    stats = await redis.info("commandstats")
+    before = claims()
+
+    async def ok(entry_id, fields):
+        pass
+
+    await run_for(make(redis, keys, "w1", ok), 0.5)
+    stats = await redis.info("commandstats")
+    assert claims() - before >= 3  # reclaim_interval_ms=50 over 0.5 s
+
+
+async def test_a_live_workers_long_job_is_not_stolen_and_renewals_are_not_deliveries(redis, keys):
+    # min_idle 200 ms, the handler takes 1.5 s: without claim renewal w2 would claim and run it too.
+    stream = f"{keys.namespace}:work"
+    runs = []
+
+    async def slow(entry_id, fields):
+        runs.append(entry_id)
+        await asyncio.sleep(1.5)
+
+    w1, w2 = make(redis, keys, "w1", slow), make(redis, keys, "w2", slow)
+    await w1.ensure_group()
+    await redis.xadd(stream, {b"x": b"long"})
+    stop = asyncio.Event()
+    t1 = asyncio.create_task(w1.run(stop))
+    await asyncio.sleep(0.3)
+    t2 = asyncio.create_task(w2.run(stop))
+    for _ in range(60):
+        await asyncio.sleep(0.05)
+        pending = await pending_of(redis, stream)
+        if runs and pending:
+            assert pending[0]["times_delivered"] == 1  # XCLAIM JUSTID renewals count no delivery
+    await asyncio.sleep(0.5)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(t1, t2), 5)
+    assert len(runs) == 1 and w2.reclaimed == 0 and w1.claim_renewals >= 2
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_c17_entry_reread_and_reclaimed_many_times_is_not_dead_lettered(redis, keys):
+    # C17, entry 6-0: held, released and re-read 10+ times (Redis times_delivered ≥ 10), never
+    # failed: agentstream counts only real handler starts, so it is processed normally.
+    stream = f"{keys.namespace}:work"
+    seen, dead = [], []
+
+    async def ok(entry_id, fields):
+        seen.append(entry_id)
+
+    async def on_dead(entry_id, fields, error):
+        dead.append(entry_id)
+
+    c = make(redis, keys, "w1", ok, max_deliveries=3)
+    c.on_dead_letter = on_dead
+    await c.ensure_group()
+    entry = (await redis.xadd(stream, {b"call_id": b"slow"})).decode()
+    await redis.xreadgroup("g", "other", {stream: ">"}, count=1)
+    for _ in range(6):  # another consumer's re-reads and ownership moves
+        await redis.xreadgroup("g", "other", {stream: "0"}, count=10)
+        await redis.xclaim(stream, "g", "other", 0, [entry])
+    assert (await pending_of(redis, stream))[0]["times_delivered"] >= 10
+    await redis.xclaim(stream, "g", "w1", 0, [entry], justid=True)  # now it is w1's own pending entry
+    await c.run_until_idle()
+    assert seen == [entry] and dead == []
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_c17_poison_entry_that_kills_its_worker_is_dead_lettered_with_a_failure(redis, keys):
+    # C17, entry 5-0: each handler start dies before XACK (kill -9: no exception, no counter of
+    # the app's own). After N real starts the entry goes to the dead-letter stream with its payload,
+    # its count and a last error, the failure hook runs, and the next entry flows.
+    stream = f"{keys.namespace}:work"
+    await make(redis, keys, "w0", None).ensure_group()
+    await redis.xadd(stream, {b"call_id": b"big"})
+    started = []
+
+    async def dies(entry_id, fields):
+        started.append(entry_id)
+        await asyncio.sleep(3600)  # the process is killed in here
+
+    for i in range(3):
+        c = make(redis, keys, f"w{i}", dies, min_idle_ms=100, max_deliveries=3)
+
+        async def killed(*args, **kwargs):  # kill -9: nothing is given back, nothing uncounted
+            return None
+
+        c._release = killed
+        task = asyncio.create_task(c.run(asyncio.Event()))
+        while len(started) < i + 1:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    dead_hook, fine = [], []
+
+    async def handler(entry_id, fields):
+        fine.append(fields[b"call_id"])
+
+    async def on_dead(entry_id, fields, error):
+        dead_hook.append((fields[b"call_id"], error))
+
+    await redis.xadd(stream, {b"call_id": b"next"})
+    c = make(redis, keys, "w9", handler, min_idle_ms=100, max_deliveries=3)
+    c.on_dead_letter = on_dead
+    await run_for(c, 1.0)
+    assert len(started) == 3
+    assert dead_hook and dead_hook[0][0] == b"big" and dead_hook[0][1].startswith("unknown")
+    (dead,) = await redis.xrange(keys.dead(stream))
+    assert dead[1][b"call_id"] == b"big" and dead[1][b"dead_deliveries"] == b"4"
+    assert fine == [b"next"]
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+    assert not await redis.hgetall(c.attempts_key)
+
+
+async def test_failed_handler_is_retried_by_its_own_consumer_without_waiting_for_min_idle(redis, keys):
+    stream = f"{keys.namespace}:work"
+    calls = []
+
+    async def flaky(entry_id, fields):
+        calls.append(entry_id)
+        if len(calls) == 1:
+            raise RuntimeError("transient")
+
+    c = make(redis, keys, "w1", flaky, min_idle_ms=3_600_000)
+    await c.ensure_group()
+    await redis.xadd(stream, {b"x": b"1"})
+    await run_for(c, 0.6)
+    assert len(calls) == 2 and c.handled == 1
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_deferred_entries_come_back_and_deferrals_are_not_deliveries(redis, keys):
+    from agentstream.consumer import Deferred
+
+    stream = f"{keys.namespace}:work"
+    calls = []
+
+    async def busy(entry_id, fields):
+        calls.append(entry_id)
+        if len(calls) < 6:
+            raise Deferred(0.03, "busy")
+
+    c = make(redis, keys, "w1", busy, min_idle_ms=3_600_000, max_deliveries=2)
+    await c.ensure_group()
+    await redis.xadd(stream, {b"x": b"1"})
+    await run_for(c, 1.0)
+    assert len(calls) == 6 and c.handled == 1 and c.dead_lettered == 0
+
+
+async def test_c18_pending_entry_without_a_body_is_acked_reported_and_the_consumer_goes_on(redis, keys):
+    # C18: someone trimmed with MAXLEN; the PEL still lists 1-0 but its body is nil.
+    stream = f"{keys.namespace}:work"
+    c0 = make(redis, keys, "w1", None)
+    await c0.ensure_group()
+    await redis.xadd(stream, {b"ev": b"e1"}, id="1-0")
+    await redis.xreadgroup("g", "w1", {stream: ">"})  # not acked
+    await redis.xadd(stream, {b"ev": b"e2"}, id="2-0", maxlen=1, approximate=False)  # 1-0 trimmed away
+    reread = await redis.xreadgroup("g", "w1", {stream: "0"})
+    assert reread[0][1][0][1] in (None, {})  # [1-0, nil]
+    seen = []
+
+    async def ok(entry_id, fields):
+        seen.append(fields[b"ev"])
+
+    c = make(redis, keys, "w1", ok)
+    await c.run_until_idle()
+    assert seen == [b"e2"] and c.lost == 1
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+    (lost,) = await redis.xrange(keys.dead(stream))
+    assert lost[1][b"dead_source_id"] == b"1-0" and lost[1][b"dead_error"].startswith(b"lost")
+
+
+async def test_missing_stream_is_recreated_with_backoff_not_a_hot_loop(redis, keys, caplog):
+    # The key exists with the wrong type: every group creation fails. Backoff bounds the attempts.
+    stream = f"{keys.namespace}:work"
+    await redis.set(stream, b"not a stream")
+    seen = []
+
+    async def ok(entry_id, fields):
+        seen.append(fields[b"x"])
+
+    c = make(redis, keys, "w1", ok)
+    attempts = []
+    real = c.ensure_group
+
+    async def counted():
+        attempts.append(1)
+        await real()
+
+    c.ensure_group = counted
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    await asyncio.sleep(1.5)
+    assert 2 <= len(attempts) <= 8  # 0.1 + 0.2 + 0.4 + 0.8 s of backoff, not thousands of tries
+    await redis.delete(stream)
+    await redis.xadd(stream, {b"x": b"after"})
+    for _ in range(80):
+        if seen:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert seen == [b"after"]
+
+
+async def test_cancelled_consumer_releases_unfinished_entries_for_others_at_once(redis, keys):
+    # The grace period ran out: the handler is cancelled, the entry stays pending but is marked
+    # long idle, so a consumer with a one-hour min_idle claims it at its first look; the
+    # interrupted start is not counted as a delivery.
+    stream = f"{keys.namespace}:work"
+    started = asyncio.Event()
+
+    async def forever(entry_id, fields):
+        started.set()
+        await asyncio.sleep(3600)
+
+    c1 = make(redis, keys, "w1", forever, min_idle_ms=3_600_000)
+    await c1.ensure_group()
+    await redis.xadd(stream, {b"x": b"1"})
+    task = asyncio.create_task(c1.run(asyncio.Event()))
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    done = []
+
+    async def ok(entry_id, fields):
+        done.append(entry_id)
+
+    c2 = make(redis, keys, "w2", ok, min_idle_ms=3_600_000)
+    await run_for(c2, 0.4)
+    assert len(done) == 1 and c2.reclaimed == 1
+    assert not await redis.hgetall(c2.attempts_key)
+
+
+def test_claim_option_only_where_the_server_has_it():
+    from agentstream.claims import parse_version, supports_claim_option
+
+    assert not supports_claim_option(parse_version("7.0.15"))
+    assert not supports_claim_option(parse_version("8.2.1"))
+    assert supports_claim_option(parse_version("8.4.0"))
+    assert supports_claim_option(parse_version("9.0.0-rc1"))
+
+
+async def test_reads_use_xreadgroup_claim_on_servers_that_have_it(redis, keys, monkeypatch):
+    # Redis here is 7.0 (XAUTOCLAIM); pretend 8.4 and check the read carries CLAIM <min_idle>.
+    import agentstream.consumer as consumer_module
+
+    async def fake_version(_redis):
+        return (8, 4, 0)
+
+    monkeypatch.setattr(consumer_module, "server_version", fake_version)
+    sent = {}
+    c = make(redis, keys, "w1", None, min_idle_ms=1234)
+    real = redis.xreadgroup
+
+    async def spy(*args, **kwargs):
+        sent.update(kwargs)
+        kwargs.pop("claim_min_idle_time", None)  # this server does not understand it
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(redis, "xreadgroup", spy)
+    await run_for(c, 0.2)
+    assert sent.get("claim_min_idle_time") == 1234

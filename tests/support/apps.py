@@ -48,8 +48,90 @@ def explode(reason: str) -> str:
     raise RuntimeError(reason)
 
 
+# --- tools for the delivery tests: effects are counted in Redis per call ---------------------
+
+_redis_client = None
+
+
+def _redis():
+    global _redis_client
+    if _redis_client is None:
+        import redis
+
+        _redis_client = redis.Redis.from_url(os.environ["REDIS_URL"])
+    return _redis_client
+
+
+def effects_key(namespace: str) -> str:
+    """The hash where test tools count their effects: ``<trace>/<call>/<tool>`` → runs."""
+    return f"{namespace}:test:effects"
+
+
+def _count_effect(tool_name: str) -> None:
+    from agentstream import current_call
+
+    call = current_call()
+    _redis().hincrby(effects_key(os.environ["AGENTSTREAM_NAMESPACE"]), f"{call.trace_id}/{call.call_id}/{tool_name}", 1)
+
+
+def _pause(name: str) -> None:
+    """Sleep AGENTSTREAM_TEST_<NAME>_S seconds when set, checking the call's cancel flag."""
+    from agentstream import current_call
+
+    seconds = float(os.environ.get(f"AGENTSTREAM_TEST_{name.upper()}_S", "0") or 0)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if current_call().cancelled:
+            _count_effect(f"{name}-saw-cancel")
+            return
+        time.sleep(0.02)
+
+
+@tool(timeout_s=30)
+async def work(ms: int) -> str:
+    """Work for ``ms`` milliseconds (async), counting the run."""
+    import asyncio
+
+    _count_effect("work")
+    await asyncio.sleep(ms / 1000.0)
+    return f"worked {ms} ms"
+
+
+@tool(timeout_s=30, side_effects=True)
+def record(key: str) -> str:
+    """Record ``key`` somewhere (a side effect, counted), after AGENTSTREAM_TEST_RECORD_S seconds."""
+    _pause("record")
+    _count_effect("record")
+    return f"recorded {key}"
+
+
+@tool(timeout_s=30, side_effects=True, retry_safe=True)
+def upsert(key: str) -> str:
+    """Write ``key`` idempotently (side effects, safe to retry), after AGENTSTREAM_TEST_UPSERT_S seconds."""
+    _pause("upsert")
+    _count_effect("upsert")
+    return f"upserted {key}"
+
+
+@tool(timeout_s=30)
+def crash(key: str) -> str:
+    """Kill the worker process that runs it (a poison job)."""
+    _count_effect("crash")
+    os._exit(17)
+
+
+@tool(timeout_s=60)
+def sleepy(key: str) -> str:
+    """A sync tool that sleeps AGENTSTREAM_TEST_SLEEPY_S seconds, ignoring cancels, then answers."""
+    _count_effect("sleepy")
+    time.sleep(float(os.environ.get("AGENTSTREAM_TEST_SLEEPY_S", "0") or 0))
+    return f"slept for {key}"
+
+
 app = App(
     agents=[
         Agent(name="calc", system_prompt="You are a calculator agent. Use the calculator tool.", tools=[calculator, slow, explode], max_passes=4),
+        Agent(name="plan", system_prompt="You run the plan in the user's message with tools.",
+              tools=[work, record, upsert, crash, sleepy], max_passes=4),
     ]
 )

@@ -7,6 +7,7 @@ chat-completions response. Every request body is kept for assertions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -42,6 +43,52 @@ def calculator_rule(body: dict[str, Any]) -> dict[str, Any]:
     if last["role"] == "tool":
         return {"message": {"role": "assistant", "content": f"The answer is {last['content']}."}, "finish_reason": "stop"}
     return {"message": {"role": "assistant", "content": "I am not sure."}, "finish_reason": "stop"}
+
+
+_PLAN = re.compile(r"(\w+)\(([^)]*)\)")
+
+
+def parallel_rule(body: dict[str, Any]) -> dict[str, Any]:
+    """Call every tool named in the user's message at once (parallel tool calls); then answer.
+
+    The user's message holds a plan such as ``"do: work(20) work(5) record(a)"``: one call per
+    ``name(argument)``, all in one reply, in that order. ``work`` gets ``{"ms": <int>}``, every
+    other tool ``{"key": <text>}``. Call ids are derived from the message and the position, so
+    the same request always gets the same reply (a retried step writes the same calls). Once
+    every call has a result, the answer lists the results in call order. A message containing
+    ``SLOW`` makes the model take 60 s (for cancel tests).
+    """
+    messages = body["messages"]
+    users = [m for m in messages if m["role"] == "user"]
+    text = users[-1]["content"] if users else ""
+    if isinstance(text, list):
+        text = " ".join(part.get("text", "") for part in text)
+    if "SLOW" in text:
+        _interruptible_sleep(60.0)
+    last = messages[-1]
+    if last["role"] == "user":
+        calls = []
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        for i, (name, arg) in enumerate(_PLAN.findall(text)):
+            arguments = {"ms": int(arg or 0)} if name == "work" else {"key": arg}
+            calls.append({"id": f"call_{digest}_{i}", "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(arguments)}})
+        if calls:
+            return {"message": {"role": "assistant", "content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}
+        return {"message": {"role": "assistant", "content": "Nothing to do."}, "finish_reason": "stop"}
+    results = []
+    for m in reversed(messages):
+        if m["role"] != "tool":
+            break
+        results.append(m["content"] if isinstance(m["content"], str) else json.dumps(m["content"]))
+    return {"message": {"role": "assistant", "content": "Results: " + " | ".join(reversed(results))}, "finish_reason": "stop"}
+
+
+_stopping = threading.Event()
+
+
+def _interruptible_sleep(seconds: float) -> None:
+    _stopping.wait(seconds)
 
 
 class ScriptedModelServer:
@@ -95,9 +142,11 @@ class ScriptedModelServer:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def __enter__(self) -> "ScriptedModelServer":
+        _stopping.clear()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _stopping.set()  # wake slow replies
         self._server.shutdown()
         self._server.server_close()

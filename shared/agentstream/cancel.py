@@ -1,0 +1,102 @@
+"""Cancel requests: publishing them, and hearing them in every service process.
+
+A cancel is a :class:`~agentstream.events.CancelMessage` in the field ``cancel`` of an entry on
+the cancel stream (``<ns>:cancel``). It travels two ways:
+
+- **durably**, through the agent loop's consumer group on that stream: the handler writes a
+  ``cancel_requested`` event into the trace (the truth) and advances the trace, which ends the
+  turn as cancelled at its next step (every call left without a result gets a cancelled result);
+- **at once**, to every agent-loop and tool-worker process through a :class:`CancelListener`
+  (a plain XREAD, no group, so each process sees each cancel): an agent loop aborts its
+  in-flight model request for that trace, a tool worker tells the calls it is running.
+
+A process that misses the broadcast (it started after it) still stops at the next step
+boundary: the agent loop reads the trace at every step, and a tool worker checks the trace's
+cancel key (``cancel:<turn id>`` in the trace's key hash) before it runs a job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from agentstream import codec
+from agentstream.events import CancelMessage
+from agentstream.keys import CANCEL_FIELD, Keys
+
+log = logging.getLogger("agentstream.cancel")
+
+OnCancel = Callable[[CancelMessage], Awaitable[None]]
+
+
+async def publish_cancel(redis: aioredis.Redis, keys: Keys, message: CancelMessage) -> str:
+    """Publish a cancel request → its entry id on the cancel stream."""
+    entry_id = await redis.xadd(keys.cancel, {CANCEL_FIELD: codec.encode(message)})
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+class CancelListener:
+    """Calls ``on_cancel`` for every cancel request published while it runs (every process).
+
+    Args:
+        redis: an asyncio Redis client.
+        keys: the key names.
+        on_cancel: ``await on_cancel(message)``; its errors are logged, never raised.
+        block_ms: longest wait of one blocking read, in milliseconds.
+        backoff_max_s: the longest wait between retries after a Redis error, in seconds.
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, on_cancel: OnCancel, *, block_ms: int = 1000, backoff_max_s: float = 5.0):
+        self.redis = redis
+        self.stream = keys.cancel
+        self.on_cancel = on_cancel
+        self.block_ms = block_ms
+        self.backoff_max_s = backoff_max_s
+        self.heard = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Listen until ``stop`` is set; only requests published after the start are heard."""
+        last: str | None = None
+        backoff_s = 0.1
+        while not stop.is_set():
+            try:
+                if last is None:
+                    newest = await self.redis.xrevrange(self.stream, count=1)
+                    last = _s(newest[0][0]) if newest else "0-0"
+                reply = await self.redis.xread({self.stream: last}, block=self.block_ms, count=100)
+                for _stream, entries in reply or ():
+                    for entry_id, fields in entries:
+                        last = _s(entry_id)
+                        await self._handle(last, fields)
+                backoff_s = 0.1
+            except (RedisConnectionError, RedisTimeoutError, OSError, ResponseError) as exc:
+                log.warning("cancel listener lost Redis (%s); retrying in %.1f s", exc, backoff_s)
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=backoff_s * random.uniform(0.8, 1.2))
+                except asyncio.TimeoutError:
+                    pass
+                backoff_s = min(backoff_s * 2, self.backoff_max_s)
+
+    async def _handle(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            message = codec.decode_cancel(fields.get(CANCEL_FIELD) or b"")
+        except msgspec.DecodeError as exc:
+            log.debug("ignoring malformed cancel %s: %s", entry_id, exc)  # the group consumer reports it
+            return
+        self.heard += 1
+        try:
+            await self.on_cancel(message)
+        except Exception:
+            log.exception("handling cancel %s of trace %s failed", entry_id, message.trace_id)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,143 @@
+"""Services in the test's own process: the real ``build()`` of each service, on real Redis.
+
+Faster than OS processes and easy to reach into (the AgentLoop and ToolWorker objects), for
+integration tests of the delivery mechanisms. Each started "process" has its own Redis client,
+store, HTTP client and consumer name; ``stop`` drains it like SIGTERM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from agentstream import codec
+from agentstream.app import App
+from agentstream.events import Event, Reply, TurnMessage
+from agentstream.keys import REPLY_FIELD, TURN_FIELD, Keys
+from agentstream.redis_conn import connect
+from agentstream.service import run_consumers
+from agentstream.settings import Settings
+from agentstream.store import TraceStore
+from agentstream_services.agent_loop.service import build as build_loop
+from agentstream_services.tool_worker.service import build as build_worker
+
+FAST = {
+    "AGENTSTREAM_BLOCK_MS": "50",
+    "AGENTSTREAM_MIN_IDLE_MS": "1000",
+    "AGENTSTREAM_LEASE_TTL_MS": "1000",
+    "AGENTSTREAM_SHUTDOWN_GRACE_S": "5",
+    "AGENTSTREAM_MODEL_RETRIES": "0",
+}
+
+
+@dataclass
+class Proc:
+    name: str
+    stop: asyncio.Event
+    task: asyncio.Task
+    loop: object = None
+    worker: object = None
+    redis: object = None
+    http: object = None
+
+
+@dataclass
+class InProcess:
+    """Start agent-loop and tool-worker "processes" as tasks of the running event loop."""
+
+    app: App
+    redis_url: str
+    namespace: str
+    model_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def settings(self, name: str) -> Settings:
+        values = {
+            "REDIS_URL": self.redis_url,
+            "AGENTSTREAM_NAMESPACE": self.namespace,
+            "OPENAI_BASE_URL": self.model_url,
+            "OPENAI_MODEL": "scripted-model",
+            "AGENTSTREAM_CONSUMER": name,
+            **FAST,
+            **self.env,
+        }
+        saved = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+        try:
+            return Settings()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    async def start(self, name: str, *services: str) -> Proc:
+        settings = self.settings(name)
+        redis = connect(self.redis_url)
+        store = TraceStore(redis, settings.keys)
+        http = httpx.AsyncClient()
+        runners: list = []
+        loop = worker = None
+        if "agent-loop" in services:
+            loop, more = build_loop(self.app, settings, store, http)
+            runners += more
+        if "tool-worker" in services:
+            worker, more = build_worker(self.app, settings, store)
+            runners += more
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_consumers(runners, stop=stop, grace_s=settings.shutdown_grace_s, handle_signals=False))
+        proc = Proc(name, stop, task, loop, worker, redis, http)
+        self.procs[name] = proc
+        return proc
+
+    async def stop(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.task, 30)
+        await proc.http.aclose()
+        await proc.redis.aclose()
+
+    async def stop_all(self) -> None:
+        for name in list(self.procs):
+            await self.stop(name)
+
+
+async def publish(redis, keys: Keys, **fields: str) -> None:
+    await redis.xadd(keys.turns, {TURN_FIELD: codec.encode(TurnMessage(**fields))})
+
+
+async def replies(redis, keys: Keys) -> dict[str, Reply]:
+    return {r.turn_id: r for r in (codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(keys.replies))}
+
+
+async def wait_reply(redis, keys: Keys, turn_id: str, timeout_s: float = 30.0) -> Reply:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = (await replies(redis, keys)).get(turn_id)
+        if got is not None:
+            return got
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no reply for turn {turn_id} within {timeout_s} s")
+
+
+async def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    """Poll an async predicate until it returns something truthy → that value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+async def events_of(store: TraceStore, trace_id: str) -> list[Event]:
+    return [e for _, e in await store.read(trace_id)]
