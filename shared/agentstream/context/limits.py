@@ -108,16 +108,17 @@ DEFAULT_LIMITS = ModelLimits(window=Tokens(32_000))
 
 def message_chars(message: Message) -> int:
     """Characters that one message counts for in the estimate (text, calls, reasoning, overhead)."""
-    match message:
-        case UserMessage(text=text):
-            return len(text) + MESSAGE_OVERHEAD_CHARS
-        case ToolResultMessage(call_id=call_id, text=text):
-            return len(text) + len(call_id) + MESSAGE_OVERHEAD_CHARS
-        case AssistantMessage(content=content, tool_calls=calls, reasoning=reasoning):
-            chars = len(content) + MESSAGE_OVERHEAD_CHARS + (len(reasoning) if reasoning else 0)
-            for call in calls:
-                chars += len(call.id) + len(call.name) + len(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
-            return chars
+    kind = type(message)
+    if kind is UserMessage:
+        return len(message.text) + MESSAGE_OVERHEAD_CHARS  # type: ignore[union-attr]
+    if kind is ToolResultMessage:
+        return len(message.text) + len(message.call_id) + MESSAGE_OVERHEAD_CHARS  # type: ignore[union-attr]
+    if kind is AssistantMessage:
+        assert isinstance(message, AssistantMessage)
+        chars = len(message.content) + MESSAGE_OVERHEAD_CHARS + (len(message.reasoning) if message.reasoning else 0)
+        for call in message.tool_calls:
+            chars += len(call.id) + len(call.name) + len(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
+        return chars
     return len(msgspec.json.encode(message)) + MESSAGE_OVERHEAD_CHARS
 
 

@@ -32,13 +32,16 @@ Unit = Literal["turns", "rounds", "results"]
 class ContextView:
     """What shrinks and floors read: the trace before the model call being judged.
 
+    It holds the turns the call shows (after a compaction, the kept turns only), so the
+    selections count those; a shrink's offers must follow from these fields alone (the builder
+    does not ask again while they stay the same and the last offers freed nothing).
+
     Attributes:
-        turns: the handles of each turn's results, oldest turn first, the current turn last.
-        rounds: the handles of each round's results, oldest first.
-        results: every result's handle, in recorded order.
-        tools: the tool name of each result, by handle.
-        cited: the ids of the elements that model outputs before the call cited.
-        call: the index of the model call being judged (0 for the trace's first call).
+        turns: the handles of each shown turn's results, oldest turn first, the current turn last.
+        rounds: the handles of each shown round's results, oldest first.
+        results: the handle of each shown result, in recorded order.
+        tools: the tool name of each result, by handle (read-only).
+        cited: the ids of the elements that model outputs before the call cited (read-only).
     """
 
     turns: Sequence[Sequence[str]]
@@ -46,7 +49,6 @@ class ContextView:
     results: Sequence[str]
     tools: Mapping[str, str]
     cited: Set[str]
-    call: int
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentstream.context.forms.shorten import Form
-from agentstream.context.limits import message_chars
+from agentstream.context.limits import corrected_tokens, message_chars
 from agentstream.context.policy import ContextView
 from agentstream.errors import ShortenError
 
@@ -53,56 +53,65 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
         The form changes made, oldest first (for :meth:`TraceState.undo`).
     """
     limits = state.limits
-    assert limits is not None
+    assert limits is not None and state.thresholds is not None
     policy = state.policy
-    start_at = limits.tokens(policy.start_at)
-    target = limits.tokens(policy.target)
-    size = state.size(current, step)
-    lowest = start_at
+    start_at, target, lowest = state.thresholds
+    chars = state.chars(current, step)
+    size = corrected_tokens(chars, limits, state.recorded) + policy.output_reserve.count
+    changes: list[Change] = []
+    if size <= lowest:
+        state.last_chars = chars
+        return changes
+    before = size
+    started = size > start_at
+    start = state.visible_from(current)
+    active = tuple(
+        id(shrink) for shrink in policy.shrink
+        if (started if getattr(shrink, "when", None) is None else size > limits.tokens(shrink.when))
+    )
+    key = (start, current, len(state.slots), len(state.rounds), len(state.forms), len(state.cited), active)
+    if state.exhausted == key:  # the same offers as last time, and they freed nothing
+        state.last_chars = chars
+        return changes
+    view: ContextView | None = None
     for shrink in policy.shrink:
         when = getattr(shrink, "when", None)
-        if when is not None:
-            lowest = min(lowest, limits.tokens(when))
-    changes: list[Change] = []
-    if size > lowest:
-        before = size
-        started = size > start_at
-        view: ContextView | None = None
-        start = state.visible_from(current)
-        for shrink in policy.shrink:
-            when = getattr(shrink, "when", None)
-            if when is None:
-                if not started:
-                    continue
-                stop = target
-            else:
-                stop = limits.tokens(when)
-            if size <= stop:
+        if when is None:
+            if not started:
                 continue
-            if view is None:
-                view = state.view(current, call)
-            for handle, form in shrink(view, state.forms_view):
-                if size <= stop:
-                    break
-                slot = state.handle_index.get(handle)
-                if slot is None or form >= slot.form or slot.turn is None:
-                    continue
-                if not start <= slot.turn.index <= current:
-                    continue
-                floors = element_floors(state, slot, form, view)
-                try:
-                    message = state.renderer.message(slot.output, handle, form, floors)
-                except ShortenError:
-                    continue
-                chars = message_chars(message)
-                if chars >= slot.chars:
-                    continue
-                changes.append(state.set_form(slot, form, shrink, call, floors, message, chars))
-                size = state.size(current, step)
-        gain = before - size
-        if changes and policy.min_gain is not None and gain < limits.tokens(policy.min_gain) and before <= limits.window.count:
-            state.undo(changes)
-            changes = []
+            stop = target
+        else:
+            stop = limits.tokens(when)
+        if size <= stop:
+            continue
+        if view is None:
+            view = state.view(current)
+        for handle, form in shrink(view, state.forms_view):
+            if size <= stop:
+                break
+            slot = state.handle_index.get(handle)
+            if slot is None or form >= slot.form or slot.turn is None or slot.futile & (1 << form):
+                continue
+            if not start <= slot.turn.index <= current:
+                continue
+            floors = element_floors(state, slot, form, view)
+            try:
+                message = state.renderer.message(slot.output, handle, form, floors)
+            except ShortenError:
+                slot.futile |= 1 << form
+                continue
+            new_chars = message_chars(message)
+            if new_chars >= slot.chars:
+                slot.futile |= 1 << form
+                continue
+            changes.append(state.set_form(slot, form, shrink, call, floors, message, new_chars))
+            size = state.size(current, step)
+    if not changes:
+        state.exhausted = key
+    gain = before - size
+    if changes and policy.min_gain is not None and gain < limits.tokens(policy.min_gain) and before <= limits.window.count:
+        state.undo(changes)
+        changes = []
     state.last_chars = state.chars(current, step)
     _ = speculative
     return changes

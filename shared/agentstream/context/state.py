@@ -24,7 +24,7 @@ from agentstream.context.compaction import summary_section
 from agentstream.context.elements import Numbering
 from agentstream.context.forms.shorten import FULL, Form
 from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits, corrected_tokens, message_chars, tools_chars
-from agentstream.context.policy import ALWAYS, CURRENT_TURN, ContextView
+from agentstream.context.policy import ALWAYS, CURRENT_TURN, NEVER, ContextView
 from agentstream.context.render import (
     MISSING_RESULT_TEXT,
     ContextConfig,
@@ -43,7 +43,7 @@ from agentstream.errors import UnrenderedEventError
 from agentstream.events import Compaction, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
 
-RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested"})
+RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed"})
 """Stored event types that change no context: they are records for the runtime (a side-effect
 tool about to run, a cancel request whose effects are written as their own events)."""
 
@@ -56,7 +56,7 @@ def _record_only(event: object) -> bool:
 class Slot:
     """One accepted tool result: its handle, where it shows, and its current form."""
 
-    __slots__ = ("handle", "output", "turn", "form", "by", "at", "element_forms", "message", "chars")
+    __slots__ = ("handle", "output", "turn", "form", "by", "at", "element_forms", "message", "chars", "futile")
 
     def __init__(self, handle: str, output: ToolOutput) -> None:
         self.handle = handle
@@ -68,6 +68,7 @@ class Slot:
         self.element_forms: tuple[Form, ...] | None = None
         self.message: Any = None
         self.chars = 0
+        self.futile = 0  # bit (1 << form) set: lowering to that form frees nothing (or is refused)
 
 
 class Output:
@@ -86,10 +87,15 @@ class Output:
 class Turn:
     """One turn: its input, then its outputs (and app events' messages) in trace order."""
 
-    __slots__ = ("index", "turn_id", "user", "items", "handles", "chars", "reasoning_chars", "version", "cache_key", "cache")
+    __slots__ = (
+        "index", "turn_id", "user", "items", "handles", "chars", "reasoning_chars", "version", "cache_key", "cache",
+        "first_round", "first_slot",
+    )
 
-    def __init__(self, index: int, event: TurnInput, user: Message) -> None:
+    def __init__(self, index: int, event: TurnInput, user: Message, first_round: int, first_slot: int) -> None:
         self.index = index
+        self.first_round = first_round
+        self.first_slot = first_slot
         self.turn_id = event.turn_id
         self.user = user
         self.items: list[Output | tuple[Message, ...]] = []
@@ -144,6 +150,9 @@ class TraceState:
         self.ended: set[str] = set()
         self.results: dict[str, Slot] = {}
         self.slots: list[Slot] = []
+        self.slot_handles: list[str] = []
+        self.handle_tools: dict[str, str] = {}
+        self.exhausted: tuple | None = None
         self.handle_index: dict[str, Slot] = {}
         self.places: dict[str, list[tuple[Turn, Output]]] = {}
         self.rounds: list[list[str]] = []
@@ -168,6 +177,16 @@ class TraceState:
         reopen = self.policy.reopen
         self.reopen_def = reopen.definition() if reopen is not None and agent.tool(reopen.name) is None else None
         self.reopen_chars = tools_chars((*self.tool_defs, self.reopen_def)) - self.tools_chars if self.reopen_def else 0
+        self.prompt_chars = len(agent.system_prompt) + MESSAGE_OVERHEAD_CHARS
+        self.thresholds: tuple[int, int, int] | None = None
+        if limits is not None:
+            start_at, target = limits.tokens(self.policy.start_at), limits.tokens(self.policy.target)
+            lowest = start_at
+            for shrink in self.policy.shrink:
+                when = getattr(shrink, "when", None)
+                if when is not None:
+                    lowest = min(lowest, limits.tokens(when))
+            self.thresholds = (start_at, target, lowest)
 
     # --- feeding events ------------------------------------------------------------------------
 
@@ -200,7 +219,7 @@ class TraceState:
     def _input(self, event: TurnInput) -> None:
         if event.turn_id in self.turn_index:
             return
-        turn = Turn(len(self.turns), event, user_message(event, self._show))
+        turn = Turn(len(self.turns), event, user_message(event, self._show), len(self.rounds), len(self.slots))
         self.turn_index[event.turn_id] = turn.index
         self.turns.append(turn)
         self._add_chars(turn, turn.chars, counted=False)
@@ -264,6 +283,8 @@ class TraceState:
         slot.chars = message_chars(slot.message)
         self.results[event.call_id] = slot
         self.slots.append(slot)
+        self.slot_handles.append(slot.handle)
+        self.handle_tools[slot.handle] = output.name
         self.handle_index[slot.handle] = slot
         places = self.places.get(event.call_id)
         if places:
@@ -343,6 +364,12 @@ class TraceState:
 
     def chars(self, current: int, step: int) -> int:
         """Characters of the request of a call in turn ``current`` (an index) at ``step``."""
+        if self.compaction is None and self.policy.reasoning == NEVER and self.turns and self.turns[-1].index == current:
+            history = self.total_chars  # the usual case: no summary, no queued turn, no reasoning
+            tools = 0
+            if self.agent.tool_choice_for(step) != "none":
+                tools = self.tools_chars + (self.reopen_chars if self.reopen_def is not None and self.forms else 0)
+            return self.prompt_chars + tools + history
         start = self.visible_from(current)
         history = self.total_chars
         reasoning = self.total_reasoning
@@ -376,14 +403,17 @@ class TraceState:
 
     # --- forms ----------------------------------------------------------------------------------
 
-    def view(self, current: int, call: int) -> ContextView:
+    def view(self, current: int) -> ContextView:
+        """What shrinks and floors read for a call in turn ``current``: the turns it shows."""
+        turns = self.turns[self.visible_from(current) : current + 1]
+        first_round = turns[0].first_round if turns else len(self.rounds)
+        first_slot = turns[0].first_slot if turns else len(self.slots)
         return ContextView(
-            turns=[t.handles for t in self.turns[: current + 1]],
-            rounds=self.rounds,
-            results=[s.handle for s in self.slots],
-            tools={s.handle: s.output.name for s in self.slots},
-            cited=frozenset(self.cited),
-            call=call,
+            turns=[t.handles for t in turns],
+            rounds=self.rounds[first_round:],
+            results=self.slot_handles[first_slot:],
+            tools=self.handle_tools,
+            cited=self.cited,
         )
 
     def set_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, message: Any, chars: int) -> Change:

@@ -41,7 +41,7 @@ def forms(built) -> dict[str, str]:
 
 def test_selections_count_from_the_oldest_and_out_of_range_selects_nothing():
     view = ContextView(turns=[["r1"], ["r2", "r3"], [], ["r4"]], rounds=[["r1"], ["r2", "r3"], ["r4"]],
-                       results=["r1", "r2", "r3", "r4"], tools={}, cited=frozenset(), call=0)
+                       results=["r1", "r2", "r3", "r4"], tools={}, cited=frozenset())
     assert turns[:-2].handles(view) == ["r1", "r2", "r3"]
     assert rounds[-1].handles(view) == ["r4"]
     assert results[:-3].handles(view) == ["r1"]
