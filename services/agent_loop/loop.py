@@ -38,7 +38,8 @@ from agentstream.events import (
     Wake,
 )
 from agentstream.keys import CANCEL_FIELD, JOB_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
-from agentstream.models.openai import OpenAIChatModel
+from agentstream.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
+from agentstream.models import ChatModel
 from agentstream.steps import CallModel, CancelTurn, EndTurn, FailTurn, Idle, RecordResults, RunTools, active_turn, decide
 from agentstream.store import TraceStore
 from agentstream_services.agent_loop.children import Children
@@ -59,6 +60,8 @@ class AgentLoop:
         app: the user's app.
         store: the trace store.
         models: model clients by endpoint id (agents name them).
+        delta_maxlen: entries kept on a trace's token-delta stream while a model answers.
+        delta_ttl_s: seconds a trace's token-delta stream lives after its last write.
         lease_ttl_ms: the trace lease's time to live, renewed every third of it while held.
         busy_policy: what a turn published on a busy conversation does (:data:`BUSY_POLICIES`).
         trace_retention_s: delete a whole conversation this long after its last turn ended;
@@ -69,11 +72,13 @@ class AgentLoop:
         self,
         app: App,
         store: TraceStore,
-        models: dict[str, OpenAIChatModel],
+        models: dict[str, ChatModel],
         *,
         lease_ttl_ms: int = 30_000,
         busy_policy: str = "queue",
         trace_retention_s: float | None = None,
+        delta_maxlen: int = DEFAULT_MAXLEN,
+        delta_ttl_s: int = DEFAULT_TTL_S,
     ):
         if busy_policy not in BUSY_POLICIES:
             raise ValueError(f"busy_policy must be one of {BUSY_POLICIES}, got {busy_policy!r}")
@@ -82,6 +87,8 @@ class AgentLoop:
         self.redis = store.redis
         self.keys: Keys = store.keys
         self.models = models
+        self.delta_maxlen = delta_maxlen
+        self.delta_ttl_s = delta_ttl_s
         self.children = Children(app, store)
         self.lease_ttl_ms = lease_ttl_ms
         self.contexts = ContextCache()  # folded traces: each step's rebuild costs what was added
@@ -350,7 +357,7 @@ class AgentLoop:
                     return True
                 try:
                     with metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time():
-                        output = await self._abortable(trace_id, turn.turn_id, model.complete(request, turn_id=turn.turn_id, step=step))
+                        output = await self._abortable(trace_id, turn.turn_id, model.complete(request, turn_id=turn.turn_id, step=step, deltas=self._deltas(trace_id)))
                     if output is None:  # aborted by a cancel: the next step ends the turn
                         return True
                 except ModelError as exc:
@@ -377,6 +384,10 @@ class AgentLoop:
                 await self._end(trace_id, token, failed, turn, before=results)
                 return True
         raise AssertionError(f"unhandled decision {decision!r}")
+
+    def _deltas(self, trace_id: str) -> RedisDeltaSink:
+        """Where a model call of the trace publishes its reply's pieces (see agentstream.deltas)."""
+        return RedisDeltaSink(self.redis, self.keys, trace_id, maxlen=self.delta_maxlen, ttl_s=self.delta_ttl_s)
 
     async def _publish_jobs(self, trace_id: str, turn: TurnInput, agent, step: int, calls) -> None:
         """Publish the tool jobs of a step once (a marker in the trace's key hash says so)."""

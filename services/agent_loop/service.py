@@ -8,8 +8,8 @@ from agentstream.app import App
 from agentstream.cancel import CancelListener
 from agentstream.consumer import StreamConsumer
 from agentstream.keys import AGENT_LOOP_GROUP, attempts_key
-from agentstream.models.endpoints import default_endpoint
-from agentstream.models.openai import OpenAIChatModel
+from agentstream.models import build_models
+from agentstream.models.endpoints import check_agents, load_endpoints
 from agentstream.settings import Settings
 from agentstream.store import TraceStore
 from agentstream_services.agent_loop.loop import AgentLoop
@@ -20,15 +20,16 @@ def build(
 ) -> tuple[AgentLoop, list[StreamConsumer | CancelListener]]:
     """The agent loop, its three consumers (turns, wake-ups, cancels) and its cancel listener.
 
+    Every configured model endpoint (``default`` from OPENAI_*, and AGENTSTREAM_MODELS_FILE's)
+    gets its adapter; every agent must name one of them.
+
     Raises:
-        ConfigError: no model endpoint is configured.
+        ConfigError: no model endpoint is configured, the configuration is not valid, a key
+            variable is unset, or an agent names an endpoint that is not configured.
     """
-    endpoint = default_endpoint(settings)
-    models = {
-        "default": OpenAIChatModel(
-            endpoint, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries
-        )
-    }
+    endpoints = load_endpoints(settings)
+    check_agents(endpoints, app.agents)
+    models = build_models(endpoints, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries)
     loop = AgentLoop(
         app,
         store,
@@ -36,6 +37,8 @@ def build(
         lease_ttl_ms=settings.lease_ttl_ms,
         busy_policy=settings.busy_policy,
         trace_retention_s=settings.trace_retention_s,
+        delta_maxlen=settings.delta_maxlen,
+        delta_ttl_s=settings.delta_ttl_s,
     )
     keys = settings.keys
     config = settings.consumer_config()

@@ -37,12 +37,14 @@ import typer
 
 from agentstream import codec
 from agentstream.app import load_app
-from agentstream.errors import AgentStreamError
+from agentstream.errors import AgentStreamError, ConfigError
 from agentstream.events import Event, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput, TurnMessage
+from agentstream.deltas import last_entry_id
 from agentstream.keys import TURN_FIELD
 from agentstream.redis_conn import connect, redis_url_or_embedded
 from agentstream.settings import Settings
 from agentstream.store import TraceStore
+from agentstream.watch import watch_turn
 
 DEFAULT_APP = "agentstream.demo.app:app"
 
@@ -137,6 +139,8 @@ def _environment(settings: Settings):
             local = LocalModelServer()
             local.start()
             base_url, model = local.base_url, local.model
+            if not settings.default_model_options:  # the local server's quirks (see localmodel.py)
+                os.environ["AGENTSTREAM_DEFAULT_MODEL_OPTIONS"] = json.dumps(local.endpoint_options())
         env = {"REDIS_URL": url, "OPENAI_BASE_URL": base_url, "OPENAI_MODEL": model or ""}
         os.environ.update(env)
         yield Settings()
@@ -193,6 +197,7 @@ async def _ask(settings: Settings, agent: str, text: str, trace_id: str, timeout
         last = await redis.xrevrange(settings.keys.trace(trace_id), count=1)
         if last:
             start = last[0][0].decode()
+        deltas_start = await last_entry_id(redis, settings.keys.deltas(trace_id))
         message = TurnMessage(trace_id=trace_id, turn_id=turn_id, agent=agent, text=text)
         await redis.xadd(settings.keys.turns, {TURN_FIELD: codec.encode(message)})
         deadline = time.monotonic() + timeout_s
@@ -204,12 +209,13 @@ async def _ask(settings: Settings, agent: str, text: str, trace_id: str, timeout
 
         guard = asyncio.create_task(watchdog())
         try:
-            async for _, event in store.follow(trace_id, after=start, block_ms=500, stop=stop):
-                if getattr(event, "turn_id", None) != turn_id:
-                    continue
-                echo(describe(event))
-                if isinstance(event, (TurnEnded, TurnFailed)):
-                    return event
+            # the steps from the trace, and the reply's tokens as they arrive (agentstream.watch)
+            ending = await watch_turn(
+                redis, settings.keys, trace_id, turn_id, after=start, deltas_after=deltas_start,
+                stop=stop, echo=echo, describe=describe,
+            )
+            if ending is not None:
+                return ending
         finally:
             guard.cancel()
         echo(f"no answer within {timeout_s:.0f} s (trace {trace_id}); is `agentstream serve` running?")
@@ -310,11 +316,16 @@ def trace_show(trace_id: str, as_json: Annotated[bool, typer.Option("--json", he
 
 
 async def _verify(settings: Settings, app_path: str, trace_id: str, *, quiet: bool = False) -> bool:
+    from agentstream.models.endpoints import load_endpoints
     from agentstream.replay import rebuild_calls
 
     app = load_app(app_path)
     events = [e for _, e in await _read(settings, trace_id)]
-    calls = rebuild_calls(events, app.agent, model_name=settings.openai_model or "gpt-4o-mini")
+    try:
+        endpoints = load_endpoints(settings, require_keys=False)
+    except ConfigError:
+        endpoints = {}  # rebuild each call for its recorded provider and model
+    calls = rebuild_calls(events, app.agent, endpoints=endpoints, model_name=settings.openai_model)
     good = sum(c.matches for c in calls)
     if not quiet:
         for c in calls:
