@@ -23,6 +23,7 @@ import msgspec
 
 from agentstream import codec, logs, metrics
 from agentstream.app import App
+from agentstream.compacting import failure_code
 from agentstream.context import ContextCache
 from agentstream.cancel import publish_cancel
 from agentstream.errors import ContextError, Deferred, ModelError, StaleLeaseError, TurnRejected
@@ -43,6 +44,7 @@ from agentstream.models import ChatModel
 from agentstream.steps import CallModel, CancelTurn, EndTurn, FailTurn, Idle, RecordResults, RunTools, active_turn, decide
 from agentstream.store import TraceStore
 from agentstream_services.agent_loop.children import Children
+from agentstream_services.agent_loop.compactions import Compactions
 
 log = logging.getLogger("agentstream.agent_loop")
 
@@ -90,6 +92,7 @@ class AgentLoop:
         self.delta_maxlen = delta_maxlen
         self.delta_ttl_s = delta_ttl_s
         self.children = Children(app, store)
+        self.compactions = Compactions(store)
         self.lease_ttl_ms = lease_ttl_ms
         self.contexts = ContextCache()  # folded traces: each step's rebuild costs what was added
         self.busy_policy = busy_policy
@@ -342,10 +345,14 @@ class AgentLoop:
                 return False
             case CallModel(turn=turn, agent=agent, step=step):
                 try:
-                    request = self.contexts.request(trace_id, entries, agent, turn_id=turn.turn_id, step=step)
-                except ContextError as exc:  # does not fit the window, or the agent's context settings are wrong
-                    await self._end(trace_id, token, TurnFailed(turn_id=turn.turn_id, code="context", reason=str(exc)), turn)
+                    built = self.contexts.build(trace_id, entries, agent, turn_id=turn.turn_id, step=step)
+                    request = await self.compactions.request_for(trace_id, built, events, agent)
+                except ContextError as exc:  # does not fit the window, the summary failed, or bad context settings
+                    failed = TurnFailed(turn_id=turn.turn_id, code=failure_code(exc), reason=str(exc))
+                    await self._end(trace_id, token, failed, turn)
                     return True
+                if request is None:  # a summary is written first; its outcome wakes the trace
+                    return False
                 model = self.models.get(agent.model)
                 if model is None:
                     failed = TurnFailed(

@@ -99,6 +99,10 @@ async def _serve(services: list[Service], app_path: str, queues: list[str] | Non
             from agentstream_services.delegation.service import build as build_delegation
 
             consumers += build_delegation(app, settings, store)[1]
+        if Service.compaction in services:
+            from agentstream_services.compaction.service import build as build_compaction
+
+            consumers += build_compaction(app, settings, store, http)[1]
         try:
             await run_consumers(
                 consumers,

@@ -25,6 +25,8 @@ Event types (tag → meaning):
 - ``turn_failed``: the turn ended without an answer; ``reason`` is written for a person to act on.
 - ``compaction``: a summary that replaces the turns before ``kept_from_turn`` in every later
   model call's context (the replaced events stay in the trace).
+- ``compaction_failed``: a compaction that was due could not be made (the summary call failed,
+  or the summary was empty or would replace nothing); recorded in its place.
 
 Elements (tag field ``kind``) are the typed things that inputs and tool results carry: sources
 the model can cite (``source``, ``document``, ``passage``) and images (``image``).
@@ -360,7 +362,29 @@ class CancelRequested(msgspec.Struct, frozen=True, kw_only=True, tag="cancel_req
     reason: str = ""
 
 
-Event = TurnInput | TaskInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction | ToolStarted | CancelRequested
+class CompactionFailed(msgspec.Struct, frozen=True, kw_only=True, tag="compaction_failed"):
+    """A compaction that was due could not be made; recorded in its place (once per compaction).
+
+    A compaction is named by its running turn and the first turn it keeps; the trace holds one
+    outcome per name, this or the Compaction. Never shown to a model.
+
+    Attributes:
+        turn_id: the running turn.
+        kept_from_turn: the first turn the summary would have kept.
+        code: ``summary_failed``: the summary call failed (the model erred, refused or was not
+            configured), so the turn goes on with the oldest history trimmed instead;
+            ``compaction_error``: the summary was empty or would replace nothing, so the turn
+            ends with this reason.
+        reason: what went wrong, for a person.
+    """
+
+    turn_id: str
+    kept_from_turn: str
+    code: str
+    reason: str
+
+
+Event = TurnInput | TaskInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction | CompactionFailed | ToolStarted | CancelRequested
 """The union of every event type that a trace holds."""
 
 TERMINAL_EVENTS = (TurnEnded, TurnFailed)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentstream.app import Agent
-from agentstream.context import build_request
+from agentstream.compacting import sent_request
 from agentstream.delegation import offered_agent
 from agentstream.events import Event, ModelOutput, TurnInput
 from agentstream.models import formats
@@ -94,7 +94,7 @@ def rebuild_calls(
             if agent is None:
                 raise KeyError(f"turn {event.turn_id!r}: agent {turn.agent!r} is not in the app")
             agent = offered_agent(agent, turn)
-            request = build_request(events[:index], agent, turn_id=event.turn_id, step=event.step)
+            request = sent_request(events[:index], agent, turn_id=event.turn_id, step=event.step)
             endpoint = _endpoint_of(event, agent, endpoints or {}, model_name)
             configured = endpoint.id in (endpoints or {}) and endpoints[endpoint.id] is endpoint  # type: ignore[index]
             bodies = _candidates(request, endpoint, event, configured=configured)

@@ -37,6 +37,9 @@ Variables (all optional):
   may open, all levels together; a delegation past it gets an error result.
 - ``AGENTSTREAM_SUPERVISE_INTERVAL_MS``: how often the delegation service's supervisor looks for
   child traces past their deadline, in milliseconds.
+- ``AGENTSTREAM_COMPACTION_MODEL``: the model endpoint id that writes compaction summaries (a
+  cheaper model will do); unset, each agent's own model writes its summaries.
+
 The API key is a ``SecretStr``: it never appears in a repr, a log or a trace.
 """
 
@@ -83,6 +86,7 @@ class Settings(BaseSettings):
     trace_retention_s: float | None = Field(default=None, gt=0)
     max_descendants: int = Field(default=100, ge=1)
     supervise_interval_ms: int = Field(default=1000, ge=10)
+    compaction_model: str | None = None
 
     @cached_property
     def keys(self) -> Keys:
