@@ -1,0 +1,62 @@
+"""The agent loop's side of compaction: send a model call, or have its summary written first.
+
+See :mod:`agentstream.compacting`: when a built call needs a summary, the loop publishes one
+compaction job (a marker in the trace's key hash makes it once) and lets the trace go; the
+compaction service's outcome wakes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from agentstream import codec
+from agentstream.app import Agent
+from agentstream.compacting import CompactionJob, Summarise, job_marker, next_call
+from agentstream.context import BuiltContext, ChatRequest
+from agentstream.events import Event
+from agentstream.keys import COMPACTION_FIELD
+from agentstream.store import TraceStore
+
+log = logging.getLogger("agentstream.agent_loop")
+
+
+class Compactions:
+    """Decides, for the agent loop, whether a built model call goes out now.
+
+    Args:
+        store: the trace store.
+    """
+
+    def __init__(self, store: TraceStore):
+        self.store = store
+        self.keys = store.keys
+
+    async def request_for(self, trace_id: str, built: BuiltContext, events: Sequence[Event], agent: Agent) -> ChatRequest | None:
+        """The request to send, or None when a summary must be written first (its job is published).
+
+        Raises:
+            CompactionError: the summary of this call was empty or would replace nothing.
+            ContextFullError: the call does not fit, and no summary can make room.
+        """
+        decision = next_call(built, events, agent, trace_id=trace_id)
+        if isinstance(decision, Summarise):
+            await self._publish(trace_id, decision, built.step)
+            return None
+        if decision.trimmed:
+            log.warning("trace %s turn %s: the summary failed (see its compaction_failed event); the call goes out "
+                        "with the oldest history trimmed instead", trace_id, built.turn_id)
+        return decision.request
+
+    async def _publish(self, trace_id: str, decision: Summarise, step: int) -> None:
+        plan = decision.plan
+        marker = job_marker(plan.turn_id, plan.kept_from_turn)
+        if await self.store.has_key(trace_id, marker):
+            return
+        job = CompactionJob(trace_id=trace_id, turn_id=plan.turn_id, step=step, kept_from_turn=plan.kept_from_turn)
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.xadd(self.keys.compactions, {COMPACTION_FIELD: codec.encode(job)})
+        pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
+        await pipe.execute()
+        log.info("trace %s turn %s: the context is over the compaction threshold; asked for a summary of %d turn(s)",
+                 trace_id, plan.turn_id, len(plan.new_turns))

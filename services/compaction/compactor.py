@@ -1,0 +1,156 @@
+"""The compaction service: writes the summaries that replace old turns in later contexts.
+
+A thin shell around :mod:`agentstream.compacting` and :mod:`agentstream.context.compaction`.
+A compaction job is a hint: the service reads the trace, builds the waiting model call's
+context itself and asks the context library which turns a summary replaces. If that compaction
+still has no outcome, it asks the summary model (the configured one, else the agent's own) for
+the summary, one budgeted call per chunk of turns, each folding in the summary so far (and an
+earlier compaction's summary); then it appends the outcome under one idempotency key:
+
+- a Compaction (the summary, the first kept turn, the turns replaced, the summary calls'
+  usage), when the summary is not empty and the next call's context changes with it;
+- a CompactionFailed ``compaction_error`` when the summary is empty or would replace nothing
+  (the turn then ends with that reason);
+- a CompactionFailed ``summary_failed`` when a summary call failed (the turn then goes on with
+  plain trimming).
+
+Then it wakes the trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import msgspec
+
+from agentstream import codec, logs
+from agentstream.app import App
+from agentstream.compacting import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
+from agentstream.context import CompactionPlan, build_context, compaction_event, settings_of, summary_request
+from agentstream.context.builder import build_from_state, new_state
+from agentstream.delegation import offered_agent
+from agentstream.errors import CompactionError, ContextError, ModelError
+from agentstream.events import Compaction, CompactionFailed, Usage, Wake
+from agentstream.keys import COMPACTION_FIELD, WAKE_FIELD, Keys
+from agentstream.models import ChatModel
+from agentstream.steps import active_turn
+from agentstream.store import TraceStore
+
+log = logging.getLogger("agentstream.compaction")
+
+
+class Compactor:
+    """Handles compaction jobs.
+
+    Args:
+        app: the user's app (the agents' context settings).
+        store: the trace store.
+        models: model clients by endpoint id.
+        summary_model: the endpoint id that writes summaries; None uses the agent's own model.
+    """
+
+    def __init__(self, app: App, store: TraceStore, models: Mapping[str, ChatModel], *, summary_model: str | None = None):
+        self.app = app
+        self.store = store
+        self.redis = store.redis
+        self.keys: Keys = store.keys
+        self.models = models
+        self.summary_model = summary_model
+
+    async def on_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        """A compaction job: write the summary it asks for, once."""
+        payload = fields.get(COMPACTION_FIELD)
+        try:
+            job = decode_job(payload or b"")
+        except msgspec.DecodeError as exc:
+            log.error("dropping malformed compaction job %s: %s", entry_id, exc)
+            await self.redis.xadd(self.keys.errors, {b"error": f"malformed compaction job {entry_id}: {exc}".encode(), b"payload": payload or b""})
+            return
+        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id):
+            await self.compact(job)
+            await self._wake(job.trace_id)
+
+    async def on_dead_job(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
+        """A job that failed on every delivery: record the summary as failed, so the turn goes on."""
+        try:
+            job = decode_job(fields.get(COMPACTION_FIELD) or b"")
+        except msgspec.DecodeError:
+            return
+        failed = CompactionFailed(turn_id=job.turn_id, kept_from_turn=job.kept_from_turn, code=SUMMARY_FAILED,
+                                  reason=f"the compaction job failed on every delivery ({error})")
+        await self.store.append(job.trace_id, failed, key=outcome_key(job.turn_id, job.kept_from_turn))
+        await self._wake(job.trace_id)
+
+    async def compact(self, job: CompactionJob) -> Compaction | CompactionFailed | None:
+        """Write the outcome of the compaction the job's call needs → it, or None when none is due.
+
+        None when the trace moved on (the turn ended, the compaction was made already, or the
+        call no longer needs one).
+        """
+        events = [e for _, e in await self.store.read(job.trace_id)]
+        turn = active_turn(events)
+        if turn is None or turn.turn_id != job.turn_id:
+            return None
+        agent = self.app.agent(turn.agent)
+        if agent is None:
+            return None
+        agent = offered_agent(agent, turn)
+        config, limits = settings_of(agent)
+        state = new_state(events, agent, config, limits)
+        built = build_from_state(state, turn_id=turn.turn_id, step=job.step)
+        plan = built.compaction
+        if plan is None:
+            return None
+        key = outcome_key(plan.turn_id, plan.kept_from_turn)
+        if await self.store.has_key(job.trace_id, key):
+            return None
+        model_id = self.summary_model or agent.model
+        outcome: Compaction | CompactionFailed
+        try:
+            model = self.models.get(model_id)
+            if model is None:
+                raise ModelError(f"the summary model {model_id!r} is not configured")
+            outcome = await self._summarise(state, plan, model, job.step)
+            after = build_context([*events, outcome], agent, turn_id=turn.turn_id, step=job.step)
+            if after.request == built.request:
+                raise CompactionError(f"turn {plan.turn_id}: the summary would replace nothing (the next context is unchanged)")
+        except CompactionError as exc:
+            outcome = self._failed(plan, COMPACTION_ERROR, str(exc))
+        except (ModelError, ContextError) as exc:
+            outcome = self._failed(plan, SUMMARY_FAILED, f"the summary call to model {model_id!r} failed: {exc}")
+        appended = await self.store.append(job.trace_id, outcome, key=key)
+        if appended.created:
+            if isinstance(outcome, Compaction):
+                log.info("trace %s: a summary now replaces %d turn(s); kept from turn %s", job.trace_id,
+                         outcome.replaced_turns, outcome.kept_from_turn)
+            else:
+                log.warning("trace %s: compaction failed (%s): %s", job.trace_id, outcome.code, outcome.reason)
+        return outcome
+
+    async def _summarise(self, state, plan: CompactionPlan, model: ChatModel, step: int) -> Compaction:
+        """The summary of the plan's turns, chunk by chunk, each call folding in the summary so far."""
+        summary = plan.previous_summary
+        prompt = completion = 0
+        provider = name = ""
+        for chunk in range(len(plan.chunks)):
+            request = summary_request(state, plan, chunk, summary)
+            output = await model.complete(request, turn_id=plan.turn_id, step=step)
+            if not output.content.strip():
+                raise CompactionError(
+                    f"turn {plan.turn_id}: the model wrote an empty summary (chunk {chunk + 1} of {len(plan.chunks)}, "
+                    f"stop reason {output.stop_reason}); nothing was compacted"
+                )
+            summary = output.content
+            prompt += output.usage.prompt_tokens or 0
+            completion += output.usage.completion_tokens or 0
+            provider, name = output.provider, output.model
+        usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        return compaction_event(plan, summary or "", provider=provider, model=name, usage=usage)
+
+    @staticmethod
+    def _failed(plan: CompactionPlan, code: str, reason: str) -> CompactionFailed:
+        return CompactionFailed(turn_id=plan.turn_id, kept_from_turn=plan.kept_from_turn, code=code, reason=reason)
+
+    async def _wake(self, trace_id: str) -> None:
+        await self.redis.xadd(self.keys.wake, {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason="compaction"))})
