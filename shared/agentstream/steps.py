@@ -32,6 +32,13 @@ from agentstream.events import (
 )
 
 EMPTY_REPLY_RETRIES = 1
+
+_ABNORMAL_STOPS = {
+    "unknown": "ended for a reason agentstream does not know",
+    "pause": "was paused by the provider (continuing a paused turn is not supported)",
+    "interrupted": "was interrupted before the reply completed",
+}
+"""Stop reasons that end the turn as failed (besides refusal and content filter)."""
 """How many times an empty model reply is retried before the turn fails."""
 
 
@@ -132,6 +139,10 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
         detail = f": {last.stop_detail}" if last.stop_detail else ""
         what = "refused" if last.stop_reason == "refusal" else "was stopped by the provider's content filter"
         return FailTurn(turn, last.stop_reason, f"the model {what}{detail}")
+
+    if last.stop_reason in _ABNORMAL_STOPS:  # C14: never taken for a success, its tool calls never run
+        detail = f" ({last.stop_detail})" if last.stop_detail else ""
+        return FailTurn(turn, last.stop_reason, f"model call {last.step} {_ABNORMAL_STOPS[last.stop_reason]}{detail}")
 
     if last.tool_calls:
         unrunnable = []

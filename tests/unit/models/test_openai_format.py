@@ -1,0 +1,191 @@
+"""The OpenAI chat-completions format: streamed assembly, stop reasons, quirks, reasoning replay."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
+from agentstream.errors import ModelStopError
+from agentstream.events import ModelOutput, ToolCall
+from agentstream.models import openai_format
+from agentstream.models.endpoints import Quirks
+
+TOOL = ToolDefinition(name="get_weather", description="Weather.", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+
+
+def assemble(chunks, **kw):
+    assembler = openai_format.StreamAssembler()
+    pieces = []
+    for c in chunks:
+        pieces += assembler.feed(c)
+    return assembler, pieces, assembler.output(turn_id="t", step=0, model="m", request_sha256="h", latency_ms=1.0, **kw)
+
+
+def test_c11_parallel_tool_call_deltas_are_assembled_per_index():
+    # C11: the exact deltas of the field case; B's arguments must not run into A's.
+    deltas = [
+        {"tool_calls": [{"index": 0, "id": "call_A", "type": "function", "function": {"name": "search", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "{\"q\":\"alpha\"}"}}]},
+        {"tool_calls": [{"index": 1, "id": "call_B", "type": "function", "function": {"name": "search", "arguments": ""}}]},
+        {"tool_calls": [{"index": 1, "function": {"arguments": "{\"q\":\"beta\"}"}}]},
+    ]
+    chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    assembler, pieces, out = assemble(chunks)
+    assert assembler.finished
+    assert out.tool_calls == (
+        ToolCall(id="call_A", name="search", arguments='{"q":"alpha"}'),
+        ToolCall(id="call_B", name="search", arguments='{"q":"beta"}'),
+    )
+    assert all(json.loads(c.arguments) for c in out.tool_calls)
+    assert [(p.index, p.call_id, p.text) for p in pieces if p.call_id] == [(0, "call_A", ""), (1, "call_B", "")]
+
+
+def test_stream_without_indexes_is_matched_by_id_and_a_repeated_name_is_kept_once():
+    # llama.cpp repeats id and name in every piece; some servers send no index at all.
+    chunks = [
+        {"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{\"a\""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": ": 1}"}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"id": "c2", "function": {"name": "g", "arguments": "{}"}}]}}]},
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    _, _, out = assemble(chunks)
+    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [("c1", "f", '{"a": 1}'), ("c2", "g", "{}")]
+
+
+def test_stream_text_reasoning_refusal_and_usage():
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "reasoning_content": "Think. "}}]},
+        {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "lo"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
+    ]
+    _, pieces, out = assemble(chunks)
+    assert out.content == "Hello" and out.reasoning == "Think. " and out.usage.total_tokens == 7
+    assert [(p.kind, p.text) for p in pieces] == [("reasoning", "Think. "), ("text", "Hel"), ("text", "lo")]
+    refused, _, out = assemble([{"choices": [{"delta": {"refusal": "I can't "}}]}, {"choices": [{"delta": {"refusal": "help."}, "finish_reason": "stop"}]}])
+    assert out.stop_reason == "refusal" and out.stop_detail == "I can't help."
+
+
+def test_a_stream_without_finish_or_done_is_not_finished():
+    assembler, _, _ = assemble([{"choices": [{"index": 0, "delta": {"content": "Hel"}}]}])
+    assert not assembler.finished
+
+
+def parse(message, finish="stop", usage=None, max_output_tokens=None):
+    return openai_format.parse_response(
+        {"choices": [{"message": message, "finish_reason": finish}], "usage": usage or {}},
+        turn_id="t", step=0, request_sha256="h", latency_ms=1.0, model="m", max_output_tokens=max_output_tokens,
+    )
+
+
+def test_c12_cut_off_tool_calls_are_length_even_when_labelled_tool_calls():
+    cut = [{"id": "call_1", "type": "function", "function": {"name": "write_file", "arguments": "{\"path\":\"a.txt\",\"content\":\"hello wor"}}]
+    a = parse({"tool_calls": cut}, "length", {"completion_tokens": 300}, max_output_tokens=300)
+    assert a.stop_reason == "length"
+    b = parse({"tool_calls": cut}, "tool_calls", {"completion_tokens": 300}, max_output_tokens=300)
+    assert b.stop_reason == "length" and "whole output budget" in b.stop_detail
+    # C: empty-string arguments of a tool without parameters are a normal call
+    c = parse({"tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+              "tool_calls", {"completion_tokens": 12}, max_output_tokens=300)
+    assert c.stop_reason == "tool_calls" and c.tool_calls[0].arguments == ""
+
+
+def test_c14_stop_reasons_and_raise_for_stop():
+    assert parse({"content": None}, "content_filter").stop_reason == "content_filter"
+    refused = parse({"content": None, "refusal": "I can't help with that."})
+    assert refused.stop_reason == "refusal" and refused.stop_detail == "I can't help with that."
+    odd = parse({"content": "x"}, "eos_token")
+    assert odd.stop_reason == "unknown" and odd.stop_detail == "eos_token"
+    for output in (refused, odd, parse({"content": "x"}, "length")):
+        with pytest.raises(ModelStopError) as info:
+            output.raise_for_stop()
+        assert info.value.stop_reason == output.stop_reason and info.value.turn_id == "t"
+    fine = parse({"content": "x"})
+    assert fine.raise_for_stop() is fine
+
+
+def request_with_history(reasoning_provider="openai", reasoning_model="deepseek"):
+    return ChatRequest(
+        system="S",
+        messages=(
+            UserMessage(text="Weather in Oslo?"),
+            AssistantMessage(
+                content="", reasoning="Need the weather tool.", provider=reasoning_provider, model=reasoning_model,
+                tool_calls=(ToolCall(id="call_1", name="get_weather", arguments='{"city":"Oslo"}'),),
+            ),
+            ToolResultMessage(call_id="call_1", name="get_weather", text="-3C"),
+        ),
+        tools=(TOOL,),
+    )
+
+
+def test_c10_reasoning_content_goes_back_where_the_quirk_says():
+    request = request_with_history()
+    needs = Quirks(reasoning_replay="current_turn")
+    msgs = json.loads(openai_format.request_body(request, model="deepseek", quirks=needs))["messages"]
+    assert msgs[2] == {
+        "role": "assistant", "content": "", "reasoning_content": "Need the weather tool.",
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}],
+    }
+    plain = json.loads(openai_format.request_body(request, model="deepseek"))["messages"]
+    assert "reasoning_content" not in plain[2]  # a server that does not accept it never gets it
+    other_model = json.loads(openai_format.request_body(request, model="gpt-x", quirks=needs))["messages"]
+    assert "reasoning_content" not in other_model[2]  # only to the model that wrote it
+    # once a new user turn starts, current_turn stops sending it; all keeps it
+    later = ChatRequest(system="S", messages=(*request.messages, AssistantMessage(content="-3C."), UserMessage(text="And Bergen?")))
+    assert "reasoning_content" not in json.loads(openai_format.request_body(later, model="deepseek", quirks=needs))["messages"][2]
+    kept = json.loads(openai_format.request_body(later, model="deepseek", quirks=Quirks(reasoning_replay="all", reasoning_field="reasoning")))
+    assert kept["messages"][2]["reasoning"] == "Need the weather tool."
+
+
+def test_quirks_shape_the_body():
+    request = ChatRequest(system="S", messages=(UserMessage(text="hi"),), tools=(TOOL,), tool_choice="required")
+    assert json.loads(openai_format.request_body(request, model="m"))["tool_choice"] == "required"
+    named = json.loads(openai_format.request_body(request, model="m", quirks=Quirks(required_tool_choice="named")))
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    two = ChatRequest(system="S", messages=(UserMessage(text="hi"),), tools=(TOOL, ToolDefinition(name="b", description="", parameters={})), tool_choice="required")
+    assert json.loads(openai_format.request_body(two, model="m", quirks=Quirks(required_tool_choice="named")))["tool_choice"] == "auto"
+    history = request_with_history()
+    for mode, expected in (("empty", ""), ("null", None)):
+        assert json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content=mode)))["messages"][2]["content"] == expected
+    assert "content" not in json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content="omit")))["messages"][2]
+    body = json.loads(openai_format.request_body(history, model="m", quirks=Quirks(max_tokens_field="max_completion_tokens"), stream=True))
+    assert "max_tokens" not in body and body["max_completion_tokens"] == 512
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    # streaming decisions: llama.cpp streams tool calls only when one tool is forced by name
+    forced = Quirks(stream_tools="forced", required_tool_choice="named")
+    assert openai_format.streams(request, stream=True, quirks=forced)
+    assert not openai_format.streams(two, stream=True, quirks=forced)
+    assert openai_format.streams(ChatRequest(system="S", messages=(UserMessage(text="hi"),)), stream=True, quirks=forced)
+    assert not openai_format.streams(request, stream=False)
+
+
+def test_c11_stored_unparseable_arguments_replay_verbatim():
+    bad = '{"q":"alpha"}{"q":"beta"}'
+    request = ChatRequest(system="S", messages=(
+        UserMessage(text="go"),
+        AssistantMessage(tool_calls=(ToolCall(id="c1", name="search", arguments=bad),)),
+        ToolResultMessage(call_id="c1", name="search", text="Error: invalid arguments", is_error=True),
+    ))
+    body = openai_format.request_body(request, model="m")
+    assert json.loads(body)["messages"][2]["tool_calls"][0]["function"]["arguments"] == bad
+    assert body == openai_format.request_body(request, model="m")  # deterministic
+
+
+def test_extra_body_and_generation_options_come_in_the_documented_order():
+    request = ChatRequest(system="", messages=(UserMessage(text="hi"),))
+    body = json.loads(openai_format.request_body(request, model="m", extra_body={"top_p": 0.5}, seed=3, response_format={"type": "json_object"}))
+    assert list(body) == ["top_p", "model", "messages", "temperature", "max_tokens", "seed", "response_format"]
+    assert body["messages"] == [{"role": "user", "content": "hi"}]  # no empty system message
+
+
+def test_model_output_of_old_traces_still_decodes():
+    from agentstream import codec
+
+    old = b'{"type":"model_output","turn_id":"t","step":0,"content":"x"}'
+    event = codec.decode_entry({b"v": b"1", b"e": old})
+    assert isinstance(event, ModelOutput) and event.attempt_id == "" and event.endpoint == ""
