@@ -138,6 +138,10 @@ def evaluate(expression: str) -> int | float:
             or undefined (division by zero, math domain errors).
     """
     text = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
+    # lenient about wrapping that small models add: {2 + 3}, `2 + 3`, "2 + 3", 2 + 3 =
+    while len(text) >= 2 and text[0] + text[-1] in ("{}", "``", '""', "''"):
+        text = text[1:-1].strip()
+    text = text.removesuffix("=").strip()
     if not text:
         raise ValueError("the expression is empty")
     if len(text) > MAX_EXPRESSION_CHARS:
@@ -381,7 +385,7 @@ def _resolve(topic: str) -> tuple[str, str] | None:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
         return None
     root = name.split(".")[0]
-    if not (hasattr(builtins, root) or root in _stdlib_modules() or root in sys.modules):
+    if not (hasattr(builtins, root) or root in _stdlib_modules()):
         return None  # never import arbitrary (third-party or unknown) modules on a model's say-so
     import pydoc
 
