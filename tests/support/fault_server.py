@@ -115,6 +115,8 @@ class FaultServer:
                 self.send_header("content-type", reply.content_type or "text/event-stream; charset=utf-8")
                 self.send_header("transfer-encoding", "chunked")
                 self.send_header("cache-control", "no-cache")
+                if reply.cut_after is not None:
+                    self.send_header("connection", "close")
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
@@ -136,7 +138,7 @@ class FaultServer:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def _next(self, recorded: Recorded) -> Reply:
         with self._lock:
