@@ -39,7 +39,8 @@ def test_metrics_after_a_turn(redis_url, namespace, keys, scripted_model, tmp_pa
         publish_turn(client, keys, trace_id="m2", turn_id="t2", agent="calc", text="What is 3-(")  # bad expression
         wait_replies(client, keys, 2)
         deadline = time.monotonic() + 20
-        while f'agentstream_pending_entries{{group="agent-loop",stream="{keys.turns}"}}' not in scrape(loop_port):
+        # the gauges are read every 0.2 s: wait for a reading taken after both turns were taken
+        while f'agentstream_consumer_lag{{group="agent-loop",stream="{keys.turns}"}} 0.0' not in scrape(loop_port):
             assert time.monotonic() < deadline, "stream gauges never observed"
             time.sleep(0.2)
         loop_text = scrape(loop_port)
