@@ -38,7 +38,18 @@ import typer
 from agentstream import codec
 from agentstream.app import load_app
 from agentstream.errors import AgentStreamError, ConfigError
-from agentstream.events import Event, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput, TurnMessage
+from agentstream.events import (
+    CancelMessage,
+    CancelRequested,
+    Event,
+    ModelOutput,
+    ToolOutput,
+    ToolStarted,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    TurnMessage,
+)
 from agentstream.deltas import last_entry_id
 from agentstream.keys import TURN_FIELD
 from agentstream.redis_conn import connect, redis_url_or_embedded
@@ -190,6 +201,10 @@ def describe(event: Event) -> str:
             return f"✓ answer: {answer}"
         case TurnFailed(code=code, reason=reason):
             return f"✗ turn failed ({code}): {reason}"
+        case ToolStarted(name=name, call_id=call_id, worker=worker):
+            return f"  ▸ tool started {name} [{call_id}] on {worker or '?'}"
+        case CancelRequested(turn_id=turn_id, by=by, reason=reason):
+            return f"■ cancel of turn {turn_id} requested by {by}{': ' + reason if reason else ''}"
     return repr(event)
 
 
@@ -244,6 +259,64 @@ def ask(
     typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
     ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
     raise typer.Exit(0 if isinstance(ending, TurnEnded) else 1)
+
+
+async def _cancel(settings: Settings, message: CancelMessage, wait_s: float, echo=typer.echo) -> TurnFailed | TurnEnded | None:
+    from agentstream.cancel import publish_cancel
+    from agentstream.steps import active_turn
+
+    redis = connect(settings.redis_url or "")
+    store = TraceStore(redis, settings.keys)
+    try:
+        entries = await store.read(message.trace_id)
+        start = entries[-1][0] if entries else "0-0"
+        if not message.turn_id:  # name the turn running now, so the wait below follows that one
+            running = active_turn([e for _, e in entries])
+            if running is None:
+                echo(f"trace {message.trace_id!r} has no running turn; nothing to cancel")
+                return None
+            message.turn_id = running.turn_id
+        for _, event in entries:
+            if isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == message.turn_id:
+                echo(f"turn {message.turn_id} has already ended")
+                return event
+        entry = await publish_cancel(redis, settings.keys, message)
+        echo(f"cancel of turn {message.turn_id} published ({settings.keys.cancel} {entry})")
+        if wait_s <= 0:
+            return None
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(wait_s, stop.set)
+        async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
+            if isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == message.turn_id:
+                return event
+        echo(f"turn {message.turn_id} did not end within {wait_s:.0f} s; is the agent loop running?")
+        return None
+    finally:
+        await redis.aclose()
+
+
+@cli.command()
+def cancel(
+    trace_id: Annotated[str, typer.Argument(help="The conversation whose turn to stop.")],
+    turn_id: Annotated[str, typer.Option(help="The turn to stop (default: the one running now).")] = "",
+    reason: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+    by: Annotated[str, typer.Option(help="Who asks.")] = "user",
+    wait_s: Annotated[float, typer.Option(help="Wait this long for the turn to end (0: do not wait).")] = 60.0,
+) -> None:
+    """Cancel a turn (REDIS_URL): publish a cancel request and wait until the turn has ended.
+
+    The in-flight model request is aborted, queued tool jobs are skipped, running tools are
+    told, and every call without a result gets a cancelled result; the turn ends with
+    ``turn_failed`` code ``cancelled``. Exit code 0 when the turn ended as cancelled.
+    """
+    settings = Settings()
+    if not settings.redis_url:
+        _fail(AgentStreamError("REDIS_URL is not set"))
+    message = CancelMessage(trace_id=trace_id, turn_id=turn_id, by=by, reason=reason)
+    ending = asyncio.run(_cancel(settings, message, wait_s))
+    if ending is not None:
+        typer.echo(describe(ending))
+    raise typer.Exit(0 if isinstance(ending, TurnFailed) and ending.code == "cancelled" else 1)
 
 
 @cli.command()
