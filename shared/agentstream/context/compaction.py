@@ -150,7 +150,7 @@ def _turn_messages_in_form(state: TraceState, turn: Any, form: Any) -> list[Mess
 
                     out.append(missing_result(call))
                 elif slot.form <= form:
-                    out.append(slot.message)
+                    out.append(state.message_of(slot))
                 else:
                     out.append(state.renderer.message(slot.output, slot.handle, form, None))
         else:

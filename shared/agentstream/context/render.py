@@ -17,7 +17,7 @@ from agentstream.context.citations import CitationStyle
 from agentstream.context.elements import Numbering, images_of
 from agentstream.context.forms.shorten import COMPRESSED, FULL, STUBBED, Form, checked, cut_text
 from agentstream.context.layout import DEFAULT_LAYOUT, Layout
-from agentstream.context.limits import ModelLimits
+from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits
 from agentstream.context.policy import ContextPolicy
 from agentstream.context.request import AssistantMessage, Message, ToolResultMessage, UserMessage
 from agentstream.errors import ContextError
@@ -188,11 +188,62 @@ class ResultRenderer:
             text = cut_text(text, cap, self.limits)
         return text, images_of(elements)
 
+    def estimate(self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None) -> int:
+        """Characters of a result's message in a form, estimated from its parts without laying it out.
+
+        Raises:
+            ShortenError: a shorten function changed the result's elements or its error.
+        """
+        assert self.limits is not None
+        full = self.full_output(output)
+        line = 0
+        if form == FULL:
+            elements = full.elements
+            text = full.text
+        else:
+            compressed = checked(self.config.policy.shorten_for(output.name, COMPRESSED), output, self.limits)
+            forms = element_forms if element_forms is not None else (form,) * len(output.elements)
+            elements = tuple(
+                (full.elements[i] if f == FULL else compressed.elements[i]) for i, f in enumerate(forms) if f > STUBBED
+            )
+            line = len(self.handle_line(handle or "?", output.name, form)) + 1
+            text = compressed.text if form == COMPRESSED else ""
+        total = line + len(text) + sum(element_chars(e) for e in elements) + (2 if elements and text else 0)
+        cap = self.config.policy.cap_for(output.name)
+        if cap is not None:
+            room = self.limits.chars_of_tokens(cap.count)
+            if total > room:
+                total = room + CUT_NOTE_CHARS
+        return total + len(output.call_id) + MESSAGE_OVERHEAD_CHARS
+
     def message(self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None) -> ToolResultMessage:
         text, images = self.content(output, handle, form, element_forms)
         return ToolResultMessage(
             call_id=output.call_id, name=output.name, text=text, is_error=output.error is not None, images=images
         )
+
+
+CUT_NOTE_CHARS = 48
+"""About the characters of the note that ends a cut text."""
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_BASE_FIELDS = frozenset({"id", "ref", "properties", "text", "data"})
+
+
+def element_chars(element: Element) -> int:
+    """About the characters an element takes in the XML layout (tag, id, citation, attributes, text)."""
+    kind = type(element)
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = tuple(n for n in kind.__struct_fields__ if n not in _BASE_FIELDS)
+    chars = 40 + len(getattr(element, "text", "") or "") + (len(element.ref) if element.ref else 0)
+    for name in names:
+        value = getattr(element, name)
+        if value:
+            chars += len(name) + 4 + (len(value) if isinstance(value, str) else len(str(value)))
+    for key, value in element.properties.items():
+        chars += len(key) + 4 + (len(value) if isinstance(value, str) else len(str(value)))
+    return chars
 
 
 def cap_images(messages: list[Message], max_images: int) -> None:

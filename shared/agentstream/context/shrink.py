@@ -1,24 +1,67 @@
 """Judging one model call: which results the policy's shrinks lower before it is made.
 
 :func:`judge` runs at every model call of a trace, in order, on the state folded from the
-events before that call. It estimates the call's size; over ``start_at`` it applies the
-shrinks without a threshold of their own until the size is under ``target``, and each shrink
-with a ``when`` while the size is over that ``when``. A pass that frees less than ``min_gain``
-is undone, unless the context would not fit without it. The floors of each lowered result are
-read from the same state, so a result keeps what it kept when it shrank.
+events before that call. It estimates the call's size; over ``start_at`` it plans the offers
+of the shrinks without a threshold of their own until the size is under ``target``, and of
+each shrink with a ``when`` while the size is over that ``when``. A pass that would free less
+than ``min_gain`` is not made, unless the context would not fit without it; otherwise its
+changes are applied. The floors of each lowered result are read from the same state, so a
+result keeps what it kept when it shrank.
+
+Cost: a pass is planned without touching the state, offers that freed nothing are remembered,
+a pass is not planned again while the view and the forms stay the same, and the built-in
+:class:`Compress` and :class:`Stub` over a prefix of the units (``turns[:-2]``) keep their
+candidates from call to call, so a long conversation costs per call what it added.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import ChainMap
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from agentstream.context.forms.shorten import Form
-from agentstream.context.limits import corrected_tokens, message_chars
-from agentstream.context.policy import ContextView
+from agentstream.context.forms.shorten import FULL, STUBBED, Form
+from agentstream.context.limits import corrected_tokens
+from agentstream.context.policy import Compress, ContextView, Stub
 from agentstream.errors import ShortenError
 
 if TYPE_CHECKING:
     from agentstream.context.state import Change, Slot, TraceState
+
+
+class _Handles(Sequence[Sequence[str]]):
+    """The handle lists of turns ``[start, end)`` without copying them."""
+
+    __slots__ = ("_turns", "_start", "_end")
+
+    def __init__(self, turns: list[Any], start: int, end: int) -> None:
+        self._turns, self._start, self._end = turns, start, end
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self._turns[self._start + i].handles for i in range(len(self))[index]]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._turns[self._start + index].handles
+
+
+def make_view(state: TraceState, start: int, current: int) -> ContextView:
+    """The view of a call in turn ``current`` whose shown turns start at ``start``."""
+    first = state.turns[start] if start < len(state.turns) else None
+    first_round = first.first_round if first is not None else len(state.rounds)
+    first_slot = first.first_slot if first is not None else len(state.slots)
+    return ContextView(
+        turns=_Handles(state.turns, start, current + 1),
+        rounds=state.rounds[first_round:],
+        results=state.slot_handles[first_slot:],
+        tools=state.handle_tools,
+        cited=state.cited,
+    )
 
 
 def element_floors(state: TraceState, slot: Slot, form: Form, view: ContextView) -> tuple[Form, ...] | None:
@@ -36,6 +79,72 @@ def element_floors(state: TraceState, slot: Slot, form: Form, view: ContextView)
                 shown = floor.form
         lifted.append(shown)
     return tuple(lifted)
+
+
+class Candidates:
+    """The offers of a built-in shrink over a prefix of the units, kept from call to call.
+
+    ``turns[:-2]`` selects units ``0 .. n-3`` of ``n``; as the trace grows, units only join the
+    selection, so the handles of each unit are read once, and a handle leaves the list once its
+    form is at or below the shrink's (or lowering it proved futile).
+    """
+
+    __slots__ = ("start", "scanned", "pending")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.scanned = 0
+        self.pending: list[str] = []
+
+
+def _prefix_stop(shrink: Any) -> int | None:
+    """For a built-in shrink over a prefix slice (``[:-k]``, ``[:k]``, ``[:]``), its stop; else None."""
+    if type(shrink) not in (Compress, Stub):
+        return None
+    key = shrink.where.key
+    if not isinstance(key, slice) or key.start not in (None, 0) or key.step not in (None, 1):
+        return None
+    return 0 if key.stop is None else key.stop
+
+
+def _offers(state: TraceState, shrink: Any, start: int, current: int, view: ContextView, forms: Any) -> Iterable[tuple[str, Form]]:
+    stop = _prefix_stop(shrink)
+    if stop is None:
+        return shrink(view, forms)
+    target = STUBBED if type(shrink) is Stub else Form.COMPRESSED
+    cursors = state.cursors
+    candidates = cursors.get(id(shrink))
+    if candidates is None or candidates.start != start:
+        candidates = cursors[id(shrink)] = Candidates(start)
+    unit = shrink.where.unit
+    if unit == "turns":
+        units = current + 1 - start
+    elif unit == "rounds":
+        units = len(view.rounds)
+    else:
+        units = len(view.results)
+    end = units + stop if stop < 0 else (units if stop == 0 else min(stop, units))
+    if end > candidates.scanned:
+        for index in range(candidates.scanned, end):
+            if unit == "turns":
+                candidates.pending.extend(state.turns[start + index].handles)
+            elif unit == "rounds":
+                candidates.pending.extend(view.rounds[index])
+            else:
+                candidates.pending.append(view.results[index])
+        candidates.scanned = end
+    keep = []
+    offers = []
+    bit = 1 << target
+    for handle in candidates.pending:
+        slot = state.handle_index[handle]
+        if slot.form <= target or slot.futile & bit:
+            continue
+        keep.append(handle)
+        if forms.get(handle, FULL) > target:
+            offers.append((handle, target))
+    candidates.pending = keep
+    return offers
 
 
 def judge(state: TraceState, current: int, step: int, call: int, *, speculative: bool) -> list[Change]:
@@ -56,13 +165,12 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
     assert limits is not None and state.thresholds is not None
     policy = state.policy
     start_at, target, lowest = state.thresholds
+    reserve = policy.output_reserve.count
     chars = state.chars(current, step)
-    size = corrected_tokens(chars, limits, state.recorded) + policy.output_reserve.count
-    changes: list[Change] = []
+    size = corrected_tokens(chars, limits, state.recorded) + reserve
+    state.last_chars = chars
     if size <= lowest:
-        state.last_chars = chars
-        return changes
-    before = size
+        return []
     started = size > start_at
     start = state.visible_from(current)
     active = tuple(
@@ -70,10 +178,18 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
         if (started if getattr(shrink, "when", None) is None else size > limits.tokens(shrink.when))
     )
     key = (start, current, len(state.slots), len(state.rounds), len(state.forms), len(state.cited), active)
-    if state.exhausted == key:  # the same offers as last time, and they freed nothing
-        state.last_chars = chars
-        return changes
+    if state.exhausted == key:  # the same offers as last time, and no pass of them was made
+        return []
+    before = size
+    reopen_extra = 0
+    if state.reopen_def is not None and not state.offers_reopen(current) and state.agent.tool_choice_for(step) != "none":
+        reopen_extra = state.reopen_chars  # the first shortened result brings the reopen tool
+    planned: dict[str, tuple[Slot, Form, Any, Any, int]] = {}
+    planned_forms: dict[str, Form] = {}
+    forms = ChainMap(planned_forms, state.forms)
+    freed = 0
     view: ContextView | None = None
+    exhausted = True  # every offer of every running shrink was tried
     for shrink in policy.shrink:
         when = getattr(shrink, "when", None)
         if when is None:
@@ -83,35 +199,48 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
         else:
             stop = limits.tokens(when)
         if size <= stop:
+            exhausted = exhausted and not planned  # skipped for what this pass freed, not for the view
             continue
         if view is None:
-            view = state.view(current)
-        for handle, form in shrink(view, state.forms_view):
+            view = make_view(state, start, current)
+        for handle, form in _offers(state, shrink, start, current, view, forms):
             if size <= stop:
+                exhausted = False
                 break
             slot = state.handle_index.get(handle)
-            if slot is None or form >= slot.form or slot.turn is None or slot.futile & (1 << form):
+            if slot is None or slot.turn is None or slot.futile & (1 << form):
                 continue
-            if not start <= slot.turn.index <= current:
+            previous = planned.get(handle)
+            now_form, now_chars = (previous[1], previous[4]) if previous else (slot.form, slot.chars)
+            if form >= now_form or not start <= slot.turn.index <= current:
                 continue
-            floors = element_floors(state, slot, form, view)
-            try:
-                message = state.renderer.message(slot.output, handle, form, floors)
-            except ShortenError:
+            lowered = state.lowered.get((handle, form))
+            if lowered is None or lowered[0] != len(state.cited) or not state.cited_floors_only:
+                floors = element_floors(state, slot, form, view)
+                try:
+                    new_chars = state.estimate(slot, form, floors)
+                except ShortenError:
+                    slot.futile |= 1 << form
+                    continue
+                state.lowered[(handle, form)] = lowered = (len(state.cited), floors, new_chars)
+            _, floors, new_chars = lowered
+            if new_chars >= now_chars:
                 slot.futile |= 1 << form
                 continue
-            new_chars = message_chars(message)
-            if new_chars >= slot.chars:
-                slot.futile |= 1 << form
-                continue
-            changes.append(state.set_form(slot, form, shrink, call, floors, message, new_chars))
-            size = state.size(current, step)
-    if not changes:
+            places = state.places.get(slot.output.call_id, ())
+            shown = 1 if len(places) == 1 else sum(1 for turn, _ in places if start <= turn.index <= current)
+            freed += (now_chars - new_chars) * shown
+            planned[handle] = (slot, form, shrink, floors, new_chars)
+            planned_forms[handle] = form
+            size = corrected_tokens(chars - freed + reopen_extra, limits, state.recorded) + reserve
+    changes: list[Change] = []
+    if planned:
+        gain = before - size
+        if policy.min_gain is None or gain >= limits.tokens(policy.min_gain) or before > limits.window.count:
+            for slot, form, shrink, floors, new_chars in planned.values():
+                changes.append(state.set_form(slot, form, shrink, call, floors, new_chars))
+            state.last_chars = state.chars(current, step)
+    if not changes and exhausted:  # asked again with the same view, the shrinks would do the same
         state.exhausted = key
-    gain = before - size
-    if changes and policy.min_gain is not None and gain < limits.tokens(policy.min_gain) and before <= limits.window.count:
-        state.undo(changes)
-        changes = []
-    state.last_chars = state.chars(current, step)
     _ = speculative
     return changes

@@ -24,7 +24,7 @@ from agentstream.context.compaction import summary_section
 from agentstream.context.elements import Numbering
 from agentstream.context.forms.shorten import FULL, Form
 from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits, corrected_tokens, message_chars, tools_chars
-from agentstream.context.policy import ALWAYS, CURRENT_TURN, NEVER, ContextView
+from agentstream.context.policy import ALWAYS, CURRENT_TURN, NEVER, cited
 from agentstream.context.render import (
     MISSING_RESULT_TEXT,
     ContextConfig,
@@ -56,7 +56,7 @@ def _record_only(event: object) -> bool:
 class Slot:
     """One accepted tool result: its handle, where it shows, and its current form."""
 
-    __slots__ = ("handle", "output", "turn", "form", "by", "at", "element_forms", "message", "chars", "futile")
+    __slots__ = ("handle", "output", "turn", "form", "by", "at", "element_forms", "message", "chars", "futile", "renders")
 
     def __init__(self, handle: str, output: ToolOutput) -> None:
         self.handle = handle
@@ -69,6 +69,7 @@ class Slot:
         self.message: Any = None
         self.chars = 0
         self.futile = 0  # bit (1 << form) set: lowering to that form frees nothing (or is refused)
+        self.renders: dict[tuple, Any] | None = None  # (kind, form, element forms) → message or chars
 
 
 class Output:
@@ -116,9 +117,7 @@ class Change:
     by: Any
     at: int
     element_forms: tuple[Form, ...] | None
-    message: Any
     chars: int
-    had_form: bool
 
 
 def missing_chars(call_id: str) -> int:
@@ -153,6 +152,9 @@ class TraceState:
         self.slot_handles: list[str] = []
         self.handle_tools: dict[str, str] = {}
         self.exhausted: tuple | None = None
+        self.cursors: dict[int, Any] = {}  # id(shrink) → its candidates (see shrink.Candidates)
+        self.lowered: dict[tuple[str, Form], tuple[int, Any, int]] = {}  # planned lowerings, by cited count
+        self.cited_floors_only = all(floor.applies is cited for floor in self.policy.protect)
         self.handle_index: dict[str, Slot] = {}
         self.places: dict[str, list[tuple[Turn, Output]]] = {}
         self.rounds: list[list[str]] = []
@@ -267,6 +269,8 @@ class TraceState:
         self._add_chars(turn, chars)
 
     def _place(self, slot: Slot, turn: Turn, output: Output) -> None:
+        if turn is not self.turns[-1]:
+            self.cursors.clear()  # a result placed in an older turn: candidates are read again
         slot.turn = turn
         turn.handles.append(slot.handle)
         if output.round >= 0:
@@ -279,8 +283,8 @@ class TraceState:
         if is_reopen_output(event, self.policy):
             output = derive_reopened(event, self)
         slot = Slot(f"r{len(self.slots) + 1}", output)
-        slot.message = self.renderer.message(output, slot.handle, FULL, None)
-        slot.chars = message_chars(slot.message)
+        if self.limits is not None:
+            slot.chars = self.renderer.estimate(output, slot.handle, FULL, None)
         self.results[event.call_id] = slot
         self.slots.append(slot)
         self.slot_handles.append(slot.handle)
@@ -403,24 +407,44 @@ class TraceState:
 
     # --- forms ----------------------------------------------------------------------------------
 
-    def view(self, current: int) -> ContextView:
-        """What shrinks and floors read for a call in turn ``current``: the turns it shows."""
-        turns = self.turns[self.visible_from(current) : current + 1]
-        first_round = turns[0].first_round if turns else len(self.rounds)
-        first_slot = turns[0].first_slot if turns else len(self.slots)
-        return ContextView(
-            turns=[t.handles for t in turns],
-            rounds=self.rounds[first_round:],
-            results=self.slot_handles[first_slot:],
-            tools=self.handle_tools,
-            cited=self.cited,
-        )
+    def render(self, slot: Slot, form: Form, element_forms: tuple[Form, ...] | None) -> Any:
+        """A slot's message in a form, laid out once per form and floors.
 
-    def set_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, message: Any, chars: int) -> Change:
-        """Give a slot a form (with its rendered message) and keep every size right."""
-        change = Change(slot, slot.form, slot.by, slot.at, slot.element_forms, slot.message, slot.chars, slot.handle in self.forms)
+        Raises:
+            ShortenError: a shorten function changed the result's elements or its error.
+        """
+        renders = slot.renders
+        if renders is None:
+            renders = slot.renders = {}
+        key = ("message", form, element_forms)
+        message = renders.get(key)
+        if message is None:
+            message = renders[key] = self.renderer.message(slot.output, slot.handle, form, element_forms)
+        return message
+
+    def estimate(self, slot: Slot, form: Form, element_forms: tuple[Form, ...] | None) -> int:
+        """A slot's estimated characters in a form (see :meth:`ResultRenderer.estimate`), once per form and floors."""
+        renders = slot.renders
+        if renders is None:
+            renders = slot.renders = {}
+        key = ("chars", form, element_forms)
+        chars = renders.get(key)
+        if chars is None:
+            chars = renders[key] = self.renderer.estimate(slot.output, slot.handle, form, element_forms)
+        return chars
+
+    def message_of(self, slot: Slot) -> Any:
+        """A slot's message in its current form."""
+        if slot.message is None:
+            slot.message = self.render(slot, slot.form, slot.element_forms)
+        return slot.message
+
+    def set_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, chars: int) -> Change:
+        """Give a slot a form and keep every size right (its message is laid out when sent)."""
+        change = Change(slot, slot.form, slot.by, slot.at, slot.element_forms, slot.chars)
         delta = chars - slot.chars
-        slot.form, slot.by, slot.at, slot.element_forms, slot.message, slot.chars = form, by, at, element_forms, message, chars
+        slot.form, slot.by, slot.at, slot.element_forms, slot.chars = form, by, at, element_forms, chars
+        slot.message = None
         if form == FULL:
             self.forms.pop(slot.handle, None)
         else:
@@ -432,9 +456,7 @@ class TraceState:
     def undo(self, changes: Sequence[Change]) -> None:
         """Undo form changes, newest first."""
         for change in reversed(changes):
-            self.set_form(change.slot, change.form, change.by, change.at, change.element_forms, change.message, change.chars)
-            if not change.had_form:
-                self.forms.pop(change.slot.handle, None)
+            self.set_form(change.slot, change.form, change.by, change.at, change.element_forms, change.chars)
 
     # --- messages -------------------------------------------------------------------------------
 
@@ -452,7 +474,7 @@ class TraceState:
                     messages.append(item.message)
                 for call in item.event.tool_calls:
                     slot = results.get(call.id)
-                    messages.append(slot.message if slot is not None else missing_result(call))
+                    messages.append(self.message_of(slot) if slot is not None else missing_result(call))
             else:
                 messages.extend(item)
         turn.cache_key, turn.cache = key, tuple(messages)
