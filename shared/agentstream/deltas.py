@@ -313,12 +313,13 @@ async def follow(
     positions = {trace_stream: after, delta_stream: deltas_after}
     while stop is None or not stop.is_set():
         reply = await redis.xread(positions, block=block_ms, count=500)
+        batch: list[tuple[tuple[int, int, int], TraceItem]] = []
         for raw_stream, entries in reply or ():
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
             if stream == trace_stream:
                 for entry_id, event in codec.decode_entries(entries, trace_id=trace_id):
                     positions[trace_stream] = entry_id
-                    yield TraceItem(entry_id=entry_id, event=event)
+                    batch.append((_order(entry_id, 1), TraceItem(entry_id=entry_id, event=event)))
                 continue
             for raw_id, fields in entries:
                 entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
@@ -329,4 +330,15 @@ async def follow(
                     log.debug("skipping malformed delta entry %s of %s", entry_id, delta_stream)
                     continue
                 if accept is None or accept(delta):
-                    yield TraceItem(entry_id=entry_id, delta=delta)
+                    batch.append((_order(entry_id, 0), TraceItem(entry_id=entry_id, delta=delta)))
+        # one read returns each stream's entries apart: put them back in time order (entry ids
+        # are milliseconds on the server's clock; within one millisecond deltas come first, as
+        # a reply's pieces are always published before its ModelOutput is appended)
+        batch.sort(key=lambda pair: pair[0])
+        for _, item in batch:
+            yield item
+
+
+def _order(entry_id: str, rank: int) -> tuple[int, int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), rank, int(seq or 0)
