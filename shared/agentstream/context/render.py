@@ -136,6 +136,31 @@ def check_rendered(event: object, messages: Sequence[Message]) -> tuple[Message,
     return tuple(messages)
 
 
+class Parts:
+    """A result's full and compressed outputs and their elements' estimated sizes, made once."""
+
+    __slots__ = ("full", "full_chars", "compressed", "compressed_chars")
+
+    def __init__(self) -> None:
+        self.full: ToolOutput | None = None
+        self.full_chars: tuple[int, ...] = ()
+        self.compressed: ToolOutput | None = None
+        self.compressed_chars: tuple[int, ...] = ()
+
+    def full_of(self, renderer: ResultRenderer, output: ToolOutput) -> tuple[ToolOutput, tuple[int, ...]]:
+        if self.full is None:
+            self.full = renderer.full_output(output)
+            self.full_chars = tuple(element_chars(e) for e in self.full.elements)
+        return self.full, self.full_chars
+
+    def compressed_of(self, renderer: ResultRenderer, output: ToolOutput) -> tuple[ToolOutput, tuple[int, ...]]:
+        if self.compressed is None:
+            assert renderer.limits is not None
+            self.compressed = checked(renderer.config.policy.shorten_for(output.name, COMPRESSED), output, renderer.limits)
+            self.compressed_chars = tuple(element_chars(e) for e in self.compressed.elements)
+        return self.compressed, self.compressed_chars
+
+
 @dataclass
 class ResultRenderer:
     """Renders tool results in their forms, for one agent's settings and one model's limits."""
@@ -188,27 +213,38 @@ class ResultRenderer:
             text = cut_text(text, cap, self.limits)
         return text, images_of(elements)
 
-    def estimate(self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None) -> int:
+    def estimate(
+        self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None, parts: Parts | None = None
+    ) -> int:
         """Characters of a result's message in a form, estimated from its parts without laying it out.
+
+        Args:
+            parts: the result's shortened forms, when the caller keeps them (see :class:`Parts`).
 
         Raises:
             ShortenError: a shorten function changed the result's elements or its error.
         """
         assert self.limits is not None
-        full = self.full_output(output)
+        if parts is None:
+            parts = Parts()
+        full, full_chars = parts.full_of(self, output)
         line = 0
         if form == FULL:
-            elements = full.elements
             text = full.text
+            elements_chars = sum(full_chars)
+            shown = bool(full_chars)
         else:
-            compressed = checked(self.config.policy.shorten_for(output.name, COMPRESSED), output, self.limits)
-            forms = element_forms if element_forms is not None else (form,) * len(output.elements)
-            elements = tuple(
-                (full.elements[i] if f == FULL else compressed.elements[i]) for i, f in enumerate(forms) if f > STUBBED
-            )
+            compressed, compressed_chars = parts.compressed_of(self, output)
+            forms = element_forms if element_forms is not None else (form,) * len(full_chars)
+            elements_chars = 0
+            shown = False
+            for index, element_form in enumerate(forms):
+                if element_form > STUBBED:
+                    elements_chars += full_chars[index] if element_form == FULL else compressed_chars[index]
+                    shown = True
             line = len(self.handle_line(handle or "?", output.name, form)) + 1
             text = compressed.text if form == COMPRESSED else ""
-        total = line + len(text) + sum(element_chars(e) for e in elements) + (2 if elements and text else 0)
+        total = line + len(text) + elements_chars + (2 if shown and text else 0)
         cap = self.config.policy.cap_for(output.name)
         if cap is not None:
             room = self.limits.chars_of_tokens(cap.count)

@@ -107,32 +107,45 @@ def _prefix_stop(shrink: Any) -> int | None:
     return 0 if key.stop is None else key.stop
 
 
-def _offers(state: TraceState, shrink: Any, start: int, current: int, view: ContextView, forms: Any) -> Iterable[tuple[str, Form]]:
-    stop = _prefix_stop(shrink)
-    if stop is None:
-        return shrink(view, forms)
-    target = STUBBED if type(shrink) is Stub else Form.COMPRESSED
-    cursors = state.cursors
-    candidates = cursors.get(id(shrink))
+def _scan(state: TraceState, shrink: Any, stop: int, start: int, current: int) -> list[str]:
+    """Read the units that joined a prefix shrink's selection; returns the handles they added."""
+    candidates = state.cursors.get(id(shrink))
     if candidates is None or candidates.start != start:
-        candidates = cursors[id(shrink)] = Candidates(start)
+        candidates = state.cursors[id(shrink)] = Candidates(start)
     unit = shrink.where.unit
+    first = state.turns[start] if start < len(state.turns) else None
     if unit == "turns":
         units = current + 1 - start
     elif unit == "rounds":
-        units = len(view.rounds)
+        first_round = first.first_round if first is not None else len(state.rounds)
+        units = len(state.rounds) - first_round
     else:
-        units = len(view.results)
+        first_slot = first.first_slot if first is not None else len(state.slots)
+        units = len(state.slots) - first_slot
     end = units + stop if stop < 0 else (units if stop == 0 else min(stop, units))
+    added: list[str] = []
+    for index in range(candidates.scanned, end):
+        if unit == "turns":
+            added.extend(state.turns[start + index].handles)
+        elif unit == "rounds":
+            added.extend(state.rounds[first_round + index])
+        else:
+            added.append(state.slot_handles[first_slot + index])
     if end > candidates.scanned:
-        for index in range(candidates.scanned, end):
-            if unit == "turns":
-                candidates.pending.extend(state.turns[start + index].handles)
-            elif unit == "rounds":
-                candidates.pending.extend(view.rounds[index])
-            else:
-                candidates.pending.append(view.results[index])
         candidates.scanned = end
+    candidates.pending.extend(added)
+    return added
+
+
+def _offers(
+    state: TraceState, shrink: Any, start: int, current: int, view: ContextView, planned: dict[str, Form]
+) -> Iterable[tuple[str, Form]]:
+    stop = _prefix_stop(shrink)
+    if stop is None:
+        return shrink(view, ChainMap(planned, state.forms))
+    target = STUBBED if type(shrink) is Stub else Form.COMPRESSED
+    _scan(state, shrink, stop, start, current)
+    candidates = state.cursors[id(shrink)]
     keep = []
     offers = []
     bit = 1 << target
@@ -141,10 +154,40 @@ def _offers(state: TraceState, shrink: Any, start: int, current: int, view: Cont
         if slot.form <= target or slot.futile & bit:
             continue
         keep.append(handle)
-        if forms.get(handle, FULL) > target:
+        if planned.get(handle, slot.form) > target:
             offers.append((handle, target))
     candidates.pending = keep
     return offers
+
+
+def _still_too_little(state: TraceState, memo_key: tuple, start: int, current: int) -> bool:
+    """After a pass that was not made for freeing too little: would this one free too little too?
+
+    Only for built-in prefix shrinks: their offers now are the offers then plus the handles of
+    the units that joined since. Forms, the shown turns and the running shrinks are the same
+    (``memo_key``), and floors only grow, so the pass can free at most what that one planned
+    plus what the joined results hold beyond their smallest form.
+    """
+    limits = state.limits
+    memo = state.reverted
+    assert limits is not None
+    if memo is None or memo[0] != memo_key:
+        return False
+    bound = memo[1]
+    seen: set[str] = set()
+    for shrink in state.policy.shrink:
+        if id(shrink) not in memo_key[2]:
+            continue
+        stop = _prefix_stop(shrink)
+        assert stop is not None
+        for handle in _scan(state, shrink, stop, start, current):
+            if handle not in seen:
+                seen.add(handle)
+                slot = state.handle_index[handle]
+                bound += max(0, slot.chars - state.smallest_chars(slot))
+    state.reverted = (memo_key, bound)
+    assert state.policy.min_gain is not None
+    return limits.tokens_of_chars(bound) + 2 < limits.tokens(state.policy.min_gain)
 
 
 def judge(state: TraceState, current: int, step: int, call: int, *, speculative: bool) -> list[Change]:
@@ -181,12 +224,15 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
     if state.exhausted == key:  # the same offers as last time, and no pass of them was made
         return []
     before = size
+    prefix_only = all(_prefix_stop(shrink) is not None for shrink in policy.shrink if id(shrink) in active)
+    memo_key = (start, len(state.forms), active)
+    if prefix_only and policy.min_gain is not None and before <= limits.window.count and _still_too_little(state, memo_key, start, current):
+        return []
     reopen_extra = 0
     if state.reopen_def is not None and not state.offers_reopen(current) and state.agent.tool_choice_for(step) != "none":
         reopen_extra = state.reopen_chars  # the first shortened result brings the reopen tool
     planned: dict[str, tuple[Slot, Form, Any, Any, int]] = {}
     planned_forms: dict[str, Form] = {}
-    forms = ChainMap(planned_forms, state.forms)
     freed = 0
     view: ContextView | None = None
     exhausted = True  # every offer of every running shrink was tried
@@ -203,7 +249,7 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
             continue
         if view is None:
             view = make_view(state, start, current)
-        for handle, form in _offers(state, shrink, start, current, view, forms):
+        for handle, form in _offers(state, shrink, start, current, view, planned_forms):
             if size <= stop:
                 exhausted = False
                 break
@@ -234,12 +280,15 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
             planned_forms[handle] = form
             size = corrected_tokens(chars - freed + reopen_extra, limits, state.recorded) + reserve
     changes: list[Change] = []
+    state.reverted = None
     if planned:
         gain = before - size
         if policy.min_gain is None or gain >= limits.tokens(policy.min_gain) or before > limits.window.count:
             for slot, form, shrink, floors, new_chars in planned.values():
                 changes.append(state.set_form(slot, form, shrink, call, floors, new_chars))
             state.last_chars = state.chars(current, step)
+    if not changes and exhausted and prefix_only:
+        state.reverted = (memo_key, freed)  # not made: remember what it could free
     if not changes and exhausted:  # asked again with the same view, the shrinks would do the same
         state.exhausted = key
     _ = speculative

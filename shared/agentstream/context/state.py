@@ -29,6 +29,7 @@ from agentstream.context.render import (
     MISSING_RESULT_TEXT,
     ContextConfig,
     EventFilter,
+    Parts,
     ResultRenderer,
     assistant_message,
     check_rendered,
@@ -153,6 +154,7 @@ class TraceState:
         self.handle_tools: dict[str, str] = {}
         self.exhausted: tuple | None = None
         self.cursors: dict[int, Any] = {}  # id(shrink) → its candidates (see shrink.Candidates)
+        self.reverted: tuple[tuple, int] | None = None  # the last pass not made: (its key, chars it could free)
         self.lowered: dict[tuple[str, Form], tuple[int, Any, int]] = {}  # planned lowerings, by cited count
         self.cited_floors_only = all(floor.applies is cited for floor in self.policy.protect)
         self.handle_index: dict[str, Slot] = {}
@@ -284,7 +286,7 @@ class TraceState:
             output = derive_reopened(event, self)
         slot = Slot(f"r{len(self.slots) + 1}", output)
         if self.limits is not None:
-            slot.chars = self.renderer.estimate(output, slot.handle, FULL, None)
+            slot.chars = self.estimate(slot, FULL, None)
         self.results[event.call_id] = slot
         self.slots.append(slot)
         self.slot_handles.append(slot.handle)
@@ -430,8 +432,17 @@ class TraceState:
         key = ("chars", form, element_forms)
         chars = renders.get(key)
         if chars is None:
-            chars = renders[key] = self.renderer.estimate(slot.output, slot.handle, form, element_forms)
+            parts = renders.get("parts")
+            if parts is None:
+                parts = renders["parts"] = Parts()
+            chars = renders[key] = self.renderer.estimate(slot.output, slot.handle, form, element_forms, parts)
         return chars
+
+    def smallest_chars(self, slot: Slot) -> int:
+        """A lower bound of a slot's estimated characters in any form (a handle line alone)."""
+        renderer = self.renderer
+        line = min(len(renderer.handle_line(slot.handle, slot.output.name, f)) for f in (Form.COMPRESSED, Form.STUBBED))
+        return line + len(slot.output.call_id) + MESSAGE_OVERHEAD_CHARS
 
     def message_of(self, slot: Slot) -> Any:
         """A slot's message in its current form."""
