@@ -147,7 +147,8 @@ class ToolWorker:
             await asyncio.wait({task})
         finally:
             self._running.pop(key, None)
-            if not task.done():
+            if not task.done():  # the worker stops (its grace period ran out): tell the tool too
+                call.cancel()
                 task.cancel()
         if task.cancelled():
             return ToolOutput(

@@ -20,9 +20,11 @@ result (see :meth:`Tool.invoke`) and never stops the worker.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib
 import inspect
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -150,8 +152,10 @@ class Tool:
         """Run the tool on raw argument text; never raises for the tool's own failures.
 
         Bad arguments, an exception in the tool and a timeout each give an error result whose
-        text tells the model what went wrong. A sync tool runs in a thread, so it does not block
-        the worker's event loop (a timed-out sync tool's thread finishes in the background).
+        text tells the model what went wrong. A sync tool runs in a daemon thread of its own, so
+        it blocks neither the worker's event loop nor its exit: a sync tool still running after
+        its timeout, or when the worker stops after its shutdown grace period, is abandoned (it
+        should check :func:`agentstream.current_call` ``.cancelled`` to stop early).
         """
         try:
             kwargs = self.parse_arguments(raw_arguments)
@@ -162,7 +166,7 @@ class Tool:
             if self.is_async:
                 value = await asyncio.wait_for(self.fn(**kwargs), timeout=limit)
             else:
-                value = await asyncio.wait_for(asyncio.to_thread(self.fn, **kwargs), timeout=limit)
+                value = await asyncio.wait_for(_in_daemon_thread(self.fn, kwargs, self.name), timeout=limit)
         except (asyncio.TimeoutError, ToolTimeoutError):
             return ToolResultValue(
                 text=f"Error: tool {self.name!r} did not finish within {limit:g} s", error="timeout"
@@ -173,6 +177,38 @@ class Tool:
         except Exception as exc:  # the tool's own failure becomes the model's error result
             return ToolResultValue(text=f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", error="tool_error")
         return _as_result(value)
+
+
+def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> asyncio.Future[Any]:
+    """Run ``fn(**kwargs)`` in a new daemon thread (with the caller's context vars) → a future.
+
+    Unlike ``asyncio.to_thread``, the thread is not joined when the event loop or the process
+    shuts down, so a stuck sync tool cannot hold a stopping worker past its grace period.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def target() -> None:
+        try:
+            value, error = context.run(fn, **kwargs), None
+        except Exception as exc:
+            value, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the loop is closed: nobody waits for this result any more
+            pass
+
+    threading.Thread(target=target, name=f"tool:{name}", daemon=True).start()
+    return future
 
 
 def _as_result(value: Any) -> ToolResultValue:

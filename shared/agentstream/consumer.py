@@ -14,6 +14,9 @@ entry, several at a time. Its rules:
   counts no delivery), so a live worker's long job is never claimed by another one.
 - A handler that raises is retried by the same consumer after a growing delay; one that raises
   :class:`Deferred` is handed the entry again after the delay it asks for, without counting it.
+- An entry whose handler started before without success (its process may have died on it) is
+  handled alone in its process: no other handler runs beside it, so a poison entry that kills
+  its worker takes no innocent entry with it on the next round (C17).
 - Deliveries are counted by agentstream itself (:mod:`agentstream.claims`): once per handler
   start, before it runs, so a process killed mid-handler counts, while re-reads, claim renewals
   and deferrals do not (Redis's own ``times_delivered`` counts all of those: field case C17).
@@ -152,6 +155,10 @@ class StreamConsumer:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, tuple[float, Fields]] = {}  # entry → (due time, fields): retries
         self._refunds: dict[str, int] = {}  # entry → counted starts that were not deliveries
+        self._interrupted: set[str] = set()  # entries whose handler was cancelled (shutdown)
+        self._gate = asyncio.Condition()  # suspects (entries that failed before) run alone
+        self._normal_running = 0
+        self._isolating = False
         self._claim_option: bool | None = None
         self.handled = 0
         self.failed = 0
@@ -230,10 +237,10 @@ class StreamConsumer:
             if self._waiting:
                 await self._release(list(self._waiting), refund=False)
         except asyncio.CancelledError:
-            held = list(self._inflight)
             for task in list(self._inflight.values()):
                 task.cancel()
             await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+            held = list(self._interrupted)
             await self._release([*held, *self._waiting], refund=True, counted=set(held))
             raise
         finally:
@@ -387,34 +394,23 @@ class StreamConsumer:
             if attempts > self.config.max_deliveries:
                 await self._dead_letter(entry_id, fields, attempts)
                 return
+            suspect = attempts > 1 and self.config.concurrency > 1
+            if suspect:  # not started until it runs alone: a co-runner's crash must not count for it
+                await self.redis.hincrby(self.attempts_key, entry_id, -1)
+                attempts -= 1
+            await self._enter(suspect)
             try:
-                await self.handler(entry_id, fields)
-            except Deferred as signal:
-                self.deferred += 1
-                self._refund(entry_id)
-                self._wait(entry_id, fields, signal.delay_s)
-                return
-            except _REDIS_DOWN as exc:
-                # Redis, not the entry, failed: retry without counting the attempt.
-                self._refund(entry_id)
-                delay = self._retry_delay(attempts)
-                log.warning("lost Redis while handling %s of %s (%s); retrying in %.1f s", entry_id, self.stream, exc, delay)
-                self._wait(entry_id, fields, delay)
-                return
-            except Exception as exc:
-                self.failed += 1
-                delay = self._retry_delay(attempts)
-                log.exception(
-                    "handler failed on %s entry %s (attempt %d of %d); retrying in %.1f s",
-                    self.stream, entry_id, attempts, self.config.max_deliveries, delay,
-                )
-                self._wait(entry_id, fields, delay)
-                with contextlib.suppress(Exception):
-                    await self.redis.hset(self.attempts_key, f"{entry_id}:error", f"{type(exc).__name__}: {exc}"[:2000])
-                return
-            self.handled += 1
-            await self._ack(entry_id)
+                if suspect:
+                    attempts = await count_attempt(self.redis, self.attempts_key, entry_id)
+                outcome = await self._call_handler(entry_id, fields, attempts)
+            finally:
+                await self._leave(suspect)
+            if outcome:
+                self.handled += 1
+                await self._ack(entry_id)
         except asyncio.CancelledError:
+            if attempts:
+                self._interrupted.add(entry_id)
             raise
         except Exception as exc:  # Redis failed around the handler (counting, acking, dead-lettering)
             delay = self._retry_delay(max(attempts, 1))
@@ -423,6 +419,59 @@ class StreamConsumer:
         finally:
             self._inflight.pop(entry_id, None)
             self._slots.release()
+
+    async def _call_handler(self, entry_id: str, fields: Fields, attempts: int) -> bool:
+        """Run the handler → True when it succeeded (else the entry waits for a retry)."""
+        try:
+            await self.handler(entry_id, fields)
+        except Deferred as signal:
+            self.deferred += 1
+            self._refund(entry_id)
+            self._wait(entry_id, fields, signal.delay_s)
+            return False
+        except _REDIS_DOWN as exc:
+            # Redis, not the entry, failed: retry without counting the attempt.
+            self._refund(entry_id)
+            delay = self._retry_delay(attempts)
+            log.warning("lost Redis while handling %s of %s (%s); retrying in %.1f s", entry_id, self.stream, exc, delay)
+            self._wait(entry_id, fields, delay)
+            return False
+        except Exception as exc:
+            self.failed += 1
+            delay = self._retry_delay(attempts)
+            log.exception(
+                "handler failed on %s entry %s (attempt %d of %d); retrying in %.1f s",
+                self.stream, entry_id, attempts, self.config.max_deliveries, delay,
+            )
+            self._wait(entry_id, fields, delay)
+            with contextlib.suppress(Exception):
+                await self.redis.hset(self.attempts_key, f"{entry_id}:error", f"{type(exc).__name__}: {exc}"[:2000])
+            return False
+        return True
+
+    async def _enter(self, suspect: bool) -> None:
+        """Wait for the right to run: a suspect waits until it can run alone; others wait while one does."""
+        async with self._gate:
+            await self._gate.wait_for(lambda: not self._isolating)
+            if not suspect:
+                self._normal_running += 1
+                return
+            self._isolating = True
+            try:
+                await self._gate.wait_for(lambda: self._normal_running == 0)
+            except BaseException:
+                self._isolating = False
+                self._gate.notify_all()
+                raise
+            log.info("handling an entry of %s that failed before on its own (no other handler beside it)", self.stream)
+
+    async def _leave(self, suspect: bool) -> None:
+        async with self._gate:
+            if suspect:
+                self._isolating = False
+            else:
+                self._normal_running -= 1
+            self._gate.notify_all()
 
     def _refund(self, entry_id: str) -> None:
         self._refunds[entry_id] = self._refunds.get(entry_id, 0) + 1

@@ -64,7 +64,7 @@ async def run_consumers(
         waiter.cancel()
         _, still = await asyncio.wait(tasks, timeout=grace_s)
         for task in still:
-            log.warning("%s did not drain within %.0f s; its entries stay pending for another worker", task.get_name(), grace_s)
+            log.warning("%s did not drain within %.1f s; cancelling what it holds and releasing it to other workers", task.get_name(), grace_s)
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:

@@ -358,10 +358,12 @@ async def test_missing_stream_is_recreated_with_backoff_not_a_hot_loop(redis, ke
     assert seen == [b"after"]
 
 
-async def test_cancelled_consumer_releases_unfinished_entries_for_others_at_once(redis, keys):
-    # The grace period ran out: the handler is cancelled, the entry stays pending but is marked
-    # long idle, so a consumer with a one-hour min_idle claims it at its first look; the
-    # interrupted start is not counted as a delivery.
+async def test_shutdown_past_the_grace_period_releases_unfinished_entries_for_others_at_once(redis, keys):
+    # SIGTERM, and the grace period runs out: the handler is cancelled, the entry stays pending
+    # but is marked long idle, so a consumer with a one-hour min_idle claims it at its first
+    # look; the interrupted start is not counted as a delivery.
+    from agentstream.service import run_consumers
+
     stream = f"{keys.namespace}:work"
     started = asyncio.Event()
 
@@ -372,10 +374,11 @@ async def test_cancelled_consumer_releases_unfinished_entries_for_others_at_once
     c1 = make(redis, keys, "w1", forever, min_idle_ms=3_600_000)
     await c1.ensure_group()
     await redis.xadd(stream, {b"x": b"1"})
-    task = asyncio.create_task(c1.run(asyncio.Event()))
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_consumers([c1], stop=stop, grace_s=0.3, handle_signals=False))
     await asyncio.wait_for(started.wait(), 5)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    stop.set()
+    await asyncio.wait_for(task, 10)
     done = []
 
     async def ok(entry_id, fields):

@@ -36,12 +36,12 @@ class Services:
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: list = []
 
-    def start(self, name: str, service: str, *args: str) -> subprocess.Popen:
+    def start(self, name: str, service: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
         self._logs.append(out) if self.log_dir else None
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentstream", "serve", service, "--app", self.app, *args],
-            env={**self.env, "AGENTSTREAM_CONSUMER": name},
+            env={**self.env, "AGENTSTREAM_CONSUMER": name, **(env or {})},
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=ROOT,

@@ -102,3 +102,59 @@ def test_redis_url() -> Iterator[str]:
         return
     with local_redis_server() as (url, _proc, _dir):
         yield url
+
+
+class RestartableRedis:
+    """A local ``redis-server`` with AOF on, that a test can kill -9 and start again on the
+    same port and data directory (for Redis-fault tests).
+
+    ``appendfsync always`` makes every acknowledged write durable, so a kill loses nothing a
+    client was told had happened (with the default ``everysec``, up to a second of writes can
+    go, per Redis's persistence docs).
+    """
+
+    def __init__(self, port: int | None = None):
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.binary = binary
+        self.port = port or free_port()
+        self.data_dir = tempfile.mkdtemp(prefix="agentstream-test-aof-")
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def start(self) -> None:
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.data_dir,
+               "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--loglevel", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_ping(self.url)
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no final fsync."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+        self.restarts += 1
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.proc = None
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "RestartableRedis":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

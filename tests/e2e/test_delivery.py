@@ -1,0 +1,184 @@
+"""Delivery guarantees with the services as separate OS processes (issue 4): graceful shutdown on
+SIGTERM, a Redis restart with AOF, kill -9 mid-run of a side-effect tool, a poison job that
+kills its worker, and the ``agentstream cancel`` command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import redis as redis_sync
+
+from agentstream import codec
+from agentstream.events import ToolOutput, ToolStarted, TurnEnded, TurnFailed
+from tests.support import apps
+from tests.support.procs import ROOT, Services, publish_turn, wait_replies
+from tests.support.redis_server import RestartableRedis
+from tests.support.scripted_model import ScriptedModelServer, parallel_rule
+
+pytestmark = pytest.mark.e2e
+
+FAST = {"AGENTSTREAM_MIN_IDLE_MS": "1000", "AGENTSTREAM_LEASE_TTL_MS": "1000"}
+
+
+@pytest.fixture
+def model():
+    with ScriptedModelServer(parallel_rule) as server:
+        yield server
+
+
+@pytest.fixture
+def client(redis_url):
+    c = redis_sync.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def services(redis_url, namespace, model, tmp_path):
+    s = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path, extra_env=dict(FAST))
+    yield s
+    s.stop_all()
+
+
+def events(client, keys, trace_id):
+    return [e for _, e in codec.decode_entries(client.xrange(keys.trace(trace_id)), trace_id=trace_id)]
+
+
+def effects(client, namespace) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall(apps.effects_key(namespace)).items()}
+
+
+def runs(client, namespace, tool: str) -> int:
+    return sum(v for k, v in effects(client, namespace).items() if k.endswith(f"/{tool}"))
+
+
+def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout_s} s")
+
+
+def test_sigterm_finishes_the_tool_call_in_hand_then_exits(client, keys, namespace, services):
+    services.start("loop-1", "agent-loop")
+    worker = services.start("tools-1", "tool-worker")
+    publish_turn(client, keys, trace_id="g1", turn_id="t1", agent="plan", text="do: work(2500)")
+    wait_until(lambda: runs(client, namespace, "work"), what="the tool running")
+    worker.terminate()  # SIGTERM mid-call: stop taking entries, finish this one, exit
+    assert worker.wait(timeout=30) == 0
+    services.procs.pop("tools-1")
+    (reply,) = wait_replies(client, keys, 1)
+    assert reply.status == "ended" and reply.answer == "Results: worked 2500 ms"
+    assert runs(client, namespace, "work") == 1  # finished by the stopping worker, not run again
+    assert client.xpending(keys.tools("default"), "tool-workers")["pending"] == 0
+
+
+def test_sigterm_past_the_grace_period_releases_the_call_for_another_worker(client, keys, namespace, services):
+    # One hour of min_idle: only the release on shutdown lets the second worker take the job now.
+    services.env["AGENTSTREAM_MIN_IDLE_MS"] = "3600000"
+    services.start("loop-1", "agent-loop")
+    worker = services.start("tools-1", "tool-worker", env={"AGENTSTREAM_SHUTDOWN_GRACE_S": "0.5", "AGENTSTREAM_TEST_RECORD_S": "60"})
+    publish_turn(client, keys, trace_id="g2", turn_id="t1", agent="plan", text="do: record(invoice-7)")
+    wait_until(lambda: any(isinstance(e, ToolStarted) for e in events(client, keys, "g2")), what="record started")
+    worker.terminate()
+    assert worker.wait(timeout=30) == 0  # the sync tool's thread does not hold the exit
+    services.procs.pop("tools-1")
+    services.start("tools-2", "tool-worker")
+    (reply,) = wait_replies(client, keys, 1, timeout_s=40)
+    (result,) = [e for e in events(client, keys, "g2") if isinstance(e, ToolOutput)]
+    # record has side effects and had started: it is not run again, its outcome is unknown
+    assert result.error == "outcome_unknown" and reply.status == "ended"
+
+
+def test_kill_9_mid_run_side_effects_are_not_repeated_unless_retry_safe(client, keys, namespace, services):
+    services.start("loop-1", "agent-loop")
+    slow = {"AGENTSTREAM_TEST_RECORD_S": "30", "AGENTSTREAM_TEST_UPSERT_S": "30"}
+    services.start("tools-1", "tool-worker", env=slow)
+    publish_turn(client, keys, trace_id="g3", turn_id="t1", agent="plan", text="do: record(a) upsert(b) work(1)")
+    wait_until(lambda: sum(isinstance(e, ToolStarted) for e in events(client, keys, "g3")) == 2, what="both started")
+    services.stop("tools-1", kill=True)
+    services.start("tools-2", "tool-worker")
+    (reply,) = wait_replies(client, keys, 1, timeout_s=40)
+    results = {e.name: e for e in events(client, keys, "g3") if isinstance(e, ToolOutput)}
+    assert results["record"].error == "outcome_unknown" and "unknown" in results["record"].text
+    assert results["upsert"].text == "upserted b" and results["work"].text == "worked 1 ms"
+    assert runs(client, namespace, "record") == 0 and runs(client, namespace, "upsert") == 1
+    assert reply.status == "ended" and "outcome of this call is unknown" in reply.answer
+
+
+def test_poison_job_that_kills_its_worker_is_dead_lettered_and_the_model_sees_an_error(client, keys, namespace, services):
+    services.env["AGENTSTREAM_MAX_DELIVERIES"] = "2"
+    services.start("loop-1", "agent-loop")
+    services.start("tools-1", "tool-worker")
+    publish_turn(client, keys, trace_id="g4", turn_id="t1", agent="plan", text="do: crash(x) work(1)")
+    deadline = time.monotonic() + 60
+    restarts = 0
+    while not client.xrange(keys.replies) and time.monotonic() < deadline:
+        proc = services.procs["tools-1"]
+        if proc.poll() is not None:  # the worker died on the poison job: its supervisor restarts it
+            services.procs.pop("tools-1")
+            services.start("tools-1", "tool-worker")
+            restarts += 1
+        time.sleep(0.05)
+    (reply,) = wait_replies(client, keys, 1, timeout_s=5)
+    assert reply.status == "ended" and "could not be run" in reply.answer and "worked 1 ms" in reply.answer
+    assert runs(client, namespace, "crash") == 2 == restarts  # two real deliveries, then the dead letter
+    (dead,) = client.xrange(keys.dead(keys.tools("default")))
+    assert dead[1][b"dead_deliveries"] == b"3" and dead[1][b"dead_error"].startswith(b"unknown")
+
+
+def test_agentstream_cancel_stops_a_turn_and_waits_for_its_end(client, keys, services, model):
+    services.start("loop-1", "agent-loop")
+    services.start("tools-1", "tool-worker")
+    publish_turn(client, keys, trace_id="g5", turn_id="t1", agent="plan", text="SLOW do: work(1)")
+    wait_until(lambda: any(b"SLOW" in r for r in model.requests), what="the slow model request")
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentstream", "cancel", "g5", "--reason", "no longer needed"],
+        env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "turn failed (cancelled)" in proc.stdout and "no longer needed" in proc.stdout
+    (reply,) = wait_replies(client, keys, 1)
+    assert reply.code == "cancelled"
+
+
+def test_redis_restart_with_aof_every_turn_still_finishes(namespace, keys, model, tmp_path):
+    with RestartableRedis() as server:
+        client = redis_sync.Redis.from_url(server.url)
+        services = Services(redis_url=server.url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path, extra_env=dict(FAST))
+        try:
+            services.start("loop-1", "agent-loop")
+            services.start("loop-2", "agent-loop")
+            services.start("tools-1", "tool-worker")
+            turns = []
+            for i in range(24):
+                trace, turn = f"r{i % 8}", f"t{i}"
+                publish_turn(client, keys, trace_id=trace, turn_id=turn, agent="plan", text=f"{turn} do: work(150) work(20)")
+                turns.append((trace, turn))
+            wait_until(lambda: client.xlen(keys.replies) >= 4, what="the first replies")
+            for _ in range(2):
+                server.kill()  # kill -9 while turns are in flight
+                time.sleep(1.0)
+                server.start()
+                time.sleep(1.5)
+            replies = wait_replies(client, keys, len(turns), timeout_s=120)
+            assert {r.turn_id for r in replies} == {t for _, t in turns}  # every turn ended
+            assert all(r.status == "ended" for r in replies)
+            for trace in {t for t, _ in turns}:
+                trace_events = events(client, keys, trace)
+                results = [e for e in trace_events if isinstance(e, ToolOutput) and not e.late]
+                calls = [c.id for e in trace_events if type(e).__name__ == "ModelOutput" for c in e.tool_calls]
+                assert sorted(r.call_id for r in results) == sorted(calls)  # one result per call
+                endings = [e.turn_id for e in trace_events if isinstance(e, (TurnEnded, TurnFailed))]
+                assert len(endings) == len(set(endings)) == 3
+            logs = services.log("loop-1") + services.log("loop-2")
+            assert "reconnecting" in logs or "lost Redis" in logs
+        finally:
+            services.stop_all()
+            client.close()
