@@ -41,8 +41,11 @@ from agentstream.errors import AgentStreamError, ConfigError
 from agentstream.events import (
     CancelMessage,
     CancelRequested,
+    Compaction,
+    CompactionFailed,
     Event,
     ModelOutput,
+    TaskInput,
     ToolOutput,
     ToolStarted,
     TurnEnded,
@@ -184,6 +187,8 @@ def dev(app: AppOption = DEFAULT_APP, log_level: str = "INFO") -> None:
 def describe(event: Event) -> str:
     """One line per event, for people following a trace."""
     match event:
+        case TaskInput(agent=agent, text=text, depth=depth, parent_trace_id=parent, call_id=call_id):
+            return f"» task for {agent} (depth {depth}, for call {call_id} of trace {parent}): {text}"
         case TurnInput(agent=agent, text=text):
             return f"» turn for {agent}: {text}"
         case ModelOutput(step=step, tool_calls=calls, content=content, stop_reason=stop, latency_ms=ms):
@@ -205,6 +210,11 @@ def describe(event: Event) -> str:
             return f"  ▸ tool started {name} [{call_id}] on {worker or '?'}"
         case CancelRequested(turn_id=turn_id, by=by, reason=reason):
             return f"■ cancel of turn {turn_id} requested by {by}{': ' + reason if reason else ''}"
+        case Compaction(summary=summary, replaced_turns=replaced, kept_from_turn=kept):
+            shown = summary if len(summary) <= 300 else summary[:300] + "…"
+            return f"⋯ a summary now replaces {replaced} earlier turn(s) (kept from turn {kept}): {shown}"
+        case CompactionFailed(code=code, reason=reason):
+            return f"⚠ compaction failed ({code}): {reason}"
     return repr(event)
 
 
@@ -324,6 +334,8 @@ def run(
     text: Annotated[str, typer.Argument(help="The user's message.")] = "What is 17 * 23 + 4? Use the calculator.",
     app: AppOption = DEFAULT_APP,
     agent: str = "demo",
+    turns: Annotated[int, typer.Option(min=1, help="Ask the message this many times in one conversation "
+                                       "(a long conversation, to see compaction).")] = 1,
     timeout_s: float = 300.0,
     log_level: str = "WARNING",
 ) -> None:
@@ -349,7 +361,10 @@ def run(
             )
             trace_id = uuid.uuid4().hex
             typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
-            ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
+            for _ in range(turns):
+                ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
+                if not isinstance(ending, TurnEnded):
+                    break
             if ending is not None:
                 asyncio.run(_verify(settings, app, trace_id, quiet=True))
     except AgentStreamError as exc:

@@ -54,13 +54,17 @@ ask_assistant = Delegation(
     "answer back.",
     input=Task,
     agent="arithmetic",
+    task_text=lambda task: task.task if task.task.rstrip().endswith("?") else f"What is {task.task}?",
     max_depth=1,
     deadline_s=240.0,
 )
 
 arithmetic = Agent(
     name="arithmetic",
-    system_prompt="You are a calculator assistant. Use the calculator tool, then answer with its result.",
+    system_prompt=(
+        "You are a helpful assistant with tools. Use the calculator tool for arithmetic. "
+        "After you get a tool result, answer the user's question briefly using that result."
+    ),
     tools=[calculator],
     max_passes=2,
     first_tool_choice="required",
@@ -71,8 +75,8 @@ arithmetic = Agent(
 manager = Agent(
     name="manager",
     system_prompt=(
-        "You are a manager. You never calculate or look things up yourself: hand the user's question to "
-        "the assistant with the ask_assistant tool, then answer the user briefly with the assistant's answer."
+        "You are a helpful assistant with tools. Use the ask_assistant tool for arithmetic. "
+        "After you get a tool result, answer the user's question briefly using that result."
     ),
     tools=[ask_assistant],
     max_passes=2,

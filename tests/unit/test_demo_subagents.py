@@ -1,0 +1,33 @@
+"""The demo app's subagent and long-conversation agents (pure: no model, no Redis)."""
+
+from __future__ import annotations
+
+import json
+
+from agentstream.compacting import Summarise, next_call
+from agentstream.context import build_context
+from agentstream.delegation import HandOff, hand_off
+from agentstream.demo.app import app, ask_assistant, notes
+from agentstream.events import ModelOutput, ToolCall, TurnEnded, TurnInput
+
+
+def test_the_manager_hands_a_question_to_the_arithmetic_subagent():
+    assert app.agent("manager").tool("ask_assistant") is ask_assistant
+    call = ToolCall(id="c1", name="ask_assistant", arguments=json.dumps({"task": "1234 * 5678"}))
+    events = [TurnInput(turn_id="t1", agent="manager", text="What is 1234 * 5678?"),
+              ModelOutput(turn_id="t1", step=0, tool_calls=(call,), stop_reason="tool_calls")]
+    outcome = hand_off(ask_assistant, "conv", events, call, "t1")
+    assert isinstance(outcome, HandOff) and outcome.task.agent == "arithmetic"
+    assert outcome.task.text == "What is 1234 * 5678?"
+
+
+def test_the_notes_agent_compacts_within_six_turns_of_short_answers():
+    events: list = []
+    due = []
+    for n in range(1, 7):
+        events.append(TurnInput(turn_id=f"t{n}", agent="notes", text="Tell me one thing about Python."))
+        if isinstance(next_call(build_context(events, notes, turn_id=f"t{n}", step=0), events, notes), Summarise):
+            due.append(n)
+        answer = "Python is a readable, general-purpose language with a large standard library. " * 3
+        events += [ModelOutput(turn_id=f"t{n}", step=0, content=answer), TurnEnded(turn_id=f"t{n}", answer=answer)]
+    assert due and due[0] <= 5
