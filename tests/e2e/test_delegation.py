@@ -3,6 +3,8 @@ the delegation service as separate OS processes, a real Redis and a scripted mod
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,7 +15,7 @@ from agentstream.delegation import child_trace_id
 from agentstream.events import CancelMessage, ModelOutput, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
 from agentstream.keys import CANCEL_FIELD
 from tests.support import delegation_apps
-from tests.support.procs import Services, publish_turn, wait_replies
+from tests.support.procs import ROOT, Services, publish_turn, wait_replies
 
 pytestmark = pytest.mark.e2e
 
@@ -83,6 +85,11 @@ def test_a_parent_delegates_two_tasks_in_parallel_and_answers_from_their_results
         assert len(endings(child)) == 1 and isinstance(endings(child)[0], TurnEnded)
     # the children ran concurrently: B's child ended before A's, yet the results read in call order
     assert len(client.xrange(keys.replies)) == 1  # children answer their parent, not the replies stream
+    # a child's model calls rebuild from its own trace like any other
+    child = child_trace_id("p1", asked.tool_calls[0].id)
+    proc = subprocess.run([sys.executable, "-m", "agentstream", "trace", "verify", child, "--app", APP],
+                          env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "2/2 model calls rebuilt" in proc.stderr, proc.stdout + proc.stderr
 
 
 def test_c30_a_chain_stops_at_the_depth_limit(client, keys, services):
