@@ -11,13 +11,13 @@ from agentstream.demo.app import app, ask_assistant, notes
 from agentstream.events import ModelOutput, ToolCall, TurnEnded, TurnInput
 
 
-def test_the_manager_hands_a_question_to_the_arithmetic_subagent():
+def test_the_manager_hands_a_question_to_a_subagent():
     assert app.agent("manager").tool("ask_assistant") is ask_assistant
     call = ToolCall(id="c1", name="ask_assistant", arguments=json.dumps({"task": "1234 * 5678"}))
     events = [TurnInput(turn_id="t1", agent="manager", text="What is 1234 * 5678?"),
               ModelOutput(turn_id="t1", step=0, tool_calls=(call,), stop_reason="tool_calls")]
     outcome = hand_off(ask_assistant, "conv", events, call, "t1")
-    assert isinstance(outcome, HandOff) and outcome.task.agent == "arithmetic"
+    assert isinstance(outcome, HandOff) and outcome.task.agent == ask_assistant.agent
     assert outcome.task.text == "What is 1234 * 5678?"
 
 

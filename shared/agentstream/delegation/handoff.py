@@ -1,0 +1,209 @@
+"""Hand-off: a delegation call becomes a child trace's TaskInput, or an error result (pure).
+
+See :mod:`agentstream.delegation` for the whole flow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from agentstream.app import Agent
+from agentstream.context.elements import Numbering
+from agentstream.delegation.tool import Delegation
+from agentstream.errors import ToolArgumentsError
+from agentstream.events import Event, ModelOutput, TaskInput, ToolCall, ToolOutput, TurnInput
+
+class ChildEnded(msgspec.Struct, frozen=True, kw_only=True):
+    """A hint on the child-endings stream: this child trace's turn ended; hand its result back.
+
+    Attributes:
+        trace_id: the child trace.
+        turn_id: the child's turn (its TaskInput).
+    """
+
+    trace_id: str
+    turn_id: str = ""
+
+
+_ending_decoder = msgspec.json.Decoder(ChildEnded)
+
+
+def decode_child_ended(payload: bytes) -> ChildEnded:
+    """The JSON of a child ending → :class:`ChildEnded` (raises ``msgspec.DecodeError``)."""
+    return _ending_decoder.decode(payload)
+
+
+# --- which tools a trace's model is offered --------------------------------------------------
+
+_OFFERED: dict[tuple[int, tuple[str, ...], str], tuple[Agent, Agent]] = {}
+
+
+def depth_of(turn: TurnInput) -> int:
+    """The delegation depth of a turn: 0 for a root trace's turn, the task's depth for a child."""
+    return turn.depth if isinstance(turn, TaskInput) else 0
+
+
+def offered_agent(agent: Agent, turn: TurnInput) -> Agent:
+    """The agent as a model call of ``turn`` sees it.
+
+    In a child trace the agent runs on the model its task names, and each delegation whose
+    ``max_depth`` the child has reached is withheld (not offered), so the chain of subagents
+    ends (field case C30). The same agent object comes back for the same inputs, so caches
+    keyed by agent keep working.
+
+    Args:
+        agent: the agent that answers the turn.
+        turn: the turn being answered (a TaskInput in a child trace).
+
+    Returns:
+        ``agent`` itself when nothing changes, else a copy without the withheld tools and with
+        the task's model.
+    """
+    depth = depth_of(turn)
+    withheld = tuple(t.name for t in agent.tools if t.delegated and depth >= t.max_depth)  # type: ignore[attr-defined]
+    model = turn.model if isinstance(turn, TaskInput) and turn.model else agent.model
+    if not withheld and model == agent.model:
+        return agent
+    key = (id(agent), withheld, model)
+    cached = _OFFERED.get(key)
+    if cached is not None and cached[0] is agent:
+        return cached[1]
+    copy = dataclasses.replace(agent, tools=[t for t in agent.tools if t.name not in withheld], model=model)
+    _OFFERED[key] = (agent, copy)
+    return copy
+
+
+# --- hand-off ---------------------------------------------------------------------------------
+
+
+def child_trace_id(parent_trace_id: str, call_id: str) -> str:
+    """The id of the child trace that a call opens: ``<parent trace>/<call id>``.
+
+    Deterministic, so a hand-off that runs twice opens the same child once.
+    """
+    return f"{parent_trace_id}/{call_id.replace('{', '(').replace('}', ')')}"
+
+
+def task_digest(agent: str, arguments: Any) -> str:
+    """The fingerprint of a task: the agent and its arguments as canonical JSON (16 hex digits)."""
+    canonical = json.dumps({"agent": agent, "arguments": arguments}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class HandOff:
+    """A call that opens a child: the child's trace id and its first event."""
+
+    child_trace_id: str
+    task: TaskInput
+
+
+def _turn(events: Sequence[Event], turn_id: str) -> TurnInput | None:
+    return next((e for e in events if isinstance(e, TurnInput) and e.turn_id == turn_id), None)
+
+
+def numbering_of(events: Sequence[Event]) -> Numbering:
+    """The element numbering of a trace (every input's and result's elements, in order)."""
+    numbering = Numbering()
+    for event in events:
+        numbering.add_event(event)
+    return numbering
+
+
+def hand_off(
+    delegation: Delegation, parent_trace_id: str, parent_events: Sequence[Event], call: ToolCall, turn_id: str
+) -> HandOff | ToolOutput:
+    """The child that a call of ``delegation`` opens, or the error result that it gets instead.
+
+    Args:
+        delegation: the delegation called.
+        parent_trace_id: the trace of the call.
+        parent_events: the parent's trace (its turn ``turn_id`` made the call).
+        call: the call, as the model wrote it.
+        turn_id: the parent's turn.
+
+    Returns:
+        A :class:`HandOff`, or a ToolOutput with an error for the parent's model: the
+        arguments do not fit (``invalid_arguments``), the depth limit is reached
+        (``depth_limit``), or an ancestor already gave the same agent the identical task
+        (``repeated_task``).
+    """
+    turn = _turn(parent_events, turn_id)
+
+    def refuse(error: str, text: str) -> ToolOutput:
+        return ToolOutput(turn_id=turn_id, call_id=call.id, name=call.name, text=text, error=error)
+
+    try:
+        parsed, arguments, elements = delegation.parse(call.arguments, numbering_of(parent_events))
+    except ToolArgumentsError as exc:
+        return refuse("invalid_arguments", f"Error: {exc}")
+    depth = depth_of(turn) + 1 if turn is not None else 1
+    if depth > delegation.max_depth:
+        return refuse(
+            "depth_limit",
+            f"Error: the delegation depth limit ({delegation.max_depth}) is reached, so {call.name!r} started no "
+            "subagent. Do the task yourself with the tools you have.",
+        )
+    digest = task_digest(delegation.agent, arguments)
+    lineage = turn.lineage if isinstance(turn, TaskInput) else ()
+    if digest in lineage:
+        return refuse(
+            "repeated_task",
+            f"Error: this exact task was already delegated to the {delegation.agent!r} agent further up this chain "
+            "of subagents, so it was not delegated again. Do the task yourself, or delegate a smaller, different part of it.",
+        )
+    root = turn.root_trace_id if isinstance(turn, TaskInput) and turn.root_trace_id else parent_trace_id
+    task = TaskInput(
+        turn_id=call.id,
+        agent=delegation.agent,
+        text=delegation.render_task(parsed),
+        elements=elements,
+        call_id=call.id,
+        parent_trace_id=parent_trace_id,
+        parent_turn_id=turn_id,
+        root_trace_id=root,
+        depth=depth,
+        delegation=delegation.name,
+        arguments=arguments,
+        expects=delegation.result_schema,
+        model=delegation.model,
+        lineage=(*lineage, digest),
+        deadline_s=delegation.deadline_s,
+    )
+    return HandOff(child_trace_id=child_trace_id(parent_trace_id, call.id), task=task)
+
+
+def descendants_refused(delegation: Delegation, call: ToolCall, turn_id: str, limit: int) -> ToolOutput:
+    """The error result of a call refused because its root trace has ``limit`` descendants already."""
+    return ToolOutput(
+        turn_id=turn_id,
+        call_id=call.id,
+        name=call.name,
+        text=(f"Error: this conversation has already started {limit} subagents, its limit, so {call.name!r} "
+              "started none. Do the task yourself with the tools you have."),
+        error="descendants_limit",
+    )
+
+
+def children_of(
+    parent_trace_id: str, events: Sequence[Event], turn_id: str, is_delegation: Callable[[str], bool]
+) -> list[tuple[str, str]]:
+    """The children that the delegation calls of a turn open: ``[(child trace id, child turn id)]``.
+
+    Args:
+        parent_trace_id: the parent's trace.
+        events: the parent's trace events.
+        turn_id: the parent's turn.
+        is_delegation: whether a tool name is a delegation.
+    """
+    out: list[tuple[str, str]] = []
+    for event in events:
+        if isinstance(event, ModelOutput) and event.turn_id == turn_id:
+            out.extend((child_trace_id(parent_trace_id, c.id), c.id) for c in event.tool_calls if is_delegation(c.name))
+    return out
