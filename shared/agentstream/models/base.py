@@ -28,7 +28,7 @@ from httpx_sse import EventSource, ServerSentEvent
 
 from agentstream.context.request import ChatRequest
 from agentstream.deltas import Delta, DeltaSink, new_attempt_id
-from agentstream.errors import InvalidModelOutput, ModelError, ModelInputRejected
+from agentstream.errors import ConfigError, InvalidModelOutput, ModelInputRejected
 from agentstream.events import ModelOutput
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint
@@ -123,7 +123,7 @@ class HttpChatModel:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ):
         if endpoint.provider != self.provider:
-            raise ModelError(f"{type(self).__name__} serves {self.provider!r} endpoints, not {endpoint.provider!r}")
+            raise ConfigError(f"{type(self).__name__} serves {self.provider!r} endpoints, not {endpoint.provider!r}")
         self.endpoint = endpoint
         self._own_client = client is None
         self._client = client or httpx.AsyncClient()
