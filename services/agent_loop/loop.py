@@ -41,7 +41,18 @@ from agentstream.events import (
 from agentstream.keys import CANCEL_FIELD, JOB_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
 from agentstream.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
 from agentstream.models import ChatModel
-from agentstream.steps import CallModel, CancelTurn, EndTurn, FailTurn, Idle, RecordResults, RunTools, active_turn, decide
+from agentstream.steps import (
+    CallModel,
+    CancelTurn,
+    EndTurn,
+    FailTurn,
+    Idle,
+    RecordResults,
+    RunTools,
+    active_turn,
+    decide,
+    unanswered_results,
+)
 from agentstream.store import TraceStore
 from agentstream_services.agent_loop.children import Children
 from agentstream_services.agent_loop.compactions import Compactions
@@ -259,16 +270,24 @@ class AgentLoop:
         events = [e for _, e in await self.store.read(wake.trace_id)]
         running = active_turn(events)
         if running is not None:
-            await self._dead_end(wake.trace_id, running, f"wake-up {entry_id} of {self.keys.wake}", error)
+            await self._dead_end(wake.trace_id, running, f"wake-up {entry_id} of {self.keys.wake}", error, events)
 
-    async def _dead_end(self, trace_id: str, turn: TurnInput, what: str, error: str) -> None:
+    async def _dead_end(self, trace_id: str, turn: TurnInput, what: str, error: str, events=None) -> None:
+        """End ``turn`` with code ``dead_letter``; its calls still without a result get an error
+        result first (in the same atomic append), so none is left dangling."""
+        if events is None:
+            events = [e for _, e in await self.store.read(trace_id)]
         failed = TurnFailed(
             turn_id=turn.turn_id,
             code=DEAD_LETTER_CODE,
             reason=f"the {what} failed on every delivery and was moved to its dead-letter stream "
             f"(last error: {error}); the turn was given up",
         )
-        appended = await self.store.append(trace_id, failed)
+        unanswered = unanswered_results(
+            events, turn, DEAD_LETTER_CODE, "Error: the turn was given up before this call returned a result; "
+            "it may have partly run."
+        )
+        *_, appended = await self.store.append_many(trace_id, [*unanswered, failed])
         if appended.created:
             metrics.TURNS_FAILED.labels(agent=turn.agent, code=DEAD_LETTER_CODE).inc()
         await self._ensure_reply(trace_id, turn, failed)

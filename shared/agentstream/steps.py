@@ -194,6 +194,15 @@ def cancel_turn(events: Sequence[Event], turn: TurnInput, cancel: CancelRequeste
     """The cancel of ``turn``: a cancelled result for each of its calls without one, and the reason."""
     who = f"by {cancel.by}" if cancel.by else ""
     why = f": {cancel.reason}" if cancel.reason else ""
+    results = unanswered_results(
+        events, turn, CANCELLED_CODE, f"Cancelled {who}{why} before this call returned a result; it may have partly run."
+    )
+    return CancelTurn(turn, results, CANCELLED_CODE, f"the turn was cancelled {who}{why}".rstrip())
+
+
+def unanswered_results(events: Sequence[Event], turn: TurnInput, error: str, text: str) -> tuple[ToolOutput, ...]:
+    """An error result (``error``, ``text``) for each call of ``turn`` that has no result yet, in
+    call order: what a turn that ends early appends first, so no call is left dangling."""
     answered = {e.call_id for e in events if isinstance(e, ToolOutput) and e.turn_id == turn.turn_id}
     results = []
     for event in events:
@@ -203,11 +212,8 @@ def cancel_turn(events: Sequence[Event], turn: TurnInput, cancel: CancelRequeste
             if call.id in answered:
                 continue
             answered.add(call.id)
-            results.append(
-                _error_result(turn, call, CANCELLED_CODE, f"Cancelled {who}{why} before this call returned a result; "
-                              "it may have partly run.")
-            )
-    return CancelTurn(turn, tuple(results), CANCELLED_CODE, f"the turn was cancelled {who}{why}".rstrip())
+            results.append(_error_result(turn, call, error, text))
+    return tuple(results)
 
 
 def _error_result(turn: TurnInput, call: ToolCall, error: str, text: str) -> ToolOutput:

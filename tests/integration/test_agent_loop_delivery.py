@@ -311,3 +311,30 @@ async def _one_call(store, trace_id, tool, arguments):
     await store.append(trace_id, TurnInput(turn_id="t1", agent="plan", text="x"))
     await store.append(trace_id, ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id=call_id, name=tool, arguments=arguments),), stop_reason="tool_calls"))
     return trace_id, call_id
+
+
+async def test_a_dead_lettered_turn_leaves_no_call_without_a_result(redis, keys, services, store):
+    from agentstream.events import Wake
+    from agentstream.keys import WAKE_FIELD
+
+    proc = await services.start("p1", "agent-loop")
+    trace, call = await _one_call(store, "c15", "work", '{"ms": 1}')
+    await proc.loop.on_dead_wake("1-0", {WAKE_FIELD: codec.encode(Wake(trace_id=trace))}, "boom")
+    events = await events_of(store, trace)
+    assert [type(e).__name__ for e in events[-2:]] == ["ToolOutput", "TurnFailed"]
+    assert events[-2].call_id == call and events[-2].error == "dead_letter"
+    assert events[-1].code == "dead_letter" and "boom" in events[-1].reason
+
+
+async def test_a_queued_job_of_a_cancelled_turn_is_skipped_by_the_cancel_key(redis, keys, services, store, namespace):
+    # The cancel is in the trace but the agent loop has not written the cancelled results yet
+    # (it is busy elsewhere): the worker checks the trace's cancel key and never runs the job.
+    from agentstream.events import CancelRequested
+
+    trace, call = await _one_call(store, "c16", "work", '{"ms": 1}')
+    await store.append(trace, CancelRequested(turn_id="t1", by="user"))
+    await redis.xadd(keys.tools("default"), {JOB_FIELD: codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name="work", arguments='{"ms": 1}'))})
+    proc = await services.start("w1", "tool-worker")
+    await wait_for(lambda: _true(proc.worker.skipped == 1), what="the job skipped")
+    assert runs_of(await effects(redis, namespace), "work") == 0
+    assert not [e for e in await events_of(store, trace) if isinstance(e, ToolOutput)]

@@ -1,0 +1,152 @@
+"""The long chaos run: kill -9 random service processes for minutes while turns run.
+
+    python bench/chaos.py                       # defaults: 1,500 turns, 3 agent loops, 3 tool workers
+    python bench/chaos.py --conversations 60 --turns 4 --publish-over-s 20   # a quick one
+    python bench/chaos.py --write               # also record the figures in bench/RESULTS.md
+
+Real Redis (REDIS_URL, else a local redis-server on a free port), the services as separate OS
+processes (``agentstream serve``), the scripted OpenAI-compatible model over HTTP with parallel
+tool calls, and kill -9 of a random service process every 0.5–2.5 s (restarted 0.1–1.5 s
+later, under its old consumer name or a new one). The same harness as the bounded test in
+tests/chaos/ (tests/support/chaos.py), bigger. Exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import sys
+import tempfile
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.chaos import ChaosConfig, ChaosResult, ChaosRun  # noqa: E402
+from tests.support.redis_server import local_redis_server  # noqa: E402
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+SECTION = "## Chaos"
+
+
+@contextmanager
+def redis_url():
+    explicit = os.environ.get("REDIS_URL")
+    if explicit:
+        yield explicit
+        return
+    with local_redis_server() as (url, _proc, _dir):
+        yield url
+
+
+def redis_version(url: str) -> str:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return client.info("server")["redis_version"]
+    finally:
+        client.close()
+
+
+def section(result: ChaosResult, config: ChaosConfig, version: str, command: str) -> str:
+    f = result.figures()
+    failed = ", ".join(f"{code} {n}" for code, n in sorted(result.failed.items())) or "none"
+    rows = [
+        ("turns", f["turns"]),
+        ("answered / failed with a reason", f"{f['answered']} / {sum(result.failed.values())} ({failed})"),
+        ("tool calls", f["tool calls"]),
+        ("kills (kill -9)", f"{f['kills']} ({f['kills holding work']} while holding work)"),
+        ("duplicates (results per call > 1, side effects run twice)", f["duplicates"]),
+        ("lost turns", f["lost"]),
+        ("dangling calls", f["dangling calls"]),
+        ("entries left pending at the end", f["left pending"]),
+        ("kill → next progress of the work it held, p50", f"{f['kill → next progress p50 (s)']} s"),
+        ("kill → next progress of the work it held, max", f"{f['kill → next progress max (s)']} s"),
+        ("recoveries measured", f["recoveries measured"]),
+        ("outcome-unknown results (side-effect tool killed mid-run)", f["outcome-unknown results"]),
+        ("re-runs of retry-safe calls", f["re-runs of retry-safe calls"]),
+        ("late results", f["late results"]),
+        ("duplicate replies (replies are at-least-once)", f["duplicate replies (at-least-once)"]),
+        ("wall time", f"{f['wall time (s)']} s"),
+    ]
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    env = ", ".join(f"{k}={v}" for k, v in sorted(config.env.items()))
+    return f"""{SECTION}
+
+`{command}` ({datetime.date.today().isoformat()}; {platform.machine()}, {os.cpu_count()} cores shared
+with other work; Redis {version} on loopback; {config.agent_loops} agent-loop and
+{config.tool_workers} tool-worker processes; scripted model over HTTP; seed {config.seed}).
+
+{config.conversations} conversations × {config.turns_per_conversation} turns, published over
+{config.publish_over_s:.0f} s, each turn 1–3 parallel `work` calls plus, at random, a `record`
+call (side effects, not retry-safe) and an `upsert` call (side effects, retry-safe); a random
+service process killed with SIGKILL every {config.kill_every_s[0]}–{config.kill_every_s[1]} s and
+restarted {config.restart_after_s[0]}–{config.restart_after_s[1]} s later (half the time under a
+new consumer name). Settings: {env}.
+
+| figure | value |
+|---|---|
+{table}
+
+"Kill → next progress" is, for every trace the killed process held pending entries for at the
+moment of the kill, the time until the next event was appended to that trace (p50 and max over
+all of them); the target is 10 s. A `record` call whose worker was killed mid-run gets an
+outcome-unknown error result instead of running again, which is why its effects never repeat.
+The bounded version runs in the test suite: `pytest tests/chaos`.
+"""
+
+
+def write_section(text: str) -> None:
+    """Replace (or add) the Chaos section of bench/RESULTS.md; other sections stay as they are."""
+    current = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(current):
+        updated = pattern.sub(lambda _m: text, current)
+    else:
+        updated = current.rstrip("\n") + "\n\n" + text
+    RESULTS.write_text(updated)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=300)
+    parser.add_argument("--turns", type=int, default=5, help="turns per conversation")
+    parser.add_argument("--publish-over-s", type=float, default=180.0)
+    parser.add_argument("--agent-loops", type=int, default=3)
+    parser.add_argument("--tool-workers", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--deadline-s", type=float, default=1800.0)
+    parser.add_argument("--write", action="store_true", help="record the figures in bench/RESULTS.md")
+    args = parser.parse_args()
+    config = ChaosConfig(
+        conversations=args.conversations,
+        turns_per_conversation=args.turns,
+        agent_loops=args.agent_loops,
+        tool_workers=args.tool_workers,
+        publish_over_s=args.publish_over_s,
+        deadline_s=args.deadline_s,
+        seed=args.seed,
+    )
+    with redis_url() as url, tempfile.TemporaryDirectory(prefix="agentstream-chaos-") as logs:
+        version = redis_version(url)
+        print(f"chaos: {config.conversations * config.turns_per_conversation} turns, Redis {version}, logs in {logs}", flush=True)
+        result = ChaosRun(url, f"chaos-{uuid.uuid4().hex[:8]}", Path(logs), config).run()
+    print(result.report())
+    if result.lost:
+        print("lost:", ", ".join(result.lost[:20]))
+    command = "python bench/chaos.py " + " ".join(sys.argv[1:])
+    if args.write:
+        write_section(section(result, config, version, command.replace(" --write", "").strip()))
+        print(f"wrote the {SECTION!r} section of {RESULTS.relative_to(ROOT)}")
+    print("OK" if result.ok else "FAILED")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
