@@ -502,6 +502,27 @@ def trace_explain(
         _fail(exc)
 
 
+@cli.command("prompt")
+def prompt_show(
+    name: Annotated[str, typer.Argument(help="A prompt file: a path, or a name in AGENTSTREAM_PROMPTS_DIR or the shipped prompts/.")],
+    model: Annotated[Optional[str], typer.Option(help="The model endpoint id whose layer applies.")] = None,
+    var: Annotated[Optional[list[str]], typer.Option(help="A template variable, NAME=VALUE.")] = None,
+) -> None:
+    """Print what one model reads from a prompt file: its system prompt, texts and tool texts."""
+    from agentstream.prompts import load_prompt_file
+
+    variables = dict(v.split("=", 1) for v in (var or []) if "=" in v)
+    try:
+        prompts = load_prompt_file(name, variables=variables).for_model(model)
+        typer.echo(f"# digest {prompts.digest}\n# system\n{prompts.system(**variables)}")
+    except AgentStreamError as exc:
+        _fail(exc)
+    for key, text in sorted(prompts.texts.items()):
+        typer.echo(f"# text {key}\n{text}")
+    for tool_name, texts in sorted(prompts.tools.items()):
+        typer.echo(f"# tool {tool_name}\n{texts.model_dump_json(exclude_defaults=True)}")
+
+
 @schema_cli.command("turn")
 def schema_turn() -> None:
     """The JSON schema of the turn message other backends publish."""
