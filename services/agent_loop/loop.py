@@ -339,7 +339,8 @@ class AgentLoop:
         except StaleLeaseError:
             log.warning("lost the lease of trace %s mid-step; the new holder goes on", trace_id)
         except BaseException:
-            await self.store.release_lease(trace_id, token)
+            # shielded: a stopping worker gives the trace back even if it is cancelled again
+            await asyncio.shield(self.store.release_lease(trace_id, token, keep_if_dirty=False))
             raise
         finally:
             renewer.cancel()

@@ -238,7 +238,8 @@ class StreamConsumer:
                 await self._release(list(self._waiting), refund=False)
         except asyncio.CancelledError:
             for task in list(self._inflight.values()):
-                task.cancel()
+                if not task.cancelling():  # not already told (a cancelled gather tells its children)
+                    task.cancel()
             await asyncio.gather(*self._inflight.values(), return_exceptions=True)
             held = list(self._interrupted)
             await self._release([*held, *self._waiting], refund=True, counted=set(held))

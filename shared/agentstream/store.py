@@ -295,8 +295,12 @@ class TraceStore:
         """Extend a held lease by ``ttl_ms``; False when the lease is no longer ours."""
         return bool(await self.redis.eval(_RENEW_LUA, 1, self.keys.lease(trace_id), str(token), ttl_ms))
 
-    async def release_lease(self, trace_id: str, token: int) -> str:
+    async def release_lease(self, trace_id: str, token: int, *, keep_if_dirty: bool = True) -> str:
         """Give the lease back, unless a hint came while it was held.
+
+        Args:
+            keep_if_dirty: False gives the lease back whatever came meanwhile (a worker that
+                stops or fails mid-step), leaving the dirty mark for the next holder.
 
         Returns:
             ``"released"``; or ``"dirty"`` when a hint arrived meanwhile (the mark is cleared,
@@ -304,7 +308,9 @@ class TraceStore:
             lease is no longer ours (it expired and perhaps another worker took it).
         """
         k = self.keys
-        code = int(await self.redis.eval(_RELEASE_LUA, 2, k.lease(trace_id), k.dirty(trace_id), str(token)))
+        code = int(
+            await self.redis.eval(_RELEASE_LUA, 2, k.lease(trace_id), k.dirty(trace_id), str(token), "1" if keep_if_dirty else "0")
+        )
         return {1: "released", 2: "dirty"}.get(code, "lost")
 
     async def mark_dirty(self, trace_id: str, *, ttl_ms: int) -> None:
@@ -323,7 +329,7 @@ _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-if redis.call('DEL', KEYS[2]) == 1 then
+if ARGV[2] == '1' and redis.call('DEL', KEYS[2]) == 1 then
   return 2
 end
 redis.call('DEL', KEYS[1])

@@ -79,9 +79,15 @@ async def test_queue_policy_answers_a_second_turn_after_the_first(redis, keys, s
     await services.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="c3", turn_id="t1", agent="plan", text="do: work(400)")
     await publish(redis, keys, trace_id="c3", turn_id="t2", agent="plan", text="do: work(1)")
+    await wait_reply(redis, keys, "t1")
     await wait_reply(redis, keys, "t2")
-    endings = [e.turn_id for e in await events_of(store, "c3") if isinstance(e, (TurnEnded, TurnFailed))]
-    assert endings == ["t1", "t2"]
+    events = await events_of(store, "c3")
+    endings = [e.turn_id for e in events if isinstance(e, (TurnEnded, TurnFailed))]
+    inputs = [e.turn_id for e in events if isinstance(e, TurnInput)]
+    assert endings == inputs and sorted(inputs) == ["t1", "t2"]  # one at a time, in trace order
+    first_end = next(i for i, e in enumerate(events) if isinstance(e, TurnEnded))
+    second = next(e for e in events if isinstance(e, ModelOutput) and e.turn_id == inputs[1])
+    assert events.index(second) > first_end  # the second turn's first model call waited for the first's end
 
 
 async def test_reject_policy_fails_a_turn_on_a_busy_conversation(redis, keys, services, store):
@@ -338,3 +344,18 @@ async def test_a_queued_job_of_a_cancelled_turn_is_skipped_by_the_cancel_key(red
     await wait_for(lambda: _true(proc.worker.skipped == 1), what="the job skipped")
     assert runs_of(await effects(redis, namespace), "work") == 0
     assert not [e for e in await events_of(store, trace) if isinstance(e, ToolOutput)]
+
+
+async def test_an_agent_loop_stopped_mid_model_call_gives_back_the_lease_and_the_entry(redis, keys, services, store, model):
+    # SIGTERM and the grace period runs out during a (60 s) model call: the step is cancelled,
+    # the trace's lease is released and the turn entry is released for another agent loop.
+    services.env["AGENTSTREAM_SHUTDOWN_GRACE_S"] = "0.3"
+    services.env["AGENTSTREAM_MIN_IDLE_MS"] = "3600000"
+    await services.start("p1", "agent-loop")
+    await publish(redis, keys, trace_id="c17", turn_id="t1", agent="plan", text="SLOW do: work(1)")
+    await wait_for(lambda: _model_saw(model, "SLOW"), what="the slow model request")
+    assert await redis.exists(keys.lease("c17"))
+    await services.stop("p1")
+    assert not await redis.exists(keys.lease("c17"))
+    (pending,) = await redis.xpending_range(keys.turns, "agent-loop", min="-", max="+", count=10)
+    assert pending["time_since_delivered"] >= 1_000_000_000  # released: any loop claims it at once
