@@ -157,7 +157,10 @@ class Parts:
         if self.compressed is None:
             assert renderer.limits is not None
             self.compressed = checked(renderer.config.policy.shorten_for(output.name, COMPRESSED), output, renderer.limits)
-            self.compressed_chars = tuple(element_chars(e) for e in self.compressed.elements)
+            if self.compressed is output and self.full is output:
+                self.compressed_chars = self.full_chars
+            else:
+                self.compressed_chars = tuple(element_chars(e) for e in self.compressed.elements)
         return self.compressed, self.compressed_chars
 
 

@@ -70,6 +70,12 @@ def element_floors(state: TraceState, slot: Slot, form: Form, view: ContextView)
     elements = slot.output.elements
     if not floors or not elements:
         return None
+    if state.cited_floors_only:  # the default: a cited source stays at its floor's form
+        lift = max(floor.form for floor in floors)
+        if lift <= form:
+            return (form,) * len(elements)
+        cited_ids = state.cited
+        return tuple(lift if element.id in cited_ids else form for element in elements)
     tool = slot.output.name
     lifted = []
     for element in elements:
@@ -174,17 +180,25 @@ def _still_too_little(state: TraceState, memo_key: tuple, start: int, current: i
     if memo is None or memo[0] != memo_key:
         return False
     bound = memo[1]
-    seen: set[str] = set()
+    seen: set[tuple[str, Form]] = set()
     for shrink in state.policy.shrink:
         if id(shrink) not in memo_key[2]:
             continue
         stop = _prefix_stop(shrink)
         assert stop is not None
+        form = STUBBED if type(shrink) is Stub else Form.COMPRESSED
         for handle in _scan(state, shrink, stop, start, current):
-            if handle not in seen:
-                seen.add(handle)
-                slot = state.handle_index[handle]
-                bound += max(0, slot.chars - state.smallest_chars(slot))
+            slot = state.handle_index[handle]
+            if (handle, form) in seen or slot.form <= form:
+                continue
+            seen.add((handle, form))
+            lowest = state.smallest_chars(slot)
+            if state.cited_floors_only:  # the floors need no view: use the form's own estimate
+                try:
+                    lowest = state.estimate(slot, form, element_floors(state, slot, form, None))  # type: ignore[arg-type]
+                except ShortenError:
+                    continue
+            bound += max(0, slot.chars - lowest)
     state.reverted = (memo_key, bound)
     assert state.policy.min_gain is not None
     return limits.tokens_of_chars(bound) + 2 < limits.tokens(state.policy.min_gain)
