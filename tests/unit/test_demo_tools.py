@@ -42,6 +42,7 @@ from agentstream.demo.tools import (
         ("max(3, 9, 4)", "9"),
         ("abs(-3.5)", "3.5"),
         ("{(3 + 4) * 12}", "84"),  # the braces SmolLM2 sometimes adds
+        ("{12} * {12}", "144"),
         ("  `2 + 2` ", "4"),
         ("6 * 7 =", "42"),
         ("1_000 + 1", "1001"),

@@ -138,8 +138,9 @@ def evaluate(expression: str) -> int | float:
             or undefined (division by zero, math domain errors).
     """
     text = expression.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
-    # lenient about wrapping that small models add: {2 + 3}, `2 + 3`, "2 + 3", 2 + 3 =
-    while len(text) >= 2 and text[0] + text[-1] in ("{}", "``", '""', "''"):
+    # lenient about wrapping that small models add: {2 + 3}, {12} * {12}, `2 + 3`, "2 + 3", 2 + 3 =
+    text = text.replace("{", "").replace("}", "").strip()
+    while len(text) >= 2 and text[0] + text[-1] in ("``", '""', "''"):
         text = text[1:-1].strip()
     text = text.removesuffix("=").strip()
     if not text:
