@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentstream.app import Agent
+from agentstream.codec import gc_paused
 from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
 from agentstream.context.compaction import instructions as compaction_instructions
 from agentstream.context.elements import Numbering
@@ -134,6 +135,11 @@ def build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> Bu
     Raises:
         ShortenError: a shorten function changed a result's elements or its error.
     """
+    with gc_paused():
+        return _build_from_state(state, turn_id=turn_id, step=step)
+
+
+def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> BuiltContext:
     index = state.turn_index.get(turn_id) if turn_id is not None else None
     if index is None:
         index = len(state.turns) - 1

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from agentstream.app import Agent
+from agentstream.codec import gc_paused
 from agentstream.context.compaction import summary_section
 from agentstream.context.elements import Numbering
 from agentstream.context.forms.shorten import FULL, Form
@@ -195,7 +196,15 @@ class TraceState:
     # --- feeding events ------------------------------------------------------------------------
 
     def feed(self, events: Sequence[Any]) -> None:
-        """Fold events (the trace's next events, in order) into the state."""
+        """Fold events (the trace's next events, in order) into the state.
+
+        The cyclic garbage collector is paused meanwhile: folding allocates many small objects
+        that live on, and full collections would make a long trace's fold quadratic.
+        """
+        with gc_paused():
+            self._feed(events)
+
+    def _feed(self, events: Sequence[Any]) -> None:
         for event in events:
             self.count += 1
             if not self.prenumbered:
@@ -302,10 +311,15 @@ class TraceState:
         index = self.turn_index.get(event.kept_from_turn)
         if index is None:
             return
+        previous = self.kept_from if self.compaction is not None else 0
         self.compaction = event
         self.kept_from = index
-        self.hidden_chars = sum(t.chars for t in self.turns[:index])
-        self.hidden_reasoning = sum(t.reasoning_chars for t in self.turns[:index])
+        if index >= previous:  # the kept part only moves on: add the turns it now leaves out
+            self.hidden_chars += sum(t.chars for t in self.turns[previous:index])
+            self.hidden_reasoning += sum(t.reasoning_chars for t in self.turns[previous:index])
+        else:
+            self.hidden_chars = sum(t.chars for t in self.turns[:index])
+            self.hidden_reasoning = sum(t.reasoning_chars for t in self.turns[:index])
 
     def _app_event(self, event: Any) -> None:
         render = None
@@ -501,8 +515,9 @@ class TraceState:
     def shrunk(self, current: int) -> list[Slot]:
         """The shortened results shown in a call in turn ``current``, in recorded order."""
         start = self.visible_from(current)
+        first = self.turns[start].first_slot if start < len(self.turns) else len(self.slots)
         return [
-            s for s in self.slots
+            s for s in self.slots[first:]
             if s.form != FULL and s.turn is not None and start <= s.turn.index <= current
         ]
 
