@@ -11,9 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from agentstream import codec
 from agentstream.context import (
     AssistantMessage,
@@ -24,8 +21,18 @@ from agentstream.context import (
     build_messages,
 )
 from agentstream.context.render import MISSING_RESULT_TEXT
-from agentstream.events import Compaction, ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.events import (
+    Compaction,
+    ModelOutput,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+)
 from agentstream.models.openai_format import request_body
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tests.property.traces import AGENTS, traces
 
 ROOT = Path(__file__).resolve().parents[2]

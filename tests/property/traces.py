@@ -13,11 +13,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import strategies as st
-
 from agentstream import Agent, tool
-from agentstream.context import BRACKETS, ContextConfig, ContextPolicy, ModelLimits, Share, Tokens
-from agentstream.events import Compaction, Document, ModelOutput, Passage, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput, Usage
+from agentstream.context import (
+    BRACKETS,
+    ContextConfig,
+    ContextPolicy,
+    ModelLimits,
+    Share,
+    Tokens,
+)
+from agentstream.events import (
+    Compaction,
+    Document,
+    ModelOutput,
+    Passage,
+    ToolCall,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    Usage,
+)
+from hypothesis import strategies as st
 
 
 @tool

@@ -32,7 +32,11 @@ from agentstream.context.builder import (
 )
 from agentstream.context.cache import ContextCache
 from agentstream.context.citations import BRACKETS, FULLWIDTH, CitationStyle
-from agentstream.context.compaction import CompactionPlan, compaction_event, summary_request
+from agentstream.context.compaction import (
+    CompactionPlan,
+    compaction_event,
+    summary_request,
+)
 from agentstream.context.elements import Numbering
 from agentstream.context.explain import Explanation, describe_shrunk, explain
 from agentstream.context.forms import (
@@ -50,7 +54,14 @@ from agentstream.context.forms import (
     sources,
 )
 from agentstream.context.layout import Layout, xml
-from agentstream.context.limits import DEFAULT_LIMITS, ModelLimits, Share, Threshold, Tokens, estimate_tokens
+from agentstream.context.limits import (
+    DEFAULT_LIMITS,
+    ModelLimits,
+    Share,
+    Threshold,
+    Tokens,
+    estimate_tokens,
+)
 from agentstream.context.policy import (
     ALWAYS,
     CURRENT_TURN,

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentstream.app import Agent
-from agentstream.context.builder import BuiltContext, build_from_state, new_state, require_fit, settings_of
+from agentstream.context.builder import (
+    BuiltContext,
+    build_from_state,
+    new_state,
+    require_fit,
+    settings_of,
+)
 from agentstream.context.render import EventFilter
 from agentstream.context.request import ChatRequest
 from agentstream.context.state import TraceState

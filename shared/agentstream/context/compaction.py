@@ -21,7 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from agentstream.context.forms.shorten import COMPRESSED, STUBBED
 from agentstream.context.layout import escape_text
-from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits, message_chars
+from agentstream.context.limits import (
+    MESSAGE_OVERHEAD_CHARS,
+    ModelLimits,
+    message_chars,
+)
 from agentstream.context.policy import Compact
 from agentstream.context.request import ChatRequest, Message, UserMessage
 from agentstream.errors import CompactionError

@@ -20,7 +20,14 @@ from typing import Union
 
 import msgspec
 
-from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolDefinition, ToolResultMessage, UserMessage
+from agentstream.context.request import (
+    AssistantMessage,
+    ChatRequest,
+    Message,
+    ToolDefinition,
+    ToolResultMessage,
+    UserMessage,
+)
 
 MESSAGE_OVERHEAD_CHARS = 12
 """Characters counted for each message beyond its text (role, separators): about 4 tokens."""

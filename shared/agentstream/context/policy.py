@@ -20,7 +20,15 @@ from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from agentstream.context.forms.shorten import COMPRESSED, FULL, STUBBED, Form, Shorten, as_recorded, drop_text
+from agentstream.context.forms.shorten import (
+    COMPRESSED,
+    FULL,
+    STUBBED,
+    Form,
+    Shorten,
+    as_recorded,
+    drop_text,
+)
 from agentstream.context.limits import ModelLimits, Share, Threshold, Tokens
 from agentstream.context.request import ToolDefinition
 from agentstream.events import Element

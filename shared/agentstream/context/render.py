@@ -15,11 +15,23 @@ import msgspec
 
 from agentstream.context.citations import CitationStyle
 from agentstream.context.elements import Numbering, images_of
-from agentstream.context.forms.shorten import COMPRESSED, FULL, STUBBED, Form, checked, cut_text
+from agentstream.context.forms.shorten import (
+    COMPRESSED,
+    FULL,
+    STUBBED,
+    Form,
+    checked,
+    cut_text,
+)
 from agentstream.context.layout import DEFAULT_LAYOUT, Layout
 from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits
 from agentstream.context.policy import ContextPolicy
-from agentstream.context.request import AssistantMessage, Message, ToolResultMessage, UserMessage
+from agentstream.context.request import (
+    AssistantMessage,
+    Message,
+    ToolResultMessage,
+    UserMessage,
+)
 from agentstream.errors import ContextError
 from agentstream.events import Element, ModelOutput, ToolCall, ToolOutput, TurnInput
 

@@ -20,7 +20,7 @@ from collections import ChainMap
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentstream.context.forms.shorten import FULL, STUBBED, Form
+from agentstream.context.forms.shorten import STUBBED, Form
 from agentstream.context.limits import corrected_tokens
 from agentstream.context.policy import Compress, ContextView, Stub
 from agentstream.errors import ShortenError

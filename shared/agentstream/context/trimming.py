@@ -16,7 +16,12 @@ from typing import Literal, Union
 import msgspec
 
 from agentstream.context.limits import ModelLimits, message_chars
-from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
+from agentstream.context.request import (
+    AssistantMessage,
+    ChatRequest,
+    ToolResultMessage,
+    UserMessage,
+)
 
 
 class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, tag="system"):

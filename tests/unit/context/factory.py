@@ -6,7 +6,15 @@ from typing import Any
 
 from agentstream import Agent, tool
 from agentstream.context import ContextConfig, ContextPolicy, ModelLimits, Tokens
-from agentstream.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput, Usage
+from agentstream.events import (
+    ModelOutput,
+    ToolCall,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    Usage,
+)
 
 
 @tool

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from agentstream.context import (
     BRACKETS,
     AssistantMessage,
@@ -18,7 +17,16 @@ from agentstream.context import (
 )
 from agentstream.context.render import MISSING_RESULT_TEXT
 from agentstream.errors import ContextError, UnrenderedEventError
-from agentstream.events import Document, ModelOutput, Passage, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.events import (
+    Document,
+    ModelOutput,
+    Passage,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+)
+
 from tests.unit.context.factory import Trace, make_agent
 
 

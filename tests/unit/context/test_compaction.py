@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from agentstream.context import (
     BRACKETS,
     Compact,
@@ -22,6 +21,7 @@ from agentstream.context.builder import new_state, settings_of
 from agentstream.context.compaction import kept_from_index
 from agentstream.errors import CompactionError
 from agentstream.events import Compaction, Document
+
 from tests.unit.context.factory import Trace, make_agent
 
 

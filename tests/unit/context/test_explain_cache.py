@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
-from agentstream.context import ContextCache, ContextPolicy, Tokens, build_context, describe_shrunk, explain
+from agentstream.context import (
+    ContextCache,
+    ContextPolicy,
+    Tokens,
+    build_context,
+    describe_shrunk,
+    explain,
+)
 from agentstream.errors import UnrenderedEventError
+
 from tests.unit.context.factory import Trace, make_agent
 
 AGENT = make_agent(window=8_000, policy=ContextPolicy(output_reserve=Tokens(500)))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from agentstream import Agent, Tool
 from agentstream.context import (
     AssistantMessage,
@@ -38,6 +37,7 @@ from agentstream.context.trimming import estimate_counter
 from agentstream.errors import ContextFullError
 from agentstream.events import Compaction, ToolCall
 from agentstream.models.openai_format import request_body
+
 from tests.unit.context.factory import Trace, make_agent
 
 
@@ -207,7 +207,7 @@ def messages_bytes(request) -> list[bytes]:
 def test_c21_under_budget_ten_turns_keep_the_prefix_byte_identical():
     trace = Trace()
     agent = make_agent(window=100_000, policy=ContextPolicy(output_reserve=Tokens(1_000)))
-    previous = None
+    previous = previous_tools = None
     for index in range(10):
         turn = trace.user(f"question {index}")
         request = build_request(trace.events, agent, turn_id=turn, step=0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from agentstream.context import BRACKETS, FULLWIDTH, Numbering, xml
 from agentstream.events import Document, Image, Passage, Source
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from agentstream.context import (
     AssistantMessage,
     ChatRequest,
@@ -19,6 +18,7 @@ from agentstream.context import (
 from agentstream.context.limits import corrected_tokens, request_chars
 from agentstream.errors import ContextFullError
 from agentstream.events import ToolCall
+
 from tests.unit.context.factory import Trace, make_agent
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from agentstream.context import (
     BRACKETS,
     COMPRESSED,
@@ -23,6 +22,7 @@ from agentstream.context import (
 )
 from agentstream.context.policy import Selection
 from agentstream.events import Document, Image
+
 from tests.unit.context.factory import Trace, make_agent
 
 BIG = "lorem ipsum " * 150  # about 600 tokens

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import json
 
-from agentstream.context import BRACKETS, ContextConfig, ContextPolicy, Tokens, build_context, reopen_result
+from agentstream.context import (
+    BRACKETS,
+    ContextConfig,
+    ContextPolicy,
+    Tokens,
+    build_context,
+    reopen_result,
+)
 from agentstream.events import Document, ModelOutput, Passage, ToolCall
 from agentstream.steps import RecordResults, decide
+
 from tests.unit.context.factory import Trace, make_agent
 
 

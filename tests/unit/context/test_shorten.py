@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
 from agentstream.context import (
     COMPRESSED,
     FULL,
@@ -24,6 +23,7 @@ from agentstream.context import (
 from agentstream.context.forms import checked
 from agentstream.errors import ShortenError
 from agentstream.events import Document, Image, Passage, ToolOutput
+
 from tests.unit.context.factory import Trace, make_agent
 
 LIMITS = ModelLimits(window=Tokens(1000))
