@@ -121,6 +121,7 @@ class TraceState:
         self.reopen_def = reopen.definition() if reopen is not None and agent.tool(reopen.name) is None else None
         self.reopen_chars = tools_chars((*self.tool_defs, self.reopen_def)) - self.tools_chars if self.reopen_def else 0
         self.prompt_chars = len(agent.system_prompt) + MESSAGE_OVERHEAD_CHARS
+        self._summarised: tuple[Compaction | None, str] = (None, "")
         self.thresholds: tuple[int, int, int] | None = None
         if limits is not None:
             start_at, target = limits.tokens(self.policy.start_at), limits.tokens(self.policy.target)
@@ -309,7 +310,9 @@ class TraceState:
     def system_prompt(self, current: int) -> str:
         if self.compaction_shown(current):
             assert self.compaction is not None
-            return self.agent.system_prompt + summary_section(self.compaction)
+            if self._summarised[0] is not self.compaction:
+                self._summarised = (self.compaction, self.agent.system_prompt + summary_section(self.compaction))
+            return self._summarised[1]
         return self.agent.system_prompt
 
     def tools_for(self, current: int, step: int) -> tuple[ToolDefinition, ...]:
@@ -322,12 +325,21 @@ class TraceState:
 
     def chars(self, current: int, step: int) -> int:
         """Characters of the request of a call in turn ``current`` (an index) at ``step``."""
-        if self.compaction is None and self.policy.reasoning == NEVER and self.turns and self.turns[-1].index == current:
-            history = self.total_chars  # the usual case: no summary, no queued turn, no reasoning
-            tools = 0
-            if self.agent.tool_choice_for(step) != "none":
-                tools = self.tools_chars + (self.reopen_chars if self.reopen_def is not None and self.forms else 0)
-            return self.prompt_chars + tools + history
+        if self.policy.reasoning == NEVER and self.turns and self.turns[-1].index == current:
+            # the usual case: no queued turn, no reasoning; a summary only moves the start
+            if self.compaction is None:
+                history, system, reopen = self.total_chars, self.prompt_chars, bool(self.forms)
+            elif self.kept_from <= current:
+                history = self.total_chars - self.hidden_chars
+                system = len(self.system_prompt(current)) + MESSAGE_OVERHEAD_CHARS
+                reopen = bool(self.forms) or self.kept_from > 0
+            else:
+                history = None
+            if history is not None:
+                tools = 0
+                if self.agent.tool_choice_for(step) != "none":
+                    tools = self.tools_chars + (self.reopen_chars if self.reopen_def is not None and reopen else 0)
+                return system + tools + history
         start = self.visible_from(current)
         history = self.total_chars
         reasoning = self.total_reasoning
