@@ -37,7 +37,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
-RUN /opt/agentstream/bin/pip install .
+# The `otel` extra (opentelemetry-api) carries a turn's trace context through the services; to
+# record spans, add the SDK and an exporter: --build-arg EXTRA_PIP_PACKAGES="opentelemetry-sdk
+# opentelemetry-exporter-otlp" (and set them up in your app module, or run under opentelemetry-instrument).
+RUN /opt/agentstream/bin/pip install ".[otel]"
 # Packages the user's app needs, space-separated pip requirement specifiers (default: none).
 ARG EXTRA_PIP_PACKAGES=""
 RUN if [ -n "${EXTRA_PIP_PACKAGES}" ]; then /opt/agentstream/bin/pip install ${EXTRA_PIP_PACKAGES}; fi

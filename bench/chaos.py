@@ -6,8 +6,8 @@
 
 Real Redis (REDIS_URL, else a local redis-server on a free port), the services as separate OS
 processes (``agentstream serve``), the scripted OpenAI-compatible model over HTTP with parallel
-tool calls, and kill -9 of a random service process every 0.5–2.5 s (restarted 0.1–1.5 s
-later, under its old consumer name or a new one). The same harness as the bounded test in
+tool calls, and kill -9 of a random service process every 0.5–2.5 s (never the last live one of
+its service; restarted 0.1–1.5 s later, under its old consumer name or a new one). The same harness as the bounded test in
 tests/chaos/ (tests/support/chaos.py), bigger. Exits 1 when a check fails.
 """
 
@@ -67,6 +67,7 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         ("dangling calls", f["dangling calls"]),
         ("entries left pending at the end", f["left pending"]),
         ("kill → next progress of the work it held, p50", f"{f['kill → next progress p50 (s)']} s"),
+        ("kill → next progress of the work it held, p90", f"{f['kill → next progress p90 (s)']} s"),
         ("kill → next progress of the work it held, max", f"{f['kill → next progress max (s)']} s"),
         ("recoveries measured", f["recoveries measured"]),
         ("outcome-unknown results (side-effect tool killed mid-run)", f["outcome-unknown results"]),
@@ -86,9 +87,10 @@ with other work; Redis {version} on loopback; {config.agent_loops} agent-loop an
 {config.conversations} conversations × {config.turns_per_conversation} turns, published over
 {config.publish_over_s:.0f} s, each turn 1–3 parallel `work` calls plus, at random, a `record`
 call (side effects, not retry-safe) and an `upsert` call (side effects, retry-safe); a random
-service process killed with SIGKILL every {config.kill_every_s[0]}–{config.kill_every_s[1]} s and
-restarted {config.restart_after_s[0]}–{config.restart_after_s[1]} s later (half the time under a
-new consumer name). Settings: {env}.
+service process (never the last live one of its service) killed with SIGKILL every
+{config.kill_every_s[0]}–{config.kill_every_s[1]} s and restarted
+{config.restart_after_s[0]}–{config.restart_after_s[1]} s later (half the time under a new
+consumer name). Settings: {env}.
 
 | figure | value |
 |---|---|
@@ -138,6 +140,7 @@ def main() -> int:
         print(f"chaos: {config.conversations * config.turns_per_conversation} turns, Redis {version}, logs in {logs}", flush=True)
         result = ChaosRun(url, f"chaos-{uuid.uuid4().hex[:8]}", Path(logs), config).run()
     print(result.report())
+    print("slowest recoveries (s, killed process, service, trace):", result.slowest)
     if result.lost:
         print("lost:", ", ".join(result.lost[:20]))
     command = "python bench/chaos.py " + " ".join(sys.argv[1:])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from redis.asyncio.client import Pipeline
 
-from agentstream import codec
+from agentstream import codec, tracing
 from agentstream.app import App, Tool
 from agentstream.delegation import ChildEnded, children_of, delegations_of
 from agentstream.events import CancelMessage, TaskInput, TurnEnded, TurnFailed, TurnInput
@@ -51,7 +51,8 @@ class Children:
         if isinstance(ending, TurnFailed) and self.delegations and turn is not None:
             await self._cancel_children(pipe, trace_id, turn, ending)
         if isinstance(turn, TaskInput):
-            pipe.xadd(self.keys.child_endings, {ENDING_FIELD: codec.encode(ChildEnded(trace_id=trace_id, turn_id=turn.turn_id))})
+            ending_hint = ChildEnded(trace_id=trace_id, turn_id=turn.turn_id, trace_context=tracing.inject())
+            pipe.xadd(self.keys.child_endings, {ENDING_FIELD: codec.encode(ending_hint)})
             return True
         return False
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from agentstream import codec
+from agentstream import codec, tracing
 from agentstream.app import Agent
 from agentstream.compacting import CompactionJob, Summarise, job_marker, next_call
 from agentstream.context import BuiltContext, ChatRequest
@@ -53,7 +53,10 @@ class Compactions:
         marker = job_marker(plan.turn_id, plan.kept_from_turn)
         if await self.store.has_key(trace_id, marker):
             return
-        job = CompactionJob(trace_id=trace_id, turn_id=plan.turn_id, step=step, kept_from_turn=plan.kept_from_turn)
+        job = CompactionJob(
+            trace_id=trace_id, turn_id=plan.turn_id, step=step, kept_from_turn=plan.kept_from_turn,
+            trace_context=tracing.inject(),  # the compaction's span is a child of the asking step's
+        )
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.xadd(self.keys.compactions, {COMPACTION_FIELD: codec.encode(job)})
         pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")

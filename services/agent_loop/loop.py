@@ -21,7 +21,7 @@ import logging
 
 import msgspec
 
-from agentstream import codec, logs, metrics
+from agentstream import codec, logs, metrics, tracing
 from agentstream.app import App
 from agentstream.compacting import failure_code
 from agentstream.context import ContextCache
@@ -359,6 +359,11 @@ class AgentLoop:
         entries = await self.store.read(trace_id)
         events = [event for _, event in entries]
         decision = decide(events, self.app.agent)
+        with _step_span(trace_id, decision):  # a child of the turn's trace context (OpenTelemetry)
+            return await self._act(trace_id, token, entries, events, decision)
+
+    async def _act(self, trace_id: str, token: int, entries, events, decision) -> bool:
+        """Carry out one decision → True when the trace moved and should be looked at again."""
         match decision:
             case Idle():
                 await self._publish_missing_reply(trace_id, events)
@@ -383,8 +388,12 @@ class AgentLoop:
                     await self._end(trace_id, token, failed, turn)
                     return True
                 try:
-                    with metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time():
+                    attributes = tracing.model_call_attributes(model, turn_id=turn.turn_id, step=step)
+                    with metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time(), tracing.span(
+                        "agentstream.model_call", kind="client", attributes=attributes
+                    ) as span:
                         output = await self._abortable(trace_id, turn.turn_id, model.complete(request, turn_id=turn.turn_id, step=step, deltas=self._deltas(trace_id)))
+                        tracing.record_model_output(span, output)
                     if output is None:  # aborted by a cancel: the next step ends the turn
                         return True
                 except ModelError as exc:
@@ -425,7 +434,10 @@ class AgentLoop:
         for call in calls:
             tool = agent.tool(call.name)
             queue = tool.queue if tool is not None else "default"
-            job = ToolJob(trace_id=trace_id, turn_id=turn.turn_id, call_id=call.id, name=call.name, arguments=call.arguments)
+            job = ToolJob(
+                trace_id=trace_id, turn_id=turn.turn_id, call_id=call.id, name=call.name, arguments=call.arguments,
+                trace_context=tracing.inject(),  # the tool call's span is a child of this step's
+            )
             stream, field = self.children.job_stream(tool, queue)  # a delegation goes to the delegation service
             pipe.xadd(stream, {field: codec.encode(job)})
         pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
@@ -470,3 +482,19 @@ class AgentLoop:
             pipe.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
         pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
         await pipe.execute()
+
+
+def _step_span(trace_id: str, decision):
+    """The OpenTelemetry span of one step on a turn, a child of the context in the turn's
+    metadata (``traceparent``); none for an idle trace (see :mod:`agentstream.tracing`)."""
+    turn = getattr(decision, "turn", None)
+    if turn is None:
+        return contextlib.nullcontext()
+    attributes = {
+        "agentstream.decision": type(decision).__name__,
+        "agentstream.trace_id": trace_id,
+        "agentstream.turn_id": turn.turn_id,
+        "agentstream.agent": turn.agent,
+        "agentstream.step": getattr(decision, "step", None),
+    }
+    return tracing.span("agentstream.step", parent=turn.metadata, attributes=attributes)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from agentstream import codec, logs
+from agentstream import codec, logs, tracing
 from agentstream.app import App
 from agentstream.compacting import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
 from agentstream.context import CompactionPlan, build_context, compaction_event, settings_of, summary_request
@@ -67,7 +67,10 @@ class Compactor:
             log.error("dropping malformed compaction job %s: %s", entry_id, exc)
             await self.redis.xadd(self.keys.errors, {b"error": f"malformed compaction job {entry_id}: {exc}".encode(), b"payload": payload or b""})
             return
-        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id):
+        attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id, "agentstream.step": job.step}
+        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id), tracing.span(
+            "agentstream.compaction", parent=job.trace_context, kind="consumer", attributes=attributes
+        ):  # a child of the step that asked for the summary (OpenTelemetry)
             await self.compact(job)
             await self._wake(job.trace_id)
 
@@ -135,7 +138,10 @@ class Compactor:
         provider = name = ""
         for chunk in range(len(plan.chunks)):
             request = summary_request(state, plan, chunk, summary)
-            output = await model.complete(request, turn_id=plan.turn_id, step=step)
+            attributes = tracing.model_call_attributes(model, turn_id=plan.turn_id, step=step)
+            with tracing.span("agentstream.model_call", kind="client", attributes=attributes) as span:
+                output = await model.complete(request, turn_id=plan.turn_id, step=step)
+                tracing.record_model_output(span, output)
             if not output.content.strip():
                 raise CompactionError(
                     f"turn {plan.turn_id}: the model wrote an empty summary (chunk {chunk + 1} of {len(plan.chunks)}, "

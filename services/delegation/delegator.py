@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agentstream import codec, logs
+from agentstream import codec, logs, tracing
 from agentstream.app import App
 from agentstream.delegation import (
     Delegation,
@@ -80,7 +80,11 @@ class Delegator:
         except msgspec.DecodeError as exc:
             await self._malformed("delegation job", entry_id, payload, exc)
             return
-        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id, call_id=job.call_id):
+        attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id,
+                      "agentstream.delegation": job.name, "gen_ai.tool.call.id": job.call_id}
+        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id, call_id=job.call_id), tracing.span(
+            "agentstream.delegation", parent=job.trace_context, kind="consumer", attributes=attributes
+        ):  # a child of the step that published the job (OpenTelemetry)
             await self.open(job)
 
     async def on_child_ended(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
@@ -91,7 +95,9 @@ class Delegator:
         except msgspec.DecodeError as exc:
             await self._malformed("child ending", entry_id, payload, exc)
             return
-        with logs.bind(trace_id=ending.trace_id):
+        with logs.bind(trace_id=ending.trace_id), tracing.span(
+            "agentstream.hand_back", parent=ending.trace_context, kind="consumer", attributes={"agentstream.trace_id": ending.trace_id}
+        ):  # a child of the child's last step (OpenTelemetry)
             await self.give_back(ending.trace_id)
 
     async def on_dead_delegation(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
@@ -148,7 +154,9 @@ class Delegator:
         child = handoff.child_trace_id
         deadline_ms = int((time.time() + delegation.deadline_s) * 1000)
         await self.redis.zadd(self.keys.delegation_deadlines, {child: deadline_ms}, nx=True)
-        appended = await self.store.append(child, handoff.task)
+        # the child's steps continue this delegation's OpenTelemetry trace (its metadata's traceparent)
+        task = msgspec.structs.replace(handoff.task, metadata={**handoff.task.metadata, **tracing.inject()})
+        appended = await self.store.append(child, task)
         if appended.created:
             log.info("opened child trace %s (depth %d) for call %s of trace %s", child, handoff.task.depth,
                      handoff.task.call_id, handoff.task.parent_trace_id)

@@ -28,7 +28,7 @@ import time
 
 import msgspec
 
-from agentstream import codec, metrics
+from agentstream import codec, metrics, tracing
 from agentstream.app import App
 from agentstream.events import CancelMessage, ToolJob, ToolOutput, ToolStarted, Wake
 from agentstream.keys import JOB_FIELD, WAKE_FIELD, Keys
@@ -81,6 +81,11 @@ class ToolWorker:
             log.error("dropping malformed tool job %s: %s", entry_id, exc)
             await self.redis.xadd(self.keys.errors, {b"error": f"malformed tool job {entry_id}: {exc}".encode(), b"payload": payload or b""})
             return
+        # a child of the step that published the job (OpenTelemetry); the tool runs inside it
+        with tracing.span("agentstream.tool_call", parent=job.trace_context, kind="consumer", attributes=_span_attributes(job)):
+            await self._on_job(job, entry_id, stream)
+
+    async def _on_job(self, job: ToolJob, entry_id: str, stream: str) -> None:
         key = (job.trace_id, job.call_id)
         ref = f"{stream}/{entry_id}"
         state = await self.store.begin_call(job.trace_id, job.turn_id, job.call_id, ref)
@@ -204,6 +209,7 @@ class ToolWorker:
         metrics.TOOL_CALL_SECONDS.labels(tool=job.name).observe(duration_s)
         if error is not None:
             metrics.TOOL_ERRORS.labels(tool=job.name, error=error).inc()
+            tracing.current().set({"error.type": error})
             log.info("tool %s call %s of trace %s gave an error result: %s", job.name, job.call_id, job.trace_id, error)
         return ToolOutput(
             turn_id=job.turn_id,
@@ -218,6 +224,16 @@ class ToolWorker:
     async def _wake(self, job: ToolJob) -> None:
         wake = Wake(trace_id=job.trace_id, reason=f"result:{job.call_id}")
         await self.redis.xadd(self.keys.wake, {WAKE_FIELD: codec.encode(wake)})
+
+
+def _span_attributes(job: ToolJob) -> dict[str, str]:
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": job.name,
+        "gen_ai.tool.call.id": job.call_id,
+        "agentstream.trace_id": job.trace_id,
+        "agentstream.turn_id": job.turn_id,
+    }
 
 
 def _outcome_unknown(job: ToolJob) -> ToolOutput:

@@ -48,7 +48,7 @@ CONTEXT_FULL = "context_full"
 """TurnFailed code: the context does not fit the model's window, even after a summary."""
 
 
-class CompactionJob(msgspec.Struct, frozen=True, kw_only=True):
+class CompactionJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A hint on the compactions stream: this trace's next model call needs a summary first.
 
     Attributes:
@@ -56,12 +56,15 @@ class CompactionJob(msgspec.Struct, frozen=True, kw_only=True):
         turn_id: the running turn.
         step: the model call (step of the turn) that waits for the summary.
         kept_from_turn: the first turn the summary keeps, as the loop planned it.
+        trace_context: the OpenTelemetry context of the step that asked (W3C ``traceparent``,
+            ``tracestate``; empty without tracing), see :mod:`agentstream.tracing`.
     """
 
     trace_id: str
     turn_id: str
     step: int
     kept_from_turn: str
+    trace_context: dict[str, str] = {}
 
 
 _job_decoder = msgspec.json.Decoder(CompactionJob)

@@ -402,7 +402,8 @@ class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
         turn_id: the publisher's unique id for the turn; a turn published twice is answered once.
         agent: the name of the agent to answer with.
         text: the user's message.
-        metadata: string pairs echoed on the reply.
+        metadata: string pairs echoed on the reply. A W3C ``traceparent`` (and ``tracestate``)
+            here makes the services' OpenTelemetry spans part of the publisher's trace.
         reply_to: the stream to publish the answer on; defaults to ``agentstream:replies``.
     """
 
@@ -429,14 +430,20 @@ class Reply(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] = {}
 
 
-class ToolJob(msgspec.Struct, frozen=True, kw_only=True):
-    """A hint on a tool queue: run this call of this trace (the trace holds the truth)."""
+class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A hint on a tool queue: run this call of this trace (the trace holds the truth).
+
+    ``trace_context`` is the OpenTelemetry context of the step that published the job (W3C
+    ``traceparent``/``tracestate``; empty without tracing): the tool call's span is its child
+    (see :mod:`agentstream.tracing`).
+    """
 
     trace_id: str
     turn_id: str
     call_id: str
     name: str
     arguments: str
+    trace_context: dict[str, str] = {}
 
 
 class Wake(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,8 +1,11 @@
 """Structured logs: one JSON object per line, carrying the trace, turn and call ids.
 
 Handlers set the ids of what they work on with :func:`bind`; every log record made inside
-carries them (contextvars, so concurrent asyncio tasks keep their own). JSON formatting is
-python-json-logger's. ``AGENTSTREAM_LOG_FORMAT=text`` gives plain lines for a terminal.
+carries them (contextvars, so concurrent asyncio tasks keep their own). A record made while an
+OpenTelemetry span is recording also carries ``otel_trace_id`` and ``otel_span_id`` (hex), so a
+log line can be found from a trace and the other way round (see :mod:`agentstream.tracing`).
+JSON formatting is python-json-logger's. ``AGENTSTREAM_LOG_FORMAT=text`` gives plain lines for a
+terminal.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import sys
 from collections.abc import Iterator
 
 from pythonjsonlogger.json import JsonFormatter
+
+from agentstream import tracing
 
 _FIELDS = ("trace_id", "turn_id", "call_id")
 _context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("agentstream_log_context", default={})
@@ -37,6 +42,10 @@ class _ContextFilter(logging.Filter):
         for name in _FIELDS:
             if not hasattr(record, name):
                 setattr(record, name, ids.get(name))
+        if not hasattr(record, "otel_trace_id"):
+            otel = tracing.current_ids()
+            if otel is not None:  # extra fields: the JSON has them only while a span records
+                record.otel_trace_id, record.otel_span_id = otel
         return True
 
 

@@ -6,6 +6,7 @@ inlined. Rendered for the default values, ci/full-values.yaml (everything on) an
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,7 +16,9 @@ from tests.deploy.deploy_support import CHART, FULL_VALUES, K8S_NAMESPACE, RELEA
 
 FULLNAME = f"{RELEASE}-agentstream"
 AGENTSTREAM_COMPONENTS = {"agent-loop", "tool-worker", "delegation", "compaction"}
-SECRET_LIKE = re.compile(r"PASSWORD|API_KEY|SECRET|TOKEN|CREDENTIAL", re.IGNORECASE)
+SECRET_LIKE = re.compile(r"PASSWORD|API_KEY|_KEY_|SECRET|TOKEN|CREDENTIAL", re.IGNORECASE)
+MODEL_SERVICES = {"agent-loop", "compaction"}  # the services that call models
+MODELS_FILE = "/etc/agentstream/models/models.yaml"
 
 
 def renders(request: pytest.FixtureRequest) -> dict[str, Rendered]:
@@ -114,11 +117,15 @@ def test_agentstream_containers_probe_the_metrics_port_and_get_their_settings(
         assert env["AGENTSTREAM_SHUTDOWN_GRACE_S"]["value"] == str(values["shutdownGraceSeconds"]), where
         assert env["AGENTSTREAM_NAMESPACE"]["value"] == values["streamNamespace"], where
         assert env["AGENTSTREAM_APP"]["value"] == values["app"], where
-        assert env["OPENAI_BASE_URL"]["value"] == values["models"][0]["baseUrl"], where
-        assert env["OPENAI_MODEL"]["value"] == values["models"][0]["model"], where
         assert env["REDIS_URL"]["value"].startswith(("redis://", "rediss://")), where
         assert c["command"] == ["agentstream"], where
         service = component(d)
+        model_env = {n for n in env if n.startswith(("OPENAI_", "AGENTSTREAM_KEY_", "AGENTSTREAM_MODELS_FILE", "AGENTSTREAM_DEFAULT_MODEL"))}
+        if service in MODEL_SERVICES:
+            assert env["OPENAI_BASE_URL"]["value"] == values["models"][0]["baseUrl"], where
+            assert env["OPENAI_MODEL"]["value"] == values["models"][0]["model"], where
+        else:  # tool workers (the user's tool code) and delegation never see a model key
+            assert not model_env, f"{where}: {model_env}"
         assert c["args"][:4] == ["serve", service, "--app", values["app"]], where
         if service == "tool-worker":
             pool = d["metadata"]["labels"]["agentstream.io/tool-pool"]
@@ -126,9 +133,19 @@ def test_agentstream_containers_probe_the_metrics_port_and_get_their_settings(
             assert c["args"][4:6] == ["--queue", queue], where
 
 
-def test_disabled_services_are_not_rendered(default_render: Rendered) -> None:
+def test_default_values_run_every_service(default_render: Rendered) -> None:
+    # delegation and compaction are needed whenever an agent delegates or compacts: on by default
     components = {component(m) for m in workloads(default_render)}
-    assert components == {"agent-loop", "tool-worker", "redis"}
+    assert components == {"agent-loop", "tool-worker", "delegation", "compaction", "redis"}
+
+
+def test_delegation_and_compaction_can_be_turned_off(render: Any) -> None:
+    r = render(values={"delegation": {"enabled": False}, "compaction": {"enabled": False}})
+    assert {component(m) for m in r.manifests if m["kind"] in ("Deployment", "Service", "PodDisruptionBudget")} == {
+        "agent-loop",
+        "tool-worker",
+        "redis",
+    }
 
 
 def test_full_values_render_every_service_and_pool(full_render: Rendered, full_values: dict[str, Any]) -> None:
@@ -209,16 +226,106 @@ def test_no_secret_is_inlined(request: pytest.FixtureRequest, name: str) -> None
             assert "secretKeyRef" not in content
 
 
+def container_of(rendered: Rendered, service: str) -> dict[str, Any]:
+    (c,) = rendered.named("Deployment", f"{FULLNAME}-{service}")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def models_file_of(rendered: Rendered) -> str:
+    return rendered.named("ConfigMap", f"{FULLNAME}-models")["data"]["models.yaml"]
+
+
+def load_rendered_models(rendered: Rendered, tmp_path: Path, environ: dict[str, str]) -> dict[str, Any]:
+    """The rendered models file as the services load it (agentstream.models.endpoints)."""
+    from agentstream.models.endpoints import load_models_file
+
+    path = tmp_path / "models.yaml"
+    path.write_text(models_file_of(rendered))
+    return load_models_file(path, environ)
+
+
 def test_model_keys_come_from_secrets(full_render: Rendered) -> None:
-    d = full_render.named("Deployment", f"{FULLNAME}-agent-loop")
-    (c,) = d["spec"]["template"]["spec"]["containers"]
-    env = env_of(c)
+    env = env_of(container_of(full_render, "agent-loop"))
     assert env["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "model-keys", "key": "openai"}
-    assert env["AGENTSTREAM_MODEL_LOCAL_SMALL_API_KEY"]["valueFrom"]["secretKeyRef"] == {
-        "name": "model-keys",
-        "key": "local",
-    }
-    assert env["AGENTSTREAM_MODEL_LOCAL_SMALL_BASE_URL"]["value"] == "http://vllm.models.svc:8000/v1"
+    assert env["AGENTSTREAM_KEY_LOCAL_SMALL"]["valueFrom"]["secretKeyRef"] == {"name": "model-keys", "key": "local"}
+    assert env["AGENTSTREAM_KEY_CLAUDE"]["valueFrom"]["secretKeyRef"] == {"name": "model-keys", "key": "anthropic"}
+    assert "AGENTSTREAM_KEY_OLLAMA" not in env, "a model without apiKey.existingSecret sends no key"
+    old = [n for n in env if n.startswith("AGENTSTREAM_MODEL_") and n.endswith(("_BASE_URL", "_API_KEY", "_MODEL"))]
+    assert not old, f"per-model env vars that nothing reads: {old}"
+    assert "secretKeyRef" not in models_file_of(full_render) and "model-keys" not in models_file_of(full_render)
+
+
+def test_models_file_is_mounted_where_agentstream_models_file_points(
+    full_render: Rendered, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentstream.settings import Settings
+
+    monkeypatch.setenv("AGENTSTREAM_MODELS_FILE", MODELS_FILE)
+    assert Settings().models_file == MODELS_FILE, "the variable the Python side reads"
+    for service in MODEL_SERVICES:
+        d = full_render.named("Deployment", f"{FULLNAME}-{service}")
+        pod = d["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert env_of(c)["AGENTSTREAM_MODELS_FILE"]["value"] == MODELS_FILE
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(Path(MODELS_FILE).parent))
+        assert mount["readOnly"] is True
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        assert volume["configMap"]["name"] == f"{FULLNAME}-models"
+        assert "checksum/models" in d["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_rendered_models_file_loads_in_agentstream(full_render: Rendered, tmp_path: Path) -> None:
+    env = env_of(container_of(full_render, "agent-loop"))
+    keys = {n: f"key-of-{n}" for n in env if n.startswith("AGENTSTREAM_KEY_")}
+    endpoints = load_rendered_models(full_render, tmp_path, keys)
+    assert set(endpoints) == {"local-small", "claude", "ollama"}, "the OpenAI-compatible default goes as OPENAI_*"
+    claude = endpoints["claude"]
+    assert (claude.provider, claude.base_url, claude.model) == ("anthropic", "https://api.anthropic.com", "claude-sonnet-4-5")
+    assert claude.window_tokens == 200000 and claude.thinking_budget_tokens == 2048
+    assert claude.api_key is not None and claude.api_key.get_secret_value() == "key-of-AGENTSTREAM_KEY_CLAUDE"
+    local = endpoints["local-small"]
+    assert (local.window_tokens, local.chars_per_token, local.timeout_s, local.retries) == (32768, 3.5, 60.0, 1)
+    assert local.quirks.tool_call_content == "null" and local.quirks.reasoning_replay == "current_turn"
+    assert dict(local.extra_body) == {"top_k": 20}
+    assert endpoints["ollama"].api_key is None and endpoints["ollama"].provider == "openai"
+
+
+def test_default_model_options_reach_the_default_endpoint(full_render: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentstream.models.endpoints import default_endpoint
+    from agentstream.settings import Settings
+
+    env = env_of(container_of(full_render, "compaction"))
+    for name in ("OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS"):
+        monkeypatch.setenv(name, env[name]["value"])
+    endpoint = default_endpoint(Settings())
+    assert (endpoint.provider, endpoint.base_url, endpoint.model) == ("openai", "https://api.openai.com/v1", "gpt-4o-mini")
+    assert endpoint.window_tokens == 128000
+    assert endpoint.quirks.max_tokens_field == "max_completion_tokens"
+
+
+def test_default_values_need_no_models_file(default_render: Rendered) -> None:
+    assert not [cm for cm in default_render.of_kind("ConfigMap") if cm["metadata"]["name"].endswith("-models")]
+    env = env_of(container_of(default_render, "agent-loop"))
+    assert "AGENTSTREAM_MODELS_FILE" not in env and "AGENTSTREAM_DEFAULT_MODEL_OPTIONS" not in env
+    assert env["OPENAI_BASE_URL"]["value"] == "https://api.openai.com/v1"
+
+
+def test_an_anthropic_default_goes_into_the_models_file(render: Any, tmp_path: Path) -> None:
+    models = [
+        {
+            "id": "default",
+            "provider": "anthropic",
+            "baseUrl": "https://api.anthropic.com",
+            "model": "claude-sonnet-4-5",
+            "apiKey": {"existingSecret": "keys", "key": "anthropic"},
+        }
+    ]
+    r = render(values={"models": models})
+    env = env_of(container_of(r, "agent-loop"))
+    assert not any(n.startswith("OPENAI_") for n in env)
+    assert env["AGENTSTREAM_KEY_DEFAULT"]["valueFrom"]["secretKeyRef"] == {"name": "keys", "key": "anthropic"}
+    endpoints = load_rendered_models(r, tmp_path, {"AGENTSTREAM_KEY_DEFAULT": "k"})
+    assert endpoints["default"].provider == "anthropic"
 
 
 # ---------------------------------------------------------------- autoscaling
@@ -319,6 +426,8 @@ def test_network_policies(full_render: Rendered, render: Any) -> None:
 
 
 def test_prompts_configmap_is_mounted(full_render: Rendered) -> None:
+    from agentstream.prompts import PROMPTS_DIR_ENV  # the variable the Python side reads
+
     cm = full_render.named("ConfigMap", f"{FULLNAME}-prompts")
     assert "demo.yaml" in cm["data"]
     for d in full_render.of_kind("Deployment"):
@@ -327,5 +436,5 @@ def test_prompts_configmap_is_mounted(full_render: Rendered) -> None:
         mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/agentstream/prompts")
         volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
         assert volume["configMap"]["name"] == cm["metadata"]["name"]
-        assert env_of(c)["AGENTSTREAM_PROMPTS_DIR"]["value"] == "/etc/agentstream/prompts"
+        assert env_of(c)[PROMPTS_DIR_ENV]["value"] == "/etc/agentstream/prompts"
         assert "checksum/prompts" in d["spec"]["template"]["metadata"]["annotations"]

@@ -40,17 +40,19 @@ METRICS = (
 # ---------------------------------------------------------------- docker-compose.yml
 
 
+MODEL_SERVICES = ("agent-loop", "compaction")  # the services that call models
+MODEL_VARS = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "AGENTSTREAM_MODELS_FILE", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS")
+
+
 def test_docker_compose_config_is_valid() -> None:
     proc = run([find_tool("docker-compose"), "-f", str(COMPOSE), "config", "-q"])
-    assert proc.returncode == 0, proc.stderr
-    proc = run([find_tool("docker-compose"), "-f", str(COMPOSE), "--profile", "full", "config", "-q"])
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
     """The file as docker-compose resolves it (anchors merged, ${VAR:-default}s filled in)."""
-    proc = run([find_tool("docker-compose"), "-f", str(COMPOSE), "--profile", "full", "config"])
+    proc = run([find_tool("docker-compose"), "-f", str(COMPOSE), "config"])
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout)
 
@@ -73,8 +75,12 @@ def test_compose_services_wait_for_redis_and_check_health(compose: dict[str, Any
         assert "/healthz" in " ".join(svc["healthcheck"]["test"]), name
         env = svc["environment"]
         assert env["REDIS_URL"] == "redis://redis:6379/0", name
-        for var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "AGENTSTREAM_METRICS_PORT"):
-            assert var in env, f"{name}: {var}"
+        assert "AGENTSTREAM_METRICS_PORT" in env, name
+        if name in MODEL_SERVICES:
+            for var in MODEL_VARS:
+                assert var in env, f"{name}: {var}"
+        else:  # tool workers (the user's tool code) and delegation never see a model key
+            assert not [v for v in env if v in MODEL_VARS or v.endswith("_API_KEY")], name
         assert svc["command"][:2] == ["serve", name], name
         assert svc["command"][2] == "--app", name
 
@@ -92,12 +98,33 @@ def test_compose_model_settings_come_from_the_environment() -> None:
         assert re.search(rf"\$\{{{var}:-[^}}]*\}}", text), f"{var} must come from the environment with a default"
 
 
-def test_compose_delegation_and_compaction_only_in_the_full_profile() -> None:
+def test_compose_up_starts_every_service(compose: dict[str, Any]) -> None:
+    # delegation and compaction are needed whenever an agent delegates or compacts: no profile
     raw = yaml.safe_load(COMPOSE.read_text())
-    for name in ("delegation", "compaction"):
-        assert raw["services"][name]["profiles"] == ["full"]
-    for name in ("redis", "agent-loop", "tool-worker"):
-        assert "profiles" not in raw["services"][name]
+    for name in ("redis", *AGENTSTREAM_SERVICES):
+        assert "profiles" not in raw["services"][name], name
+    assert set(compose["services"]) == {"redis", *AGENTSTREAM_SERVICES}
+
+
+def test_compose_mounts_an_optional_models_file(compose: dict[str, Any]) -> None:
+    for name in MODEL_SERVICES:
+        svc = compose["services"][name]
+        assert svc["environment"]["AGENTSTREAM_MODELS_FILE"] == "", f"{name}: no models file unless asked for"
+        mounts = [v for v in svc["volumes"] if ":/etc/agentstream/models" in v]
+        assert mounts == [f"{REPO / 'deploy' / 'models'}:/etc/agentstream/models:ro"], name
+    assert re.search(r"\$\{AGENTSTREAM_MODELS_FILE:-\}", COMPOSE.read_text())
+    assert re.search(r"\$\{AGENTSTREAM_MODELS_DIR:-\./deploy/models\}", COMPOSE.read_text())
+
+
+def test_compose_models_example_loads_in_agentstream() -> None:
+    from agentstream.models.endpoints import load_models_file
+
+    endpoints = load_models_file(REPO / "deploy" / "models" / "models.example.yaml", require_keys=False)
+    assert {e.provider for e in endpoints.values()} == {"openai", "anthropic"}
+    text = COMPOSE.read_text()
+    for e in endpoints.values():  # each key variable the example names reaches the model services
+        if e.api_key_env:
+            assert f"{e.api_key_env}: ${{{e.api_key_env}:-}}" in text, e.api_key_env
 
 
 # ---------------------------------------------------------------- Dockerfile

@@ -90,6 +90,10 @@ def test_schema_refuses_unknown_and_mistyped_values(render: Render) -> None:
     assert r.returncode != 0 and "shutdownGraceSeconds" in r.stderr
     r = render(values={"redis": {"bundled": {"appendfsync": "sometimes"}}})
     assert r.returncode != 0 and "appendfsync" in r.stderr
+    r = render(values={"models": [{"id": "default", "provider": "gemini", "baseUrl": "http://m/v1", "model": "m"}]})
+    assert r.returncode != 0 and "provider" in r.stderr
+    r = render(values={"models": [{"id": "default", "baseUrl": "http://m/v1", "model": "m", "windowTokens": "big"}]})
+    assert r.returncode != 0 and "windowTokens" in r.stderr
 
 
 # ---------------------------------------------------------------- bad combinations
@@ -145,6 +149,15 @@ BAD_COMBINATIONS = {
     "no default model": (
         {"models": [{"id": "cheap", "baseUrl": "http://m/v1", "model": "m"}]},
         'no model has id "default"',
+    ),
+    "two ids, one key variable": (
+        {"models": [{"id": "default", "baseUrl": "http://m/v1", "model": "m"}, {"id": "a-b", "baseUrl": "http://m/v1", "model": "m"},
+                    {"id": "a.b", "baseUrl": "http://m/v1", "model": "m"}]},
+        "both give the key variable AGENTSTREAM_KEY_A_B",
+    ),
+    "thinking budget on an openai endpoint": (
+        {"models": [{"id": "default", "baseUrl": "http://m/v1", "model": "m", "thinkingBudgetTokens": 2048}]},
+        "thinkingBudgetTokens is an Anthropic setting",
     ),
     "model secret without key": (
         {"models": [{"id": "default", "baseUrl": "http://m/v1", "model": "m", "apiKey": {"existingSecret": "s", "key": ""}}]},
@@ -203,3 +216,5 @@ def test_chart_readme_lists_every_param() -> None:
     readme = (CHART / "README.md").read_text()
     missing = [p for p in documented() if f"| `{p}` |" not in readme]
     assert not missing, f"charts/agentstream/README.md lacks these parameters: {missing}"
+    stale = [p for p, text in documented().items() if f"| `{p}` | {text} |" not in readme]
+    assert not stale, f"charts/agentstream/README.md describes these parameters otherwise than values.yaml: {stale}"

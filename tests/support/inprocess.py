@@ -48,7 +48,7 @@ class Proc:
 
 @dataclass
 class InProcess:
-    """Start agent-loop and tool-worker "processes" as tasks of the running event loop."""
+    """Start agent-loop, tool-worker, delegation and compaction "processes" as tasks of the running event loop."""
 
     app: App
     redis_url: str
@@ -91,6 +91,14 @@ class InProcess:
         if "tool-worker" in services:
             worker, more = build_worker(self.app, settings, store)
             runners += more
+        if "delegation" in services:
+            from agentstream_services.delegation.service import build as build_delegation
+
+            runners += build_delegation(self.app, settings, store)[1]
+        if "compaction" in services:
+            from agentstream_services.compaction.service import build as build_compaction
+
+            runners += build_compaction(self.app, settings, store, http)[1]
         stop = asyncio.Event()
         task = asyncio.create_task(run_consumers(runners, stop=stop, grace_s=settings.shutdown_grace_s, handle_signals=False))
         proc = Proc(name, stop, task, loop, worker, redis, http)

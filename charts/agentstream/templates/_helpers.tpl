@@ -8,6 +8,8 @@ Most helpers below take a "workload context": a dict with
   pool       (tool workers only) the pool name
   svc        the service's values (for a tool-worker pool: the merged pool, see agentstream.toolPool)
   args       (agentstream services) the container arguments after `agentstream`
+  models     (agent loop, compaction) true for a service that calls models: only these get the
+             model endpoints, the models file and the keys
   autoscaled (tool workers) true when KEDA or the HPA owns the replica count
 */}}
 
@@ -152,9 +154,51 @@ Secret) when it starts the container. That env var must come first in the contai
 
 {{/* ---------------------------------------------------------------- Models */}}
 
-{{/* The env-var infix of a model id: "cheap-v2" → "CHEAP_V2". */}}
-{{- define "agentstream.modelEnvId" -}}
-{{- . | upper | replace "-" "_" | replace "." "_" }}
+{{/* The env var that holds a model's API key: "cheap-v2" → "AGENTSTREAM_KEY_CHEAP_V2". Context: the id. */}}
+{{- define "agentstream.modelKeyEnv" -}}
+{{- printf "AGENTSTREAM_KEY_%s" (. | upper | replace "-" "_" | replace "." "_") }}
+{{- end }}
+
+{{/* Whether a model goes into the models file ("true") rather than OPENAI_*: every model but an OpenAI-compatible `default`. Context: the model. */}}
+{{- define "agentstream.modelInFile" -}}
+{{- if or (ne .id "default") (eq (default "openai" .provider) "anthropic") }}true{{ end }}
+{{- end }}
+
+{{/* A model's settings besides where it is, in the Python side's snake_case names (a dict as YAML). Context: the model. */}}
+{{- define "agentstream.modelOptions" -}}
+{{- $m := . }}
+{{- $out := dict }}
+{{- $names := dict "windowTokens" "window_tokens" "charsPerToken" "chars_per_token" "stream" "stream" "thinkingBudgetTokens" "thinking_budget_tokens" "timeoutSeconds" "timeout_s" "retries" "retries" "quirks" "quirks" "extraBody" "extra_body" }}
+{{- range $from, $to := $names }}
+{{- if hasKey $m $from }}
+{{- $_ := set $out $to (index $m $from) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/*
+The models file (AGENTSTREAM_MODELS_FILE, format: agentstream.models.endpoints), or "" when every
+model is an OpenAI-compatible `default`. It names each key's env var (api_key_env), never a key.
+Context: root.
+*/}}
+{{- define "agentstream.modelsFile" -}}
+{{- $entries := dict }}
+{{- range $m := .Values.models }}
+{{- if include "agentstream.modelInFile" $m }}
+{{- $e := include "agentstream.modelOptions" $m | fromYaml }}
+{{- $_ := set $e "provider" (default "openai" $m.provider) }}
+{{- $_ := set $e "base_url" $m.baseUrl }}
+{{- $_ := set $e "model" $m.model }}
+{{- if and $m.apiKey $m.apiKey.existingSecret }}
+{{- $_ := set $e "api_key_env" (include "agentstream.modelKeyEnv" $m.id) }}
+{{- end }}
+{{- $_ := set $entries $m.id $e }}
+{{- end }}
+{{- end }}
+{{- if $entries }}
+{{- toYaml (dict "models" $entries) }}
+{{- end }}
 {{- end }}
 
 {{/* ---------------------------------------------------------------- Tool pools */}}
@@ -223,8 +267,9 @@ Returns YAML: use with fromYaml.
 - name: AGENTSTREAM_PROMPTS_DIR
   value: /etc/agentstream/prompts
 {{- end }}
+{{- if .models }}
 {{- range $m := $v.models }}
-{{- if eq $m.id "default" }}
+{{- if not (include "agentstream.modelInFile" $m) }}
 - name: OPENAI_BASE_URL
   value: {{ $m.baseUrl | quote }}
 - name: OPENAI_MODEL
@@ -236,19 +281,21 @@ Returns YAML: use with fromYaml.
       name: {{ .existingSecret }}
       key: {{ .key }}
 {{- end }}{{ end }}
-{{- else }}
-{{- $id := include "agentstream.modelEnvId" $m.id }}
-- name: AGENTSTREAM_MODEL_{{ $id }}_BASE_URL
-  value: {{ $m.baseUrl | quote }}
-- name: AGENTSTREAM_MODEL_{{ $id }}_MODEL
-  value: {{ $m.model | quote }}
-{{- with $m.apiKey }}{{ if .existingSecret }}
-- name: AGENTSTREAM_MODEL_{{ $id }}_API_KEY
+{{- with include "agentstream.modelOptions" $m | fromYaml }}
+- name: AGENTSTREAM_DEFAULT_MODEL_OPTIONS
+  value: {{ toJson . | quote }}
+{{- end }}
+{{- else if and $m.apiKey $m.apiKey.existingSecret }}
+- name: {{ include "agentstream.modelKeyEnv" $m.id }}
   valueFrom:
     secretKeyRef:
-      name: {{ .existingSecret }}
-      key: {{ .key }}
-{{- end }}{{ end }}
+      name: {{ $m.apiKey.existingSecret }}
+      key: {{ $m.apiKey.key }}
+{{- end }}
+{{- end }}
+{{- if include "agentstream.modelsFile" $root }}
+- name: AGENTSTREAM_MODELS_FILE
+  value: /etc/agentstream/models/models.yaml
 {{- end }}
 {{- end }}
 {{- with $v.extraEnv }}
@@ -264,10 +311,15 @@ Returns YAML: use with fromYaml.
 {{- toJson .Values.prompts | sha256sum }}
 {{- end }}
 
+{{/* Checksum of the models file, so pods restart when an endpoint changes. Context: root. */}}
+{{- define "agentstream.modelsChecksum" -}}
+{{- include "agentstream.modelsFile" . | sha256sum }}
+{{- end }}
+
 {{/*
 A Deployment of one agentstream service: probes on the metrics port, the security contexts,
 terminationGracePeriodSeconds = shutdownGraceSeconds + 5 (the drain time plus a margin for the
-process to exit), /tmp as an emptyDir, prompts from the ConfigMap. Context: workload context.
+process to exit), /tmp as an emptyDir, prompts and the models file from their ConfigMaps. Context: workload context.
 */}}
 {{- define "agentstream.deployment" -}}
 {{- $root := .root }}
@@ -301,6 +353,9 @@ spec:
         {{- end }}
       annotations:
         checksum/prompts: {{ include "agentstream.promptsChecksum" $root }}
+        {{- if .models }}
+        checksum/models: {{ include "agentstream.modelsChecksum" $root }}
+        {{- end }}
         {{- with $svc.podAnnotations }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -351,6 +406,11 @@ spec:
               mountPath: /etc/agentstream/prompts
               readOnly: true
             {{- end }}
+            {{- if and .models (include "agentstream.modelsFile" $root) }}
+            - name: models
+              mountPath: /etc/agentstream/models
+              readOnly: true
+            {{- end }}
             {{- with $v.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -365,6 +425,11 @@ spec:
         - name: prompts
           configMap:
             name: {{ include "agentstream.componentName" (list $root "prompts") }}
+        {{- end }}
+        {{- if and .models (include "agentstream.modelsFile" $root) }}
+        - name: models
+          configMap:
+            name: {{ include "agentstream.componentName" (list $root "models") }}
         {{- end }}
         {{- with $v.extraVolumes }}
         {{- toYaml . | nindent 8 }}

@@ -25,10 +25,13 @@ class ChildEnded(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         trace_id: the child trace.
         turn_id: the child's turn (its TaskInput).
+        trace_context: the OpenTelemetry context of the child's last step (W3C ``traceparent``,
+            ``tracestate``; empty without tracing), see :mod:`agentstream.tracing`.
     """
 
     trace_id: str
     turn_id: str = ""
+    trace_context: dict[str, str] = {}
 
 
 _ending_decoder = msgspec.json.Decoder(ChildEnded)

@@ -1,0 +1,125 @@
+"""agentstream.tracing: W3C trace context through spans, a no-op without OpenTelemetry, a pass-through
+with the API alone, and the OTel trace id in the JSON logs while a span records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from agentstream import codec, logs, tracing
+from agentstream.compacting import CompactionJob, decode_job
+from agentstream.delegation import ChildEnded, decode_child_ended
+from agentstream.events import ToolJob
+from tests.support.otel import Parent, exporter, hex_span_id, hex_trace_id, parent_id  # noqa: F401
+
+
+def test_carrier_of_keeps_only_the_w3c_pairs():
+    assert tracing.carrier_of(None) == {}
+    assert tracing.carrier_of({"traceparent": "tp", "tracestate": "a=b", "user": "u1", "baggage": "x"}) == {
+        "traceparent": "tp",
+        "tracestate": "a=b",
+    }
+    assert tracing.carrier_of({"traceparent": ""}) == {}
+
+
+def test_without_opentelemetry_the_context_passes_through_unchanged(tmp_path):
+    # opentelemetry made unimportable, as when the `otel` extra is not installed
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None
+        from agentstream import tracing
+        assert not tracing.enabled()
+        tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+        assert tracing.inject() == {}
+        with tracing.span("agentstream.step", parent={"traceparent": tp, "user": "u"}) as span:
+            span.set({"x": 1})
+            with tracing.span("agentstream.model_call", kind="client"):
+                assert tracing.inject() == {"traceparent": tp}
+            assert tracing.current_ids() is None
+        assert tracing.inject() == {}
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_with_the_api_alone_the_incoming_context_is_carried_on():
+    # no SDK configured: spans do not record, and a job carries the turn's own context
+    parent = Parent.new()
+    with tracing.span("agentstream.step", parent={"traceparent": parent.traceparent, "tracestate": "v=1"}):
+        assert tracing.inject() == {"traceparent": parent.traceparent, "tracestate": "v=1"}
+        assert tracing.current_ids() is None
+    with tracing.span("agentstream.step", parent={}):
+        assert tracing.inject() == {}
+
+
+def test_spans_are_children_of_the_carried_context(exporter):
+    parent = Parent.new()
+    with tracing.span("agentstream.step", parent={"traceparent": parent.traceparent}, attributes={"a": 1, "b": None}):
+        with tracing.span("agentstream.model_call", kind="client") as call:
+            call.set({"gen_ai.usage.input_tokens": 12, "none": None})
+            carried = tracing.inject()
+    call_span, step_span = exporter.get_finished_spans()
+    assert hex_trace_id(step_span) == hex_trace_id(call_span) == parent.trace_id
+    assert parent_id(step_span) == parent.span_id and parent_id(call_span) == hex_span_id(step_span)
+    assert dict(step_span.attributes) == {"a": 1}
+    assert dict(call_span.attributes) == {"gen_ai.usage.input_tokens": 12}
+    assert carried["traceparent"] == f"00-{parent.trace_id}-{hex_span_id(call_span)}-01"
+
+
+def test_a_span_without_carried_context_starts_a_new_trace(exporter):
+    with tracing.span("agentstream.tool_call", parent={}, kind="consumer"):
+        pass
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+
+
+def test_an_exception_marks_the_span_failed(exporter):
+    from opentelemetry.trace import StatusCode
+
+    with pytest.raises(RuntimeError), tracing.span("agentstream.tool_call", parent={}):
+        raise RuntimeError("boom")
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR
+    assert [e.name for e in span.events] == ["exception"]
+
+
+def test_json_logs_carry_the_otel_trace_id_while_a_span_records(exporter, capsys):
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        logs.setup("INFO", fmt="json")
+        log = logging.getLogger("agentstream.test")
+        parent = Parent.new()
+        with logs.bind(trace_id="c1", turn_id="t1"), tracing.span("agentstream.step", parent={"traceparent": parent.traceparent}):
+            log.info("inside")
+        log.info("outside")
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    inside, outside = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    (span,) = exporter.get_finished_spans()
+    assert inside["trace_id"] == "c1" and inside["turn_id"] == "t1"
+    assert inside["otel_trace_id"] == parent.trace_id and inside["otel_span_id"] == hex_span_id(span)
+    assert "otel_trace_id" not in outside and "otel_span_id" not in outside
+
+
+def test_job_structs_carry_the_context_and_omit_it_when_empty():
+    job = ToolJob(trace_id="c", turn_id="t", call_id="k", name="n", arguments="{}")
+    assert b"trace_context" not in codec.encode(job)
+    carried = ToolJob(trace_id="c", turn_id="t", call_id="k", name="n", arguments="{}", trace_context={"traceparent": "tp"})
+    assert codec.decode_job(codec.encode(carried)) == carried
+    assert codec.decode_job(codec.encode(job)).trace_context == {}
+    compaction = CompactionJob(trace_id="c", turn_id="t", step=1, kept_from_turn="t0", trace_context={"traceparent": "tp"})
+    assert decode_job(codec.encode(compaction)) == compaction
+    assert b"trace_context" not in codec.encode(CompactionJob(trace_id="c", turn_id="t", step=1, kept_from_turn="t0"))
+    ending = ChildEnded(trace_id="c/k", turn_id="t", trace_context={"traceparent": "tp"})
+    assert decode_child_ended(codec.encode(ending)) == ending
+    assert decode_child_ended(b'{"trace_id":"c/k","turn_id":"t"}').trace_context == {}  # from an older agent loop
