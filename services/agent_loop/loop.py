@@ -366,9 +366,11 @@ class AgentLoop:
         """Carry out one decision → True when the trace moved and should be looked at again."""
         match decision:
             case Idle():
-                await self._publish_missing_reply(trace_id, events)
+                await self._publish_missing_replies(trace_id, events)
                 return False
             case CallModel(turn=turn, agent=agent, step=step):
+                if step == 0:  # a turn starts: the turns before it have had their replies
+                    await self._publish_missing_replies(trace_id, events)
                 try:
                     built = self.contexts.build(trace_id, entries, agent, turn_id=turn.turn_id, step=step)
                     request = await self.compactions.request_for(trace_id, built, events, agent)
@@ -457,13 +459,21 @@ class AgentLoop:
                 await self.store.keep_for(trace_id, self.trace_retention_s)
         await self._ensure_reply(trace_id, turn, ending)
 
-    async def _publish_missing_reply(self, trace_id: str, events) -> None:
-        """Publish the reply of the newest ended turn unless it was published (level-triggered)."""
-        for event in reversed(events):
-            if isinstance(event, (TurnEnded, TurnFailed)):
-                turn = next((e for e in events if isinstance(e, TurnInput) and e.turn_id == event.turn_id), None)
-                await self._ensure_reply(trace_id, turn, event)
-                return
+    async def _publish_missing_replies(self, trace_id: str, events) -> None:
+        """Publish the reply of every ended turn whose reply did not go out (level-triggered).
+
+        A worker that dies between a turn's ending and its reply leaves the reply unsent while
+        the trace goes on with its next turn; this runs when a turn starts and when the trace
+        goes idle, with one HMGET of the reply markers.
+        """
+        endings = [e for e in events if isinstance(e, (TurnEnded, TurnFailed))]
+        if not endings:
+            return
+        sent = await self.redis.hmget(self.keys.trace_keys(trace_id), [f"reply:{e.turn_id}" for e in endings])
+        inputs = {e.turn_id: e for e in events if isinstance(e, TurnInput)}
+        for ending, marker in zip(endings, sent, strict=True):
+            if marker is None:
+                await self._ensure_reply(trace_id, inputs.get(ending.turn_id), ending)
 
     async def _ensure_reply(self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed) -> None:
         """Publish the turn's reply once: a marker in the trace's key hash records that it went out."""

@@ -359,3 +359,13 @@ async def test_an_agent_loop_stopped_mid_model_call_gives_back_the_lease_and_the
     assert not await redis.exists(keys.lease("c17"))
     (pending,) = await redis.xpending_range(keys.turns, "agent-loop", min="-", max="+", count=10)
     assert pending["time_since_delivered"] >= 1_000_000_000  # released: any loop claims it at once
+
+
+async def test_a_reply_lost_between_a_turns_end_and_its_publication_still_goes_out(redis, keys, services, store):
+    # A worker appended t1's ending and died before publishing its reply; t2 was queued behind it.
+    await store.append("c18", TurnInput(turn_id="t1", agent="plan", text="x"))
+    await store.append("c18", TurnEnded(turn_id="t1", answer="first"))
+    await services.start("p1", "agent-loop", "tool-worker")
+    await publish(redis, keys, trace_id="c18", turn_id="t2", agent="plan", text="do: work(1)")
+    assert (await wait_reply(redis, keys, "t2")).status == "ended"
+    assert (await wait_reply(redis, keys, "t1")).answer == "first"

@@ -183,6 +183,7 @@ class ChaosRun:
                 pending_turns = self._schedule_turns()
                 published = 0
                 next_kill = time.monotonic() + self.rng.uniform(*cfg.kill_every_s)
+                next_check = 0.0
                 down: dict[str, float] = {}  # slot → restart time
                 total = len(pending_turns)
                 while time.monotonic() - started < cfg.deadline_s:
@@ -201,8 +202,10 @@ class ChaosRun:
                                 names[slot] = f"{slot}-g{generation[slot]}"
                             services.start(names[slot], roles[slot])
                             del down[slot]
-                    if published == total and self._replied() >= total:
-                        break
+                    if published == total and now >= next_check:
+                        next_check = now + 1.0
+                        if self._ended() >= total:  # every turn has its ending in its trace
+                            break
                     # kill any process but the last live one of its service (the service stays up;
                     # recovery then measures the runtime, not how fast a process restarts)
                     killable = [s for s in roles if s not in down
@@ -262,6 +265,12 @@ class ChaosRun:
                         codec.decode_wake(raw) if fld == WAKE_FIELD else codec.decode_job(raw))
                     traces.add(decoded.trace_id)
         return traces
+
+    def _ended(self) -> int:
+        pipe = self.client.pipeline(transaction=False)
+        for trace_id, turn_id in self.turns:
+            pipe.hexists(self.keys.trace_keys(trace_id), f"end:{turn_id}")
+        return sum(bool(x) for x in pipe.execute())
 
     def _replied(self) -> int:
         return len({codec.decode_reply(f[REPLY_FIELD]).turn_id for _, f in self.client.xrange(self.keys.replies)})
