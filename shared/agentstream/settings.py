@@ -17,7 +17,9 @@ Variables (all optional):
 - ``AGENTSTREAM_CONSUMER``: this process's consumer name in its groups (default host-pid).
 - ``AGENTSTREAM_BLOCK_MS``: how long one blocking read waits, in milliseconds.
 - ``AGENTSTREAM_MIN_IDLE_MS``: a pending entry idle this long is claimed from its (dead) consumer.
-- ``AGENTSTREAM_MAX_DELIVERIES``: deliveries after which an entry goes to the dead-letter stream.
+- ``AGENTSTREAM_MAX_DELIVERIES``: real deliveries (handler starts; re-reads and claim renewals
+  do not count) after which an entry goes to the dead-letter stream and its turn ends with a
+  reason. Keep it at 2 or more: a job running beside one that kills its worker loses a start too.
 - ``AGENTSTREAM_CONCURRENCY``: entries one consumer handles at the same time.
 - ``AGENTSTREAM_LEASE_TTL_MS``: the agent loop's lease on a trace, renewed while held.
 - ``AGENTSTREAM_MODEL_TIMEOUT_S``: one model HTTP request's timeout, in seconds.
