@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import time
 from importlib import util as importlib_util
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import httpx
 
@@ -137,11 +139,12 @@ class LocalModelServer:
         self.stop_grace_s = stop_grace_s
         self.host = host
         self.port = port
+        self._requested_port = port
         self.model = MODEL_ALIAS
         self.ready_s: float | None = None
         self._tmpdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self._log_file: object | None = None
+        self._log_file: IO[bytes] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -181,8 +184,7 @@ class LocalModelServer:
         model_path = self.model_path or find_gguf()
         if not model_path.is_file():
             raise ConfigError(f"model file {model_path} does not exist")
-        if self.port is None:
-            self.port = free_port(self.host)
+        self.port = self._requested_port if self._requested_port is not None else free_port(self.host)
         self._tmpdir = Path(tempfile.mkdtemp(prefix="agentstream-localmodel-"))
         config = {
             "host": self.host,
@@ -205,15 +207,15 @@ class LocalModelServer:
         log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self._log_file = log
         started = time.perf_counter()
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--config_file", str(config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=self._tmpdir,
-        )
         try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "llama_cpp.server", "--config_file", str(config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self._tmpdir,
+            )
             self._wait_ready(started)
         except BaseException:
             self.stop()
@@ -275,7 +277,7 @@ class LocalModelServer:
                 process.wait()
         log, self._log_file = self._log_file, None
         if log is not None:
-            log.close()  # type: ignore[attr-defined]
+            log.close()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
@@ -306,6 +308,11 @@ def main() -> None:
     parser.add_argument("--n-threads", type=int, default=2, help="CPU threads")
     args = parser.parse_args()
     server = LocalModelServer(port=args.port, n_ctx=args.n_ctx, n_threads=args.n_threads)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # stop the server as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         server.start()
     except (ConfigError, LocalModelError) as exc:

