@@ -16,7 +16,6 @@ import builtins
 import functools
 import math
 import operator
-import pkgutil
 import re
 import sys
 from collections import Counter
