@@ -331,7 +331,7 @@ def cancel(
 
 @cli.command()
 def run(
-    text: Annotated[str, typer.Argument(help="The user's message.")] = "What is 17 * 23 + 4? Use the calculator.",
+    text: Annotated[str, typer.Argument(help="The user's message.")] = "What is 365 * 24?",
     app: AppOption = DEFAULT_APP,
     agent: str = "demo",
     turns: Annotated[int, typer.Option(min=1, help="Ask the message this many times in one conversation "

@@ -49,6 +49,8 @@ LLAMA_CPP_QUIRKS = {
     # streaming with tool_choice "auto" fails ("Automatic streaming tool choice is not supported":
     # an empty 200 stream, then a reset connection); a tool forced by name streams fine
     "stream_tools": "forced",
+    # role "tool" messages are left out of the prompt the model sees: restate results as a user message
+    "tool_results_as_user": True,
 }
 """What llama-cpp-python's server (chat format ``chatml-function-calling``) needs beyond the
 OpenAI API, as found against version 0.3.36 (see :class:`agentstream.models.endpoints.Quirks`)."""

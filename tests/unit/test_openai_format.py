@@ -57,3 +57,21 @@ def test_body_is_deterministic_and_replays_arguments_verbatim():
     assert doc["tool_choice"] == "auto" and doc["tools"][0]["function"]["name"] == "f"
     last = json.loads(openai_format.request_body(build_request(events, agent, turn_id="t", step=2), model="m"))
     assert "tools" not in last and "tool_choice" not in last  # the last pass must answer
+
+
+def test_tool_results_restated_as_a_user_message_for_servers_that_drop_tool_messages():
+    from agentstream.models.endpoints import Quirks
+
+    agent = Agent(name="a", system_prompt="S", tools=[f], max_passes=3)
+    events = [
+        TurnInput(turn_id="t", agent="a", text="go"),
+        ModelOutput(turn_id="t", step=0, tool_calls=(ToolCall(id="c1", name="f", arguments='{"x":1}'), ToolCall(id="c2", name="f", arguments='{"x":2}'))),
+        ToolOutput(turn_id="t", call_id="c2", name="f", text="2"),
+        ToolOutput(turn_id="t", call_id="c1", name="f", text="1"),
+    ]
+    request = build_request(events, agent, turn_id="t", step=1)
+    plain = json.loads(openai_format.request_body(request, model="m"))
+    assert [m["role"] for m in plain["messages"]] == ["system", "user", "assistant", "tool", "tool"]
+    quirky = json.loads(openai_format.request_body(request, model="m", quirks=Quirks(tool_results_as_user=True)))
+    assert [m["role"] for m in quirky["messages"]] == ["system", "user", "assistant", "tool", "tool", "user"]
+    assert quirky["messages"][-1]["content"] == "Result of f: 1\nResult of f: 2\nAnswer the question in one short sentence."

@@ -91,6 +91,11 @@ class Quirks(BaseModel):
             ``never`` (the server cannot stream tool calls), or ``forced`` (only when one tool
             is forced by name: llama-cpp-python streams tool calls only then).
         stream_usage: ask for token usage in the stream (``stream_options.include_usage``).
+        tool_results_as_user: the server leaves ``tool`` messages out of the prompt it gives the
+            model (llama-cpp-python's ``chatml-function-calling`` format does), so after each run
+            of tool results a user message restates them (``Result of <tool>: <text>``), with
+            ``tool_results_note`` as its last line. The tool messages are still sent.
+        tool_results_note: the last line of that user message.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -102,6 +107,8 @@ class Quirks(BaseModel):
     required_tool_choice: Literal["required", "named", "auto"] = "required"
     stream_tools: Literal["always", "never", "forced"] = "always"
     stream_usage: bool = True
+    tool_results_as_user: bool = False
+    tool_results_note: str = "Answer the question in one short sentence."
 
 
 DEFAULT_QUIRKS = Quirks()

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from agentstream.context.request import AssistantMessage, ChatRequest, ToolResultMessage, UserMessage
+from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
 from agentstream.deltas import Delta
 from agentstream.events import ModelOutput, ToolCall, Usage
 from agentstream.models.endpoints import DEFAULT_QUIRKS, Quirks
@@ -102,7 +103,19 @@ def message_dicts(
                 out.append(entry)
             case ToolResultMessage(call_id=call_id, text=text):
                 out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+                following = request.messages[position + 1] if position + 1 < len(request.messages) else None
+                if quirks.tool_results_as_user and not isinstance(following, ToolResultMessage):
+                    out.append({"role": "user", "content": _restated_results(request.messages, position, quirks)})
     return out
+
+
+def _restated_results(messages: Sequence[Message], last: int, quirks: Quirks) -> str:
+    """The user message that restates a run of tool results ending at ``messages[last]``."""
+    first = last
+    while first > 0 and isinstance(messages[first - 1], ToolResultMessage):
+        first -= 1
+    lines = [f"Result of {m.name}: {m.text}" for m in messages[first : last + 1] if isinstance(m, ToolResultMessage)]
+    return "\n".join([*lines, quirks.tool_results_note])
 
 
 def tool_choice_value(request: ChatRequest, quirks: Quirks = DEFAULT_QUIRKS) -> str | dict[str, Any] | None:
