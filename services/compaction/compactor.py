@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from agentstream import codec, logs, tracing
+from agentstream import codec, logs, metrics, tracing
 from agentstream.app import App
 from agentstream.compacting import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
 from agentstream.context import CompactionPlan, build_context, compaction_event, settings_of, summary_request
@@ -124,6 +124,7 @@ class Compactor:
             outcome = self._failed(plan, SUMMARY_FAILED, f"the summary call to model {model_id!r} failed: {exc}")
         appended = await self.store.append(job.trace_id, outcome, key=key)
         if appended.created:
+            metrics.COMPACTIONS.labels(outcome="compacted" if isinstance(outcome, Compaction) else outcome.code).inc()
             if isinstance(outcome, Compaction):
                 log.info("trace %s: a summary now replaces %d turn(s); kept from turn %s", job.trace_id,
                          outcome.replaced_turns, outcome.kept_from_turn)

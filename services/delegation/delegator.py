@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agentstream import codec, logs, tracing
+from agentstream import codec, logs, metrics, tracing
 from agentstream.app import App
 from agentstream.delegation import (
     Delegation,
@@ -158,6 +158,7 @@ class Delegator:
         task = msgspec.structs.replace(handoff.task, metadata={**handoff.task.metadata, **tracing.inject()})
         appended = await self.store.append(child, task)
         if appended.created:
+            metrics.DELEGATIONS.labels(agent=handoff.task.agent).inc()
             log.info("opened child trace %s (depth %d) for call %s of trace %s", child, handoff.task.depth,
                      handoff.task.call_id, handoff.task.parent_trace_id)
         await self._wake(child, "task")

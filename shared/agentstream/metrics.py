@@ -51,8 +51,8 @@ TOOL_OUTCOMES_UNKNOWN = Counter(
     ["tool"],
 )
 LATE_RESULTS = Counter("agentstream_late_results_total", "Tool results that arrived after their call was answered.", ["tool"])
-COMPACTIONS = Counter("agentstream_compactions_total", "Compactions appended.")
-DELEGATIONS = Counter("agentstream_delegations_total", "Child traces opened by delegation.")
+COMPACTIONS = Counter("agentstream_compactions_total", "Compaction outcomes recorded (compacted, or a failure code).", ["outcome"])
+DELEGATIONS = Counter("agentstream_delegations_total", "Child traces opened by delegation, by the child's agent.", ["agent"])
 
 
 def record_usage(model_id: str, output: ModelOutput) -> None:

@@ -4,6 +4,7 @@ once-only summaries, summaries in budgeted chunks (C24), and its two kinds of fa
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agentstream import codec
 from agentstream.compacting import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, outcome_key
@@ -54,8 +55,10 @@ async def test_a_job_delivered_twice_writes_one_summary_and_wakes_the_trace(stor
     compactor = Compactor(app, store, {"default": model})
     job = await conversation(store, "c", 4)
     fields = {COMPACTION_FIELD: codec.encode(job)}
+    before = REGISTRY.get_sample_value("agentstream_compactions_total", {"outcome": "compacted"}) or 0.0
     await compactor.on_job("1-0", fields)
     await compactor.on_job("1-0", fields)
+    assert REGISTRY.get_sample_value("agentstream_compactions_total", {"outcome": "compacted"}) == before + 1
     (summary,) = [e for e in await events(store, "c") if isinstance(e, Compaction)]
     assert (summary.turn_id, summary.kept_from_turn, summary.replaced_turns) == ("t4", "t4", 3)
     assert summary.summary == "SUMMARY[turn 1, turn 2, turn 3]" and summary.model == "fake-1" and summary.usage.prompt_tokens == 100

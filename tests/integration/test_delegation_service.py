@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agentstream import codec
 from agentstream.delegation import ChildEnded, child_trace_id
@@ -16,6 +17,11 @@ from agentstream_services.delegation.delegator import Delegator, Supervisor
 from tests.support.delegation_apps import app
 
 pytestmark = pytest.mark.integration
+
+
+def _delegations_opened() -> float:
+    """agentstream_delegations_total summed over its labels."""
+    return sum(s.value for m in REGISTRY.collect() if m.name == "agentstream_delegations" for s in m.samples if s.name.endswith("_total"))
 
 
 async def parent_with_calls(store, trace_id: str, *topics: str) -> list[ToolJob]:
@@ -33,10 +39,12 @@ async def test_a_job_delivered_twice_opens_one_child_and_its_ending_is_handed_ba
     delegator = Delegator(app, store)
     (job,) = await parent_with_calls(store, "p", "A")
     fields = {JOB_FIELD: codec.encode(job)}
+    before = _delegations_opened()
     await delegator.on_delegation("1-0", fields)
     await delegator.on_delegation("1-0", fields)
     child = child_trace_id("p", "call_A")
     (task,) = await events(store, child)
+    assert _delegations_opened() == before + 1
     assert isinstance(task, TaskInput) and task.text == "A" and task.depth == 1
     assert await store.redis.zscore(keys.delegation_deadlines, child) is not None
     await store.append(child, TurnEnded(turn_id=task.turn_id, answer="A: alpha"))
