@@ -71,37 +71,40 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         ("kill → next progress of the work it held, max", f"{f['kill → next progress max (s)']} s"),
         ("recoveries measured", f["recoveries measured"]),
         ("outcome-unknown results (side-effect tool killed mid-run)", f["outcome-unknown results"]),
-        ("re-runs of retry-safe calls", f["re-runs of retry-safe calls"]),
+        ("re-runs of `work` and `upsert` calls (allowed: retry-safe)", f["re-runs of retry-safe calls"]),
         ("late results", f["late results"]),
         ("duplicate replies (replies are at-least-once)", f["duplicate replies (at-least-once)"]),
         ("wall time", f"{f['wall time (s)']} s"),
     ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
-    env = ", ".join(f"{k}={v}" for k, v in sorted(config.env.items()))
-    return f"""{SECTION}
-
-`{command}` ({datetime.date.today().isoformat()}; {platform.machine()}, {os.cpu_count()} cores shared
-with other work; Redis {version} on loopback; {config.agent_loops} agent-loop and
-{config.tool_workers} tool-worker processes; scripted model over HTTP; seed {config.seed}).
-
-{config.conversations} conversations × {config.turns_per_conversation} turns, published over
-{config.publish_over_s:.0f} s, each turn 1–3 parallel `work` calls plus, at random, a `record`
-call (side effects, not retry-safe) and an `upsert` call (side effects, retry-safe); a random
-service process (never the last live one of its service) killed with SIGKILL every
-{config.kill_every_s[0]}–{config.kill_every_s[1]} s and restarted
-{config.restart_after_s[0]}–{config.restart_after_s[1]} s later (half the time under a new
-consumer name). Settings: {env}.
-
-| figure | value |
-|---|---|
-{table}
-
-"Kill → next progress" is, for every trace the killed process held pending entries for at the
-moment of the kill, the time until the next event was appended to that trace (p50 and max over
-all of them); the target is 10 s. A `record` call whose worker was killed mid-run gets an
-outcome-unknown error result instead of running again, which is why its effects never repeat.
-The bounded version runs in the test suite: `pytest tests/chaos`.
-"""
+    env = ", ".join(f"`{k}={v}`" for k, v in sorted(config.env.items()))
+    lines = [
+        SECTION,
+        "",
+        f"`{command}` ({datetime.date.today().isoformat()}; {platform.machine()}, {os.cpu_count()} cores shared with "
+        f"other work; Redis {version} on loopback; {config.agent_loops} agent-loop and {config.tool_workers} tool-worker "
+        f"processes; the scripted model over HTTP; seed {config.seed}).",
+        "",
+        f"{config.conversations} conversations × {config.turns_per_conversation} turns, published over "
+        f"{config.publish_over_s:.0f} s. Each turn makes 1–3 parallel `work` calls and, at random, a `record` call "
+        "(side effects, not retry-safe) and an `upsert` call (side effects, retry-safe). A random service process "
+        f"(never the last live one of its service) is killed with SIGKILL every {config.kill_every_s[0]}–"
+        f"{config.kill_every_s[1]} s and restarted {config.restart_after_s[0]}–{config.restart_after_s[1]} s later, "
+        f"half the time under a new consumer name. Settings: {env}.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        table,
+        "",
+        "\"Kill → next progress\" is, for every trace the killed process held pending entries for at the moment of "
+        "the kill, the time until the next event was appended to that trace (p50, p90 and max over all of them); the "
+        "target is 10 s. A `record` call whose worker was killed mid-run gets an outcome-unknown error result instead "
+        "of running again, which is why its effects never repeat; `work` and `upsert` calls may run again. The "
+        "bounded version (300 turns, 2 + 2 processes, about a minute) runs in the test suite: `pytest tests/chaos`.",
+        "",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def write_section(text: str) -> None:
