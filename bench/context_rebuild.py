@@ -212,10 +212,12 @@ def main() -> None:
 
 def write(rows: list[tuple]) -> None:
     today = datetime.date.today().isoformat()
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     lines = [
         SECTION,
         "",
-        f"`python bench/context_rebuild.py` on {today}, {machine()}.",
+        f"`python bench/context_rebuild.py` on {today}, {machine()}; load average {load} when written",
+        "(the machine is shared with other work: the figures vary by about a factor of two between runs).",
         "Cold: every event folded from the first and the next call's request built (default policy,",
         "128 000-token window, compaction), best of 5 (3 at 100 k); \"no limits\" skips the policy.",
         "Cached step: the per-worker cache folds only the events added since the last call (median",
