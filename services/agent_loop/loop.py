@@ -38,7 +38,7 @@ from agentstream.events import (
     TurnInput,
     Wake,
 )
-from agentstream.keys import CANCEL_FIELD, JOB_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
+from agentstream.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
 from agentstream.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
 from agentstream.models import ChatModel
 from agentstream.steps import (

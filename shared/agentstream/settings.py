@@ -50,12 +50,15 @@ from __future__ import annotations
 import os
 import socket
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentstream.keys import DEFAULT_NAMESPACE, Keys
+
+if TYPE_CHECKING:
+    from agentstream.consumer import ConsumerConfig
 
 
 class Settings(BaseSettings):

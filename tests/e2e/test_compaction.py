@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import redis as redis_sync
 
 from agentstream import codec
 from agentstream.events import Compaction, CompactionFailed, ModelOutput, TurnEnded
@@ -19,13 +18,6 @@ from tests.support.procs import ROOT, Services, publish_turn, wait_replies
 pytestmark = pytest.mark.e2e
 
 APP = "tests.support.compaction_apps:app"
-
-
-@pytest.fixture
-def client(redis_url):
-    c = redis_sync.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-import redis as redis_sync
 
 from agentstream import codec
 from agentstream.delegation import child_trace_id
@@ -20,13 +19,6 @@ from tests.support.procs import ROOT, Services, publish_turn, wait_replies
 pytestmark = pytest.mark.e2e
 
 APP = "tests.support.delegation_apps:app"
-
-
-@pytest.fixture
-def client(redis_url):
-    c = redis_sync.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 @pytest.fixture

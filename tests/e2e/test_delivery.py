@@ -30,13 +30,6 @@ def model():
 
 
 @pytest.fixture
-def client(redis_url):
-    c = redis_sync.Redis.from_url(redis_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture
 def services(redis_url, namespace, model, tmp_path):
     s = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path, extra_env=dict(FAST))
     yield s

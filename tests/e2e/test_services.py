@@ -13,17 +13,9 @@ import redis as redis_sync
 
 from agentstream import codec
 from agentstream.events import ModelOutput, ToolOutput, TurnEnded
-from agentstream.keys import Keys
 from tests.support.procs import ROOT, Services, publish_turn, wait_replies
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def client(redis_url):
-    c = redis_sync.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 @pytest.fixture
