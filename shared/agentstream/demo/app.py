@@ -31,12 +31,12 @@ from agentstream.app import Agent, App
 from agentstream.context import Compact, ContextConfig, ContextPolicy, ModelLimits, Share, Tokens, turns
 from agentstream.delegation import Delegation
 from agentstream.demo.tools import calculator, python_docs_read, python_docs_search
+from agentstream.prompts import load_prompt_file
 
-SYSTEM_PROMPT = (
-    "You are a helpful assistant with tools. Use the calculator tool for arithmetic questions and "
-    "answer other questions yourself. After you get a tool result, answer the user's question "
-    "briefly using that result."
-)
+PROMPTS = load_prompt_file("demo.yaml").for_model("default")
+"""The demo agent's texts for the ``default`` endpoint, from the shipped ``prompts/demo.yaml``."""
+
+SYSTEM_PROMPT = PROMPTS.system()
 """Chosen by measurement: SmolLM2-135M's arguments and answers change with every word of it."""
 
 DOCS_TOOLS = (python_docs_search, python_docs_read)
@@ -45,7 +45,7 @@ DOCS_TOOLS = (python_docs_search, python_docs_read)
 demo = Agent(
     name="demo",
     system_prompt=SYSTEM_PROMPT,
-    tools=[calculator],
+    tools=PROMPTS.described([calculator]),
     max_passes=2,
     tool_choice="auto",
     first_tool_choice="required",

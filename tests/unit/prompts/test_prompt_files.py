@@ -89,3 +89,15 @@ def test_prompts_dir_is_searched(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTSTREAM_PROMPTS_DIR", str(tmp_path))
     pf = load_prompt_file("mine.yaml", variables=["name"])
     assert pf.for_model(None).system(name="you") == "Hello you"
+
+
+def test_the_demo_prompt_file_gives_the_measured_text():
+    from agentstream.demo import app as demo_app
+
+    assert demo_app.SYSTEM_PROMPT == (
+        "You are a helpful assistant with tools. Use the calculator tool for arithmetic questions and "
+        "answer other questions yourself. After you get a tool result, answer the user's question "
+        "briefly using that result."
+    )
+    large = load_prompt_file("demo.yaml").for_model("large").system()
+    assert large.startswith("You are a helpful assistant with tools. Think about which tool fits")
