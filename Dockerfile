@@ -37,6 +37,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY prompts ./prompts
 # The `otel` extra (opentelemetry-api) carries a turn's trace context through the services; to
 # record spans, add the SDK and an exporter: --build-arg EXTRA_PIP_PACKAGES="opentelemetry-sdk
 # opentelemetry-exporter-otlp" (and set them up in your app module, or run under opentelemetry-instrument).

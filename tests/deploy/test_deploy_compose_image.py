@@ -174,6 +174,17 @@ def test_dockerignore_keeps_the_context_small() -> None:
     assert not allowed & {".git", ".venv", ".tools", "tests"}
 
 
+def test_the_image_gets_every_source_folder_of_the_distribution() -> None:
+    import tomllib
+
+    folders = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    dockerfile = (REPO / "Dockerfile").read_text()
+    allowed = {line.strip()[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    for folder in folders:
+        assert re.search(rf"^COPY {folder} \./{folder}$", dockerfile, re.M), f"Dockerfile does not COPY {folder}/"
+        assert folder in allowed, f".dockerignore leaves out {folder}/"
+
+
 # ---------------------------------------------------------------- Grafana dashboard
 
 
