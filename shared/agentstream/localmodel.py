@@ -191,6 +191,10 @@ class LocalModelServer:
         config = {
             "host": self.host,
             "port": self.port,
+            # llama_cpp.server's ServerSettings.interrupt_requests (default true) ends a running
+            # stream with [DONE] and no finish reason when another request arrives: with it off,
+            # concurrent requests wait for the model in turn instead of cutting each other off.
+            "interrupt_requests": False,
             "models": [
                 {
                     "model": str(model_path),

@@ -271,8 +271,11 @@ class HttpChatModel:
                         await attempt.emit(piece)
                     if complete:
                         break
-                if not (complete or assembler.finished):
-                    raise Retryable("the stream ended before the reply finished (no finish reason, no end event)")
+                if not assembler.finished:
+                    raise Retryable(
+                        "the stream ended before the reply finished (no finish reason"
+                        + (": an end event alone, as a server sends for a stream it interrupted)" if complete else ", no end event)")
+                    )
                 output = self._stream_output(assembler, request, **fields(attempt))
             except BaseException as exc:  # a cut stream, an error event, a cancel: drop this attempt's output
                 await attempt.abort(f"{type(exc).__name__}: {mask(str(exc), self._secrets())}")

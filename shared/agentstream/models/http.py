@@ -5,7 +5,8 @@ Retried, with exponential backoff (tenacity) or the server's ``Retry-After`` (RF
 
 - network errors and timeouts (``httpx.TransportError``), including a stream cut mid-reply;
 - HTTP 408, 409, 429 and every 5xx (Anthropic's 529 "overloaded" too);
-- a stream that ends before the reply finished, and an error event inside a stream that says
+- a stream that ends before the reply finished (no finish reason: even one that ends with
+  ``[DONE]``, which llama.cpp's server sends for a stream it interrupted), and an error event inside a stream that says
   the server is overloaded or failed (see :func:`stream_error`).
 
 Not retried:

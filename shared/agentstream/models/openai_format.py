@@ -13,7 +13,9 @@ What is kept as data, never repaired (C11, C12, C14 of the field cases):
 - ``finish_reason`` ``length``, ``content_filter``, a ``refusal``, and a finish reason this
   module does not know become the stop reasons ``length``, ``content_filter``, ``refusal`` and
   ``unknown``; a reply labelled ``tool_calls`` that used the whole output budget and left
-  unparseable arguments is treated as cut off (``length``);
+  unparseable arguments is treated as cut off (``length``); a stream that ends without any
+  finish reason (``[DONE]`` alone: llama.cpp's server ends a stream it interrupted so) is
+  ``interrupted``, never a normal ``stop`` or ``tool_calls`` (the adapters retry it);
 - reasoning text (``reasoning_content`` or ``reasoning``) is kept on the output, and sent back
   only where the endpoint's quirks ask for it, and only to the model that wrote it.
 """
@@ -364,8 +366,13 @@ class StreamAssembler:
 
     @property
     def finished(self) -> bool:
-        """Whether the server said the reply is complete (a finish reason or ``[DONE]``)."""
-        return self.saw_finish or self.saw_done
+        """Whether the server said the reply is complete: a finish reason.
+
+        ``[DONE]`` alone is not enough: llama.cpp's server (``interrupt_requests``) ends a stream
+        it cut off for another request with ``[DONE]`` and no finish reason. Such a stream is
+        ``interrupted`` (see :meth:`output`), never a normal ``stop``.
+        """
+        return self.saw_finish
 
     def mark_done(self) -> None:
         """The server sent ``data: [DONE]``."""
@@ -450,9 +457,13 @@ class StreamAssembler:
         endpoint: str = "",
         attempt_id: str = "",
     ) -> ModelOutput:
-        """The assembled reply as a ModelOutput (see :func:`build_output`)."""
+        """The assembled reply as a ModelOutput (see :func:`build_output`).
+
+        A stream that ended without a finish reason (``[DONE]`` alone, or cut) is stopped
+        ``interrupted``, whatever it holds: it is never taken as a complete answer (C14).
+        """
         calls = [(c.call_id, c.name, "".join(c.arguments)) for _, c in sorted(self._calls.items())]
-        return build_output(
+        output = build_output(
             content="".join(self._content),
             reasoning="".join(self._reasoning) or None,
             calls=calls,
@@ -468,3 +479,11 @@ class StreamAssembler:
             endpoint=endpoint,
             attempt_id=attempt_id,
         )
+        if not self.saw_finish:
+            detail = (
+                "the stream ended with [DONE] but no finish reason (the server cut the reply off, e.g. for another request)"
+                if self.saw_done
+                else "the stream ended without a finish reason"
+            )
+            output = msgspec.structs.replace(output, stop_reason="interrupted", stop_detail=detail)
+        return output

@@ -134,3 +134,23 @@ def test_agentstream_run_shows_the_tokens_of_the_local_model():
     assert streamed, out  # the answer's tokens were printed as they arrived, before its summary line
     assert "✓ answer:" in out
     assert re.search(r"fingerprints: (\d+)/\1 model calls rebuilt from the stored trace match", proc.stderr), proc.stderr
+
+
+async def test_two_concurrent_streamed_requests_both_complete(llama):
+    # llama_cpp.server's interrupt_requests (on by default) ends a running stream with [DONE] and
+    # no finish reason when another request arrives; the local server turns it off, so both
+    # replies finish (no retries here: an interrupted stream would fail its call).
+    import asyncio
+
+    model = model_on(llama, stream=True, retries=0)
+    long = ChatRequest(system="You are brief.", messages=(UserMessage(text="Count from one to twenty in words."),), max_output_tokens=48)
+    sinks = [ListSink(), ListSink()]
+    first = asyncio.create_task(model.complete(long, turn_id="a", step=0, deltas=sinks[0]))
+    while not any(d.kind == "text" for d in sinks[0].deltas):  # the first is streaming
+        await asyncio.sleep(0.01)
+    second = await model.complete(HELLO, turn_id="b", step=0, deltas=sinks[1])
+    first_out = await first
+    await model.aclose()
+    for output in (first_out, second):
+        assert output.stop_reason in ("stop", "length") and output.content.strip()
+    assert all("abort" not in [d.kind for d in sink.deltas] for sink in sinks)

@@ -118,6 +118,34 @@ async def test_a_stream_that_ends_before_the_reply_finished_is_never_a_reply():
     assert [d.kind for d in sink.deltas].count("abort") == 2 and "end" not in [d.kind for d in sink.deltas]
 
 
+def interrupted_stream(*pieces: str) -> list:
+    """What llama.cpp's server (interrupt_requests) sends for a stream another request cut off:
+    a role chunk, maybe some text, then ``[DONE]`` with no finish reason."""
+    return [chunk({"role": "assistant", "content": ""}), *[chunk({"content": p}) for p in pieces], "[DONE]"]
+
+
+async def test_a_stream_ended_by_done_without_a_finish_reason_is_retried_not_a_reply():
+    with FaultServer([Reply(events=interrupted_stream()), Reply(events=interrupted_stream("Hel")),
+                      Reply(events=text_stream("Hello"))]) as server:
+        model, _ = model_for(server, stream=True, retries=2)
+        sink = ListSink()
+        output = await model.complete(REQUEST, turn_id="t", step=0, deltas=sink)
+        await model.aclose()
+    assert len(server.requests) == 3
+    assert output.content == "Hello" and output.stop_reason == "stop"
+    assert [d.kind for d in sink.deltas].count("abort") == 2
+
+
+async def test_streams_always_ended_without_a_finish_reason_fail_the_call_after_bounded_retries():
+    with FaultServer([Reply(events=interrupted_stream("Hi"))], repeat_last=True) as server:
+        model, _ = model_for(server, stream=True, retries=1)
+        sink = ListSink()
+        with pytest.raises(ModelUnanswered, match="no finish reason"):
+            await model.complete(REQUEST, turn_id="t", step=0, deltas=sink)
+        await model.aclose()
+    assert len(server.requests) == 2 and "end" not in [d.kind for d in sink.deltas]
+
+
 async def test_errors_inside_a_stream():
     overloaded = Reply(events=[chunk({"content": "Hi"}), {"error": {"message": "Overloaded", "type": "server_error"}}])
     with FaultServer([overloaded, Reply(events=text_stream("Hi!"))]) as server:

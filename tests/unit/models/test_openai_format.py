@@ -75,6 +75,22 @@ def test_a_stream_without_finish_or_done_is_not_finished():
     assert not assembler.finished
 
 
+def test_a_stream_ended_by_done_alone_is_interrupted_not_a_normal_stop():
+    # llama.cpp's interrupt_requests: a role chunk, then [DONE], no finish reason (C14: not success).
+    for chunks in ([{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}],
+                   [{"choices": [{"index": 0, "delta": {"content": "Hel"}}]}],
+                   [{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}]}}]}]):
+        assembler = openai_format.StreamAssembler()
+        for c in chunks:
+            assembler.feed(c)
+        assembler.mark_done()
+        assert not assembler.finished
+        out = assembler.output(turn_id="t", step=0, model="m", request_sha256="h", latency_ms=1.0)
+        assert out.stop_reason == "interrupted" and "no finish reason" in out.stop_detail
+        with pytest.raises(ModelStopError):
+            out.raise_for_stop()
+
+
 def parse(message, finish="stop", usage=None, max_output_tokens=None):
     return openai_format.parse_response(
         {"choices": [{"message": message, "finish_reason": finish}], "usage": usage or {}},
