@@ -25,7 +25,7 @@ from agentstream import codec, logs, metrics, tracing
 from agentstream.app import App
 from agentstream.compacting import failure_code
 from agentstream.context import ContextCache
-from agentstream.cancel import publish_cancel
+from agentstream.cancel import cancel_target, publish_cancel
 from agentstream.errors import ContextError, Deferred, ModelError, StaleLeaseError, TurnRejected
 from agentstream.events import (
     CancelMessage,
@@ -40,7 +40,7 @@ from agentstream.events import (
 )
 from agentstream.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
 from agentstream.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
-from agentstream.models import ChatModel
+from agentstream.models import ChatModel, endpoints_of
 from agentstream.steps import (
     CallModel,
     CancelTurn,
@@ -100,6 +100,7 @@ class AgentLoop:
         self.redis = store.redis
         self.keys: Keys = store.keys
         self.models = models
+        self.endpoints = endpoints_of(models)  # an agent without model_limits gets its endpoint's
         self.delta_maxlen = delta_maxlen
         self.delta_ttl_s = delta_ttl_s
         self.children = Children(app, store)
@@ -202,19 +203,18 @@ class AgentLoop:
             await self.advance(message.trace_id)
 
     async def request_cancel(self, message: CancelMessage) -> CancelRequested | None:
-        """Write the cancel into the trace (once) → the event, or None when no turn is left to cancel."""
+        """Write the cancel into the trace (once) → the event, or None when no turn is left to cancel.
+
+        A cancel names a turn of the trace that has not ended (or, without a turn id, the running
+        one); one for a turn id the trace does not hold, or that ended, records nothing
+        (:func:`agentstream.cancel.cancel_target`).
+        """
         events = [e for _, e in await self.store.read(message.trace_id)]
-        turn_id = message.turn_id
-        if not turn_id:
-            running = active_turn(events)
-            if running is None:
-                log.info("cancel for trace %s: no turn is running; nothing to cancel", message.trace_id)
-                return None
-            turn_id = running.turn_id
-        if any(isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == turn_id for e in events):
-            log.info("cancel for turn %s of trace %s: the turn has already ended", turn_id, message.trace_id)
+        target = cancel_target(events, message.turn_id)
+        if target.turn_id is None:
+            log.info("cancel for trace %s: %s; nothing recorded", message.trace_id, target.reason)
             return None
-        event = CancelRequested(turn_id=turn_id, by=message.by, reason=message.reason)
+        event = CancelRequested(turn_id=target.turn_id, by=message.by, reason=message.reason)
         await self.store.append(message.trace_id, event)
         return event
 
@@ -358,7 +358,7 @@ class AgentLoop:
         """One decision and its effect → True when the trace moved and should be looked at again."""
         entries = await self.store.read(trace_id)
         events = [event for _, event in entries]
-        decision = decide(events, self.app.agent)
+        decision = decide(events, self.app.agent, self.endpoints)
         with _step_span(trace_id, decision):  # a child of the turn's trace context (OpenTelemetry)
             return await self._act(trace_id, token, entries, events, decision)
 

@@ -33,7 +33,7 @@ from agentstream.delegation import offered_agent
 from agentstream.errors import CompactionError, ContextError, ModelError
 from agentstream.events import Compaction, CompactionFailed, Usage, Wake
 from agentstream.keys import COMPACTION_FIELD, WAKE_FIELD, Keys
-from agentstream.models import ChatModel
+from agentstream.models import ChatModel, endpoints_of
 from agentstream.steps import active_turn
 from agentstream.store import TraceStore
 
@@ -56,6 +56,7 @@ class Compactor:
         self.redis = store.redis
         self.keys: Keys = store.keys
         self.models = models
+        self.endpoints = endpoints_of(models)  # an agent without model_limits gets its endpoint's
         self.summary_model = summary_model
 
     async def on_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
@@ -98,7 +99,7 @@ class Compactor:
         agent = self.app.agent(turn.agent)
         if agent is None:
             return None
-        agent = offered_agent(agent, turn)
+        agent = offered_agent(agent, turn, self.endpoints)  # the limits the agent loop used
         config, limits = settings_of(agent)
         state = new_state(events, agent, config, limits)
         built = build_from_state(state, turn_id=turn.turn_id, step=job.step)

@@ -285,8 +285,11 @@ class Agent:
         context: how each model call's context is built and kept within the model's limits
             (policy, element layout, event selection and renderers, citation style); None uses
             the defaults (see :mod:`agentstream.context`).
-        model_limits: the model's window and characters per token; None assumes a 32 000-token
-            window (:data:`agentstream.context.limits.DEFAULT_LIMITS`).
+        model_limits: the model's window and characters per token; None takes the model
+            endpoint's (``window_tokens``, ``chars_per_token``) and caps the context policy's
+            output reserve at ``max_output_tokens`` (see
+            :func:`agentstream.delegation.offered_agent`); without a configured endpoint, a
+            32 000-token window (:data:`agentstream.context.limits.DEFAULT_LIMITS`).
     """
 
     name: str

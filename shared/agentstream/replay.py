@@ -9,6 +9,7 @@ fingerprint recorded at call time.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,13 +23,19 @@ from agentstream.models.endpoints import ModelEndpoint
 
 @dataclass(frozen=True)
 class RebuiltCall:
-    """One model call rebuilt: its turn, step, body, and whether the fingerprint matches."""
+    """One model call rebuilt: its turn, step, body, and whether the fingerprint matches.
+
+    ``endpoint`` is the endpoint whose settings rendered the body, ``configured`` whether it is
+    a configured one (else a stand-in with default settings for the recorded provider).
+    """
 
     turn_id: str
     step: int
     body: bytes
     recorded_sha256: str
     rebuilt_sha256: str
+    endpoint: ModelEndpoint | None = None
+    configured: bool = True
 
     @property
     def matches(self) -> bool:
@@ -75,7 +82,8 @@ def rebuild_calls(
         events: the whole trace, oldest first.
         agent_of: looks an agent up by name (``App.agent``).
         endpoints: the configured model endpoints by id (their provider, model and quirks
-            decide the body); a call whose endpoint is not among them is rebuilt for its
+            decide the body; their window and characters per token are the limits of an agent
+            without ``model_limits``, as in the agent loop); a call whose endpoint is not among them is rebuilt for its
             recorded provider and model with default settings.
         model_name: the model name for calls whose endpoint is not configured (default: the
             recorded one).
@@ -93,7 +101,7 @@ def rebuild_calls(
             agent = agent_of(turn.agent)
             if agent is None:
                 raise KeyError(f"turn {event.turn_id!r}: agent {turn.agent!r} is not in the app")
-            agent = offered_agent(agent, turn)
+            agent = offered_agent(agent, turn, endpoints)  # its endpoint's limits, as the agent loop had them
             request = sent_request(events[:index], agent, turn_id=event.turn_id, step=event.step)
             endpoint = _endpoint_of(event, agent, endpoints or {}, model_name)
             configured = endpoint.id in (endpoints or {}) and endpoints[endpoint.id] is endpoint  # type: ignore[index]
@@ -106,6 +114,25 @@ def rebuild_calls(
                     body=body,
                     recorded_sha256=event.request_sha256,
                     rebuilt_sha256=formats.fingerprint(body),
+                    endpoint=endpoint,
+                    configured=configured,
                 )
             )
     return out
+
+
+def endpoint_settings(endpoint: ModelEndpoint, *, configured: bool = True) -> str:
+    """One line: the endpoint settings that decide a rebuilt body (for a mismatch's report)."""
+    quirks = endpoint.quirks.model_dump(exclude_defaults=True)
+    parts = [
+        f"endpoint {endpoint.id!r}" + ("" if configured else " (not configured: the recorded provider with default settings)"),
+        f"provider {endpoint.provider}",
+        f"model {endpoint.model}",
+        f"stream {endpoint.stream}",
+        f"window {endpoint.window_tokens} tokens",
+        f"{endpoint.chars_per_token} chars/token",
+        f"quirks {json.dumps(quirks, sort_keys=True) if quirks else 'default'}",
+    ]
+    if endpoint.extra_body:
+        parts.append(f"extra_body keys {sorted(endpoint.extra_body)}")
+    return ", ".join(parts)

@@ -14,7 +14,7 @@ history stays valid: field case C27), then the turn fails with code ``cancelled`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentstream.app import Agent
@@ -30,6 +30,7 @@ from agentstream.events import (
     TurnFailed,
     TurnInput,
 )
+from agentstream.models.endpoints import ModelEndpoint
 
 EMPTY_REPLY_RETRIES = 1
 
@@ -112,12 +113,16 @@ def active_turn(events: Sequence[Event]) -> TurnInput | None:
     return None
 
 
-def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> Decision:
+def decide(
+    events: Sequence[Event], agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None = None
+) -> Decision:
     """The next step of the trace.
 
     Args:
         events: the whole trace, oldest first.
         agent_of: looks an agent up by name (``App.agent``).
+        endpoints: the configured model endpoints by id (an agent without ``model_limits``
+            gets its endpoint's, see :func:`agentstream.delegation.offered_agent`).
     """
     turn = active_turn(events)
     if turn is None:
@@ -128,7 +133,7 @@ def decide(events: Sequence[Event], agent_of: Callable[[str], Agent | None]) -> 
     agent = agent_of(turn.agent)
     if agent is None:
         return FailTurn(turn, "unknown_agent", f"no agent named {turn.agent!r} in this app")
-    offered = offered_agent(agent, turn)  # a child's model and depth: delegations withheld at the limit
+    offered = offered_agent(agent, turn, endpoints)  # a child's model and depth: delegations withheld at the limit
     outputs = [e for e in events if isinstance(e, ModelOutput) and e.turn_id == turn.turn_id]
     if not outputs:
         return CallModel(turn, offered, 0)

@@ -8,7 +8,7 @@ result with the shrink that gave it its form and the model call at which it did.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,14 @@ class Explanation:
         return self.built.shrunk
 
 
-def explain(events: Sequence[Any], agent_of: Callable[[str], Agent | None], *, step: int, turn_id: str | None = None) -> Explanation:
+def explain(
+    events: Sequence[Any],
+    agent_of: Callable[[str], Agent | None],
+    *,
+    step: int,
+    turn_id: str | None = None,
+    endpoints: Mapping[str, Any] | None = None,
+) -> Explanation:
     """Explain model call ``step`` of turn ``turn_id`` (default: the trace's newest turn).
 
     Args:
@@ -53,6 +60,9 @@ def explain(events: Sequence[Any], agent_of: Callable[[str], Agent | None], *, s
         agent_of: looks an agent up by name (``App.agent``).
         step: the call's step within its turn (0-based).
         turn_id: the call's turn; None takes the newest turn.
+        endpoints: the configured model endpoints by id: the agent is taken as the call's turn
+            offered it (:func:`agentstream.delegation.offered_agent`: a child's model, withheld
+            delegations, the endpoint's limits), as the agent loop and replay take it.
 
     Raises:
         LookupError: the trace has no such turn, the turn's agent is not in the app, or the
@@ -69,6 +79,9 @@ def explain(events: Sequence[Any], agent_of: Callable[[str], Agent | None], *, s
     agent = agent_of(turn.agent)
     if agent is None:
         raise LookupError(f"turn {turn_id!r} names agent {turn.agent!r}, which the app does not have")
+    from agentstream.delegation import offered_agent  # not at the top: the delegation package imports the context library
+
+    agent = offered_agent(agent, turn, endpoints)
     steps = []
     for index, event in enumerate(events):
         if isinstance(event, ModelOutput) and event.turn_id == turn_id:

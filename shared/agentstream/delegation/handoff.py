@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -18,6 +18,7 @@ from agentstream.context.elements import Numbering
 from agentstream.delegation.tool import Delegation
 from agentstream.errors import ToolArgumentsError
 from agentstream.events import Event, ModelOutput, TaskInput, ToolCall, ToolOutput, TurnInput
+from agentstream.models.endpoints import ModelEndpoint
 
 class ChildEnded(msgspec.Struct, frozen=True, kw_only=True):
     """A hint on the child-endings stream: this child trace's turn ended; hand its result back.
@@ -44,7 +45,7 @@ def decode_child_ended(payload: bytes) -> ChildEnded:
 
 # --- which tools a trace's model is offered --------------------------------------------------
 
-_OFFERED: dict[tuple[int, tuple[str, ...], str], tuple[Agent, Agent]] = {}
+_OFFERED: dict[tuple[int, tuple[str, ...], str, Any], tuple[Agent, Agent]] = {}
 
 
 def depth_of(turn: TurnInput) -> int:
@@ -52,32 +53,70 @@ def depth_of(turn: TurnInput) -> int:
     return turn.depth if isinstance(turn, TaskInput) else 0
 
 
-def offered_agent(agent: Agent, turn: TurnInput) -> Agent:
+_CAPPED: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _reserve_capped(agent: Agent, endpoint: ModelEndpoint) -> Any:
+    """The agent's context settings with the output reserve at most what a call may write
+    (the same object for the same inputs, so caches keyed by settings keep working)."""
+    from agentstream.context.builder import DEFAULT_CONFIG
+    from agentstream.context.limits import Tokens
+
+    config = agent.context if agent.context is not None else DEFAULT_CONFIG
+    cap = agent.max_output_tokens + (endpoint.thinking_budget_tokens or 0)
+    if config.policy.output_reserve.count <= cap:
+        return agent.context
+    cached = _CAPPED.get((id(config), cap))
+    if cached is not None and cached[0] is config:
+        return cached[1]
+    policy = dataclasses.replace(config.policy, output_reserve=Tokens(cap))
+    capped = dataclasses.replace(config, policy=policy)
+    _CAPPED[(id(config), cap)] = (config, capped)
+    return capped
+
+
+def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEndpoint] | None = None) -> Agent:
     """The agent as a model call of ``turn`` sees it.
 
     In a child trace the agent runs on the model its task names, and each delegation whose
     ``max_depth`` the child has reached is withheld (not offered), so the chain of subagents
-    ends (field case C30). The same agent object comes back for the same inputs, so caches
-    keyed by agent keep working.
+    ends (field case C30). An agent without ``model_limits`` gets the limits of the endpoint
+    it runs on (its window and characters per token, :attr:`ModelEndpoint.limits`), and its
+    policy's output reserve is capped at what its calls may write (``max_output_tokens`` plus
+    the endpoint's thinking budget), so a small window (the local model's 8192 tokens) is not
+    all reserved for an output the request never allows. This is the one place where limits
+    come from the endpoints, so the agent loop, the compaction service and replay build the
+    same context. The same agent object comes back for the same inputs, so caches keyed by
+    agent keep working.
 
     Args:
         agent: the agent that answers the turn.
         turn: the turn being answered (a TaskInput in a child trace).
+        endpoints: the configured model endpoints by id; None (or an endpoint not among them)
+            leaves an agent without limits on the default limits.
 
     Returns:
-        ``agent`` itself when nothing changes, else a copy without the withheld tools and with
-        the task's model.
+        ``agent`` itself when nothing changes, else a copy without the withheld tools, with
+        the task's model and with its endpoint's limits.
     """
     depth = depth_of(turn)
     withheld = tuple(t.name for t in agent.tools if t.delegated and depth >= t.max_depth)  # type: ignore[attr-defined]
     model = turn.model if isinstance(turn, TaskInput) and turn.model else agent.model
-    if not withheld and model == agent.model:
+    limits = agent.model_limits
+    config = agent.context
+    endpoint = endpoints.get(model) if endpoints and limits is None else None
+    if endpoint is not None:
+        limits = endpoint.limits
+        config = _reserve_capped(agent, endpoint)
+    if not withheld and model == agent.model and limits is agent.model_limits and config is agent.context:
         return agent
-    key = (id(agent), withheld, model)
+    key = (id(agent), withheld, model, limits, id(config))
     cached = _OFFERED.get(key)
     if cached is not None and cached[0] is agent:
         return cached[1]
-    copy = dataclasses.replace(agent, tools=[t for t in agent.tools if t.name not in withheld], model=model)
+    copy = dataclasses.replace(
+        agent, tools=[t for t in agent.tools if t.name not in withheld], model=model, model_limits=limits, context=config
+    )
     _OFFERED[key] = (agent, copy)
     return copy
 

@@ -50,4 +50,9 @@ def build_models(endpoints: Mapping[str, ModelEndpoint], *, client: httpx.AsyncC
     return {endpoint_id: build_model(endpoint, client=client, **settings) for endpoint_id, endpoint in endpoints.items()}
 
 
-__all__ = ["ChatModel", "ModelEndpoint", "build_model", "build_models"]
+def endpoints_of(models: Mapping[str, Any]) -> dict[str, ModelEndpoint]:
+    """The endpoints behind model clients by id (clients without one, such as test doubles, are left out)."""
+    return {model_id: m.endpoint for model_id, m in models.items() if isinstance(getattr(m, "endpoint", None), ModelEndpoint)}
+
+
+__all__ = ["ChatModel", "ModelEndpoint", "build_model", "build_models", "endpoints_of"]

@@ -44,6 +44,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from agentstream.context.limits import ModelLimits, Tokens
 from agentstream.errors import ConfigError
 from agentstream.settings import Settings
 
@@ -126,7 +127,8 @@ class ModelEndpoint:
         model: the provider's model name sent in each request.
         api_key: the key; never recorded or logged.
         api_key_env: the name of the environment variable the key was read from, if any.
-        window_tokens: the context window in tokens.
+        window_tokens: the context window in tokens (the limits of an agent that names none,
+            see :attr:`limits`).
         chars_per_token: characters per token for estimates (no tokenizer is loaded).
         stream: stream replies (server-sent events), so tokens reach the delta stream as they
             are written. See ``Quirks.stream_tools`` for servers that cannot stream tool calls.
@@ -180,6 +182,14 @@ class ModelEndpoint:
                     f"model endpoint {self.id!r}: thinking_budget_tokens must be at least 1024 "
                     f"(the Messages API minimum), got {self.thinking_budget_tokens}"
                 )
+
+    @property
+    def limits(self) -> ModelLimits:
+        """The model's limits as the context builder takes them: ``window_tokens`` and
+        ``chars_per_token``. Every agent without ``model_limits`` gets these (see
+        :func:`agentstream.delegation.offered_agent`), in the agent loop, the compaction
+        service and replay alike, so their requests and fingerprints agree."""
+        return ModelLimits(window=Tokens(self.window_tokens), characters_per_token=self.chars_per_token)
 
 
 class _EndpointOptions(BaseModel):
