@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import msgspec
 import redis.asyncio as aioredis
@@ -29,12 +30,46 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentstream import codec
-from agentstream.events import CancelMessage
+from agentstream.events import CancelMessage, Event, TurnEnded, TurnFailed, TurnInput
 from agentstream.keys import CANCEL_FIELD, Keys
 
 log = logging.getLogger("agentstream.cancel")
 
 OnCancel = Callable[[CancelMessage], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class CancelTarget:
+    """What a cancel of a trace would stop (see :func:`cancel_target`).
+
+    Attributes:
+        turn_id: the turn to cancel; None when there is none.
+        ending: the turn's ending, when the named turn already ended.
+        reason: why there is nothing to cancel ("" when there is a turn).
+    """
+
+    turn_id: str | None
+    ending: TurnEnded | TurnFailed | None = None
+    reason: str = ""
+
+
+def cancel_target(events: Sequence[Event], turn_id: str = "") -> CancelTarget:
+    """The turn a cancel names in a trace's events: ``turn_id``, or without it the running turn.
+
+    Only a turn the trace holds and that has not ended can be cancelled (a queued one too: its
+    cancel takes effect when it comes up). A cancel recorded for any other id would wait in the
+    trace and cancel a later turn that takes that id at once, so there is no target then.
+    """
+    endings = {e.turn_id: e for e in events if isinstance(e, (TurnEnded, TurnFailed))}
+    turns = [e.turn_id for e in events if isinstance(e, TurnInput)]
+    if not turn_id:
+        running = next((t for t in turns if t not in endings), None)
+        return CancelTarget(running, reason="" if running else "no turn is running")
+    if turn_id not in turns:
+        return CancelTarget(None, reason=f"no such running turn: the trace has no turn {turn_id!r}")
+    if turn_id in endings:
+        return CancelTarget(None, ending=endings[turn_id], reason=f"no such running turn: turn {turn_id!r} has already ended")
+    return CancelTarget(turn_id)
 
 
 async def publish_cancel(redis: aioredis.Redis, keys: Keys, message: CancelMessage) -> str:

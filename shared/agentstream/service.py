@@ -66,6 +66,8 @@ async def run_consumers(
             if task is waiter:
                 continue
             error = task.exception()
+            if error is None and stop.is_set():
+                continue  # it returned because the service is stopping
             if error is not None:
                 log.error("consumer %s stopped with an error; stopping the service", task.get_name(), exc_info=error)
             else:
