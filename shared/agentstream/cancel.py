@@ -29,7 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agentstream import codec
+from agentstream import codec, logs
 from agentstream.events import CancelMessage, Event, TurnEnded, TurnFailed, TurnInput
 from agentstream.keys import CANCEL_FIELD, Keys
 
@@ -127,10 +127,11 @@ class CancelListener:
             log.debug("ignoring malformed cancel %s: %s", entry_id, exc)  # the group consumer reports it
             return
         self.heard += 1
-        try:
-            await self.on_cancel(message)
-        except Exception:
-            log.exception("handling cancel %s of trace %s failed", entry_id, message.trace_id)
+        with logs.bind(trace_id=message.trace_id, turn_id=message.turn_id or None):
+            try:
+                await self.on_cancel(message)
+            except Exception:
+                log.exception("handling cancel %s of trace %s failed", entry_id, message.trace_id)
 
 
 def _s(value: bytes | str) -> str:

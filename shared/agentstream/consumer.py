@@ -50,7 +50,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agentstream import metrics
+from agentstream import logs, metrics
 from agentstream.claims import count_attempt, keep_claims, release_claims, server_version, supports_claim_option
 from agentstream.errors import Deferred
 from agentstream.keys import attempts_key as default_attempts_key
@@ -127,6 +127,8 @@ class StreamConsumer:
         config: read settings.
         attempts_key: the hash of this group's delivery counts (default
             :func:`agentstream.keys.attempts_key`).
+        log_ids: ``log_ids(fields)`` → the ids (trace, turn, call) bound to every log line
+            made while the entry is handled (default :func:`agentstream.logs.ids_of`).
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class StreamConsumer:
         on_dead_letter: DeadLetterHook | None = None,
         config: ConsumerConfig | None = None,
         attempts_key: str | None = None,
+        log_ids: Callable[[Fields], dict[str, str]] | None = None,
     ):
         self.redis = redis
         self.stream = stream
@@ -151,6 +154,7 @@ class StreamConsumer:
         self.on_dead_letter = on_dead_letter
         self.config = config or ConsumerConfig()
         self.attempts_key = attempts_key or default_attempts_key(stream, group)
+        self.log_ids = log_ids or logs.ids_of
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, tuple[float, Fields]] = {}  # entry → (due time, fields): retries
@@ -361,7 +365,8 @@ class StreamConsumer:
                     continue
                 self.reclaimed += 1
                 metrics.RECLAIMS.labels(stream=self.stream).inc()
-                log.info("claimed idle entry %s of %s", entry, self.stream)
+                with logs.bind(**self._log_ids(fields)):
+                    log.info("claimed idle entry %s of %s", entry, self.stream)
                 if not fields:
                     await self._lost_entry(entry)
                     continue
@@ -423,6 +428,17 @@ class StreamConsumer:
         self._inflight[entry_id] = asyncio.create_task(self._process(entry_id, fields), name=f"entry:{entry_id}")
 
     async def _process(self, entry_id: str, fields: Fields) -> None:
+        # every line logged for this entry (the handler's and the consumer's) names its trace
+        with logs.bind(**self._log_ids(fields)):
+            await self._process_entry(entry_id, fields)
+
+    def _log_ids(self, fields: Fields) -> dict[str, str]:
+        try:
+            return self.log_ids(fields)
+        except Exception:  # ids for log lines must never stop the work
+            return {}
+
+    async def _process_entry(self, entry_id: str, fields: Fields) -> None:
         attempts = 0
         try:
             attempts = await count_attempt(self.redis, self.attempts_key, entry_id, refund=self._refunds.pop(entry_id, 0))

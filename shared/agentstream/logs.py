@@ -1,7 +1,10 @@
 """Structured logs: one JSON object per line, carrying the trace, turn and call ids.
 
 Handlers set the ids of what they work on with :func:`bind`; every log record made inside
-carries them (contextvars, so concurrent asyncio tasks keep their own). A record made while an
+carries them (contextvars, so concurrent asyncio tasks keep their own). A
+:class:`~agentstream.consumer.StreamConsumer` binds the ids an entry's payload names
+(:func:`ids_of`) around everything done for that entry, its own lines included, so every line
+about an entry of a trace says which trace, whatever the service. A record made while an
 OpenTelemetry span is recording also carries ``otel_trace_id`` and ``otel_span_id`` (hex), so a
 log line can be found from a trace and the other way round (see :mod:`agentstream.tracing`).
 JSON formatting is python-json-logger's. ``AGENTSTREAM_LOG_FORMAT=text`` gives plain lines for a
@@ -14,8 +17,10 @@ import contextlib
 import contextvars
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import IO
 
+import msgspec
 from pythonjsonlogger.json import JsonFormatter
 
 from agentstream import tracing
@@ -36,6 +41,42 @@ def bind(**ids: str | None) -> Iterator[None]:
         _context.reset(token)
 
 
+class _Ids(msgspec.Struct):
+    trace_id: str | None = None
+    turn_id: str | None = None
+    call_id: str | None = None
+
+
+_decode_ids = msgspec.json.Decoder(_Ids).decode
+
+
+def ids_of(fields: Mapping[bytes, bytes] | None) -> dict[str, str]:
+    """The trace, turn and call ids that the JSON payloads of a stream entry name (for :func:`bind`).
+
+    Every agentstream message (turn, wake-up, cancel, tool job, delegation and compaction jobs)
+    is a JSON object with some of ``trace_id``, ``turn_id`` and ``call_id``; other fields and
+    anything that is not such an object are passed over.
+    """
+    ids: dict[str, str] = {}
+    for value in (fields or {}).values():
+        if not isinstance(value, (bytes, str)) or not value[:1] in (b"{", "{"):
+            continue
+        try:
+            found = _decode_ids(value)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        for name in _FIELDS:
+            got = getattr(found, name)
+            if got and name not in ids:
+                ids[name] = got
+    return ids
+
+
+def current() -> dict[str, str]:
+    """The ids bound now."""
+    return dict(_context.get())
+
+
 class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         ids = _context.get()
@@ -49,9 +90,9 @@ class _ContextFilter(logging.Filter):
         return True
 
 
-def setup(level: str = "INFO", *, fmt: str = "json") -> None:
-    """Configure the root logger: JSON lines (default) or plain text, on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
+def setup(level: str = "INFO", *, fmt: str = "json", stream: IO[str] | None = None) -> None:
+    """Configure the root logger: JSON lines (default) or plain text, on stderr (or ``stream``)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(_ContextFilter())
     if fmt == "json":
         handler.setFormatter(

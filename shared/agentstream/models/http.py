@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -31,6 +32,8 @@ import httpx
 import tenacity
 
 from agentstream.errors import ModelConfigError, ModelError, ModelInputRejected, ModelUnanswered
+
+log = logging.getLogger("agentstream.models")
 
 T = TypeVar("T")
 
@@ -181,12 +184,23 @@ async def with_retries(
         ModelError: an attempt failed in a way that is not retried.
     """
     secrets = tuple(secrets)
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        why = exc.reason if isinstance(exc, Retryable) else f"{type(exc).__name__}: {exc}"
+        wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+        log.info(
+            "model call to %s failed (%s); retrying in %.1f s (attempt %d of %d)",
+            url, mask(str(why), secrets), wait_s, state.attempt_number + 1, retries + 1,
+        )
+
     retrying = tenacity.AsyncRetrying(
         stop=tenacity.stop_after_attempt(retries + 1),
         wait=_WaitRetryAfter(backoff_s),
         retry=tenacity.retry_if_exception_type((httpx.TransportError, Retryable)),
         reraise=True,
         sleep=sleep,
+        before_sleep=before_sleep,
     )
     count = 0
     try:
