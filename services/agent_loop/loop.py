@@ -32,10 +32,12 @@ from agentstream.events import (
     CancelRequested,
     ModelOutput,
     Reply,
+    TaskInput,
     ToolJob,
     TurnEnded,
     TurnFailed,
     TurnInput,
+    TurnMessage,
     Wake,
 )
 from agentstream.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
@@ -51,6 +53,7 @@ from agentstream.steps import (
     RunTools,
     active_turn,
     decide,
+    final_stop_reason,
     unanswered_results,
 )
 from agentstream.store import TraceStore
@@ -130,8 +133,11 @@ class AgentLoop:
                     trace_id=turn.trace_id,
                     turn_id=turn.turn_id,
                 )
-        except TurnRejected as exc:
-            await self._reject(entry_id, payload, exc)
+        except TurnRejected as exc:  # without a `turn` field, the entry's fields show what arrived
+            await self._reject(entry_id, payload if payload is not None else codec.fields_json(fields), exc)
+            return
+        if await self.store.has_key(turn.trace_id, f"end:{turn.turn_id}"):
+            await self._reply_again(turn)  # re-published (a backend lost the reply) or re-delivered
             return
         if self.busy_policy != "queue" and not await self._admit(turn):
             return
@@ -144,6 +150,29 @@ class AgentLoop:
             if self.trace_retention_s:
                 await self.store.keep_for(turn.trace_id, self.trace_retention_s)
         await self.advance(turn.trace_id)
+
+    async def _reply_again(self, message: TurnMessage) -> None:
+        """Publish the reply of a turn that already ended again: the same reply, to where the turn
+        first asked for it (its stored ``reply_to``; for a turn rejected before it entered the
+        trace, this message's). Replies are at-least-once: a backend dedupes by turn id."""
+        events = [e for _, e in await self.store.read(message.trace_id)]
+        ending = next((e for e in events if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == message.turn_id), None)
+        if ending is None:  # the key hash says ended but the events do not: nothing to repeat
+            return
+        original = next((e for e in events if isinstance(e, TurnInput) and e.turn_id == message.turn_id), None)
+        if isinstance(original, TaskInput):
+            log.info("turn %s of trace %s is a delegated task that ended; its parent has its result", message.turn_id, message.trace_id)
+            return
+        turn = original or TurnInput(
+            turn_id=message.turn_id, agent=message.agent, text=message.text, metadata=message.metadata, reply_to=message.reply_to
+        )
+        reply = _reply_of_ending(message.trace_id, turn, ending, events)
+        stream = turn.reply_to or self.keys.replies
+        log.info("turn %s of trace %s ended before; publishing its reply again to %s", message.turn_id, message.trace_id, stream)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
+        pipe.hset(self.keys.trace_keys(message.trace_id), f"reply:{ending.turn_id}", b"1")
+        await pipe.execute()
 
     async def _admit(self, turn) -> bool:
         """Apply the reject or interrupt policy to a new turn → whether it enters the trace."""
@@ -181,10 +210,11 @@ class AgentLoop:
         """A wake-up: something was appended to a trace; advance it."""
         payload = fields.get(WAKE_FIELD)
         try:
-            wake = codec.decode_wake(payload or b"")
+            wake = codec.decode_wake(codec.entry_field(fields, WAKE_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed wake-up %s: %s", entry_id, exc)
-            await self.redis.xadd(self.keys.errors, {b"error": f"malformed wake-up {entry_id}: {exc}".encode(), b"payload": payload or b""})
+            shown = payload if payload is not None else codec.fields_json(fields)
+            await self.redis.xadd(self.keys.errors, {b"error": f"malformed wake-up {entry_id}: {exc}".encode(), b"payload": shown})
             return
         await self.advance(wake.trace_id)
 
@@ -192,10 +222,11 @@ class AgentLoop:
         """A cancel request (the agent loop's group on the cancel stream): record it, then advance."""
         payload = fields.get(CANCEL_FIELD)
         try:
-            message = codec.decode_cancel(payload or b"")
+            message = codec.decode_cancel(codec.entry_field(fields, CANCEL_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed cancel %s: %s", entry_id, exc)
-            await self.redis.xadd(self.keys.errors, {b"error": f"malformed cancel {entry_id}: {exc}".encode(), b"payload": payload or b""})
+            shown = payload if payload is not None else codec.fields_json(fields)
+            await self.redis.xadd(self.keys.errors, {b"error": f"malformed cancel {entry_id}: {exc}".encode(), b"payload": shown})
             return
         recorded = await self.request_cancel(message)
         if recorded is not None:
@@ -359,7 +390,9 @@ class AgentLoop:
         entries = await self.store.read(trace_id)
         events = [event for _, event in entries]
         decision = decide(events, self.app.agent, self.endpoints)
-        with _step_span(trace_id, decision):  # a child of the turn's trace context (OpenTelemetry)
+        turn = getattr(decision, "turn", None)
+        # a child of the turn's trace context (OpenTelemetry); every line logged names the turn
+        with _step_span(trace_id, decision), logs.bind(turn_id=turn.turn_id if turn is not None else None):
             return await self._act(trace_id, token, entries, events, decision)
 
     async def _act(self, trace_id: str, token: int, entries, events, decision) -> bool:
@@ -473,25 +506,53 @@ class AgentLoop:
         inputs = {e.turn_id: e for e in events if isinstance(e, TurnInput)}
         for ending, marker in zip(endings, sent, strict=True):
             if marker is None:
-                await self._ensure_reply(trace_id, inputs.get(ending.turn_id), ending)
+                await self._ensure_reply(trace_id, inputs.get(ending.turn_id), ending, events)
 
-    async def _ensure_reply(self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed) -> None:
-        """Publish the turn's reply once: a marker in the trace's key hash records that it went out."""
+    async def _ensure_reply(self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, events=None) -> None:
+        """Publish the turn's reply once: a marker in the trace's key hash records that it went out.
+
+        The reply carries the stop reason of the turn's last model output when it was not a
+        normal stop (``events``: the trace, read here when not given).
+        """
         marker = f"reply:{ending.turn_id}"
         if await self.store.has_key(trace_id, marker):
             return
-        if isinstance(ending, TurnEnded):
-            reply = Reply(trace_id=trace_id, turn_id=ending.turn_id, status="ended", answer=ending.answer)
-        else:
-            reply = Reply(trace_id=trace_id, turn_id=ending.turn_id, status="failed", code=ending.code, reason=ending.reason)
-        if turn is not None:
-            reply.metadata = dict(turn.metadata)
+        if events is None:
+            events = [e for _, e in await self.store.read(trace_id)]
+        reply = _reply_of_ending(trace_id, turn, ending, events)
+        _log_ending(trace_id, ending, reply.stop_reason)
         stream = (turn.reply_to if turn is not None else None) or self.keys.replies
         pipe = self.redis.pipeline(transaction=False)
         if not await self.children.turn_ended(pipe, trace_id, turn, ending):  # a child answers its parent instead
             pipe.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
         pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
         await pipe.execute()
+
+
+def _reply_of_ending(trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, events) -> Reply:
+    """The reply of a turn's ending; it carries the stop reason of the turn's last model output
+    when that was not a normal stop."""
+    stop_reason = final_stop_reason(events, ending.turn_id)
+    if isinstance(ending, TurnEnded):
+        reply = Reply(trace_id=trace_id, turn_id=ending.turn_id, status="ended", answer=ending.answer, stop_reason=stop_reason)
+    else:
+        reply = Reply(trace_id=trace_id, turn_id=ending.turn_id, status="failed", code=ending.code, reason=ending.reason,
+                      stop_reason=stop_reason)
+    if turn is not None:
+        reply.metadata = dict(turn.metadata)
+    return reply
+
+
+def _log_ending(trace_id: str, ending: TurnEnded | TurnFailed, stop_reason: str | None) -> None:
+    """One line per turn ending (logged as its reply goes out): a WARNING for a failed turn."""
+    with logs.bind(trace_id=trace_id, turn_id=ending.turn_id):
+        stop = f" (last stop reason {stop_reason})" if stop_reason else ""
+        if isinstance(ending, TurnEnded):
+            log.info("turn %s of trace %s ended%s", ending.turn_id, trace_id, stop)
+        elif ending.code == "cancelled":
+            log.info("turn %s of trace %s was cancelled: %s", ending.turn_id, trace_id, ending.reason)
+        else:
+            log.warning("turn %s of trace %s failed: %s: %s%s", ending.turn_id, trace_id, ending.code, ending.reason, stop)
 
 
 def _step_span(trace_id: str, decision):

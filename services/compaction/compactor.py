@@ -63,10 +63,11 @@ class Compactor:
         """A compaction job: write the summary it asks for, once."""
         payload = fields.get(COMPACTION_FIELD)
         try:
-            job = decode_job(payload or b"")
+            job = decode_job(codec.entry_field(fields, COMPACTION_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed compaction job %s: %s", entry_id, exc)
-            await self.redis.xadd(self.keys.errors, {b"error": f"malformed compaction job {entry_id}: {exc}".encode(), b"payload": payload or b""})
+            shown = payload if payload is not None else codec.fields_json(fields)
+            await self.redis.xadd(self.keys.errors, {b"error": f"malformed compaction job {entry_id}: {exc}".encode(), b"payload": shown})
             return
         attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id, "agentstream.step": job.step}
         with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id), tracing.span(

@@ -76,9 +76,9 @@ class Delegator:
         """A delegation job: open its child, or give the call its error result."""
         payload = fields.get(JOB_FIELD)
         try:
-            job = codec.decode_job(payload or b"")
+            job = codec.decode_job(codec.entry_field(fields, JOB_FIELD))
         except msgspec.DecodeError as exc:
-            await self._malformed("delegation job", entry_id, payload, exc)
+            await self._malformed("delegation job", entry_id, payload if payload is not None else codec.fields_json(fields), exc)
             return
         attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id,
                       "agentstream.delegation": job.name, "gen_ai.tool.call.id": job.call_id}
@@ -91,9 +91,9 @@ class Delegator:
         """A child ending: hand the child's result back to its parent."""
         payload = fields.get(ENDING_FIELD)
         try:
-            ending = decode_child_ended(payload or b"")
+            ending = decode_child_ended(codec.entry_field(fields, ENDING_FIELD))
         except msgspec.DecodeError as exc:
-            await self._malformed("child ending", entry_id, payload, exc)
+            await self._malformed("child ending", entry_id, payload if payload is not None else codec.fields_json(fields), exc)
             return
         with logs.bind(trace_id=ending.trace_id), tracing.span(
             "agentstream.hand_back", parent=ending.trace_context, kind="consumer", attributes={"agentstream.trace_id": ending.trace_id}

@@ -76,10 +76,11 @@ class ToolWorker:
         """One tool job: run it once and record its result."""
         payload = fields.get(JOB_FIELD)
         try:
-            job = codec.decode_job(payload or b"")
+            job = codec.decode_job(codec.entry_field(fields, JOB_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed tool job %s: %s", entry_id, exc)
-            await self.redis.xadd(self.keys.errors, {b"error": f"malformed tool job {entry_id}: {exc}".encode(), b"payload": payload or b""})
+            shown = payload if payload is not None else codec.fields_json(fields)
+            await self.redis.xadd(self.keys.errors, {b"error": f"malformed tool job {entry_id}: {exc}".encode(), b"payload": shown})
             return
         # a child of the step that published the job (OpenTelemetry); the tool runs inside it
         with tracing.span("agentstream.tool_call", parent=job.trace_context, kind="consumer", attributes=_span_attributes(job)):

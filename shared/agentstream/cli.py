@@ -15,7 +15,8 @@ Commands:
 - ``trace show <id>`` / ``trace verify <id>``: print a stored trace / rebuild its requests.
 - ``trace explain <id> --step N [--turn ID]``: one model call's exact request, and why each
   old result in it was shortened (which shrink, at which call).
-- ``schema turn``: the JSON schema of the turn message other backends publish.
+- ``schema turn`` / ``schema reply``: the JSON schemas of the turn message other backends
+  publish and of the reply they read.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -32,6 +34,7 @@ from enum import Enum
 from typing import Annotated, Optional
 
 import httpx
+import redis.exceptions
 import typer
 
 from agentstream import codec
@@ -89,6 +92,39 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _shown_url(url: str) -> str:
+    """A Redis URL without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "(unparsable)"
+
+
+def _connect(settings: Settings, *, retries: int = 1):
+    """A client for REDIS_URL, or AgentStreamError with a one-line reason (unset, malformed)."""
+    if not settings.redis_url:
+        raise AgentStreamError("REDIS_URL is not set; point it at the Redis of the services (`agentstream dev` prints it)")
+    try:
+        return connect(settings.redis_url, retries=retries)
+    except ValueError as exc:
+        raise AgentStreamError(f"REDIS_URL {_shown_url(settings.redis_url)!r} is not a Redis URL: {exc}") from None
+
+
+def _unreachable(settings: Settings, exc: Exception) -> AgentStreamError:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return AgentStreamError(f"cannot reach Redis at {_shown_url(settings.redis_url or '')} (REDIS_URL): {detail}")
+
+
+REDIS_ERRORS = (redis.exceptions.RedisError, OSError, ValueError)
+"""What a command's Redis calls may raise for a bad URL or an unreachable server."""
+
+
 # --- services --------------------------------------------------------------------------------
 
 
@@ -127,11 +163,17 @@ async def _serve(services: list[Service], app_path: str, queues: list[str] | Non
             await redis.aclose()
 
 
+def _queue_names(value: Optional[list[str]]) -> Optional[list[str]]:
+    if value and any(not name.strip() for name in value):
+        raise typer.BadParameter("a tool queue name cannot be empty")
+    return value
+
+
 @cli.command()
 def serve(
     service: Annotated[Service, typer.Argument(help="Which service to run.")],
     app: AppOption = DEFAULT_APP,
-    queue: Annotated[Optional[list[str]], typer.Option(help="Tool queue(s) to consume (tool-worker).")] = None,
+    queue: Annotated[Optional[list[str]], typer.Option(help="Tool queue(s) to consume (tool-worker).", callback=_queue_names)] = None,
     log_level: str = "INFO",
 ) -> None:
     """Run one service until SIGTERM (then drain within AGENTSTREAM_SHUTDOWN_GRACE_S)."""
@@ -168,13 +210,29 @@ def _environment(settings: Settings):
             embedded.stop()
 
 
+SHARED_VARIABLES = ("REDIS_URL", "AGENTSTREAM_NAMESPACE", "OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS")
+"""What another shell needs to reach the same services and rebuild their requests exactly."""
+
+
+def environment_lines(environ) -> list[str]:
+    """``export NAME=value`` lines (shell-quoted) of :data:`SHARED_VARIABLES` that are set.
+
+    ``AGENTSTREAM_DEFAULT_MODEL_OPTIONS`` carries the model server's quirks: without it,
+    ``trace verify`` rebuilds other bodies than were sent, and services started elsewhere send
+    requests the server refuses.
+    """
+    return [f"export {name}={shlex.quote(environ[name])}" for name in SHARED_VARIABLES if environ.get(name)]
+
+
 @cli.command()
 def dev(app: AppOption = DEFAULT_APP, log_level: str = "INFO") -> None:
     """Every service in one process, on REDIS_URL / OPENAI_* or the embedded defaults."""
     _setup_logging(log_level)
     try:
         with _environment(Settings()) as settings:
-            typer.secho(f"REDIS_URL={settings.redis_url}", err=True)
+            typer.secho("# for `agentstream ask` and `agentstream trace ...` in another shell:", err=True)
+            for line in environment_lines(os.environ):
+                typer.secho(line, err=True)
             asyncio.run(_serve(list(Service), app, None, settings))
     except AgentStreamError as exc:
         _fail(exc)
@@ -217,8 +275,38 @@ def describe(event: Event) -> str:
     return repr(event)
 
 
+CUT_OFF = "cut off by the output limit"
+
+
+class Describer:
+    """:func:`describe` with what earlier events of the trace say: an answer whose last model
+    output hit the output token limit, and a tool result that arrived after its turn ended
+    (the model never saw it)."""
+
+    def __init__(self) -> None:
+        self.cut_off: set[str] = set()  # turns whose last model output stopped on ``length``
+        self.ended: set[str] = set()
+
+    def __call__(self, event: Event) -> str:
+        line = describe(event)
+        match event:
+            case ModelOutput(turn_id=turn_id, stop_reason=stop):
+                if stop == "length":
+                    self.cut_off.add(turn_id)
+                    line = line.replace(f", {stop})", f", {stop}: {CUT_OFF})", 1)
+                else:
+                    self.cut_off.discard(turn_id)
+            case TurnEnded(turn_id=turn_id) | TurnFailed(turn_id=turn_id):
+                if turn_id in self.cut_off and isinstance(event, TurnEnded):
+                    line = line.replace("✓ answer:", f"✓ answer ({CUT_OFF}):", 1)
+                self.ended.add(turn_id)
+            case ToolOutput(turn_id=turn_id) if turn_id in self.ended:
+                line = f"{line}\n    (late: it arrived after its turn had ended; no model call saw it)"
+        return line
+
+
 async def _ask(settings: Settings, agent: str, text: str, trace_id: str, timeout_s: float, echo=typer.echo) -> TurnEnded | TurnFailed | None:
-    redis = connect(settings.redis_url or "")
+    redis = _connect(settings, retries=6)
     try:
         turn_id = uuid.uuid4().hex
         start = "0-0"
@@ -240,7 +328,7 @@ async def _ask(settings: Settings, agent: str, text: str, trace_id: str, timeout
             # the steps from the trace, and the reply's tokens as they arrive (agentstream.watch)
             ending = await watch_turn(
                 redis, settings.keys, trace_id, turn_id, after=start, deltas_after=deltas_start,
-                stop=stop, echo=echo, describe=describe,
+                stop=stop, echo=echo, describe=Describer(), outage_s=timeout_s,  # a Redis restart is ridden out
             )
             if ending is not None:
                 return ending
@@ -253,12 +341,15 @@ async def _ask(settings: Settings, agent: str, text: str, trace_id: str, timeout
         await redis.aclose()
 
 
+TimeoutOption = typer.Option("--timeout-s", min=0.1, help="Give up waiting for the answer after this many seconds.")
+
+
 @cli.command()
 def ask(
     text: Annotated[str, typer.Argument(help="The user's message.")],
     agent: str = "demo",
     trace_id: Annotated[Optional[str], typer.Option(help="Continue this conversation.")] = None,
-    timeout_s: float = 300.0,
+    timeout_s: Annotated[float, TimeoutOption] = 300.0,
 ) -> None:
     """Publish a turn to running services (REDIS_URL) and print each step until the answer."""
     settings = Settings()
@@ -266,29 +357,30 @@ def ask(
         _fail(AgentStreamError("REDIS_URL is not set; `agentstream run` runs everything on a laptop"))
     trace_id = trace_id or uuid.uuid4().hex
     typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
-    ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
+    try:
+        ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
+    except AgentStreamError as exc:
+        _fail(exc)
+    except REDIS_ERRORS as exc:
+        _fail(_unreachable(settings, exc))
     raise typer.Exit(0 if isinstance(ending, TurnEnded) else 1)
 
 
 async def _cancel(settings: Settings, message: CancelMessage, wait_s: float, echo=typer.echo) -> TurnFailed | TurnEnded | None:
-    from agentstream.cancel import publish_cancel
-    from agentstream.steps import active_turn
+    from agentstream.cancel import cancel_target, publish_cancel
 
     redis = connect(settings.redis_url or "")
     store = TraceStore(redis, settings.keys)
     try:
         entries = await store.read(message.trace_id)
         start = entries[-1][0] if entries else "0-0"
-        if not message.turn_id:  # name the turn running now, so the wait below follows that one
-            running = active_turn([e for _, e in entries])
-            if running is None:
-                echo(f"trace {message.trace_id!r} has no running turn; nothing to cancel")
-                return None
-            message.turn_id = running.turn_id
-        for _, event in entries:
-            if isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == message.turn_id:
-                echo(f"turn {message.turn_id} has already ended")
-                return event
+        # the turn running now when none is named, so the wait below follows that one; a turn id
+        # the trace does not hold (or that ended) is not published: it would cancel a later turn
+        target = cancel_target([e for _, e in entries], message.turn_id)
+        if target.turn_id is None:
+            echo(f"trace {message.trace_id!r}: {target.reason}; nothing to cancel")
+            return target.ending
+        message.turn_id = target.turn_id
         entry = await publish_cancel(redis, settings.keys, message)
         echo(f"cancel of turn {message.turn_id} published ({settings.keys.cancel} {entry})")
         if wait_s <= 0:
@@ -335,7 +427,7 @@ def run(
     agent: str = "demo",
     turns: Annotated[int, typer.Option(min=1, help="Ask the message this many times in one conversation "
                                        "(a long conversation, to see compaction).")] = 1,
-    timeout_s: float = 300.0,
+    timeout_s: Annotated[float, TimeoutOption] = 300.0,
     log_level: str = "WARNING",
 ) -> None:
     """The main job: answer one turn end to end with the agent loop and a tool worker as
@@ -383,11 +475,18 @@ def run(
 
 
 async def _read(settings: Settings, trace_id: str):
-    redis = connect(settings.redis_url or "")
+    """The stored trace's entries; AgentStreamError when Redis is not reachable or the trace is empty."""
+    redis = _connect(settings)
     try:
-        return await TraceStore(redis, settings.keys).read(trace_id)
+        entries = await TraceStore(redis, settings.keys).read(trace_id)
+    except REDIS_ERRORS as exc:
+        raise _unreachable(settings, exc) from None
     finally:
-        await redis.aclose()
+        with contextlib.suppress(*REDIS_ERRORS):
+            await redis.aclose()
+    if not entries:
+        raise AgentStreamError(f"trace {trace_id!r} has no events (namespace {settings.keys.namespace!r})")
+    return entries
 
 
 @trace_cli.command("show")
@@ -397,35 +496,50 @@ def trace_show(trace_id: str, as_json: Annotated[bool, typer.Option("--json", he
         entries = asyncio.run(_read(Settings(), trace_id))
     except AgentStreamError as exc:
         _fail(exc)
-    if not entries:
-        _fail(AgentStreamError(f"trace {trace_id!r} has no events"))
+    describer = Describer()
     for entry_id, event in entries:
         if as_json:
             typer.echo(json.dumps({"id": entry_id, **json.loads(codec.encode(event))}))
         else:
-            typer.echo(f"{entry_id}  {describe(event)}")
+            typer.echo(f"{entry_id}  {describer(event)}")
+
+
+def _endpoints(settings: Settings):
+    """The configured model endpoints (keys not required: nothing is sent), or none."""
+    from agentstream.models.endpoints import load_endpoints
+
+    try:
+        return load_endpoints(settings, require_keys=False)
+    except ConfigError:
+        return {}  # rebuild each call for its recorded provider and model
+
+
+MISMATCH_HINT = (
+    "a rebuilt body differs from the one sent when the endpoint settings differ from the services' "
+    "(OPENAI_MODEL, AGENTSTREAM_DEFAULT_MODEL_OPTIONS, AGENTSTREAM_MODELS_FILE): use the lines "
+    "`agentstream dev` or `python -m agentstream.localmodel` printed"
+)
 
 
 async def _verify(settings: Settings, app_path: str, trace_id: str, *, quiet: bool = False) -> bool:
-    from agentstream.models.endpoints import load_endpoints
-    from agentstream.replay import rebuild_calls
+    from agentstream.replay import endpoint_settings, rebuild_calls
 
     app = load_app(app_path)
     events = [e for _, e in await _read(settings, trace_id)]
-    try:
-        endpoints = load_endpoints(settings, require_keys=False)
-    except ConfigError:
-        endpoints = {}  # rebuild each call for its recorded provider and model
-    calls = rebuild_calls(events, app.agent, endpoints=endpoints, model_name=settings.openai_model)
+    calls = rebuild_calls(events, app.agent, endpoints=_endpoints(settings), model_name=settings.openai_model)
     good = sum(c.matches for c in calls)
     if not quiet:
         for c in calls:
             typer.echo(f"turn {c.turn_id} step {c.step}: {'match' if c.matches else 'MISMATCH'} {c.rebuilt_sha256}")
+            if not c.matches and c.endpoint is not None:
+                typer.echo(f"  rebuilt with {endpoint_settings(c.endpoint, configured=c.configured)}")
     typer.secho(
         f"fingerprints: {good}/{len(calls)} model calls rebuilt from the stored trace match",
         fg=typer.colors.GREEN if good == len(calls) else typer.colors.RED,
         err=True,
     )
+    if good != len(calls) and not quiet:
+        typer.secho(MISMATCH_HINT, err=True)
     return good == len(calls)
 
 
@@ -434,31 +548,40 @@ def trace_verify(trace_id: str, app: AppOption = DEFAULT_APP) -> None:
     """Rebuild every model call's request from the stored trace and compare fingerprints."""
     try:
         ok = asyncio.run(_verify(Settings(), app, trace_id))
-    except AgentStreamError as exc:
+    except (AgentStreamError, KeyError) as exc:
         _fail(exc)
     raise typer.Exit(0 if ok else 1)
 
 
 async def _explain(settings: Settings, app_path: str, trace_id: str, step: int, turn_id: str | None, as_json: bool) -> None:
     from agentstream.context import describe_shrunk, explain
-    from agentstream.models import openai_format
-    from agentstream.replay import rebuild_calls
+    from agentstream.delegation import offered_agent
+    from agentstream.models import formats, openai_format
+    from agentstream.replay import endpoint_settings, rebuild_calls
 
     app = load_app(app_path)
     events = [e for _, e in await _read(settings, trace_id)]
-    if not events:
-        raise AgentStreamError(f"trace {trace_id!r} has no events")
+    endpoints = _endpoints(settings)
     try:
-        explanation = explain(events, app.agent, step=step, turn_id=turn_id)
-    except LookupError as exc:
+        explanation = explain(events, app.agent, step=step, turn_id=turn_id, endpoints=endpoints)
+        # the body as the call's endpoint renders it, as `trace verify` does
+        if explanation.made:
+            rebuilt = next(
+                c for c in rebuild_calls(events, app.agent, endpoints=endpoints, model_name=settings.openai_model)
+                if (c.turn_id, c.step) == (explanation.turn_id, step)
+            )
+            body, endpoint, configured = rebuilt.body, rebuilt.endpoint, rebuilt.configured
+        else:  # the next call: as the agent's endpoint would get it
+            turn = next(e for e in events if isinstance(e, TurnInput) and e.turn_id == explanation.turn_id)
+            agent = offered_agent(app.agent(turn.agent), turn, endpoints)  # type: ignore[arg-type]
+            endpoint = endpoints.get(agent.model)
+            configured = endpoint is not None
+            if endpoint is not None:
+                body = formats.request_body(explanation.request, endpoint)
+            else:
+                body = openai_format.request_body(explanation.request, model=settings.openai_model or "gpt-4o-mini")
+    except (LookupError, KeyError) as exc:
         raise AgentStreamError(f"trace {trace_id!r}: {exc}") from exc
-    body = None
-    if explanation.made:  # the body as the call's provider format rendered it (see `trace verify`)
-        for call in rebuild_calls(events, app.agent, model_name=settings.openai_model):
-            if (call.turn_id, call.step) == (explanation.turn_id, step):
-                body = call.body
-    if body is None:
-        body = openai_format.request_body(explanation.request, model=settings.openai_model or "gpt-4o-mini")
     sha256 = openai_format.fingerprint(body)
     built = explanation.built
     if as_json:
@@ -476,6 +599,8 @@ async def _explain(settings: Settings, app_path: str, trace_id: str, step: int, 
     if explanation.recorded_sha256:
         verdict = "matches" if explanation.recorded_sha256 == sha256 else "DOES NOT match"
         typer.echo(f"fingerprint: rebuilt {sha256} {verdict} the recorded {explanation.recorded_sha256}")
+        if verdict != "matches" and endpoint is not None:
+            typer.echo(f"  rebuilt with {endpoint_settings(endpoint, configured=configured)}; {MISMATCH_HINT}")
     typer.echo("request body:")
     typer.echo(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
     if built.shrunk:
@@ -526,6 +651,12 @@ def prompt_show(
 def schema_turn() -> None:
     """The JSON schema of the turn message other backends publish."""
     typer.echo(json.dumps(codec.turn_message_schema(), indent=2))
+
+
+@schema_cli.command("reply")
+def schema_reply() -> None:
+    """The JSON schema of the reply message the agent loop publishes when a turn ends."""
+    typer.echo(json.dumps(codec.reply_schema(), indent=2))
 
 
 def main() -> None:

@@ -116,12 +116,45 @@ def decode_turn(payload: bytes | str) -> TurnMessage:
         raise TurnRejected(f"turn message does not match the schema: {exc}", **ids) from exc
     except msgspec.DecodeError as exc:
         raise TurnRejected(f"turn message is not valid JSON: {exc}") from exc
-    for name in ("trace_id", "turn_id", "agent"):
+    for name in ("trace_id", "turn_id", "agent", "text"):
         if not getattr(turn, name).strip():
-            raise TurnRejected(
-                f"turn message field `$.{name}` is empty", trace_id=turn.trace_id or None, turn_id=turn.turn_id or None
-            )
+            ids = {"trace_id": turn.trace_id.strip() or None, "turn_id": turn.turn_id.strip() or None}
+            raise TurnRejected(f"turn message field `$.{name}` is empty (only whitespace)", **ids)
     return turn
+
+
+class MissingField(msgspec.DecodeError):
+    """A work stream entry without the field that carries its message."""
+
+
+def entry_field(fields: dict[bytes, bytes], name: bytes) -> bytes:
+    """The field ``name`` of a work stream entry (a wake-up's ``wake``, a job's ``job``, ...).
+
+    Raises:
+        MissingField: (a ``msgspec.DecodeError``) the entry has no such field; the message
+            names it and the fields the entry has.
+    """
+    payload = fields.get(name)
+    if payload is None:
+        present = sorted(k.decode(errors="replace") for k in fields)
+        raise MissingField(f"entry has no field {name.decode()!r} (fields: {present})")
+    return payload
+
+
+def fields_json(fields: dict[bytes, bytes]) -> bytes:
+    """A stream entry's fields as one JSON object (what an operator sees of an entry that could not be read)."""
+    return _event_encoder.encode({k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()})
+
+
+def reply_schema() -> dict[str, Any]:
+    """The JSON schema (2020-12) of the reply message the agent loop publishes."""
+    schema = msgspec.json.schema(Reply)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["description"] = (
+        "An agentstream reply: the JSON in the field `reply` of an entry on the replies stream "
+        "(default `agentstream:replies`, or the turn's `reply_to`)."
+    )
+    return schema
 
 
 def _loose_ids(payload: bytes | str) -> dict[str, str | None]:

@@ -27,13 +27,17 @@ of each model call; :class:`PartialReplies` does exactly that.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import msgspec
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentstream import codec
 from agentstream.events import Event
@@ -288,6 +292,7 @@ async def follow(
     block_ms: int = 1000,
     stop: asyncio.Event | None = None,
     accept: Callable[[Delta], bool] | None = None,
+    outage_s: float = 0.0,
 ) -> AsyncIterator[TraceItem]:
     """Yield a trace's events and its token deltas as they are appended, in arrival order.
 
@@ -304,15 +309,33 @@ async def follow(
         block_ms: the longest one XREAD waits before ``stop`` is checked again, in milliseconds.
         stop: set it to end the iteration.
         accept: when given, only deltas for which it returns True are yielded.
+        outage_s: how long Redis may stay unreachable (a restart) before the connection error
+            is raised: meanwhile the read is retried with backoff from the same positions, so
+            nothing is missed or repeated. 0 raises at once (after the client's own retries).
 
     Raises:
         SchemaVersionError, EventDecodeError: a trace entry cannot be read.
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError: Redis stayed unreachable
+            for ``outage_s``.
     """
     trace_stream = keys.trace(trace_id)
     delta_stream = keys.deltas(trace_id)
     positions = {trace_stream: after, delta_stream: deltas_after}
+    down_since: float | None = None
+    pause = 0.1
     while stop is None or not stop.is_set():
-        reply = await redis.xread(positions, block=block_ms, count=500)
+        try:
+            reply = await redis.xread(positions, block=block_ms, count=500)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            if now - down_since >= outage_s:
+                raise
+            log.warning("following trace %s: Redis is unreachable (%s); retrying in %.1f s", trace_id, exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            continue
+        down_since, pause = None, 0.1
         batch: list[tuple[tuple[int, int, int], TraceItem]] = []
         for raw_stream, entries in reply or ():
             stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream

@@ -34,7 +34,7 @@ the model can cite (``source``, ``document``, ``passage``) and images (``image``
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -390,6 +390,10 @@ Event = TurnInput | TaskInput | ModelOutput | ToolOutput | TurnEnded | TurnFaile
 TERMINAL_EVENTS = (TurnEnded, TurnFailed)
 
 
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+"""A string of at least one character (the turn message's ids, agent and text; still a ``str``)."""
+
+
 class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     """The turn message other backends publish on the turns stream.
 
@@ -401,16 +405,16 @@ class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
         trace_id: the conversation's id; every turn with the same id shares one trace.
         turn_id: the publisher's unique id for the turn; a turn published twice is answered once.
         agent: the name of the agent to answer with.
-        text: the user's message.
+        text: the user's message (not empty, not only whitespace).
         metadata: string pairs echoed on the reply. A W3C ``traceparent`` (and ``tracestate``)
             here makes the services' OpenTelemetry spans part of the publisher's trace.
         reply_to: the stream to publish the answer on; defaults to ``agentstream:replies``.
     """
 
-    trace_id: str
-    turn_id: str
-    agent: str
-    text: str
+    trace_id: NonEmptyStr
+    turn_id: NonEmptyStr
+    agent: NonEmptyStr
+    text: NonEmptyStr
     metadata: dict[str, str] = {}
     reply_to: str | None = None
 
@@ -419,6 +423,8 @@ class Reply(msgspec.Struct, kw_only=True):
     """What the agent loop publishes (field ``reply``) when a turn ends.
 
     ``status`` is ``ended`` (``answer`` set) or ``failed`` (``code`` and ``reason`` set).
+    ``stop_reason`` is the stop reason of the turn's last model output when it was not a normal
+    stop (``length``: the answer was cut off by the output token limit), else None.
     """
 
     trace_id: str
@@ -428,6 +434,7 @@ class Reply(msgspec.Struct, kw_only=True):
     code: str | None = None
     reason: str | None = None
     metadata: dict[str, str] = {}
+    stop_reason: str | None = None
 
 
 class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -17,16 +17,23 @@ from agentstream.errors import ConfigError
 log = logging.getLogger("agentstream.redis")
 
 
-def connect(url: str) -> aioredis.Redis:
+def connect(url: str, *, retries: int = 6) -> aioredis.Redis:
     """An asyncio client for ``url`` (``redis://``, ``rediss://`` or ``unix://``), bytes replies.
 
     Commands retry on connection errors with exponential backoff (redis-py's Retry), so a
     Redis restart is ridden out instead of failing every in-flight step.
+
+    Args:
+        retries: retries of a command on a connection error (a one-shot command line tool
+            takes fewer, so a wrong URL fails fast).
+
+    Raises:
+        ValueError: ``url`` is not a Redis URL.
     """
     return aioredis.Redis.from_url(
         url,
         decode_responses=False,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=6),
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         health_check_interval=30,
     )

@@ -104,6 +104,13 @@ CANCELLED_CODE = "cancelled"
 """The TurnFailed code of a cancelled turn."""
 
 
+def final_stop_reason(events: Sequence[Event], turn_id: str) -> str | None:
+    """The stop reason of the turn's last model output when it was not a normal stop (``length``:
+    cut off by the output token limit), else None (for the reply's ``stop_reason``)."""
+    last = next((e for e in reversed(events) if isinstance(e, ModelOutput) and e.turn_id == turn_id), None)
+    return last.stop_reason if last is not None and not last.stopped_normally else None
+
+
 def active_turn(events: Sequence[Event]) -> TurnInput | None:
     """The oldest turn of the trace without an ending, or None."""
     ended = {e.turn_id for e in events if isinstance(e, (TurnEnded, TurnFailed))}

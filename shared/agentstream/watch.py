@@ -86,17 +86,21 @@ async def watch_turn(
     echo: Callable[..., Any],
     describe: Callable[[Event], str],
     block_ms: int = 500,
+    outage_s: float = 0.0,
 ) -> TurnEnded | TurnFailed | None:
     """Print a turn's steps and tokens until it ends → its ending (None when ``stop`` was set).
 
     Args:
         after: the trace entry id to follow from (the trace's last id before the turn was published).
         deltas_after: the delta stream id to follow from (default: its newest entry now).
+        outage_s: how long Redis may stay unreachable (a restart) while the turn is followed;
+            the follow is retried with backoff meanwhile (see :func:`agentstream.deltas.follow`).
     """
     printer = TurnPrinter(turn_id, echo, describe)
     if deltas_after is None:
         deltas_after = await last_entry_id(redis, keys.deltas(trace_id))
-    async for item in follow(redis, keys, trace_id, after=after, deltas_after=deltas_after, block_ms=block_ms, stop=stop):
+    async for item in follow(redis, keys, trace_id, after=after, deltas_after=deltas_after, block_ms=block_ms, stop=stop,
+                             outage_s=outage_s):
         if item.delta is not None:
             printer.on_delta(item.delta)
         elif item.event is not None and printer.on_event(item.event):

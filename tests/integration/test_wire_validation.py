@@ -1,0 +1,111 @@
+"""Turn validation (empty text), the wire schemas, malformed work entries on the errors stream,
+and what a trace and a reply say about an answer cut off by the output limit or a late result."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from agentstream import codec
+from agentstream.cli import Describer, cli
+from agentstream.errors import TurnRejected
+from agentstream.events import ModelOutput, Reply, ToolCall, ToolOutput, TurnEnded, TurnInput
+from agentstream.keys import WAKE_FIELD
+from agentstream_services.agent_loop.loop import AgentLoop
+from agentstream_services.compaction.compactor import Compactor
+from agentstream_services.tool_worker.worker import ToolWorker
+from tests.support import apps
+from tests.support.inprocess import InProcess, publish, wait_reply
+from tests.support.scripted_model import ScriptedModelServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t"])
+def test_a_turn_with_empty_text_is_rejected_naming_the_field(text):
+    payload = json.dumps({"trace_id": "c", "turn_id": "t", "agent": "calc", "text": text})
+    with pytest.raises(TurnRejected) as caught:
+        codec.decode_turn(payload)
+    assert "$.text" in caught.value.reason
+    assert (caught.value.trace_id, caught.value.turn_id) == ("c", "t")  # so the turn fails bad_turn in its trace
+
+
+def test_the_schemas_show_the_constraints_and_the_reply():
+    runner = CliRunner()
+    turn = json.loads(runner.invoke(cli, ["schema", "turn"]).output)
+    props = turn["$defs"]["TurnMessage"]["properties"]
+    assert all(props[name]["minLength"] == 1 for name in ("trace_id", "turn_id", "agent", "text"))
+    result = runner.invoke(cli, ["schema", "reply"])
+    assert result.exit_code == 0, result.output
+    reply = json.loads(result.output)["$defs"]["Reply"]
+    assert {"status", "answer", "code", "reason", "stop_reason"} <= set(reply["properties"])
+    assert codec.decode_reply(codec.encode(Reply(trace_id="c", turn_id="t", status="ended", answer="a"))).stop_reason is None
+
+
+async def errors_of(redis, keys):
+    return [{k.decode(): v.decode() for k, v in f.items()} for _, f in await redis.xrange(keys.errors)]
+
+
+async def test_work_entries_without_their_field_are_reported_by_name(store, redis, keys):
+    loop = AgentLoop(apps.app, store, {})
+    await loop.on_wake("1-0", {b"trace": b"c1"})
+    await loop.on_cancel("2-0", {b"trace": b"c1"})
+    await ToolWorker(apps.app, store).on_job("3-0", {b"jbo": b"{}"})
+    await Compactor(apps.app, store, {}).on_job("4-0", {})
+    await loop.on_turn("5-0", {b"text": b"hello", b"agent": b"calc"})
+    errors = await errors_of(redis, keys)
+    assert len(errors) == 5, errors
+    for error, field in zip(errors, ["wake", "cancel", "job", "compaction"]):
+        assert f"entry has no field '{field}'" in error["error"] and "truncated" not in error["error"], error
+    assert json.loads(errors[0]["payload"]) == {"trace": "c1"}
+    turn_error = errors[4]
+    assert "has no field 'turn'" in turn_error["error"]
+    assert json.loads(turn_error["payload"]) == {"text": "hello", "agent": "calc"}  # what arrived, for an operator
+    assert WAKE_FIELD == b"wake"
+
+
+def test_trace_lines_mark_a_cut_off_answer_and_a_late_result():
+    describer = Describer()
+    lines = [describer(e) for e in [
+        TurnInput(turn_id="t1", agent="calc", text="hi"),
+        ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="slow", arguments="{}"),)),
+        ModelOutput(turn_id="t1", step=1, content="the answer is 4", stop_reason="length"),
+        TurnEnded(turn_id="t1", answer="the answer is 4"),
+        ToolOutput(turn_id="t1", call_id="c1", name="slow", text="done"),
+        TurnInput(turn_id="t2", agent="calc", text="again"),
+        ModelOutput(turn_id="t2", step=0, content="5"),
+        TurnEnded(turn_id="t2", answer="5"),
+    ]]
+    assert "length: cut off by the output limit" in lines[2]
+    assert lines[3].startswith("✓ answer (cut off by the output limit): the answer is 4")
+    assert "late: it arrived after its turn had ended" in lines[4]
+    assert lines[7] == "✓ answer: 5"
+
+
+async def test_trace_show_prints_the_marks(store, redis_url, namespace):
+    for event in [TurnInput(turn_id="t1", agent="calc", text="hi"), ModelOutput(turn_id="t1", step=0, content="abc", stop_reason="length"),
+                  TurnEnded(turn_id="t1", answer="abc")]:
+        await store.append("cut", event)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["trace", "show", "cut"], env={"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace})
+    assert result.exit_code == 0 and "✓ answer (cut off by the output limit): abc" in result.output, result.output
+
+
+def cut_off_rule(body):
+    return {"message": {"role": "assistant", "content": "The answer is"}, "finish_reason": "length"}
+
+
+async def test_the_reply_of_a_cut_off_answer_carries_its_stop_reason(redis_url, namespace, redis, keys, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("AGENTSTREAM_NAMESPACE", namespace)
+    with ScriptedModelServer(cut_off_rule) as model:
+        services = InProcess(apps.app, redis_url, namespace, model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+        try:
+            await services.start("p1", "agent-loop")
+            await publish(redis, keys, trace_id="c", turn_id="t1", agent="calc", text="what is 2 + 2?")
+            reply = await wait_reply(redis, keys, "t1")
+        finally:
+            await services.stop_all()
+    assert reply.status == "ended" and reply.answer == "The answer is" and reply.stop_reason == "length", reply
