@@ -304,8 +304,23 @@ class LocalModelServer:
             self._process.kill()
 
 
+def environment_lines(server: LocalModelServer) -> list[str]:
+    """``NAME=value`` lines (shell-quoted values) that point services at ``server``: its base URL,
+    its model and AGENTSTREAM_DEFAULT_MODEL_OPTIONS (its window and the llama.cpp quirks, without
+    which the server refuses some requests and ``trace verify`` rebuilds other bodies)."""
+    import shlex
+
+    options = json.dumps(server.endpoint_options(), separators=(",", ":"), sort_keys=True)
+    return [
+        f"OPENAI_BASE_URL={shlex.quote(server.base_url)}",
+        f"OPENAI_MODEL={shlex.quote(server.model)}",
+        f"AGENTSTREAM_DEFAULT_MODEL_OPTIONS={shlex.quote(options)}",
+    ]
+
+
 def main() -> None:
-    """``python -m agentstream.localmodel``: serve the local model and print its base URL until Ctrl-C."""
+    """``python -m agentstream.localmodel``: serve the local model and print the environment that
+    points services at it (:func:`environment_lines`) until Ctrl-C."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Serve SmolLM2-135M-Instruct locally (OpenAI-compatible).")
@@ -324,8 +339,8 @@ def main() -> None:
     except (ConfigError, LocalModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"OPENAI_BASE_URL={server.base_url}", flush=True)
-    print(f"OPENAI_MODEL={server.model}", flush=True)
+    for line in environment_lines(server):
+        print(line, flush=True)
     print(f"ready in {server.ready_s:.2f} s; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
         while server.running:
