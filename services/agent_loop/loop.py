@@ -137,8 +137,10 @@ class AgentLoop:
             await self._reject(entry_id, payload if payload is not None else codec.fields_json(fields), exc)
             return
         if await self.store.has_key(turn.trace_id, f"end:{turn.turn_id}"):
-            await self._reply_again(turn)  # re-published (a backend lost the reply) or re-delivered
+            await self._reply_again(entry_id, turn)  # re-published (a backend lost the reply) or re-delivered
             return
+        # which entry brought the turn: its own re-delivery is not a re-publish (see _reply_again)
+        await self.redis.hsetnx(self.keys.trace_keys(turn.trace_id), f"entry:{turn.turn_id}", entry_id)
         if self.busy_policy != "queue" and not await self._admit(turn):
             return
         appended = await self.store.append(
@@ -151,21 +153,29 @@ class AgentLoop:
                 await self.store.keep_for(turn.trace_id, self.trace_retention_s)
         await self.advance(turn.trace_id)
 
-    async def _reply_again(self, message: TurnMessage) -> None:
+    async def _reply_again(self, entry_id: str, message: TurnMessage) -> None:
         """Publish the reply of a turn that already ended again: the same reply, to where the turn
         first asked for it (its stored ``reply_to``; for a turn rejected before it entered the
-        trace, this message's). Replies are at-least-once: a backend dedupes by turn id."""
+        trace, this message's). Replies are at-least-once: a backend dedupes by turn id.
+
+        The re-delivery of the entry that brought the turn (its worker died after the turn ended)
+        only makes sure the reply went out once, as the turn's own ending does.
+        """
         events = [e for _, e in await self.store.read(message.trace_id)]
         ending = next((e for e in events if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == message.turn_id), None)
         if ending is None:  # the key hash says ended but the events do not: nothing to repeat
             return
         original = next((e for e in events if isinstance(e, TurnInput) and e.turn_id == message.turn_id), None)
-        if isinstance(original, TaskInput):
-            log.info("turn %s of trace %s is a delegated task that ended; its parent has its result", message.turn_id, message.trace_id)
-            return
         turn = original or TurnInput(
             turn_id=message.turn_id, agent=message.agent, text=message.text, metadata=message.metadata, reply_to=message.reply_to
         )
+        first = await self.redis.hget(self.keys.trace_keys(message.trace_id), f"entry:{message.turn_id}")
+        if first is not None and first.decode() == entry_id:
+            await self._ensure_reply(message.trace_id, turn, ending, events)
+            return
+        if isinstance(original, TaskInput):
+            log.info("turn %s of trace %s is a delegated task that ended; its parent has its result", message.turn_id, message.trace_id)
+            return
         reply = _reply_of_ending(message.trace_id, turn, ending, events)
         stream = turn.reply_to or self.keys.replies
         log.info("turn %s of trace %s ended before; publishing its reply again to %s", message.turn_id, message.trace_id, stream)
