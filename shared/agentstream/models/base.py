@@ -15,6 +15,7 @@ event (its pure format module does the reading). :meth:`HttpChatModel.complete`:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import time
@@ -96,7 +97,7 @@ class _Attempt:
         await self.emit(Delta(kind="end", stop_reason=output.stop_reason))
 
 
-class HttpChatModel:
+class HttpChatModel(abc.ABC):
     """The shared machinery of the HTTP adapters (see the module docstring).
 
     Args:
@@ -139,25 +140,29 @@ class HttpChatModel:
     # --- what a subclass provides -----------------------------------------------------------
 
     @property
+    @abc.abstractmethod
     def url(self) -> str:
-        raise NotImplementedError
+        """The endpoint's URL for one call."""
 
+    @abc.abstractmethod
     def _headers(self) -> dict[str, str]:
-        raise NotImplementedError
+        """The HTTP headers of a call (the key's header among them)."""
 
+    @abc.abstractmethod
     def _parse(self, payload: dict[str, Any], request: ChatRequest, **fields: Any) -> ModelOutput:
         """A whole response → ModelOutput (raises ValueError when it is not one)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _assembler(self) -> Any:
-        raise NotImplementedError
+        """A new assembler of one streamed reply."""
 
+    @abc.abstractmethod
     def _feed(self, assembler: Any, event: ServerSentEvent) -> tuple[list[Delta], bool]:
         """One server-sent event → (pieces, the stream is complete). Raises for an error event."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _stream_output(self, assembler: Any, request: ChatRequest, **fields: Any) -> ModelOutput:
-        raise NotImplementedError
+        """The assembled streamed reply as a ModelOutput."""
 
     def _fallback_body(self, request: ChatRequest, options: CallOptions | None, error: ModelInputRejected, sent: bytes) -> bytes | None:
         """Another body to send once after the server refused ``sent`` (None: give up)."""
