@@ -11,8 +11,13 @@ The conversations are what an agent produces: turns of one to three tool rounds,
 few hundred to several thousand characters (some with sources), answers that cite, and a
 compaction appended wherever the library says one is due (as the compaction service would).
 
-Usage: ``python bench/context_rebuild.py [--sizes 1000,10000,100000] [--write]``; ``--write``
-replaces the "Context rebuild" section of bench/RESULTS.md with the figures.
+Usage: ``python bench/context_rebuild.py [--sizes 1000,10000,100000] [--replay-max 10000] [--json OUT]
+[--baseline IN] [--write]``. ``--replay-max`` also times rebuilding every model call of each trace
+of at most that many events (:func:`agentstream.replay.rebuild_calls`, what ``agentstream trace
+verify`` does); ``--json`` keeps the figures; ``--baseline`` prints those of another run (say, of
+the library at an earlier commit: ``PYTHONPATH=<its shared/> python bench/context_rebuild.py --json
+before.json``) beside these, with the ratios; ``--write`` replaces the "Context rebuild" section of
+bench/RESULTS.md with the figures (and the baseline's).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import os
 import platform
 import random
@@ -182,13 +188,33 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs (nproc), {model}; Python {platform.python_version()}"
 
 
+def load() -> str:
+    return ", ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def replay_s(events: list[Any]) -> float:
+    """Seconds to rebuild every model call of the trace (and render and fingerprint its body)."""
+    from agentstream.replay import rebuild_calls
+
+    gc.collect()
+    start = time.perf_counter()
+    rebuild_calls(events, {AGENT.name: AGENT}.get)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000", help="trace sizes in events, comma-separated")
     parser.add_argument("--steps", type=int, default=200, help="model calls timed for the incremental figure")
+    parser.add_argument("--replay-max", type=int, default=0, help="also time replaying every call of traces of at most this many events")
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument("--baseline", type=Path, help="figures of another run (--json) to print beside these")
+    parser.add_argument("--label", default="", help="what this run measures (default: the git commit, and the working tree)")
     parser.add_argument("--write", action="store_true", help="write the figures into bench/RESULTS.md")
     args = parser.parse_args()
-    rows = []
+    baseline = json.loads(args.baseline.read_text()) if args.baseline else None
+    before = {(r["events"], r["workload"]): r for r in baseline["rows"]} if baseline else {}
+    run = {"label": args.label or label(), "date": datetime.date.today().isoformat(), "machine": machine(), "load_before": load(), "rows": []}
     for size, sources in ((int(s), kind) for s in args.sizes.split(",") for kind in (True, False)):
         events = conversation(size, sources=sources)
         last = events[-1]
@@ -197,38 +223,86 @@ def main() -> None:
         cold = best_ms(lambda: build_context(events, AGENT, turn_id=last.turn_id, step=0), repeat)
         plain = best_ms(lambda: build_context(events, AGENT, turn_id=last.turn_id, step=0, limits=None), repeat)
         median, p95, added = incremental(events, args.steps)
-        compactions = sum(1 for e in events if type(e).__name__ == "Compaction")
-        workload = "with sources" if sources else "plain text"
-        rows.append((len(events), workload, cold, plain, median, p95, added, len(built.request.messages), compactions))
+        replay = replay_s(events) if len(events) <= args.replay_max else None
+        row = {
+            "events": len(events), "workload": "with sources" if sources else "plain text", "cold_ms": cold, "plain_ms": plain,
+            "step_median_ms": median, "step_p95_ms": p95, "added": added, "replay_s": replay,
+            "messages": len(built.request.messages), "tokens": built.size_tokens,
+            "compactions": sum(1 for e in events if type(e).__name__ == "Compaction"),
+        }
+        run["rows"].append(row)
+        was = before.get((row["events"], row["workload"]), {})
         print(
-            f"{len(events):>7} events, {workload:>12}: cold {cold:7.1f} ms (no limits {plain:6.1f} ms); cached step median {median:.3f} ms, "
-            f"p95 {p95:.3f} ms ({added:.1f} events added per call); {len(built.request.messages)} messages, "
-            f"~{built.size_tokens} tokens, {compactions} compactions",
+            f"{row['events']:>7} events, {row['workload']:>12}: cold {cold:7.1f} ms{versus(was, 'cold_ms', cold)} "
+            f"(no limits {plain:6.1f} ms{versus(was, 'plain_ms', plain)}); cached step median {median:.3f} ms"
+            f"{versus(was, 'step_median_ms', median, 3)}, p95 {p95:.3f} ms ({added:.1f} events added per call)"
+            + (f"; replay of every call {replay:.2f} s{versus(was, 'replay_s', replay, 2, 's')}" if replay is not None else "")
+            + f"; {row['messages']} messages, ~{row['tokens']} tokens, {row['compactions']} compactions",
             flush=True,
         )
+    run["load_after"] = load()
+    if args.json:
+        args.json.write_text(json.dumps(run, indent=1) + "\n")
     if args.write:
-        write(rows)
+        write(run, baseline)
 
 
-def write(rows: list[tuple]) -> None:
-    today = datetime.date.today().isoformat()
-    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+def label() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=RESULTS.parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "this run"
+    return f"{commit} and the working tree"
+
+
+def versus(was: dict, key: str, now: float | None, digits: int = 1, unit: str = "ms") -> str:
+    """`` (was X, N× faster)`` against the baseline's figure, when it has one."""
+    then = was.get(key)
+    if then is None or now is None:
+        return ""
+    return f" (was {then:.{digits}f} {unit}, {then / now:.1f}× faster)" if now > 0 else ""
+
+
+def cell(row: dict, was: dict, key: str, digits: int = 1, unit: str = "ms") -> str:
+    now = row.get(key)
+    if now is None:
+        return "—"
+    then = was.get(key)
+    if then is None:
+        return f"{now:.{digits}f} {unit}"
+    return f"{now:.{digits}f} {unit} (was {then:.{digits}f}, {then / now:.1f}×)"
+
+
+def write(run: dict, baseline: dict | None) -> None:
+    before = {(r["events"], r["workload"]): r for r in baseline["rows"]} if baseline else {}
     lines = [
         SECTION,
         "",
-        f"`python bench/context_rebuild.py` on {today}, {machine()}; load average {load} when written",
-        "(the machine is shared with other work: the figures vary by about a factor of two between runs).",
+        f"`python bench/context_rebuild.py` on {run['date']}, {run['machine']}: {run['label']}; load average "
+        f"{run['load_before']} before, {run['load_after']} after",
+        "(the machine is shared with other work: figures vary by up to a factor of two between runs).",
+    ]
+    if baseline:
+        lines += [
+            f"\"was\": the same benchmark just before on the same machine, {baseline['label']} (load average "
+            f"{baseline['load_before']} before, {baseline['load_after']} after); × is how many times faster now.",
+        ]
+    lines += [
         "Cold: every event folded from the first and the next call's request built (default policy,",
         "128 000-token window, compaction), best of 5 (3 at 100 k); \"no limits\" skips the policy.",
         "Cached step: the per-worker cache folds only the events added since the last call (median",
-        "and 95th percentile over 200 model calls at the end of the trace). Target: cold 10 k ≤ 50 ms.",
+        "and 95th percentile over 200 model calls at the end of the trace). Replay: every model call of",
+        "the trace rebuilt, rendered and fingerprinted (`agentstream trace verify`), once. Target: cold 10 k ≤ 50 ms.",
         "",
-        "| events | results | cold rebuild | cold, no limits | cached step (median) | cached step (p95) | events per step | messages sent | compactions |",
+        "| events | results | cold rebuild | cold, no limits | cached step (median) | cached step (p95) | replay, every call | messages sent | compactions |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for count, workload, cold, plain, median, p95, added, messages, compactions in rows:
+    for row in run["rows"]:
+        was = before.get((row["events"], row["workload"]), {})
         lines.append(
-            f"| {count:,} | {workload} | {cold:.1f} ms | {plain:.1f} ms | {median:.3f} ms | {p95:.3f} ms | {added:.1f} | {messages} | {compactions} |"
+            f"| {row['events']:,} | {row['workload']} | {cell(row, was, 'cold_ms')} | {cell(row, was, 'plain_ms')} | "
+            f"{cell(row, was, 'step_median_ms', 3)} | {cell(row, was, 'step_p95_ms', 3)} | {cell(row, was, 'replay_s', 2, 's')} | "
+            f"{row['messages']} | {row['compactions']} |"
         )
     section = "\n".join(lines) + "\n"
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"

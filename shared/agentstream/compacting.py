@@ -129,8 +129,36 @@ def next_call(built: BuiltContext, events: Sequence[Event], agent: Agent, *, tra
             the setting selects is summarised already, or the agent does not compact).
     """
     plan = built.compaction
+    outcome = outcome_of(events, plan.turn_id, plan.kept_from_turn) if plan is not None else None
+    compacted = plan is None and not built.fits and any(isinstance(e, Compaction) for e in events)
+    return decide(built, agent, outcome=outcome, compacted=compacted, trace_id=trace_id)
+
+
+def decide(
+    built: BuiltContext,
+    agent: Agent,
+    *,
+    outcome: Compaction | CompactionFailed | None,
+    compacted: bool,
+    trace_id: str | None = None,
+) -> Next:
+    """:func:`next_call` from what the trace recorded, for a caller that keeps track of it (replay).
+
+    Args:
+        built: the call's context.
+        agent: the agent it was built with.
+        outcome: the recorded outcome of the compaction that ``built`` plans (:func:`outcome_of`
+            over the events it was built from), or None.
+        compacted: whether those events hold a Compaction (read only when no compaction is
+            planned and the context does not fit).
+        trace_id: named in error messages.
+
+    Raises:
+        CompactionError, ContextFullError: see :func:`next_call`.
+    """
+    plan = built.compaction
     if plan is None:
-        if not built.fits and any(isinstance(e, Compaction) for e in events):
+        if not built.fits and compacted:
             where = f"trace {trace_id!r}, " if trace_id else ""
             raise ContextFullError(
                 f"{where}turn {built.turn_id!r} step {built.step}: the context still needs about {built.size_tokens} "
@@ -139,7 +167,6 @@ def next_call(built: BuiltContext, events: Sequence[Event], agent: Agent, *, tra
                 "results, summarise more turns (Compact.where) or use a model with a larger window. Nothing was sent."
             )
         return Send(require_fit(built, trace_id=trace_id))
-    outcome = outcome_of(events, plan.turn_id, plan.kept_from_turn)
     if outcome is None:
         return Summarise(plan)
     if isinstance(outcome, CompactionFailed) and outcome.code == COMPACTION_ERROR:

@@ -4,19 +4,34 @@ For each ModelOutput in a trace, the request is rebuilt from the events before i
 same agent and model endpoint, rendered by the endpoint's provider format
 (:func:`agentstream.models.formats.candidate_bodies`), and its sha256 is compared with the
 fingerprint recorded at call time.
+
+The trace is read once: each agent's fold of it is fed the events added since its last call
+(as the per-worker cache does), and the compactions' outcomes are indexed as they are read, so
+rebuilding every call of a trace costs time in proportion to its length, not to its square.
+The requests are those that :func:`agentstream.compacting.sent_request` builds from each prefix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentstream.app import Agent
-from agentstream.compacting import sent_request
+from agentstream.compacting import Send, decide
+from agentstream.context import BuiltContext, build_context, settings_of
+from agentstream.context.builder import build_from_state, new_state
+from agentstream.context.render import EventFilter
+from agentstream.context.state import TraceState
 from agentstream.delegation import offered_agent
-from agentstream.events import Event, ModelOutput, TurnInput
+from agentstream.events import (
+    Compaction,
+    CompactionFailed,
+    Event,
+    ModelOutput,
+    TurnInput,
+)
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint
 
@@ -57,16 +72,67 @@ def _endpoint_of(output: ModelOutput, agent: Agent, endpoints: Mapping[str, Mode
     return endpoint
 
 
-def _candidates(request, endpoint: ModelEndpoint, output: ModelOutput, *, configured: bool) -> list[bytes]:
+def _candidates(request, endpoint: ModelEndpoint, output: ModelOutput, *, configured: bool) -> Iterator[bytes]:
+    """The bodies the call may have sent, most likely first (each endpoint variant's, made when reached)."""
     variants = [endpoint]
     if output.model and output.model != endpoint.model:  # the endpoint's model changed since
         variants.append(dataclasses.replace(endpoint, model=output.model))
     if not configured:  # unknown settings: the call may have been streamed or not
         variants += [dataclasses.replace(v, stream=not v.stream) for v in variants]
-    bodies: list[bytes] = []
     for variant in variants:
-        bodies += formats.candidate_bodies(request, variant)
-    return bodies
+        yield from formats.candidate_bodies(request, variant)
+
+
+def _matching(bodies: Iterable[bytes], recorded_sha256: str) -> tuple[bytes, str]:
+    """The first body whose fingerprint is the recorded one, else the first body; with its fingerprint."""
+    first: tuple[bytes, str] | None = None
+    for body in bodies:
+        sha256 = formats.fingerprint(body)
+        if sha256 == recorded_sha256:
+            return body, sha256
+        if first is None:
+            first = (body, sha256)
+    assert first is not None, "a request has at least one body"
+    return first
+
+
+class _Folds:
+    """The trace folded once per agent, each fold fed the events added since its last call.
+
+    Each call's context is the one :func:`agentstream.context.build_context` builds from the
+    events before it (the per-worker cache's path, property-tested against it). An agent whose
+    selection is a plain function (not :func:`agentstream.context.only`) reads the whole prefix
+    at each call: its calls are built from the start.
+    """
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self.events = events
+        self.states: dict[int, tuple[Agent, TraceState]] = {}
+
+    def build(self, agent: Agent, upto: int, *, turn_id: str, step: int) -> BuiltContext:
+        """The context of a call from the events before index ``upto``."""
+        config, limits = settings_of(agent)
+        if config.select is not None and not isinstance(config.select, EventFilter):
+            return build_context(self.events[:upto], agent, turn_id=turn_id, step=step)
+        held = self.states.get(id(agent))
+        if held is None or held[0] is not agent:
+            held = self.states[id(agent)] = (agent, new_state((), agent, config, limits))
+        state = held[1]
+        state.feed(self.events[state.count : upto])
+        return build_from_state(state, turn_id=turn_id, step=step)
+
+
+class _Outcomes:
+    """The compactions' recorded outcomes read so far (the first of each), and whether a summary was made."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[str, str], Compaction | CompactionFailed] = {}
+        self.compacted = False
+
+    def read(self, event: Event) -> None:
+        if isinstance(event, (Compaction, CompactionFailed)):
+            self.first.setdefault((event.turn_id, event.kept_from_turn), event)
+            self.compacted = self.compacted or isinstance(event, Compaction)
 
 
 def rebuild_calls(
@@ -90,9 +156,13 @@ def rebuild_calls(
 
     Raises:
         KeyError: a turn names an agent the app does not have.
+        ContextError: a call's context cannot be built with the app as it is now (see
+            :func:`agentstream.compacting.sent_request`).
     """
     turns: dict[str, TurnInput] = {}
     out: list[RebuiltCall] = []
+    folds = _Folds(events)
+    outcomes = _Outcomes()
     for index, event in enumerate(events):
         if isinstance(event, TurnInput):
             turns.setdefault(event.turn_id, event)
@@ -102,22 +172,26 @@ def rebuild_calls(
             if agent is None:
                 raise KeyError(f"turn {event.turn_id!r}: agent {turn.agent!r} is not in the app")
             agent = offered_agent(agent, turn, endpoints)  # its endpoint's limits, as the agent loop had them
-            request = sent_request(events[:index], agent, turn_id=event.turn_id, step=event.step)
+            built = folds.build(agent, index, turn_id=event.turn_id, step=event.step)
+            plan = built.compaction  # sent_request(events[:index], ...), with the outcomes read so far
+            outcome = outcomes.first.get((plan.turn_id, plan.kept_from_turn)) if plan is not None else None
+            decision = decide(built, agent, outcome=outcome, compacted=outcomes.compacted)
+            request = decision.request if isinstance(decision, Send) else built.request
             endpoint = _endpoint_of(event, agent, endpoints or {}, model_name)
             configured = endpoint.id in (endpoints or {}) and endpoints[endpoint.id] is endpoint  # type: ignore[index]
-            bodies = _candidates(request, endpoint, event, configured=configured)
-            body = next((b for b in bodies if formats.fingerprint(b) == event.request_sha256), bodies[0])
+            body, sha256 = _matching(_candidates(request, endpoint, event, configured=configured), event.request_sha256)
             out.append(
                 RebuiltCall(
                     turn_id=event.turn_id,
                     step=event.step,
                     body=body,
                     recorded_sha256=event.request_sha256,
-                    rebuilt_sha256=formats.fingerprint(body),
+                    rebuilt_sha256=sha256,
                     endpoint=endpoint,
                     configured=configured,
                 )
             )
+        outcomes.read(event)
     return out
 
 

@@ -183,23 +183,23 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
                 )
                 if size > threshold or not fits:
                     due = plan(state, index, compact)
-        shrunk = tuple(
-            Shrunk(
-                handle=s.handle,
-                call_id=s.output.call_id,
-                tool=s.output.name,
-                form=s.form,
-                by=s.by,
-                at=s.at,
-                at_turn=state.calls[s.at][0] if 0 <= s.at < len(state.calls) else state.turns[index].turn_id,
-                at_step=state.calls[s.at][1] if 0 <= s.at < len(state.calls) else step,
-            )
-            for s in state.shrunk(index)
-        )
+        shrunk = tuple(_shrunk(state, s, index, step) for s in state.shrunk(index))
         return BuiltContext(request, state.turns[index].turn_id, step, call, size, window, fits, due, shrunk)
     finally:
         if changes:
             state.undo(changes)
+
+
+def _shrunk(state: TraceState, slot: Any, index: int, step: int) -> Shrunk:
+    """Why a shown result has its form; kept on the slot while it keeps that form from a recorded call."""
+    at = slot.at
+    if not 0 <= at < len(state.calls):  # given at the call being built: its turn and step
+        return Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, state.turns[index].turn_id, step)
+    record = slot.record
+    if record is None or record.at != at or record.form != slot.form or record.by is not slot.by:
+        call = state.calls[at]
+        record = slot.record = Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, call.turn_id, call.step)
+    return record
 
 
 def require_fit(built: BuiltContext, *, trace_id: str | None = None) -> ChatRequest:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 _BRACKETS = re.compile(r"\[\s*(\d+(?:\s*[,;]\s*\d+)*)\s*\]")
 _LENTICULAR = re.compile(r"【\s*(\d+(?:\s*[,;]\s*\d+)*)\s*(?:†[^】]*)?】")
 _SEPARATOR = re.compile(r"\s*[,;]\s*")
+_PATTERNS = ((_BRACKETS, "["), (_LENTICULAR, "【"))
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,25 @@ class CitationStyle:
         Every form is read, whatever this style writes: ``[4]``, ``[4, 5]``, ``[4;5]``,
         ``【4】`` and ``【4†source】``.
         """
-        found: list[tuple[int, int]] = []
-        for pattern in (_BRACKETS, _LENTICULAR):
+        found: list[tuple[int, int]] = []  # (position, number), in order for each pattern
+        patterns = 0
+        for pattern, opening in _PATTERNS:
+            if opening not in text:  # neither pattern matches without its opening bracket
+                continue
+            before = len(found)
             for match in pattern.finditer(text):
-                for part in _SEPARATOR.split(match.group(1)):
-                    found.append((match.start(), int(part)))
-        found.sort(key=lambda pair: pair[0])
-        seen: dict[int, None] = {}
-        for _, number in found:
-            seen.setdefault(number, None)
-        return list(seen)
+                numbers, start = match.group(1), match.start()
+                if "," in numbers or ";" in numbers:
+                    for part in _SEPARATOR.split(numbers):
+                        found.append((start, int(part)))
+                else:
+                    found.append((start, int(numbers)))
+            patterns += len(found) > before
+        if len(found) < 2:
+            return [found[0][1]] if found else []
+        if patterns > 1:
+            found.sort(key=lambda pair: pair[0])
+        return list(dict.fromkeys(number for _, number in found))
 
     def resolve(self, text: str, ids: Mapping[int, str]) -> list[str]:
         """The element ids that ``text`` cites, given the numbering (number → id); unknown numbers are dropped."""

@@ -24,28 +24,30 @@ class Numbering:
 
     def __init__(self) -> None:
         self._numbers: dict[str, int] = {}
-        self._ids: dict[int, str] = {}
-        self._first: dict[str, AnyElement] = {}
-        self._tool: dict[str, str | None] = {}
+        # by number - 1: the id, the element first recorded under it, the tool that recorded it
+        self._ids: list[str] = []
+        self._first: list[AnyElement] = []
+        self._tool: list[str | None] = []
 
     def copy(self) -> Numbering:
         """An independent copy."""
         other = Numbering()
         other._numbers = dict(self._numbers)
-        other._ids = dict(self._ids)
-        other._first = dict(self._first)
-        other._tool = dict(self._tool)
+        other._ids = list(self._ids)
+        other._first = list(self._first)
+        other._tool = list(self._tool)
         return other
 
     def add(self, elements: Iterable[AnyElement], tool: str | None) -> None:
         """Number the elements not numbered yet (in the order given)."""
+        numbers = self._numbers
         for element in elements:
-            if element.id not in self._numbers:
-                number = len(self._numbers) + 1
-                self._numbers[element.id] = number
-                self._ids[number] = element.id
-                self._first[element.id] = element
-                self._tool[element.id] = tool
+            element_id = element.id
+            if element_id not in numbers:
+                numbers[element_id] = len(numbers) + 1
+                self._ids.append(element_id)
+                self._first.append(element)
+                self._tool.append(tool)
 
     def add_event(self, event: object) -> None:
         """Number the elements of an input or a tool result; other events carry none."""
@@ -62,20 +64,30 @@ class Numbering:
 
     def element_id(self, number: int) -> str | None:
         """The element id under a number, or None."""
-        return self._ids.get(number)
+        ids = self._ids
+        if type(number) is int:
+            return ids[number - 1] if 0 < number <= len(ids) else None
+        try:  # any number equal to an int (True, 2.0) names that element, as a dict key would
+            if 0 < number <= len(ids) and number == int(number):
+                return ids[int(number) - 1]
+        except (TypeError, ValueError, OverflowError):
+            pass
+        return None
 
     @property
     def ids(self) -> dict[int, str]:
         """Number → element id (a copy)."""
-        return dict(self._ids)
+        return dict(enumerate(self._ids, 1))
 
     def first(self, element_id: str) -> AnyElement | None:
         """The element as first recorded under this id, or None."""
-        return self._first.get(element_id)
+        number = self._numbers.get(element_id)
+        return self._first[number - 1] if number is not None else None
 
     def tool_of(self, element_id: str) -> str | None:
         """The tool whose result first recorded the element (None for an input or unknown)."""
-        return self._tool.get(element_id)
+        number = self._numbers.get(element_id)
+        return self._tool[number - 1] if number is not None else None
 
     def __len__(self) -> int:
         return len(self._numbers)

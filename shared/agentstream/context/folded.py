@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentstream.context.forms.shorten import FULL, Form
 from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, message_chars
-from agentstream.context.render import MISSING_RESULT_TEXT, assistant_message
-from agentstream.context.request import Message
+from agentstream.context.render import MISSING_RESULT_TEXT, Parts, assistant_message
+from agentstream.context.request import AssistantMessage, Message
 from agentstream.events import ModelOutput, ToolOutput, TurnInput
 
 RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed"})
@@ -27,15 +26,33 @@ def record_only(event: object) -> bool:
     return config is not None and getattr(config, "tag", None) in RECORD_ONLY_TAGS
 
 
-class Slot:
-    """One accepted tool result: its handle, where it shows, and its current form."""
+class Slot(Parts):
+    """One accepted tool result: its handle, where it shows, its current form, and its sizes.
 
-    __slots__ = ("handle", "output", "turn", "form", "by", "at", "element_forms", "message", "chars", "futile", "renders")
+    As :class:`~agentstream.context.render.Parts` it keeps the result's full and compressed
+    outputs, made once, and the estimate of each form when no element is lifted (``chars_full``,
+    ``chars_compressed``, ``chars_stubbed``; -1 until asked), and the form the judge plans for it
+    while it plans a pass (``plan_*``; see :func:`agentstream.context.shrink.judge`).
+    """
+
+    __slots__ = (
+        "handle", "output", "turn", "more", "form", "by", "at", "element_forms", "message", "chars", "futile",
+        "renders", "chars_full", "chars_compressed", "chars_stubbed", "plan_form", "plan_chars", "plan_by", "plan_floors",
+        "record",
+    )
 
     def __init__(self, handle: str, output: ToolOutput) -> None:
+        self.full: ToolOutput | None = None
+        self.full_chars: tuple[int, ...] | None = None
+        self.full_total = -1
+        self.compressed: ToolOutput | None = None
+        self.compressed_chars: tuple[int, ...] | None = None
+        self.compressed_total = -1
+        self.compressed_text = -1
         self.handle = handle
         self.output = output
-        self.turn: Turn | None = None
+        self.turn: Turn | None = None  # the turn of the first model output that made the call: where it shows
+        self.more: list[Output] | None = None  # later outputs that made a call of the same id (it shows there too)
         self.form: Form = FULL
         self.by: Any = None
         self.at: int = -1
@@ -44,19 +61,32 @@ class Slot:
         self.chars = 0
         self.futile = 0  # bit (1 << form) set: lowering to that form frees nothing (or is refused)
         self.renders: dict[tuple, Any] | None = None  # (kind, form, element forms) → message or chars
+        self.chars_full = self.chars_compressed = self.chars_stubbed = -1
+        self.plan_form: Form | None = None
+        self.plan_chars = 0
+        self.plan_by: Any = None
+        self.plan_floors: tuple[Form, ...] | None = None
+        self.record: Any = None  # the builder's Shrunk for its current form (see builder._shrunk)
 
 
 class Output:
-    """One replayed model output (an empty reply is never one)."""
+    """One replayed model output (an empty reply is never one); its message is laid out when sent."""
 
-    __slots__ = ("event", "message", "chars", "reasoning_chars", "round")
+    __slots__ = ("event", "turn", "_message", "round")
 
-    def __init__(self, event: ModelOutput) -> None:
+    def __init__(self, event: ModelOutput, turn: int) -> None:
         self.event = event
-        self.message = assistant_message(event, False)
-        self.chars = message_chars(self.message)
-        self.reasoning_chars = len(event.reasoning) if event.reasoning else 0
-        self.round = -1
+        self.turn = turn  # the index of its turn (not the turn: a folded state holds no reference cycle)
+        self._message: AssistantMessage | None = None
+        self.round = -1  # the index of its round among the trace's, when it called tools
+
+    @property
+    def message(self) -> AssistantMessage:
+        """The output replayed without its reasoning."""
+        message = self._message
+        if message is None:
+            message = self._message = assistant_message(self.event, False)
+        return message
 
 
 class Turn:
@@ -82,9 +112,8 @@ class Turn:
         self.cache: tuple[Message, ...] = ()
 
 
-@dataclass(frozen=True)
-class Change:
-    """The state of a slot before a form change (to undo a speculative or unprofitable change)."""
+class Change(NamedTuple):
+    """The state of a slot before a form change (to undo a speculative change)."""
 
     slot: Slot
     form: Form
@@ -94,6 +123,10 @@ class Change:
     chars: int
 
 
+MISSING_CHARS = len(MISSING_RESULT_TEXT) + MESSAGE_OVERHEAD_CHARS
+"""Characters of the synthetic result of a call without one, less its call id's."""
+
+
 def missing_chars(call_id: str) -> int:
     """Characters of the synthetic result of a call without one."""
-    return len(MISSING_RESULT_TEXT) + len(call_id) + MESSAGE_OVERHEAD_CHARS
+    return MISSING_CHARS + len(call_id)

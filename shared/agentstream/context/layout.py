@@ -160,7 +160,9 @@ def xml(
                 keyed.sort(key=lambda item: (str(item[0]), item[1]))
             return [p for _, _, p in keyed] + [p for _, _, p in rest]
 
-        def render(element: Element, nested: bool, seen: frozenset[str]) -> str:
+        # ``again`` is render itself, passed in: a closure that named itself would be a reference
+        # cycle, and each call would leave one holding the numbering for the garbage collector.
+        def render(element: Element, nested: bool, seen: frozenset[str], again: Callable[..., str]) -> str:
             tag = tag_of(type(element), tags)
             whole_attr = None
             if not nested and element.ref is not None and element.ref != element.id:
@@ -171,14 +173,14 @@ def xml(
             inner = [escape_text(text)] if text else []
             if element.id not in seen:
                 for part in sort_parts(children.get(element.id, [])):
-                    inner.append(render(part, True, seen | {element.id}))
+                    inner.append(again(part, True, seen | {element.id}, again))
             if not inner:
                 return head + "/>"
             if len(inner) == 1 and text:
                 return f"{head}>{inner[0]}</{tag}>"
             return head + ">\n" + "\n".join(inner) + f"\n</{tag}>"
 
-        return "\n".join(render(e, False, frozenset()) for e in roots)
+        return "\n".join(render(e, False, frozenset(), render) for e in roots)
 
     return show
 

@@ -162,10 +162,10 @@ def corrected_tokens(chars_now: int, limits: ModelLimits, recorded: tuple[int, i
         The recorded count plus the estimate of what changed since (``chars_now - chars_then``),
         or the plain estimate without a recorded count. Never below 0.
     """
-    if recorded is None:
-        return limits.tokens_of_chars(chars_now)
+    if recorded is None:  # limits.tokens_of_chars, inline (called at every offer of every pass)
+        return math.ceil(chars_now / limits.characters_per_token) if chars_now > 0 else 0
     prompt_tokens, chars_then = recorded
     delta = chars_now - chars_then
     if delta >= 0:
-        return prompt_tokens + limits.tokens_of_chars(delta)
+        return prompt_tokens + (math.ceil(delta / limits.characters_per_token) if delta > 0 else 0)
     return max(0, prompt_tokens - int(-delta / limits.characters_per_token))

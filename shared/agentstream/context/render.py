@@ -20,8 +20,10 @@ from agentstream.context.forms.shorten import (
     FULL,
     STUBBED,
     Form,
+    as_recorded,
     checked,
     cut_text,
+    drop_text,
 )
 from agentstream.context.layout import DEFAULT_LAYOUT, Layout
 from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits
@@ -33,7 +35,16 @@ from agentstream.context.request import (
     UserMessage,
 )
 from agentstream.errors import ContextError
-from agentstream.events import Element, ModelOutput, ToolCall, ToolOutput, TurnInput
+from agentstream.events import (
+    Document,
+    Element,
+    ModelOutput,
+    Passage,
+    Source,
+    ToolCall,
+    ToolOutput,
+    TurnInput,
+)
 
 MISSING_RESULT_TEXT = (
     "Error: this tool call has no result: it was interrupted before it finished "
@@ -149,31 +160,80 @@ def check_rendered(event: object, messages: Sequence[Message]) -> tuple[Message,
 
 
 class Parts:
-    """A result's full and compressed outputs and their elements' estimated sizes, made once."""
+    """A result's full and compressed forms and their elements' estimated sizes, each made once, when first needed.
 
-    __slots__ = ("full", "full_chars", "compressed", "compressed_chars")
+    The compressed output of the default :func:`~agentstream.context.forms.shorten.drop_text` is
+    not made to be measured: it is the result with each source's text removed, so its elements
+    take what the recorded ones take less those texts (see :func:`element_chars`).
+    """
+
+    __slots__ = ("full", "full_chars", "full_total", "compressed", "compressed_chars", "compressed_total", "compressed_text")
 
     def __init__(self) -> None:
         self.full: ToolOutput | None = None
-        self.full_chars: tuple[int, ...] = ()
+        self.full_chars: tuple[int, ...] | None = None  # each element's estimated characters
+        self.full_total = -1  # their sum (-1 until measured)
         self.compressed: ToolOutput | None = None
-        self.compressed_chars: tuple[int, ...] = ()
+        self.compressed_chars: tuple[int, ...] | None = None
+        self.compressed_total = -1
+        self.compressed_text = -1  # characters of the compressed output's text
 
-    def full_of(self, renderer: ResultRenderer, output: ToolOutput) -> tuple[ToolOutput, tuple[int, ...]]:
-        if self.full is None:
-            self.full = renderer.full_output(output)
-            self.full_chars = tuple(element_chars(e) for e in self.full.elements)
-        return self.full, self.full_chars
+    def full_of(self, renderer: ResultRenderer, output: ToolOutput) -> ToolOutput:
+        full = self.full
+        if full is None:
+            full = self.full = renderer.full_output(output)
+        return full
 
-    def compressed_of(self, renderer: ResultRenderer, output: ToolOutput) -> tuple[ToolOutput, tuple[int, ...]]:
-        if self.compressed is None:
+    def compressed_of(self, renderer: ResultRenderer, output: ToolOutput) -> ToolOutput:
+        compressed = self.compressed
+        if compressed is None:
             assert renderer.limits is not None
-            self.compressed = checked(renderer.config.policy.shorten_for(output.name, COMPRESSED), output, renderer.limits)
-            if self.compressed is output and self.full is output:
-                self.compressed_chars = self.full_chars
+            compressed = self.compressed = checked(renderer.config.policy.shorten_for(output.name, COMPRESSED), output, renderer.limits)
+        return compressed
+
+    def full_elements(self) -> int:
+        """The full elements' estimated characters, summed (after :meth:`full_of`)."""
+        total = self.full_total
+        if total < 0:
+            assert self.full is not None
+            total = self.full_total = sum(map(element_chars, self.full.elements)) if self.full.elements else 0
+        return total
+
+    def compressed_measure(self, renderer: ResultRenderer, output: ToolOutput) -> tuple[int, int]:
+        """The compressed output's text length and its elements' estimated characters, summed (after :meth:`full_of`).
+
+        Raises:
+            ShortenError: the compressed function changed the result's elements or its error.
+        """
+        if self.compressed_total < 0:
+            shorten = renderer.config.policy.shorten_for(output.name, COMPRESSED)
+            if shorten is drop_text:
+                total = self.full_elements() if self.full is output else sum(map(element_chars, output.elements))
+                for element in output.elements:
+                    if isinstance(element, Source) and element.text:
+                        total -= len(element.text)
+                self.compressed_text = len(output.text)
             else:
-                self.compressed_chars = tuple(element_chars(e) for e in self.compressed.elements)
-        return self.compressed, self.compressed_chars
+                compressed = self.compressed_of(renderer, output)
+                total = self.full_elements() if compressed is self.full else sum(map(element_chars, compressed.elements))
+                self.compressed_text = len(compressed.text)
+            self.compressed_total = total
+        return self.compressed_text, self.compressed_total
+
+    def elements_chars(self, renderer: ResultRenderer, output: ToolOutput) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Each element's estimated characters, full and compressed (after :meth:`full_of`).
+
+        Raises:
+            ShortenError: the compressed function changed the result's elements or its error.
+        """
+        full = self.full
+        assert full is not None
+        if self.full_chars is None:
+            self.full_chars = tuple(map(element_chars, full.elements))
+        if self.compressed_chars is None:
+            compressed = self.compressed_of(renderer, output)
+            self.compressed_chars = self.full_chars if compressed is full else tuple(map(element_chars, compressed.elements))
+        return self.full_chars, self.compressed_chars
 
 
 @dataclass
@@ -183,6 +243,7 @@ class ResultRenderer:
     config: ContextConfig
     limits: ModelLimits | None
     numbering: Numbering
+    _tools: dict[str, _ToolSizes] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def show(self, elements: Sequence[Element], tool: str | None) -> str:
         if not elements:
@@ -195,6 +256,20 @@ class ResultRenderer:
         if form == COMPRESSED:
             return f"[result {handle} of {tool}, shortened{again}]"
         return f"[result {handle} of {tool} left out to save room{again}]"
+
+    def tool_sizes(self, tool: str) -> _ToolSizes:
+        """What the estimates of a tool's results need from the policy, read once per tool."""
+        sizes = self._tools.get(tool)
+        if sizes is None:
+            sizes = self._tools[tool] = _ToolSizes(self, tool)
+        return sizes
+
+    def handle_line_chars(self, handle: str, tool: str, form: Form) -> int:
+        """``len(self.handle_line(handle, tool, form))``, without writing the line."""
+        sizes = self.tool_sizes(tool)
+        if form == COMPRESSED:
+            return sizes.compressed_line + sizes.compressed_handles * len(handle)
+        return sizes.stubbed_line + sizes.stubbed_handles * len(handle)
 
     def full_output(self, output: ToolOutput) -> ToolOutput:
         if self.limits is None:
@@ -242,36 +317,123 @@ class ResultRenderer:
         assert self.limits is not None
         if parts is None:
             parts = Parts()
-        full, full_chars = parts.full_of(self, output)
+        full = parts.full
+        if full is None:
+            full = parts.full_of(self, output)
         line = 0
         if form == FULL:
-            text = full.text
-            elements_chars = sum(full_chars)
-            shown = bool(full_chars)
+            text = len(full.text)
+            shown = bool(full.elements)
+            elements_chars = parts.full_elements() if shown else 0
         else:
-            compressed, compressed_chars = parts.compressed_of(self, output)
-            forms = element_forms if element_forms is not None else (form,) * len(full_chars)
-            elements_chars = 0
-            shown = False
-            for index, element_form in enumerate(forms):
-                if element_form > STUBBED:
-                    elements_chars += full_chars[index] if element_form == FULL else compressed_chars[index]
-                    shown = True
-            line = len(self.handle_line(handle or "?", output.name, form)) + 1
-            text = compressed.text if form == COMPRESSED else ""
-        total = line + len(text) + elements_chars + (2 if shown and text else 0)
-        cap = self.config.policy.cap_for(output.name)
-        if cap is not None:
-            room = self.limits.chars_of_tokens(cap.count)
-            if total > room:
-                total = room + CUT_NOTE_CHARS
+            if element_forms is None:  # every element in the result's form
+                text, elements_chars = parts.compressed_measure(self, output)
+                shown = form > STUBBED and bool(full.elements)
+                if not shown:
+                    elements_chars = 0
+            else:
+                full_chars, compressed_chars = parts.elements_chars(self, output)
+                text = len(parts.compressed_of(self, output).text)
+                elements_chars = 0
+                shown = False
+                for index, element_form in enumerate(element_forms):
+                    if element_form > STUBBED:
+                        elements_chars += full_chars[index] if element_form == FULL else compressed_chars[index]
+                        shown = True
+            line = self.handle_line_chars(handle or "?", output.name, form) + 1
+            if form != COMPRESSED:
+                text = 0
+        total = line + text + elements_chars + (2 if shown and text else 0)
+        room = self.tool_sizes(output.name).room
+        if 0 <= room < total:
+            total = room + CUT_NOTE_CHARS
         return total + len(output.call_id) + MESSAGE_OVERHEAD_CHARS
+
+    def estimates(self, output: ToolOutput, handle: str, parts: Parts) -> tuple[int, int, int]:
+        """:meth:`estimate` in each form with no element lifted: ``(full, compressed, stubbed)``.
+
+        The lowered forms are measured here only for the default compressed function
+        (:func:`~agentstream.context.forms.shorten.drop_text`, whose sizes need no output made);
+        for another they are -1, and that function runs when its form is first asked for.
+
+        Raises:
+            ShortenError: the full function changed the result's elements or its error.
+        """
+        assert self.limits is not None
+        sizes = self._tools.get(output.name) or self.tool_sizes(output.name)
+        full = parts.full
+        if full is None:
+            full = parts.full = output if sizes.full_as_recorded else self.full_output(output)
+        elements = full.elements
+        text = len(full.text)
+        total = text
+        dropped = 0  # the sources' text, which drop_text removes
+        elements_chars = 0
+        if elements:
+            for element in elements:
+                kind = type(element)
+                if (kind is Passage or kind is Document) and not element.properties:  # element_chars, inline
+                    elements_chars += 40 + len(element.text) + (len(element.ref) if element.ref else 0)
+                    if kind is Document:
+                        if element.title:
+                            elements_chars += 9 + len(element.title)  # len("title") + 4
+                        if element.url:
+                            elements_chars += 7 + len(element.url)  # len("url") + 4
+                    dropped += len(element.text)
+                    continue
+                elements_chars += element_chars(element)
+                if isinstance(element, Source) and element.text:
+                    dropped += len(element.text)
+            total += elements_chars + (2 if text else 0)
+        parts.full_total = elements_chars
+        tail = len(output.call_id) + MESSAGE_OVERHEAD_CHARS
+        room = sizes.room
+        if 0 <= room < total:
+            total = room + CUT_NOTE_CHARS
+        if not sizes.compressed_drops_text:
+            return total + tail, -1, -1
+        if full is output:  # drop_text of the recorded result: measured with it
+            elements_chars -= dropped
+            parts.compressed_total, parts.compressed_text = elements_chars, text
+        else:
+            text, elements_chars = parts.compressed_measure(self, output)
+        compressed = sizes.compressed_line + sizes.compressed_handles * len(handle) + 1 + text
+        if elements:
+            compressed += elements_chars + (2 if text else 0)
+        if 0 <= room < compressed:
+            compressed = room + CUT_NOTE_CHARS
+        stubbed = sizes.stubbed_line + sizes.stubbed_handles * len(handle) + 1
+        if 0 <= room < stubbed:
+            stubbed = room + CUT_NOTE_CHARS
+        return total + tail, compressed + tail, stubbed + tail
 
     def message(self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None) -> ToolResultMessage:
         text, images = self.content(output, handle, form, element_forms)
         return ToolResultMessage(
             call_id=output.call_id, name=output.name, text=text, is_error=output.error is not None, images=images
         )
+
+
+class _ToolSizes:
+    """For one tool: its forms' functions as far as estimates care, its cap, and its handle lines' lengths."""
+
+    __slots__ = (
+        "full_as_recorded", "compressed_drops_text", "room", "compressed_line", "compressed_handles", "stubbed_line",
+        "stubbed_handles",
+    )
+
+    def __init__(self, renderer: ResultRenderer, tool: str) -> None:
+        policy = renderer.config.policy
+        assert renderer.limits is not None
+        self.full_as_recorded = policy.shorten_for(tool, FULL) is as_recorded
+        self.compressed_drops_text = policy.shorten_for(tool, COMPRESSED) is drop_text
+        cap = policy.cap_for(tool)
+        self.room = -1 if cap is None else renderer.limits.chars_of_tokens(cap.count)  # -1: never cut
+        # the handle is written into the line whole, a fixed number of times
+        self.compressed_line = len(renderer.handle_line("", tool, COMPRESSED))
+        self.compressed_handles = len(renderer.handle_line("h", tool, COMPRESSED)) - self.compressed_line
+        self.stubbed_line = len(renderer.handle_line("", tool, STUBBED))
+        self.stubbed_handles = len(renderer.handle_line("h", tool, STUBBED)) - self.stubbed_line
 
 
 CUT_NOTE_CHARS = 48
@@ -287,13 +449,19 @@ def element_chars(element: Element) -> int:
     names = _FIELDS.get(kind)
     if names is None:
         names = _FIELDS[kind] = tuple(n for n in kind.__struct_fields__ if n not in _BASE_FIELDS)
-    chars = 40 + len(getattr(element, "text", "") or "") + (len(element.ref) if element.ref else 0)
+    chars = 40
+    text = getattr(element, "text", None)
+    if text:
+        chars += len(text)
+    if element.ref:
+        chars += len(element.ref)
     for name in names:
         value = getattr(element, name)
         if value:
             chars += len(name) + 4 + (len(value) if isinstance(value, str) else len(str(value)))
-    for key, value in element.properties.items():
-        chars += len(key) + 4 + (len(value) if isinstance(value, str) else len(str(value)))
+    if element.properties:
+        for key, value in element.properties.items():
+            chars += len(key) + 4 + (len(value) if isinstance(value, str) else len(str(value)))
     return chars
 
 

@@ -11,22 +11,34 @@ result keeps what it kept when it shrank.
 Cost: a pass is planned without touching the state, offers that freed nothing are remembered,
 a pass is not planned again while the view and the forms stay the same, and the built-in
 :class:`Compress` and :class:`Stub` over a prefix of the units (``turns[:-2]``) keep their
-candidates from call to call, so a long conversation costs per call what it added.
+candidates from call to call, so a long conversation costs per call what it added. A pass that
+was not made for freeing too little is not planned again until a bound of what it could free
+(what it planned, plus what each result that joined its selection since would free in its
+lowest offered form) reaches ``min_gain``: between ``start_at`` and the compaction threshold,
+most calls are judged by that bound alone. Setting :data:`SHORTCUTS` to False plans every pass
+in full (the tests compare both).
 """
 
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from math import ceil
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentstream.context.forms.shorten import STUBBED, Form
-from agentstream.context.limits import corrected_tokens
-from agentstream.context.policy import Compress, ContextView, Stub
+from agentstream.context.folded import Change
+from agentstream.context.forms.shorten import COMPRESSED, STUBBED, Form
+from agentstream.context.limits import ModelLimits, corrected_tokens
+from agentstream.context.policy import Compress, ContextPolicy, ContextView, Stub
 from agentstream.errors import ShortenError
 
 if TYPE_CHECKING:
-    from agentstream.context.state import Change, Slot, TraceState
+    from agentstream.context.state import Slot, TraceState
+
+SHORTCUTS = True
+"""Skip planning a pass when its outcome is known (the same view as a pass that did nothing, or a
+bound under ``min_gain``), and read the built-in prefix shrinks' candidates incrementally. False
+plans every pass from the shrinks' own offers: slower, the same forms (tests compare both)."""
 
 
 class _Handles(Sequence[Sequence[str]]):
@@ -50,6 +62,24 @@ class _Handles(Sequence[Sequence[str]]):
         return self._turns[self._start + index].handles
 
 
+class _Tools(Mapping[str, str]):
+    """The tool name of each result, by handle (read-only, read from the results themselves)."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: Mapping[str, Slot]) -> None:
+        self._slots = slots
+
+    def __getitem__(self, handle: str) -> str:
+        return self._slots[handle].output.name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+
 def make_view(state: TraceState, start: int, current: int) -> ContextView:
     """The view of a call in turn ``current`` whose shown turns start at ``start``."""
     first = state.turns[start] if start < len(state.turns) else None
@@ -58,40 +88,75 @@ def make_view(state: TraceState, start: int, current: int) -> ContextView:
     return ContextView(
         turns=_Handles(state.turns, start, current + 1),
         rounds=state.rounds[first_round:],
-        results=state.slot_handles[first_slot:],
-        tools=state.handle_tools,
+        results=[slot.handle for slot in state.slots[first_slot:]],
+        tools=_Tools(state.handle_index),
         cited=state.cited,
     )
 
 
-def element_floors(state: TraceState, slot: Slot, form: Form, view: ContextView) -> tuple[Form, ...] | None:
-    """The form of each element of a result lowered to ``form``, lifted by the policy's floors."""
+def element_floors(state: TraceState, slot: Slot, form: Form, view: ContextView | None) -> tuple[Form, ...] | None:
+    """The form of each element of a result lowered to ``form``, lifted by the policy's floors.
+
+    None when no element is lifted (each shows in ``form``; lays out and estimates the same).
+    """
     floors = state.policy.protect
     elements = slot.output.elements
     if not floors or not elements:
         return None
     if state.cited_floors_only:  # the default: a cited source stays at its floor's form
-        lift = max(floor.form for floor in floors)
+        lift = state.cited_lift
         if lift <= form:
-            return (form,) * len(elements)
+            return None
         cited_ids = state.cited
-        return tuple(lift if element.id in cited_ids else form for element in elements)
+        for element in elements:
+            if element.id in cited_ids:
+                return tuple(lift if element.id in cited_ids else form for element in elements)
+        return None
     tool = slot.output.name
     lifted = []
+    changed = False
     for element in elements:
         shown = form
         for floor in floors:
             if floor.form > shown and floor.applies(element, tool, view):
                 shown = floor.form
         lifted.append(shown)
-    return tuple(lifted)
+        changed = changed or shown != form
+    return tuple(lifted) if changed else None
+
+
+class Step(NamedTuple):
+    """One shrink of the policy, read once per state.
+
+    Attributes:
+        shrink: the shrink.
+        when: its own threshold in tokens, or None (it runs from start_at to target).
+        stop: for a built-in shrink over a prefix slice of the units, the slice's stop (0 for
+            none); None for any other shrink.
+        form: the form a built-in prefix shrink offers.
+    """
+
+    shrink: Any
+    when: int | None
+    stop: int | None
+    form: Form
+
+
+def steps_of(policy: ContextPolicy, limits: ModelLimits) -> tuple[Step, ...]:
+    """The policy's shrinks with their thresholds in a model's window, in order."""
+    out = []
+    for shrink in policy.shrink:
+        when = getattr(shrink, "when", None)
+        stop = _prefix_stop(shrink) if SHORTCUTS else None
+        out.append(Step(shrink, None if when is None else limits.tokens(when), stop, STUBBED if type(shrink) is Stub else COMPRESSED))
+    return tuple(out)
 
 
 class Candidates:
     """The offers of a built-in shrink over a prefix of the units, kept from call to call.
 
     ``turns[:-2]`` selects units ``0 .. n-3`` of ``n``; as the trace grows, units only join the
-    selection, so the handles of each unit are read once, and a handle leaves the list once its
+    selection, so the results of each unit are read once, and a result leaves the list once its
     form is at or below the shrink's (or lowering it proved futile).
     """
 
@@ -100,111 +165,136 @@ class Candidates:
     def __init__(self, start: int) -> None:
         self.start = start
         self.scanned = 0
-        self.pending: list[str] = []
+        self.pending: list[Slot] = []
 
 
 def _prefix_stop(shrink: Any) -> int | None:
-    """For a built-in shrink over a prefix slice (``[:-k]``, ``[:k]``, ``[:]``), its stop; else None."""
+    """For a built-in shrink over a prefix slice whose units are complete once selected, its stop; else None.
+
+    Turns and rounds qualify with a negative stop (``turns[:-2]``: the newest units, which may
+    still gain results, stay out); results with any stop (``results[:-3]``, ``results[:5]``, ``results[:]``).
+    """
     if type(shrink) not in (Compress, Stub):
         return None
     key = shrink.where.key
     if not isinstance(key, slice) or key.start not in (None, 0) or key.step not in (None, 1):
         return None
-    return 0 if key.stop is None else key.stop
+    stop = 0 if key.stop is None else key.stop
+    if shrink.where.unit != "results" and stop >= 0:
+        return None
+    return stop
 
 
-def _scan(state: TraceState, shrink: Any, stop: int, start: int, current: int) -> list[str]:
-    """Read the units that joined a prefix shrink's selection; returns the handles they added."""
+def _scan(state: TraceState, shrink: Any, stop: int, start: int, current: int) -> list[Slot]:
+    """Read the units that joined a prefix shrink's selection; returns the results they added."""
     candidates = state.cursors.get(id(shrink))
     if candidates is None or candidates.start != start:
         candidates = state.cursors[id(shrink)] = Candidates(start)
     unit = shrink.where.unit
-    first = state.turns[start] if start < len(state.turns) else None
     if unit == "turns":
+        if current + 1 - start + stop <= candidates.scanned:  # (stop < 0 for turns) nothing joined
+            return []
         units = current + 1 - start
-    elif unit == "rounds":
-        first_round = first.first_round if first is not None else len(state.rounds)
-        units = len(state.rounds) - first_round
     else:
-        first_slot = first.first_slot if first is not None else len(state.slots)
-        units = len(state.slots) - first_slot
+        first = state.turns[start] if start < len(state.turns) else None
+        if unit == "rounds":
+            first_round = first.first_round if first is not None else len(state.rounds)
+            units = len(state.rounds) - first_round
+        else:
+            first_slot = first.first_slot if first is not None else len(state.slots)
+            units = len(state.slots) - first_slot
     end = units + stop if stop < 0 else (units if stop == 0 else min(stop, units))
-    added: list[str] = []
+    if end <= candidates.scanned:
+        return []
+    index_of = state.handle_index
+    added: list[Slot] = []
     for index in range(candidates.scanned, end):
         if unit == "turns":
-            added.extend(state.turns[start + index].handles)
+            added.extend(map(index_of.__getitem__, state.turns[start + index].handles))
         elif unit == "rounds":
-            added.extend(state.rounds[first_round + index])
+            added.extend(map(index_of.__getitem__, state.rounds[first_round + index]))
         else:
-            added.append(state.slot_handles[first_slot + index])
-    if end > candidates.scanned:
-        candidates.scanned = end
+            added.append(state.slots[first_slot + index])
+    candidates.scanned = end
     candidates.pending.extend(added)
     return added
 
 
-def _offers(
-    state: TraceState, shrink: Any, start: int, current: int, view: ContextView, planned: dict[str, Form]
-) -> Iterable[tuple[str, Form]]:
-    stop = _prefix_stop(shrink)
-    if stop is None:
-        return shrink(view, ChainMap(planned, state.forms))
-    target = STUBBED if type(shrink) is Stub else Form.COMPRESSED
-    _scan(state, shrink, stop, start, current)
-    candidates = state.cursors[id(shrink)]
-    keep = []
-    offers = []
-    bit = 1 << target
-    for handle in candidates.pending:
-        slot = state.handle_index[handle]
-        if slot.form <= target or slot.futile & bit:
-            continue
-        keep.append(handle)
-        if planned.get(handle, slot.form) > target:
-            offers.append((handle, target))
-    candidates.pending = keep
-    return offers
+def _lowest_chars(state: TraceState, slot: Slot, form: Form) -> int | None:
+    """At most how few characters ``slot`` takes once lowered to ``form`` (None: it cannot be)."""
+    if not state.cited_floors_only:
+        return state.smallest_chars(slot)
+    try:  # the floors need no view: the form's own estimate
+        return state.estimate(slot, form, element_floors(state, slot, form, None))
+    except ShortenError:
+        return None
 
 
 def _still_too_little(state: TraceState, memo_key: tuple, start: int, current: int) -> bool:
     """After a pass that was not made for freeing too little: would this one free too little too?
 
-    Only for built-in prefix shrinks: their offers now are the offers then plus the handles of
+    Only for built-in prefix shrinks: their offers now are the offers then plus the results of
     the units that joined since. Forms, the shown turns and the running shrinks are the same
     (``memo_key``), and floors only grow, so the pass can free at most what that one planned
-    plus what the joined results hold beyond their smallest form.
+    plus, for each result that joined, what it holds beyond its lowest offered form (beyond the
+    form that pass planned for it, if any; counted once per result, however many shrinks offer it).
     """
     limits = state.limits
     memo = state.reverted
-    assert limits is not None
+    assert limits is not None and state.min_gain_tokens is not None
     if memo is None or memo[0] != memo_key:
         return False
-    bound = memo[1]
-    seen: set[tuple[str, Form]] = set()
-    for shrink in state.policy.shrink:
-        if id(shrink) not in memo_key[2]:
+    _, bound, counted = memo
+    mark = _units_mark(state, current)
+    if mark == state.scanned_mark:  # no unit joined any selection since the last scan
+        return limits.tokens_of_chars(bound) + 2 < state.min_gain_tokens
+    state.scanned_mark = mark
+    before = bound
+    cited_only = state.cited_floors_only
+    lifts = bool(state.policy.protect)
+    cited = state.cited
+    for step in state.steps:
+        if id(step.shrink) not in memo_key[-1]:
             continue
-        stop = _prefix_stop(shrink)
-        assert stop is not None
-        form = STUBBED if type(shrink) is Stub else Form.COMPRESSED
-        for handle in _scan(state, shrink, stop, start, current):
-            slot = state.handle_index[handle]
-            if (handle, form) in seen or slot.form <= form:
+        assert step.stop is not None
+        form = step.form
+        bit = 1 << form
+        lifted = lifts and state.cited_lift > form
+        for slot in _scan(state, step.shrink, step.stop, start, current):
+            if slot.form <= form or slot.futile & bit:
                 continue
-            seen.add((handle, form))
-            lowest = state.smallest_chars(slot)
-            if state.cited_floors_only:  # the floors need no view: use the form's own estimate
-                try:
-                    lowest = state.estimate(slot, form, element_floors(state, slot, form, None))  # type: ignore[arg-type]
-                except ShortenError:
+            lowest = -1
+            if cited_only:  # nothing cited in it: the form's estimate, kept on the slot
+                lowest = slot.chars_compressed if form == COMPRESSED else slot.chars_stubbed if form == STUBBED else -1
+                if lifted and lowest >= 0:
+                    for element in slot.output.elements:
+                        if element.id in cited:
+                            lowest = -1
+                            break
+            if lowest < 0:
+                found = _lowest_chars(state, slot, form)
+                if found is None:
                     continue
-            bound += max(0, slot.chars - lowest)
-    state.reverted = (memo_key, bound)
-    assert state.policy.min_gain is not None
-    return limits.tokens_of_chars(bound) + 2 < limits.tokens(state.policy.min_gain)
+                lowest = found
+            now = counted.get(slot, slot.chars)
+            if lowest < now:
+                bound += (now - lowest) * (1 + len(slot.more) if slot.more else 1)
+                counted[slot] = lowest
+    if bound != before:
+        state.reverted = (memo_key, bound, counted)
+    return limits.tokens_of_chars(bound) + 2 < state.min_gain_tokens
 
 
-def judge(state: TraceState, current: int, step: int, call: int, *, speculative: bool) -> list[Change]:
+def _units_mark(state: TraceState, current: int) -> tuple[int, int, int, int]:
+    """What the prefix shrinks' selections grow with: the current turn, the rounds, the results (for the
+    units some shrink selects), and the rescans."""
+    units = state.prefix_units
+    return (
+        current, len(state.rounds) if "rounds" in units else 0, len(state.slots) if "results" in units else 0, state.rescans,
+    )
+
+
+def judge(state: TraceState, current: int, step: int, call: int, *, speculative: bool, chars: int | None = None) -> list[Change]:
     """Apply the policy's shrinks for the model call ``call`` (its index in the trace).
 
     Args:
@@ -214,96 +304,180 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
         call: the index of the call among the trace's model calls.
         speculative: True for the call about to be made (the caller undoes the changes after
             building, so the state stays that of the stored trace).
+        chars: ``state.chars(current, step)``, when the caller has it.
 
     Returns:
-        The form changes made, oldest first (for :meth:`TraceState.undo`).
+        When ``speculative``, the form changes made, oldest first (for :meth:`TraceState.undo`);
+        otherwise an empty list.
     """
     limits = state.limits
     assert limits is not None and state.thresholds is not None
-    policy = state.policy
     start_at, target, lowest = state.thresholds
-    reserve = policy.output_reserve.count
-    chars = state.chars(current, step)
-    size = corrected_tokens(chars, limits, state.recorded) + reserve
+    reserve = state.reserve
+    recorded = state.recorded
+    if chars is None:
+        chars = state.chars(current, step)
+    size = corrected_tokens(chars, limits, recorded) + reserve
     state.last_chars = chars
     if size <= lowest:
         return []
+    policy = state.policy
     started = size > start_at
-    start = state.visible_from(current)
-    active = tuple(
-        id(shrink) for shrink in policy.shrink
-        if (started if getattr(shrink, "when", None) is None else size > limits.tokens(shrink.when))
-    )
-    key = (start, current, len(state.slots), len(state.rounds), len(state.forms), len(state.cited), active)
-    if state.exhausted == key:  # the same offers as last time, and no pass of them was made
-        return []
+    start = min(state.kept_from, current) if state.compaction is not None else 0  # state.visible_from(current)
+    steps = state.steps
+    running = []
+    for s in steps:
+        if (started if s.when is None else size > s.when):
+            running.append(id(s.shrink))
+    active = tuple(running)
     before = size
-    prefix_only = all(_prefix_stop(shrink) is not None for shrink in policy.shrink if id(shrink) in active)
-    memo_key = (start, len(state.forms), active)
-    if prefix_only and policy.min_gain is not None and before <= limits.window.count and _still_too_little(state, memo_key, start, current):
+    # Two ways to know without planning that no pass is made (either is enough, in any order):
+    prefix_only = state.prefix_only.get(active)
+    if prefix_only is None:
+        prefix_only = state.prefix_only[active] = SHORTCUTS and all(s.stop is not None for s in steps if id(s.shrink) in active)
+    memo_key = (start, len(state.forms), state.recalls, active)
+    memo = state.reverted
+    if (
+        prefix_only and memo is not None and memo[0] == memo_key and policy.min_gain is not None
+        and before <= limits.window.count and _still_too_little(state, memo_key, start, current)
+    ):
         return []
     reopen_extra = 0
-    if state.reopen_def is not None and not state.offers_reopen(current) and state.agent.tool_choice_for(step) != "none":
+    if state.reopen_def is not None and not state.offers_reopen(current) and state.tools_offered(step):
         reopen_extra = state.reopen_chars  # the first shortened result brings the reopen tool
-    planned: dict[str, tuple[Slot, Form, Any, Any, int]] = {}
-    planned_forms: dict[str, Form] = {}
+    key = (
+        start, current, len(state.slots), state.placements, len(state.rounds), len(state.forms), len(state.cited),
+        state.recalls, active, reopen_extra, recorded,
+    )
+    exhausted_then = state.exhausted
+    if SHORTCUTS and exhausted_then is not None and exhausted_then[0] == key and chars >= exhausted_then[1]:
+        # The same offers as a pass that tried them all and was not made; with as many characters
+        # or more, this one plans the same and frees the same: made only if that now gains enough.
+        _, _, freed_then, planned_then = exhausted_then
+        after = corrected_tokens(chars - freed_then + reopen_extra, limits, recorded) + reserve
+        if not planned_then or not _made(policy, limits, before, after):
+            return []
+    cited_only = state.cited_floors_only
+    no_floors = not policy.protect
+    lift = state.cited_lift
+    cited = state.cited
+    handle_index = state.handle_index
+    per_token = limits.characters_per_token
+    planned: list[Slot] = []  # in the order first planned; each keeps its plan in its plan_* attributes
+    planned_forms: dict[str, Form] = {}  # for the offers of other shrinks
     freed = 0
     view: ContextView | None = None
     exhausted = True  # every offer of every running shrink was tried
-    for shrink in policy.shrink:
-        when = getattr(shrink, "when", None)
-        if when is None:
+    settled = True  # every offer was judged on its sizes alone (none skipped for where it shows)
+    for s in steps:
+        shrink = s.shrink
+        if s.when is None:
             if not started:
                 continue
             stop = target
         else:
-            stop = limits.tokens(when)
+            stop = s.when
         if size <= stop:
-            exhausted = exhausted and not planned  # skipped for what this pass freed, not for the view
+            if before > stop:  # skipped for what this pass freed, not for the view
+                exhausted = exhausted and not planned
             continue
-        if view is None:
-            view = make_view(state, start, current)
-        for handle, form in _offers(state, shrink, start, current, view, planned_forms):
-            if size <= stop:
-                exhausted = False
-                break
-            slot = state.handle_index.get(handle)
-            if slot is None or slot.turn is None or slot.futile & (1 << form):
+        prefix = s.stop is not None
+        form = s.form
+        bit = 1 << form
+        if prefix:  # the pending candidates, pruned as they are read
+            _scan(state, shrink, s.stop, start, current)  # type: ignore[arg-type]
+            candidates = state.cursors[id(shrink)]
+            offers: Iterable[Any] = candidates.pending
+            keep: list[Slot] = []
+        else:
+            if view is None:
+                view = make_view(state, start, current)
+            offers = shrink(view, ChainMap(planned_forms, state.forms))
+        for index, offer in enumerate(offers):
+            if prefix:
+                slot = offer
+                if slot.form <= form or slot.futile & bit:
+                    continue  # it leaves the candidates
+                keep.append(slot)
+                if slot.plan_form is not None and slot.plan_form <= form:
+                    continue
+                if size <= stop:
+                    exhausted = False
+                    keep.extend(candidates.pending[index + 1 :])
+                    break
+            else:
+                if size <= stop:
+                    exhausted = False
+                    break
+                handle, form = offer
+                bit = 1 << form
+                slot = handle_index.get(handle)
+                if slot is None:
+                    continue
+            if slot.turn is None or slot.futile & bit:
+                settled = settled and slot.turn is not None
                 continue
-            previous = planned.get(handle)
-            now_form, now_chars = (previous[1], previous[4]) if previous else (slot.form, slot.chars)
-            if form >= now_form or not start <= slot.turn.index <= current:
+            now_form = slot.plan_form
+            if now_form is None:
+                now_form, now_chars = slot.form, slot.chars
+            else:
+                now_chars = slot.plan_chars
+            if form >= now_form:
                 continue
-            lowered = state.lowered.get((handle, form))
-            if lowered is None or lowered[0] != len(state.cited) or not state.cited_floors_only:
+            if not start <= slot.turn.index <= current:
+                settled = False
+                continue
+            if cited_only:  # the default floors: lifted only when an element was cited
+                floors = None
+                if not no_floors and form < lift:
+                    for element in slot.output.elements:
+                        if element.id in cited:
+                            floors = element_floors(state, slot, form, view)
+                            break
+            else:
+                if view is None:
+                    view = make_view(state, start, current)
                 floors = element_floors(state, slot, form, view)
+            new_chars = slot.chars_compressed if form == COMPRESSED else slot.chars_stubbed if form == STUBBED else -1
+            if floors is not None or new_chars < 0:
                 try:
                     new_chars = state.estimate(slot, form, floors)
                 except ShortenError:
-                    slot.futile |= 1 << form
+                    slot.futile |= bit
                     continue
-                state.lowered[(handle, form)] = lowered = (len(state.cited), floors, new_chars)
-            _, floors, new_chars = lowered
             if new_chars >= now_chars:
-                slot.futile |= 1 << form
+                slot.futile |= bit
                 continue
-            places = state.places.get(slot.output.call_id, ())
-            shown = 1 if len(places) == 1 else sum(1 for turn, _ in places if start <= turn.index <= current)
+            more = slot.more  # a call id called again shows the result again
+            shown = 1 if more is None else 1 + sum(1 for place in more if start <= place.turn <= current)
             freed += (now_chars - new_chars) * shown
-            planned[handle] = (slot, form, shrink, floors, new_chars)
-            planned_forms[handle] = form
-            size = corrected_tokens(chars - freed + reopen_extra, limits, state.recorded) + reserve
-    changes: list[Change] = []
+            if slot.plan_form is None:
+                planned.append(slot)
+            slot.plan_form, slot.plan_chars, slot.plan_by, slot.plan_floors = form, new_chars, shrink, floors
+            planned_forms[slot.handle] = form
+            rest = chars - freed + reopen_extra
+            if recorded is None:  # corrected_tokens(rest, limits, None), inline: at every offer
+                size = (ceil(rest / per_token) if rest > 0 else 0) + reserve
+            else:
+                size = corrected_tokens(rest, limits, recorded) + reserve
+        if prefix:
+            candidates.pending = keep
     state.reverted = None
-    if planned:
-        gain = before - size
-        if policy.min_gain is None or gain >= limits.tokens(policy.min_gain) or before > limits.window.count:
-            for slot, form, shrink, floors, new_chars in planned.values():
-                changes.append(state.set_form(slot, form, shrink, call, floors, new_chars))
-            state.last_chars = state.chars(current, step)
-    if not changes and exhausted and prefix_only:
-        state.reverted = (memo_key, freed)  # not made: remember what it could free
-    if not changes and exhausted:  # asked again with the same view, the shrinks would do the same
-        state.exhausted = key
-    _ = speculative
-    return changes
+    if planned and _made(policy, limits, before, size):
+        state.exhausted = None
+        changes = state.apply_plan(planned, call, speculative)
+        state.last_chars = state.chars(current, step)
+        return changes
+    if exhausted and prefix_only and settled:  # not made: remember what it could free
+        state.reverted = (memo_key, freed, {slot: slot.plan_chars for slot in planned})
+        state.scanned_mark = _units_mark(state, current)  # every running shrink read its units
+    for slot in planned:
+        slot.plan_form = slot.plan_by = slot.plan_floors = None
+    if exhausted:  # asked again with the same view, the shrinks would do the same
+        state.exhausted = (key, chars, freed, bool(planned))
+    return []
+
+
+def _made(policy: ContextPolicy, limits: ModelLimits, before: int, after: int) -> bool:
+    """Whether a pass that brings the size from ``before`` to ``after`` tokens is made."""
+    return policy.min_gain is None or before - after >= limits.tokens(policy.min_gain) or before > limits.window.count

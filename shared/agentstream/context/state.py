@@ -23,16 +23,17 @@ from agentstream.codec import gc_paused
 from agentstream.context.compaction import summary_section
 from agentstream.context.elements import Numbering
 from agentstream.context.folded import (
+    MISSING_CHARS,
     Change,
     Output,
     Slot,
     Turn,
-    missing_chars,
     record_only,
 )
-from agentstream.context.forms.shorten import FULL, Form
+from agentstream.context.forms.shorten import COMPRESSED, FULL, STUBBED, Form
 from agentstream.context.limits import (
     MESSAGE_OVERHEAD_CHARS,
+    TOOL_CALL_OVERHEAD_CHARS,
     ModelLimits,
     corrected_tokens,
     message_chars,
@@ -42,17 +43,15 @@ from agentstream.context.policy import ALWAYS, CURRENT_TURN, NEVER, cited
 from agentstream.context.render import (
     ContextConfig,
     EventFilter,
-    Parts,
     ResultRenderer,
     assistant_message,
     check_rendered,
-    is_empty_reply,
     missing_result,
     user_message,
 )
 from agentstream.context.reopen import derive_reopened, is_reopen_output
 from agentstream.context.request import AssistantMessage, Message, ToolDefinition
-from agentstream.context.shrink import judge
+from agentstream.context.shrink import judge, steps_of
 from agentstream.errors import UnrenderedEventError
 from agentstream.events import (
     Compaction,
@@ -62,6 +61,8 @@ from agentstream.events import (
     TurnFailed,
     TurnInput,
 )
+
+COMPRESSED_FUTILE = 1 << COMPRESSED
 
 
 class TraceState:
@@ -89,15 +90,20 @@ class TraceState:
         self.ended: set[str] = set()
         self.results: dict[str, Slot] = {}
         self.slots: list[Slot] = []
-        self.slot_handles: list[str] = []
-        self.handle_tools: dict[str, str] = {}
-        self.exhausted: tuple | None = None
+        self.exhausted: tuple | None = None  # the last pass tried in full and not made: (its key, chars, chars freed, planned)
         self.cursors: dict[int, Any] = {}  # id(shrink) → its candidates (see shrink.Candidates)
-        self.reverted: tuple[tuple, int] | None = None  # the last pass not made: (its key, chars it could free)
-        self.lowered: dict[tuple[str, Form], tuple[int, Any, int]] = {}  # planned lowerings, by cited count
+        # the last pass not made: (its key, at most the chars it could free, each planned result's chars)
+        self.reverted: tuple[tuple, int, dict[Slot, int]] | None = None
+        self.recalls = 0  # model outputs that called a call id an earlier output had called
+        self.placements = 0  # results placed under their calls
+        self.rescans = 0  # times the prefix shrinks' candidates were dropped to be read again
+        self.scanned_mark: tuple[int, int, int, int] | None = None  # see shrink._units_mark
         self.cited_floors_only = all(floor.applies is cited for floor in self.policy.protect)
+        self.cited_lift = max((floor.form for floor in self.policy.protect), default=FULL)
         self.handle_index: dict[str, Slot] = {}
-        self.places: dict[str, list[tuple[Turn, Output]]] = {}
+        # call id → the first output that made a call still without a result, and the later ones
+        self.places: dict[str, Output] = {}
+        self.more_places: dict[str, list[Output]] = {}
         self.rounds: list[list[str]] = []
         self.cited: set[str] = set()
         self.forms: dict[str, Form] = {}
@@ -108,7 +114,7 @@ class TraceState:
         self.hidden_chars = 0
         self.total_reasoning = 0
         self.hidden_reasoning = 0
-        self.calls: list[tuple[str, int]] = []
+        self.calls: list[ModelOutput] = []  # every model output, replayed or not
         self.recorded: tuple[int, int] | None = None
         self.last_chars = 0
         self.pending: list[tuple[Message, ...]] = []
@@ -119,10 +125,18 @@ class TraceState:
         self.tools_chars = tools_chars(self.tool_defs)
         reopen = self.policy.reopen
         self.reopen_def = reopen.definition() if reopen is not None and agent.tool(reopen.name) is None else None
+        self.reopen_name = reopen.name if reopen is not None else None
         self.reopen_chars = tools_chars((*self.tool_defs, self.reopen_def)) - self.tools_chars if self.reopen_def else 0
         self.prompt_chars = len(agent.system_prompt) + MESSAGE_OVERHEAD_CHARS
+        self.summarised_chars = self.prompt_chars  # the same with the summary in effect (see system_prompt)
+        self.reasoning_never = self.policy.reasoning == NEVER
+        self._tools_offered = tuple(agent.tool_choice_for(step) != "none" for step in range(max(agent.max_passes, 0) + 1))
         self._summarised: tuple[Compaction | None, str] = (None, "")
         self.thresholds: tuple[int, int, int] | None = None
+        self.lowest = 0  # the size (tokens) under which no shrink runs
+        self.reserve = self.policy.output_reserve.count
+        min_gain = self.policy.min_gain
+        self.min_gain_tokens = limits.tokens(min_gain) if limits is not None and min_gain is not None else None
         if limits is not None:
             start_at, target = limits.tokens(self.policy.start_at), limits.tokens(self.policy.target)
             lowest = start_at
@@ -131,6 +145,10 @@ class TraceState:
                 if when is not None:
                     lowest = min(lowest, limits.tokens(when))
             self.thresholds = (start_at, target, lowest)
+            self.lowest = lowest
+        self.steps = steps_of(self.policy, limits) if limits is not None else ()
+        self.prefix_only: dict[tuple[int, ...], bool] = {}  # by running shrinks: all built-in prefix ones
+        self.prefix_units = frozenset(step.shrink.where.unit for step in self.steps if step.stop is not None)
 
     # --- feeding events ------------------------------------------------------------------------
 
@@ -144,26 +162,50 @@ class TraceState:
             self._feed(events)
 
     def _feed(self, events: Sequence[Any]) -> None:
-        for event in events:
-            self.count += 1
-            if not self.prenumbered:
-                self.numbering.add_event(event)
-            if self.filter is not None and not self.filter.keeps(event):
-                continue
-            if isinstance(event, ModelOutput):
-                self._output(event)
-            elif isinstance(event, ToolOutput):
-                self._result(event)
-            elif isinstance(event, TurnInput):
-                self._input(event)
-            elif isinstance(event, (TurnEnded, TurnFailed)):
-                self.ended.add(event.turn_id)
-            elif isinstance(event, Compaction):
-                self._compaction(event)
-            elif record_only(event):
-                continue
-            else:
-                self._app_event(event)
+        numbering = None if self.prenumbered else self.numbering
+        keeps = self.filter.keeps if self.filter is not None else None
+        result, output = self._result, self._output
+        count = self.count
+        try:
+            for event in events:
+                count += 1
+                kind = type(event)  # the stored types first, by identity; then any subclass
+                if kind is ToolOutput:
+                    if numbering is not None and event.elements:
+                        numbering.add(event.elements, event.name)
+                    if keeps is None or keeps(event):
+                        result(event)
+                    continue
+                if kind is ModelOutput:
+                    if keeps is None or keeps(event):
+                        output(event)
+                    continue
+                if kind is TurnEnded or kind is TurnFailed:  # they carry no elements
+                    if keeps is None or keeps(event):
+                        self.ended.add(event.turn_id)
+                    continue
+                if numbering is not None:
+                    numbering.add_event(event)
+                if keeps is not None and not keeps(event):
+                    continue
+                if kind is TurnInput:
+                    self._input(event)
+                elif isinstance(event, ModelOutput):
+                    self._output(event)
+                elif isinstance(event, ToolOutput):
+                    self._result(event)
+                elif isinstance(event, TurnInput):
+                    self._input(event)
+                elif isinstance(event, (TurnEnded, TurnFailed)):
+                    self.ended.add(event.turn_id)
+                elif isinstance(event, Compaction):
+                    self._compaction(event)
+                elif record_only(event):
+                    continue
+                else:
+                    self._app_event(event)
+        finally:
+            self.count = count
 
     def _show(self, elements: Sequence[Any]) -> str:
         return self.renderer.show(elements, None)
@@ -184,67 +226,121 @@ class TraceState:
         if index is None:
             return
         turn = self.turns[index]
-        if self.limits is not None:
-            judge(self, index, event.step, len(self.calls), speculative=False)
-            if event.usage.prompt_tokens is not None and (self.limits.model is None or self.limits.model == event.model):
-                self.recorded = (event.usage.prompt_tokens, self.last_chars)
-        self.calls.append((event.turn_id, event.step))
+        limits = self.limits
+        if limits is not None:
+            # judge the call this output answered (most calls are under every threshold: checked here)
+            chars = self.chars(index, event.step)
+            if corrected_tokens(chars, limits, self.recorded) + self.reserve > self.lowest:
+                judge(self, index, event.step, len(self.calls), speculative=False, chars=chars)
+            else:
+                self.last_chars = chars
+            prompt_tokens = event.usage.prompt_tokens
+            if prompt_tokens is not None and (limits.model is None or limits.model == event.model):
+                self.recorded = (prompt_tokens, self.last_chars)
+        self.calls.append(event)
+        content = event.content
         style = self.config.citations
-        if style is not None and event.content:
-            for number in style.read(event.content):
+        if style is not None and content:
+            for number in style.read(content):
                 element_id = self.numbering.element_id(number)
                 if element_id is not None:
                     self.cited.add(element_id)
-        if is_empty_reply(event):
+        tool_calls = event.tool_calls
+        if not tool_calls and not content.strip():  # an empty reply is not replayed (is_empty_reply)
             return
-        output = Output(event)
-        chars = output.chars
-        if event.tool_calls:
-            output.round = len(self.rounds)
-            self.rounds.append([])
-        for call in event.tool_calls:
-            self.places.setdefault(call.id, []).append((turn, output))
-            slot = self.results.get(call.id)
-            if slot is None:
-                chars += missing_chars(call.id)
-                continue
-            chars += slot.chars
-            if slot.turn is None:
-                self._place(slot, turn, output)
+        output = Output(event, index)
+        chars = len(content) + MESSAGE_OVERHEAD_CHARS  # the message's characters (limits.message_chars) and its results'
+        if tool_calls:
+            rounds = self.rounds
+            output.round = len(rounds)
+            rounds.append([])
+            places = self.places
+            results = self.results
+            for call in tool_calls:
+                call_id = call.id
+                chars += len(call_id) + len(call.name) + len(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
+                slot = results.get(call_id)
+                if slot is None:  # no result yet: it will show under this call
+                    if call_id in places:
+                        self.recalls += 1
+                        self.more_places.setdefault(call_id, []).append(output)
+                    else:
+                        places[call_id] = output
+                    chars += MISSING_CHARS + len(call_id)  # missing_chars(call_id)
+                    continue
+                chars += slot.chars
+                if slot.turn is None:  # a result recorded before its call
+                    self._place(slot, turn, output)
+                else:  # a call id called again: the result shows under this call too
+                    self.recalls += 1
+                    if slot.more is None:
+                        slot.more = []
+                    slot.more.append(output)
         turn.items.append(output)
-        turn.reasoning_chars += output.reasoning_chars
-        self.total_reasoning += output.reasoning_chars
+        if event.reasoning:
+            reasoning = len(event.reasoning)
+            turn.reasoning_chars += reasoning
+            self.total_reasoning += reasoning
+            if index < self.kept_from:
+                self.hidden_reasoning += reasoning
+        turn.chars += chars  # _add_chars, inline
+        turn.version += 1
+        self.total_chars += chars
         if index < self.kept_from:
-            self.hidden_reasoning += output.reasoning_chars
-        self._add_chars(turn, chars)
+            self.hidden_chars += chars
 
     def _place(self, slot: Slot, turn: Turn, output: Output) -> None:
-        if turn is not self.turns[-1]:
-            self.cursors.clear()  # a result placed in an older turn: candidates are read again
+        if turn is not self.turns[-1] or 0 <= output.round < len(self.rounds) - 1:
+            self.cursors.clear()  # a result placed in an older turn or round: candidates are read again
+            self.rescans += 1
         slot.turn = turn
+        self.placements += 1
         turn.handles.append(slot.handle)
         if output.round >= 0:
             self.rounds[output.round].append(slot.handle)
 
     def _result(self, event: ToolOutput) -> None:
-        if event.turn_id in self.ended or event.call_id in self.results or getattr(event, "late", False):
+        call_id = event.call_id
+        results = self.results
+        if call_id in results or event.turn_id in self.ended or getattr(event, "late", False):
             return
         output = event
-        if is_reopen_output(event, self.policy):
+        if event.name == self.reopen_name and is_reopen_output(event, self.policy):
             output = derive_reopened(event, self)
-        slot = Slot(f"r{len(self.slots) + 1}", output)
+        first = self.places.pop(call_id, None)
+        slots = self.slots
+        handle = f"r{len(slots) + 1}"
+        slot = Slot(handle, output)
         if self.limits is not None:
-            slot.chars = self.estimate(slot, FULL, None)
-        self.results[event.call_id] = slot
-        self.slots.append(slot)
-        self.slot_handles.append(slot.handle)
-        self.handle_tools[slot.handle] = output.name
-        self.handle_index[slot.handle] = slot
-        places = self.places.get(event.call_id)
-        if places:
-            self._place(slot, places[0][0], places[0][1])
-            for turn, _ in places:
-                self._add_chars(turn, slot.chars - missing_chars(event.call_id))
+            chars, compressed, slot.chars_stubbed = self.renderer.estimates(output, handle, slot)
+            slot.chars = slot.chars_full = chars
+            slot.chars_compressed = compressed
+            if not output.elements and compressed >= chars:
+                # no floor can lift an element of it: compressing it never frees anything
+                slot.futile = COMPRESSED_FUTILE
+        results[call_id] = slot
+        slots.append(slot)
+        self.handle_index[handle] = slot
+        if first is not None:
+            turns = self.turns
+            turn = turns[first.turn]
+            if first.turn == len(turns) - 1 and first.round == len(self.rounds) - 1:  # under the newest call: _place, inline
+                slot.turn = turn
+                self.placements += 1
+                turn.handles.append(handle)
+                self.rounds[first.round].append(handle)
+            else:
+                self._place(slot, turn, first)
+            slot.more = self.more_places.pop(call_id, None)
+            delta = slot.chars - MISSING_CHARS - len(call_id)  # missing_chars(call_id)
+            kept_from = self.kept_from
+            for place in (first, *slot.more) if slot.more else (first,):  # _add_chars, inline
+                turn = turns[place.turn]
+                turn.chars += delta
+                turn.version += 1
+                self.total_chars += delta
+                if turn.index < kept_from:
+                    self.hidden_chars += delta
 
     def _compaction(self, event: Compaction) -> None:
         index = self.turn_index.get(event.kept_from_turn)
@@ -253,6 +349,7 @@ class TraceState:
         previous = self.kept_from if self.compaction is not None else 0
         self.compaction = event
         self.kept_from = index
+        self.summarised_chars = len(self.agent.system_prompt + summary_section(event)) + MESSAGE_OVERHEAD_CHARS
         if index >= previous:  # the kept part only moves on: add the turns it now leaves out
             self.hidden_chars += sum(t.chars for t in self.turns[previous:index])
             self.hidden_reasoning += sum(t.reasoning_chars for t in self.turns[previous:index])
@@ -323,23 +420,32 @@ class TraceState:
             return (*self.tool_defs, self.reopen_def)
         return self.tool_defs
 
+    def tools_offered(self, step: int) -> bool:
+        """Whether the call at ``step`` offers tools (``Agent.tool_choice_for`` is not ``none``)."""
+        offered = self._tools_offered
+        if 0 <= step < len(offered):
+            return offered[step]
+        return self.agent.tool_choice_for(step) != "none"
+
     def chars(self, current: int, step: int) -> int:
         """Characters of the request of a call in turn ``current`` (an index) at ``step``."""
-        if self.policy.reasoning == NEVER and self.turns and self.turns[-1].index == current:
+        if self.reasoning_never and len(self.turns) - 1 == current and current >= 0:
             # the usual case: no queued turn, no reasoning; a summary only moves the start
             if self.compaction is None:
                 history, system, reopen = self.total_chars, self.prompt_chars, bool(self.forms)
             elif self.kept_from <= current:
                 history = self.total_chars - self.hidden_chars
-                system = len(self.system_prompt(current)) + MESSAGE_OVERHEAD_CHARS
-                reopen = bool(self.forms) or self.kept_from > 0
+                if self.kept_from > 0:  # the summary shows: len(self.system_prompt(current)) + overhead
+                    system, reopen = self.summarised_chars, True
+                else:
+                    system, reopen = self.prompt_chars, bool(self.forms)
             else:
                 history = None
             if history is not None:
-                tools = 0
-                if self.agent.tool_choice_for(step) != "none":
-                    tools = self.tools_chars + (self.reopen_chars if self.reopen_def is not None and reopen else 0)
-                return system + tools + history
+                offered = self._tools_offered
+                if (offered[step] if 0 <= step < len(offered) else self.tools_offered(step)):
+                    return system + self.tools_chars + (self.reopen_chars if self.reopen_def is not None and reopen else 0) + history
+                return system + history
         start = self.visible_from(current)
         history = self.total_chars
         reasoning = self.total_reasoning
@@ -389,17 +495,32 @@ class TraceState:
         return message
 
     def estimate(self, slot: Slot, form: Form, element_forms: tuple[Form, ...] | None) -> int:
-        """A slot's estimated characters in a form (see :meth:`ResultRenderer.estimate`), once per form and floors."""
+        """A slot's estimated characters in a form (see :meth:`ResultRenderer.estimate`), once per form and floors.
+
+        Raises:
+            ShortenError: a shorten function changed the result's elements or its error.
+        """
+        if element_forms is None:  # no element lifted: kept on the slot
+            if form == COMPRESSED:
+                chars = slot.chars_compressed
+                if chars < 0:
+                    chars = slot.chars_compressed = self.renderer.estimate(slot.output, slot.handle, form, None, slot)
+            elif form == STUBBED:
+                chars = slot.chars_stubbed
+                if chars < 0:
+                    chars = slot.chars_stubbed = self.renderer.estimate(slot.output, slot.handle, form, None, slot)
+            else:
+                chars = slot.chars_full
+                if chars < 0:
+                    chars = slot.chars_full = self.renderer.estimate(slot.output, slot.handle, form, None, slot)
+            return chars
         renders = slot.renders
         if renders is None:
             renders = slot.renders = {}
         key = ("chars", form, element_forms)
         chars = renders.get(key)
         if chars is None:
-            parts = renders.get("parts")
-            if parts is None:
-                parts = renders["parts"] = Parts()
-            chars = renders[key] = self.renderer.estimate(slot.output, slot.handle, form, element_forms, parts)
+            chars = renders[key] = self.renderer.estimate(slot.output, slot.handle, form, element_forms, slot)
         return chars
 
     def smallest_chars(self, slot: Slot) -> int:
@@ -415,8 +536,17 @@ class TraceState:
         return slot.message
 
     def set_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, chars: int) -> Change:
-        """Give a slot a form and keep every size right (its message is laid out when sent)."""
+        """Give a slot a form and keep every size right (its message is laid out when sent).
+
+        Returns:
+            The slot as it was (for :meth:`undo`).
+        """
         change = Change(slot, slot.form, slot.by, slot.at, slot.element_forms, slot.chars)
+        self.apply_form(slot, form, by, at, element_forms, chars)
+        return change
+
+    def apply_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, chars: int) -> None:
+        """:meth:`set_form` without keeping what the slot was."""
         delta = chars - slot.chars
         slot.form, slot.by, slot.at, slot.element_forms, slot.chars = form, by, at, element_forms, chars
         slot.message = None
@@ -424,9 +554,55 @@ class TraceState:
             self.forms.pop(slot.handle, None)
         else:
             self.forms[slot.handle] = form
-        for turn, _ in self.places.get(slot.output.call_id, ()):
-            self._add_chars(turn, delta)
-        return change
+        kept_from = self.kept_from
+        first = slot.turn
+        if first is None:
+            return
+        turns = self.turns
+        for turn in (first, *(turns[place.turn] for place in slot.more)) if slot.more else (first,):
+            turn.chars += delta
+            turn.version += 1
+            self.total_chars += delta
+            if turn.index < kept_from:
+                self.hidden_chars += delta
+
+    def apply_plan(self, slots: Sequence[Slot], call: int, keep: bool) -> list[Change]:
+        """Give each slot the form the judge planned for it (its ``plan_*``) at model call ``call``.
+
+        The same as :meth:`apply_form` for each slot, in order, then clears the plans.
+
+        Returns:
+            When ``keep``, each slot as it was (for :meth:`undo`), in order; else an empty list.
+        """
+        changes: list[Change] = []
+        forms = self.forms
+        turns = self.turns
+        kept_from = self.kept_from
+        total = hidden = 0
+        for slot in slots:
+            form, chars = slot.plan_form, slot.plan_chars
+            assert form is not None
+            if keep:
+                changes.append(Change(slot, slot.form, slot.by, slot.at, slot.element_forms, slot.chars))
+            delta = chars - slot.chars
+            slot.form, slot.by, slot.at, slot.element_forms, slot.chars = form, slot.plan_by, call, slot.plan_floors, chars
+            slot.message = slot.plan_form = slot.plan_by = slot.plan_floors = None
+            if form == FULL:
+                forms.pop(slot.handle, None)
+            else:
+                forms[slot.handle] = form
+            first = slot.turn
+            if first is None:
+                continue
+            for turn in (first, *(turns[place.turn] for place in slot.more)) if slot.more else (first,):
+                turn.chars += delta
+                turn.version += 1
+                total += delta
+                if turn.index < kept_from:
+                    hidden += delta
+        self.total_chars += total
+        self.hidden_chars += hidden
+        return changes
 
     def undo(self, changes: Sequence[Change]) -> None:
         """Undo form changes, newest first."""

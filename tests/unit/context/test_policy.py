@@ -21,7 +21,7 @@ from agentstream.context import (
     turns,
 )
 from agentstream.context.policy import Selection
-from agentstream.events import Document, Image
+from agentstream.events import Document, Image, ModelOutput, ToolCall
 
 from tests.unit.context.factory import Trace, make_agent
 
@@ -105,6 +105,42 @@ def test_min_gain_skips_a_pass_that_frees_too_little():
     assert build_context(trace.events, make_agent(window=10_000, policy=policy), turn_id=last, step=0).shrunk == ()
     eager = ContextPolicy(start_at=Tokens(600), target=Tokens(300), min_gain=None, output_reserve=Tokens(100))
     assert build_context(trace.events, make_agent(window=10_000, policy=eager), turn_id=last, step=0).shrunk != ()
+
+
+def test_a_pass_not_made_for_freeing_too_little_is_made_once_the_context_is_over_the_window():
+    # The same results as at the call before, where stubbing r1 freed less than min_gain; a long
+    # reply since then puts the context over the window, so now the pass must be made.
+    policy = ContextPolicy(shrink=(Stub(results[-3:-1]),), min_gain=Tokens(300), output_reserve=Tokens(100), reopen=None, result_cap=None)
+    agent = make_agent(window=1000, policy=policy)
+    trace = Trace()
+    trace.tool_turn("first", ["a" * 450])
+    trace.tool_turn("second", ["b" * 450])
+    turn = trace.user("third " + "q" * 600)
+    before = build_context(trace.events, agent, turn_id=turn, step=0)
+    assert before.shrunk == () and before.size_tokens is not None and 600 < before.size_tokens <= 1000
+    trace.answer(turn, "z" * 550)
+    after = build_context(trace.events, agent, turn_id=turn, step=1)
+    assert forms(after) == {"r1": "STUBBED"} and after.fits
+
+
+def test_a_result_shown_under_two_calls_counts_twice_in_what_a_pass_could_free():
+    # The second turn calls c2 twice (some models reuse call ids): r2 shows under both calls. When
+    # r2 joins results[:-1], stubbing it frees both copies, which with r1 is enough for min_gain.
+    policy = ContextPolicy(shrink=(Stub(results[:-1]),), min_gain=Tokens(500), output_reserve=Tokens(100), reopen=None, result_cap=None)
+    agent = make_agent(window=1500, policy=policy)
+    trace = Trace()
+    trace.tool_turn("first", ["a" * 400])
+    second = trace.user("second")
+    (call,) = trace.calls(second, ("search", "{}"))
+    trace.result(second, call, "b" * 1000)
+    trace.events.append(ModelOutput(turn_id=second, step=1, tool_calls=(ToolCall(id=call, name="search", arguments="{}"),)))
+    trace.answer(second, "done")
+    trace.end(second)
+    third = trace.user("third " + "q" * 500)
+    (last,) = trace.calls(third, ("search", "{}"))
+    trace.result(third, last, "c" * 50)
+    built = build_context(trace.events, agent, turn_id=third, step=1)
+    assert forms(built) == {"r1": "STUBBED", "r2": "STUBBED"}
 
 
 def test_a_cited_source_stays_full_when_its_result_is_stubbed():

@@ -183,9 +183,10 @@ def checked(shorten: Shorten, output: ToolOutput, limits: ModelLimits) -> ToolOu
             f"shorten function {name} changed the error of the result of call {output.call_id} "
             f"from {output.error!r} to {shortened.error!r}; a shorten function may change text and data only"
         )
-    before = [(type(e), e.id) for e in output.elements]
-    after = [(type(e), e.id) for e in shortened.elements]
-    if before != after:
+    elements, kept = output.elements, shortened.elements
+    if len(elements) != len(kept) or any(type(a) is not type(b) or a.id != b.id for a, b in zip(elements, kept)):
+        before = [(type(e), e.id) for e in elements]
+        after = [(type(e), e.id) for e in kept]
         raise ShortenError(
             f"shorten function {name} added, removed or reordered elements of the result of call "
             f"{output.call_id} (before: {[i for _, i in before]}, after: {[i for _, i in after]}); "
