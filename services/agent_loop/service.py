@@ -6,8 +6,8 @@ import httpx
 
 from agentstream.app import App
 from agentstream.cancel import CancelListener
-from agentstream.consumer import StreamConsumer
-from agentstream.keys import AGENT_LOOP_GROUP, attempts_key
+from agentstream.consumer import StreamConsumer, group_consumer
+from agentstream.keys import AGENT_LOOP_GROUP
 from agentstream.models import build_models
 from agentstream.models.endpoints import check_agents, load_endpoints
 from agentstream.settings import Settings
@@ -41,19 +41,8 @@ def build(
         delta_ttl_s=settings.delta_ttl_s,
     )
     keys = settings.keys
-    config = settings.consumer_config()
     runners: list[StreamConsumer | CancelListener] = [
-        StreamConsumer(
-            store.redis,
-            stream=stream,
-            group=AGENT_LOOP_GROUP,
-            consumer=settings.consumer,
-            handler=handler,
-            dead_stream=keys.dead(stream),
-            on_dead_letter=on_dead,
-            config=config,
-            attempts_key=attempts_key(stream, AGENT_LOOP_GROUP),
-        )
+        group_consumer(store.redis, settings, stream=stream, group=AGENT_LOOP_GROUP, handler=handler, on_dead_letter=on_dead)
         for stream, handler, on_dead in (
             (keys.turns, loop.on_turn, loop.on_dead_turn),
             (keys.wake, loop.on_wake, loop.on_dead_wake),

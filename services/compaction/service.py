@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from agentstream.app import App
-from agentstream.consumer import StreamConsumer
+from agentstream.consumer import StreamConsumer, group_consumer
 from agentstream.errors import ConfigError
 from agentstream.keys import COMPACTION_GROUP
 from agentstream.models import build_models
@@ -30,14 +30,8 @@ def build(app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClie
     models = build_models(endpoints, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries)
     compactor = Compactor(app, store, models, summary_model=settings.compaction_model)
     stream = settings.keys.compactions
-    consumer = StreamConsumer(
-        store.redis,
-        stream=stream,
-        group=COMPACTION_GROUP,
-        consumer=settings.consumer,
-        handler=compactor.on_job,
-        dead_stream=settings.keys.dead(stream),
+    consumer = group_consumer(
+        store.redis, settings, stream=stream, group=COMPACTION_GROUP, handler=compactor.on_job,
         on_dead_letter=compactor.on_dead_job,
-        config=settings.consumer_config(),
     )
     return compactor, [consumer]

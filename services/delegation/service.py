@@ -4,7 +4,7 @@ the supervisor of child deadlines. Scale it by running more processes."""
 from __future__ import annotations
 
 from agentstream.app import App
-from agentstream.consumer import StreamConsumer
+from agentstream.consumer import StreamConsumer, group_consumer
 from agentstream.keys import DELEGATION_GROUP
 from agentstream.settings import Settings
 from agentstream.store import TraceStore
@@ -15,18 +15,8 @@ def build(app: App, settings: Settings, store: TraceStore) -> tuple[Delegator, l
     """The delegator, its two consumers (delegations, child endings) and its supervisor."""
     delegator = Delegator(app, store, max_descendants=settings.max_descendants)
     keys = settings.keys
-    config = settings.consumer_config()
     runners: list[StreamConsumer | Supervisor] = [
-        StreamConsumer(
-            store.redis,
-            stream=stream,
-            group=DELEGATION_GROUP,
-            consumer=settings.consumer,
-            handler=handler,
-            dead_stream=keys.dead(stream),
-            on_dead_letter=on_dead,
-            config=config,
-        )
+        group_consumer(store.redis, settings, stream=stream, group=DELEGATION_GROUP, handler=handler, on_dead_letter=on_dead)
         for stream, handler, on_dead in (
             (keys.delegations, delegator.on_delegation, delegator.on_dead_delegation),
             (keys.child_endings, delegator.on_child_ended, None),

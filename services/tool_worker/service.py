@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from agentstream.app import App
 from agentstream.cancel import CancelListener
-from agentstream.consumer import StreamConsumer
-from agentstream.keys import TOOL_WORKER_GROUP, attempts_key
+from agentstream.consumer import StreamConsumer, group_consumer
+from agentstream.keys import TOOL_WORKER_GROUP
 from agentstream.settings import Settings
 from agentstream.store import TraceStore
 from agentstream_services.tool_worker.worker import ToolWorker
@@ -20,22 +20,12 @@ def build(
     its cancel listener (running calls of a cancelled turn are told)."""
     worker = ToolWorker(app, store, worker_name=settings.consumer)
     keys = settings.keys
-    config = settings.consumer_config()
-    runners: list[StreamConsumer | CancelListener] = []
-    for queue in queues or app.tool_queues or ["default"]:
-        stream = keys.tools(queue)
-        runners.append(
-            StreamConsumer(
-                store.redis,
-                stream=stream,
-                group=TOOL_WORKER_GROUP,
-                consumer=settings.consumer,
-                handler=worker.handler_for(stream),
-                dead_stream=keys.dead(stream),
-                on_dead_letter=worker.on_dead_job,
-                config=config,
-                attempts_key=attempts_key(stream, TOOL_WORKER_GROUP),
-            )
+    runners: list[StreamConsumer | CancelListener] = [
+        group_consumer(
+            store.redis, settings, stream=keys.tools(queue), group=TOOL_WORKER_GROUP,
+            handler=worker.handler_for(keys.tools(queue)), on_dead_letter=worker.on_dead_job,
         )
+        for queue in queues or app.tool_queues or ["default"]
+    ]
     runners.append(CancelListener(store.redis, keys, worker.on_cancel_broadcast, block_ms=settings.block_ms))
     return worker, runners

@@ -44,6 +44,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -55,6 +56,9 @@ from agentstream.claims import count_attempt, keep_claims, release_claims, serve
 from agentstream.errors import Deferred
 from agentstream.keys import attempts_key as default_attempts_key
 from agentstream.trimming import trim_acknowledged
+
+if TYPE_CHECKING:
+    from agentstream.settings import Settings
 
 log = logging.getLogger("agentstream.consumer")
 
@@ -665,3 +669,26 @@ def _jitter(seconds: float) -> float:
 
 def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def group_consumer(
+    redis: aioredis.Redis,
+    settings: Settings,
+    *,
+    stream: str,
+    group: str,
+    handler: Handler,
+    on_dead_letter: DeadLetterHook | None = None,
+) -> StreamConsumer:
+    """A service's consumer of ``stream`` in ``group``, configured from the settings: this
+    process's consumer name, the stream's dead-letter stream, the read and reclaim settings."""
+    return StreamConsumer(
+        redis,
+        stream=stream,
+        group=group,
+        consumer=settings.consumer,
+        handler=handler,
+        dead_stream=settings.keys.dead(stream),
+        on_dead_letter=on_dead_letter,
+        config=settings.consumer_config(),
+    )
