@@ -18,8 +18,17 @@
 #
 # Health: /healthz on AGENTSTREAM_METRICS_PORT (default 9464), checked with Python because the
 # slim image has no curl.
+#
+# Reproducible: the dependencies are installed from requirements.lock (exact versions and hashes,
+# `pip install --require-hashes`; regenerate it with scripts/lock after changing pyproject.toml),
+# agentstream itself without resolving anything (--no-deps). The base image is a Debian release
+# (bookworm), so the pinned tini below exists in it. Labels (OCI image spec annotations):
+#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" .
+#
+# PID 1 is tini: it forwards SIGTERM to agentstream (which drains) and reaps the children that
+# tools spawn (a browser, a shell), which would otherwise stay zombies.
 
-ARG PYTHON_IMAGE=python:3.11-slim
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # The user's app code. By default only a placeholder README; replaced wholesale by
 # `--build-context app=<dir>` (a named build context overrides the stage of the same name).
@@ -34,6 +43,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/agentstream
 WORKDIR /src
+COPY requirements.lock ./
+RUN /opt/agentstream/bin/pip install --require-hashes --no-deps -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
@@ -41,15 +52,29 @@ COPY prompts ./prompts
 # The `otel` extra (opentelemetry-api) carries a turn's trace context through the services; to
 # record spans, add the SDK and an exporter: --build-arg EXTRA_PIP_PACKAGES="opentelemetry-sdk
 # opentelemetry-exporter-otlp" (and set them up in your app module, or run under opentelemetry-instrument).
-RUN /opt/agentstream/bin/pip install ".[otel]"
+# The `mcp` extra (the official MCP SDK) lets tool workers run the tools of MCP servers.
+RUN /opt/agentstream/bin/pip install --no-deps ".[otel,mcp]" \
+ && /opt/agentstream/bin/pip check
 # Packages the user's app needs, space-separated pip requirement specifiers (default: none).
 ARG EXTRA_PIP_PACKAGES=""
 RUN if [ -n "${EXTRA_PIP_PACKAGES}" ]; then /opt/agentstream/bin/pip install ${EXTRA_PIP_PACKAGES}; fi
 
 FROM ${PYTHON_IMAGE} AS runtime
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+# The repository the image was built from, e.g. --build-arg SOURCE=https://git.example.com/you/agentstream
+ARG SOURCE=""
 LABEL org.opencontainers.image.title="agentstream" \
       org.opencontainers.image.description="LLM agents as services over Redis Streams" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"
+
+# tini as PID 1 (see the header).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends tini=0.19.0-1+b3 \
+ && rm -rf /var/lib/apt/lists/*
 
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it without a passwd lookup.
 ARG AGENTSTREAM_UID=10001
@@ -80,5 +105,5 @@ STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('AGENTSTREAM_METRICS_PORT', '9464'), timeout=4)"]
 
-ENTRYPOINT ["agentstream"]
+ENTRYPOINT ["tini", "--", "agentstream"]
 CMD ["serve", "agent-loop", "--app", "agentstream.demo.app:app"]

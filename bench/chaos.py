@@ -5,8 +5,10 @@
     python bench/chaos.py --write               # also record the figures in bench/RESULTS.md
 
 Real Redis (REDIS_URL, else a local redis-server on a free port), the services as separate OS
-processes (``agentstream serve``), the scripted OpenAI-compatible model over HTTP with parallel
-tool calls, and kill -9 of a random service process every 0.5–2.5 s (never the last live one of
+processes (``agentstream serve``) at their own concurrency and batch size, the scripted
+OpenAI-compatible model over HTTP with parallel tool calls (tools below, around and several times
+over the claim idle time), hostile entries and duplicate and malformed copies of live entries
+mixed into every stream a backend can write, and kill -9 of a random service process every 0.5–2.5 s (never the last live one of
 its service; restarted 0.1–1.5 s later, under its old consumer name or a new one). The same harness as the bounded test in
 tests/chaos/ (tests/support/chaos.py), bigger. Exits 1 when a check fails.
 """
@@ -54,7 +56,7 @@ def redis_version(url: str) -> str:
         client.close()
 
 
-def section(result: ChaosResult, config: ChaosConfig, version: str, command: str) -> str:
+def section(result: ChaosResult, config: ChaosConfig, version: str, command: str, load: str = "") -> str:
     f = result.figures()
     failed = ", ".join(f"{code} {n}" for code, n in sorted(result.failed.items())) or "none"
     rows = [
@@ -66,6 +68,12 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         ("lost turns", f["lost"]),
         ("dangling calls", f["dangling calls"]),
         ("entries left pending at the end", f["left pending"]),
+        ("entries handled twice (a call run again while its earlier run's process lived)", f["entries handled twice"]),
+        ("side-effect tools run twice", f["side-effect tools run twice"]),
+        ("false outcome-unknown results (no process that started the call was killed)", f["false outcome-unknown results"]),
+        ("services stopped by an input", f["services stopped by an input"]),
+        ("hostile entries / duplicate copies / malformed copies injected",
+         f"{f['hostile entries injected']} / {f['duplicate copies of live entries']} / {f['malformed copies of live entries']}"),
         ("kill → next progress of the work it held, p50", f"{f['kill → next progress p50 (s)']} s"),
         ("kill → next progress of the work it held, p90", f"{f['kill → next progress p90 (s)']} s"),
         ("kill → next progress of the work it held, max", f"{f['kill → next progress max (s)']} s"),
@@ -82,12 +90,19 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         SECTION,
         "",
         f"`{command}` ({datetime.date.today().isoformat()}; {platform.machine()}, {os.cpu_count()} cores shared with "
-        f"other work; Redis {version} on loopback; {config.agent_loops} agent-loop and {config.tool_workers} tool-worker "
+        f"other work{load}; Redis {version} on loopback; {config.agent_loops} agent-loop and {config.tool_workers} tool-worker "
         f"processes; the scripted model over HTTP; seed {config.seed}).",
         "",
         f"{config.conversations} conversations × {config.turns_per_conversation} turns, published over "
         f"{config.publish_over_s:.0f} s. Each turn makes 1–3 parallel `work` calls and, at random, a `record` call "
-        "(side effects, not retry-safe) and an `upsert` call (side effects, retry-safe). A random service process "
+        "(side effects, not retry-safe) and an `upsert` call (side effects, retry-safe). "
+        + ("Tool run times: most `work` calls 5–600 ms, a fifth 1–2.5 s (around the claim idle time), a tenth 3–6 s "
+           "(two to four times it); three in ten `record`/`upsert` calls take 1–4 s. " if config.slow_tools else "")
+        + ("Meanwhile an entry is injected every "
+           f"{config.hostile_every_s[0]}–{config.hostile_every_s[1]} s into the turns, cancel, wake-up or tool-job stream: "
+           "a hostile one (4 KB of nesting, wrong types, 256 KB, bytes that are not JSON, a wrong field), an exact "
+           "copy of a live turn or job, or a malformed copy of one (same ids, bad body). " if config.hostile_every_s else "")
+        + "The services run with their own concurrency (16) and batch size (32). A random service process "
         f"(never the last live one of its service) is killed with SIGKILL every {config.kill_every_s[0]}–"
         f"{config.kill_every_s[1]} s and restarted {config.restart_after_s[0]}–{config.restart_after_s[1]} s later, "
         f"half the time under a new consumer name. Settings: {env}.",
@@ -99,7 +114,11 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         "\"Kill → next progress\" is, for every trace the killed process held pending entries for at the moment of "
         "the kill, the time until the next event was appended to that trace (p50, p90 and max over all of them); the "
         "target is 10 s. A `record` call whose worker was killed mid-run gets an outcome-unknown error result instead "
-        "of running again, which is why its effects never repeat; `work` and `upsert` calls may run again. The "
+        "of running again, which is why its effects never repeat; `work` and `upsert` calls may run again, but only after "
+        "the process of their earlier run was killed: \"entries handled twice\" counts the calls started again while that "
+        "process lived (every run of a tool logs its start, end and pid), and a \"false outcome unknown\" is one given to a "
+        "call no killed process had started. \"Services stopped by an input\" counts service processes that exited by "
+        "themselves. The "
         "bounded version (300 turns, 2 + 2 processes, about a minute) runs in the test suite: `pytest tests/chaos`.",
         "",
         "",
@@ -127,6 +146,8 @@ def main() -> int:
     parser.add_argument("--tool-workers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--deadline-s", type=float, default=1800.0)
+    parser.add_argument("--quick-tools", action="store_true", help="only quick tools (no run time near the idle time)")
+    parser.add_argument("--no-hostile", action="store_true", help="inject no hostile entries or copies")
     parser.add_argument("--write", action="store_true", help="record the figures in bench/RESULTS.md")
     args = parser.parse_args()
     config = ChaosConfig(
@@ -137,18 +158,26 @@ def main() -> int:
         publish_over_s=args.publish_over_s,
         deadline_s=args.deadline_s,
         seed=args.seed,
+        slow_tools=not args.quick_tools,
+        hostile_every_s=None if args.no_hostile else (0.2, 0.6),
     )
     with redis_url() as url, tempfile.TemporaryDirectory(prefix="agentstream-chaos-") as logs:
         version = redis_version(url)
         print(f"chaos: {config.conversations * config.turns_per_conversation} turns, Redis {version}, logs in {logs}", flush=True)
+        before = os.getloadavg()
         result = ChaosRun(url, f"chaos-{uuid.uuid4().hex[:8]}", Path(logs), config).run()
+        after = os.getloadavg()
+    load = f", load average {before[0]:.1f} before and {after[0]:.1f} after"
+    print(f"load average (1 min): {before[0]:.1f} before, {after[0]:.1f} after")
     print(result.report())
     print("slowest recoveries (s, killed process, service, trace):", result.slowest)
     if result.lost:
         print("lost:", ", ".join(result.lost[:20]))
+    for text in result.stopped_logs[:3]:
+        print("a service stopped by itself:", text[-1500:])
     command = "python bench/chaos.py " + " ".join(sys.argv[1:])
     if args.write:
-        write_section(section(result, config, version, command.replace(" --write", "").strip()))
+        write_section(section(result, config, version, command.replace(" --write", "").strip(), load))
         print(f"wrote the {SECTION!r} section of {RESULTS.relative_to(ROOT)}")
     print("OK" if result.ok else "FAILED")
     return 0 if result.ok else 1

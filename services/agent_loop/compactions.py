@@ -1,6 +1,6 @@
 """The agent loop's side of compaction: send a model call, or have its summary written first.
 
-See :mod:`agentstream.compacting`: when a built call needs a summary, the loop publishes one
+See :mod:`agentstream.steps.summarising`: when a built call needs a summary, the loop publishes one
 compaction job (a marker in the trace's key hash makes it once) and lets the trace go; the
 compaction service's outcome wakes it.
 """
@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from agentstream import codec, tracing
-from agentstream.app import Agent
-from agentstream.compacting import CompactionJob, Summarise, job_marker, next_call
+from agentstream.wire import codec
+from agentstream.ops import tracing
+from agentstream.runtime import operations
+from agentstream.app.base import Agent
+from agentstream.steps.summarising import CompactionJob, Summarise, job_marker, next_call
 from agentstream.context import BuiltContext, ChatRequest
-from agentstream.events import Event
-from agentstream.keys import COMPACTION_FIELD
-from agentstream.store import TraceStore
+from agentstream.wire.events import Event
+from agentstream.runtime.store import TraceStore
 
 log = logging.getLogger("agentstream.agent_loop")
 
@@ -57,9 +58,6 @@ class Compactions:
             trace_id=trace_id, turn_id=plan.turn_id, step=step, kept_from_turn=plan.kept_from_turn,
             trace_context=tracing.inject(),  # the compaction's span is a child of the asking step's
         )
-        pipe = self.store.redis.pipeline(transaction=False)
-        pipe.xadd(self.keys.compactions, {COMPACTION_FIELD: codec.encode(job)})
-        pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
-        await pipe.execute()
+        await operations.publish_compaction(self.store.redis, self.keys, trace_id, codec.encode(job), marker)
         log.info("trace %s turn %s: the context is over the compaction threshold; asked for a summary of %d turn(s)",
                  trace_id, plan.turn_id, len(plan.new_turns))

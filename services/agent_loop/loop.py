@@ -1,49 +1,62 @@
 """The agent loop: turns in, the next step of a trace out.
 
-A thin shell: it receives a hint (a turn or a wake-up), reads the trace, asks the shared
-library what to do (:func:`agentstream.steps.decide`), does it, and repeats until the trace
-waits on something (tool results) or has no turn left. It holds a trace's lease (with a
-fencing token) while it works on it, so one trace takes one step at a time; it never holds a
-worker while tools run: their results wake it.
+A thin shell: it receives a hint (a turn or a wake-up), takes the trace's lease and reads what
+was appended since it last looked, folds it (:class:`agentstream.steps.fold.TraceFold`), asks the
+shared library what to do (:func:`agentstream.steps.decision.decide_view`), does it, and repeats until
+the trace waits on something (tool results) or has no turn left. A step therefore costs what
+was added to the trace, not what the trace holds. It holds the trace's lease (with a fencing
+token) across the steps of one wake-up, so one trace takes one step at a time; it never holds
+a worker while tools run: their results wake it.
 
-A hint for a trace whose lease another worker holds marks the trace dirty (the holder looks
-again before it lets go) and is deferred until the lease would expire, so the hint survives a
-holder that dies. Cancels come on the cancel stream (see :mod:`agentstream.cancel`); the
-busy-conversation policy (``queue``, ``reject``, ``interrupt``) decides what a turn published
-on a busy conversation does. Dead-lettered hints end their turn with code ``dead_letter``.
+Round trips: taking the lease and reading what is new is one script; an append reads back what
+came since (one script), and a model output that ends the turn carries its ending in the same
+append; the replies and tool jobs of a step go out in the round trip that releases the lease.
+
+A hint for a trace whose lease another worker holds marks the trace dirty in the same step (the
+holder looks again before it lets go); when the holder is another process, one hint per trace
+is deferred until the lease would expire, so the hint survives a holder that dies. Cancels come
+on the cancel stream (see :mod:`agentstream.runtime.cancel`); the busy-conversation policy (``queue``,
+``reject``, ``interrupt``) decides what a turn published on a busy conversation does.
+Dead-lettered hints end their turn with code ``dead_letter``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
+import time
 
 import msgspec
 
-from agentstream import codec, logs, metrics, tracing
-from agentstream.app import App
-from agentstream.compacting import failure_code
-from agentstream.context import ContextCache
-from agentstream.cancel import cancel_target, publish_cancel
-from agentstream.errors import ContextError, Deferred, ModelError, StaleLeaseError, TurnRejected
-from agentstream.events import (
+from agentstream.wire import codec, checks as wire
+from agentstream.runtime import conversations
+from agentstream.ops import logs, metrics, tracing
+from agentstream.runtime import operations
+from agentstream.app.base import App
+from agentstream.steps.summarising import failure_code
+from agentstream.steps.call_ids import scope_call_ids
+from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
+from agentstream.runtime.cancel import cancel_target, publish_cancel
+from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
+from agentstream.wire.events import (
     CancelMessage,
     CancelRequested,
     ModelOutput,
-    Reply,
     TaskInput,
     ToolJob,
     TurnEnded,
     TurnFailed,
     TurnInput,
     TurnMessage,
-    Wake,
 )
-from agentstream.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
-from agentstream.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
+from agentstream.wire.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
+from agentstream.runtime.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
 from agentstream.models import ChatModel, endpoints_of
-from agentstream.steps import (
+from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.runtime.folding import FoldReader
+from agentstream.steps.decision import (
     CallModel,
     CancelTurn,
     EndTurn,
@@ -52,13 +65,19 @@ from agentstream.steps import (
     RecordResults,
     RunTools,
     active_turn,
-    decide,
+    decide_view,
     final_stop_reason,
     unanswered_results,
 )
-from agentstream.store import TraceStore
+from agentstream.runtime.reports import report_error
+from agentstream.runtime.salvage import readable_events
+from agentstream.runtime.operations import Entry
+from agentstream.runtime.store import Read, Taken, TraceStore
+from agentstream.steps.timeline import reply_of_ending
 from agentstream_services.agent_loop.children import Children
 from agentstream_services.agent_loop.compactions import Compactions
+from agentstream.runtime.watchdog import LOST_WORK_CODE, record_jobs
+from agentstream_services.agent_loop.mcp_offers import McpOffers
 
 log = logging.getLogger("agentstream.agent_loop")
 
@@ -67,6 +86,21 @@ BUSY_POLICIES = ("queue", "reject", "interrupt")
 fail at once with code ``busy``, or cancel the running turn and then run."""
 
 DEAD_LETTER_CODE = "dead_letter"
+REJECT_LEASE_WAIT_S = 2.0
+"""How long a refused turn waits for its trace's lease to append its ``turn_failed`` (seconds; at
+most the lease time). Refusals of one trace that arrive together each hold the lease for a single
+append; past this wait the entry is deferred until the holder's lease would expire."""
+DEADLINE_CODE = "deadline"
+"""The code of a turn ended by a deadline: its model call's (AGENTSTREAM_MODEL_DEADLINE_S) or its own
+(AGENTSTREAM_TURN_DEADLINE_S)."""
+
+
+class _Outcome(enum.Enum):
+    """What the step loop does after one decision's effect."""
+
+    AGAIN = "again"  # the fold is current: decide again
+    REFRESH = "refresh"  # something was written by another task: read what came, then decide
+    WAIT = "wait"  # the trace waits (tools, a summary, nothing to do): publish, release
 
 
 class AgentLoop:
@@ -82,6 +116,14 @@ class AgentLoop:
         busy_policy: what a turn published on a busy conversation does (:data:`BUSY_POLICIES`).
         trace_retention_s: delete a whole conversation this long after its last turn ended;
             None keeps traces forever (the runtime never trims a trace).
+        fold_cache_bytes: the most stored event bytes of folded traces kept in memory
+            (:class:`agentstream.steps.fold.FoldCache`).
+        limits: the wire's limits and reply streams (:mod:`agentstream.wire.checks`).
+        turn_deadline_s: the most a turn may take from its start, in seconds (checked at each
+            step, bounding each model call); past it the turn fails with code ``deadline``.
+            None: no deadline.
+        mcp_wait_s: how long a turn waits for the first tool list of its agent's MCP servers,
+            in seconds, before it fails (see :mod:`agentstream_services.agent_loop.mcp_offers`).
     """
 
     def __init__(
@@ -95,6 +137,10 @@ class AgentLoop:
         trace_retention_s: float | None = None,
         delta_maxlen: int = DEFAULT_MAXLEN,
         delta_ttl_s: int = DEFAULT_TTL_S,
+        fold_cache_bytes: int = 256 * 1024 * 1024,
+        limits: wire.WireLimits = wire.DEFAULT_LIMITS,
+        turn_deadline_s: float | None = None,
+        mcp_wait_s: float = 30.0,
     ):
         if busy_policy not in BUSY_POLICIES:
             raise ValueError(f"busy_policy must be one of {BUSY_POLICIES}, got {busy_policy!r}")
@@ -108,93 +154,164 @@ class AgentLoop:
         self.delta_ttl_s = delta_ttl_s
         self.children = Children(app, store)
         self.compactions = Compactions(store)
+        self.mcp = McpOffers(store, wait_s=mcp_wait_s)  # the MCP tools each call offers, recorded in the trace
         self.lease_ttl_ms = lease_ttl_ms
-        self.contexts = ContextCache()  # folded traces: each step's rebuild costs what was added
+        self.folds = FoldCache(fold_cache_bytes)  # folded traces: a step reads and folds what was added
+        self._admitting: dict[str, list] = {}  # trace id → [its admission lock, admissions using it]
+        self._reader = FoldReader(store, self.folds)
         self.busy_policy = busy_policy
         self.trace_retention_s = trace_retention_s
+        self._expire_ms = int(trace_retention_s * 1000) if trace_retention_s else None
         self._model_calls: dict[str, tuple[str, asyncio.Task]] = {}  # trace → (turn, model call)
+        self._held: dict[str, int] = {}  # trace → the token of the lease this process holds on it
+        self._deferred: dict[str, tuple[str, float]] = {}  # trace → (hint entry, until): one waits per trace
+        self.limits = limits
+        self.turn_deadline_s = turn_deadline_s
+        self._usage_doubted: set[str] = set()  # endpoints whose under-reported usage was logged
 
     # --- hints ------------------------------------------------------------------------------
 
-    async def on_turn(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        """A published turn: validate it, append it once, and advance its trace."""
+    async def on_turn(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
+        """A published turn: validate it, append it once, and advance its trace.
+
+        ``stream``: the partition of the turns stream the entry came from (what a report names;
+        default ``<ns>:turns``)."""
         payload = fields.get(TURN_FIELD)
+        where = stream or self.keys.turns
         try:
+            doubled = wire.doubled_turn_refusal(fields, f"entry {entry_id} of {where}", keys=self.keys, limits=self.limits)
+            if doubled is not None:  # a field given twice: which value counts is unknown, none is read
+                payload = None
+                raise doubled
             if payload is None:
                 raise TurnRejected(
-                    f"entry {entry_id} of {self.keys.turns} has no field 'turn' "
+                    f"entry {entry_id} of {where} has no field 'turn' "
                     f"(fields: {sorted(k.decode(errors='replace') for k in fields)})"
                 )
-            turn = codec.decode_turn(payload)
-            if self.app.agent(turn.agent) is None:
-                known = ", ".join(sorted(a.name for a in self.app.agents))
-                raise TurnRejected(
-                    f"turn {turn.turn_id!r} names agent {turn.agent!r}, which this app does not have (agents: {known})",
-                    trace_id=turn.trace_id,
-                    turn_id=turn.turn_id,
-                )
+            # the wire's rules: size, depth, schema, ids, metadata, reply stream, agent
+            turn = wire.validate_turn(payload, keys=self.keys, limits=self.limits, agents=(a.name for a in self.app.agents))
+            # the agent's rules: its input type, its settings for the turn, the tool states asked
+            routing = self.app.turn_input(turn)
         except TurnRejected as exc:  # without a `turn` field, the entry's fields show what arrived
-            await self._reject(entry_id, payload if payload is not None else codec.fields_json(fields), exc)
+            await self._reject(entry_id, payload if payload is not None else codec.fields_json(fields), exc, stream=stream)
             return
-        if await self.store.has_key(turn.trace_id, f"end:{turn.turn_id}"):
-            await self._reply_again(entry_id, turn)  # re-published (a backend lost the reply) or re-delivered
-            return
-        # which entry brought the turn: its own re-delivery is not a re-publish (see _reply_again)
-        await self.redis.hsetnx(self.keys.trace_keys(turn.trace_id), f"entry:{turn.turn_id}", entry_id)
-        if self.busy_policy != "queue" and not await self._admit(turn):
-            return
-        appended = await self.store.append(
-            turn.trace_id,
-            TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text, metadata=turn.metadata, reply_to=turn.reply_to),
-        )
-        if appended.created:
-            metrics.TURNS_STARTED.labels(agent=turn.agent).inc()
-            if self.trace_retention_s:
-                await self.store.keep_for(turn.trace_id, self.trace_retention_s)
-        await self.advance(turn.trace_id)
+        trace_id = turn.trace_id
+        with logs.bind(trace_id=trace_id):
+            # turns of one trace enter it in the order this process started them (the order read):
+            # concurrent admissions would race on separate connections (see _admission_order)
+            async with self._admission_order(trace_id):
+                if self.busy_policy != "queue":
+                    ended, first, absorbed, differs = await self.store.turn_copy(trace_id, routing, entry_id)
+                    if ended:
+                        if differs:
+                            await self._report_conflict(entry_id, where, turn, first, payload)
+                        await self._reply_again(entry_id, turn, first, absorbed=absorbed)
+                        return
+                    # which entry brought the turn: its own re-delivery is not a re-publish (see _reply_again)
+                    await operations.note_turn_entry(self.redis, self.keys, trace_id, turn.turn_id, entry_id)
+                    if not await self._admit(turn, routing):
+                        return
+                self._take_back(trace_id, entry_id)
+                fold = self.folds.get(trace_id)
+                # one round trip: ended before? else append once, take the lease, read what is new
+                admitted = await self.store.admit_turn(
+                    trace_id, routing, entry_id, take=True, ttl_ms=self.lease_ttl_ms,
+                    after=fold.last_id if fold is not None else None, expire_ms=self._expire_ms,
+                )
+            if admitted.differs:  # same ids, another body: absorbed all the same, and reported
+                await self._report_conflict(entry_id, where, turn, admitted.first_entry, payload)
+            if admitted.ended:  # re-published (a backend lost the reply), re-delivered, or a copy seen while it ran
+                await self._reply_again(entry_id, turn, admitted.first_entry, absorbed=admitted.absorbed)
+                return
+            if admitted.created:
+                metrics.TURNS_STARTED.labels(agent=turn.agent).inc()
+                await self._note_turn(trace_id, fold)  # the gateway's list of recent conversations
+            assert admitted.taken is not None
+            await self._advance_taken(trace_id, entry_id, admitted.taken, fold)
 
-    async def _reply_again(self, entry_id: str, message: TurnMessage) -> None:
+    @contextlib.asynccontextmanager
+    async def _admission_order(self, trace_id: str):
+        """Admit one turn of ``trace_id`` at a time, first come first served (asyncio.Lock is FIFO).
+
+        The consumer starts a stream's entries in the order it read them, but turns admitted at
+        once go to Redis on separate pooled connections, whose new-connection handshakes finish
+        in any order: turns a user sent back to back entered the trace reversed. Holding this
+        across the admission (one round trip) keeps the order of one process; across several
+        agent-loop processes, turns published at the same instant enter in the order Redis ran
+        their admissions.
+        """
+        held = self._admitting.get(trace_id)
+        if held is None:
+            held = self._admitting[trace_id] = [asyncio.Lock(), 0]
+        held[1] += 1  # the admissions holding or waiting for it: the last one removes it
+        try:
+            async with held[0]:
+                yield
+        finally:
+            held[1] -= 1
+            if held[1] == 0 and self._admitting.get(trace_id) is held:
+                del self._admitting[trace_id]
+
+    async def _note_turn(self, trace_id: str, fold: TraceFold | None) -> None:
+        """Note the trace in the index of recent conversations, at most once every
+        :data:`agentstream.runtime.conversations.NOTE_INTERVAL_S` per trace and process (the index is a
+        courtesy listing, not the truth: its time is within that of the trace's newest turn)."""
+        now = time.monotonic()
+        noted = fold.notes.get("noted_at") if fold is not None else None
+        if noted is not None and now - noted < conversations.NOTE_INTERVAL_S:
+            return
+        await conversations.note_turn(self.store, trace_id)
+        if fold is not None:
+            fold.notes["noted_at"] = now
+
+    async def _report_conflict(self, entry_id: str, where: str, turn: TurnMessage, first_entry: str, payload) -> None:
+        """Report on the errors stream an entry that repeats a turn's ids with another body: it is
+        absorbed as a copy (the turn runs and is answered once, for the admitted body)."""
+        error = (f"entry {entry_id} of {where} repeats turn {turn.turn_id!r} of trace {turn.trace_id!r} with a body that "
+                 f"differs from the admitted one (entry {first_entry or 'unknown'}): it was absorbed as a copy and not run; "
+                 "the turn's reply answers the admitted body. Publish a new question under a new turn_id")
+        log.warning("%s", error)
+        await self._report(error, payload, source=where, entry=entry_id, trace_id=turn.trace_id, turn_id=turn.turn_id)
+
+    async def _reply_again(self, entry_id: str, message: TurnMessage, first_entry: str, *, absorbed: bool = False) -> None:
         """Publish the reply of a turn that already ended again: the same reply, to where the turn
         first asked for it (its stored ``reply_to``; for a turn rejected before it entered the
         trace, this message's). Replies are at-least-once: a backend dedupes by turn id.
 
-        The re-delivery of the entry that brought the turn (its worker died after the turn ended)
-        only makes sure the reply went out once, as the turn's own ending does.
+        The re-delivery of the entry that brought the turn (its worker died after the turn ended),
+        and an entry ``absorbed`` as a copy of the turn while it ran (one published before the
+        turn's ending was written, deferred while the lease was held), only make sure the reply
+        went out once, as the turn's own ending does.
         """
-        events = [e for _, e in await self.store.read(message.trace_id)]
-        ending = next((e for e in events if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == message.turn_id), None)
+        fold = await self._current_fold(message.trace_id)
+        ending = fold.ending(message.turn_id)
         if ending is None:  # the key hash says ended but the events do not: nothing to repeat
             return
-        original = next((e for e in events if isinstance(e, TurnInput) and e.turn_id == message.turn_id), None)
+        original = fold.turn_input(message.turn_id)
         turn = original or TurnInput(
-            turn_id=message.turn_id, agent=message.agent, text=message.text, metadata=message.metadata, reply_to=message.reply_to
+            turn_id=message.turn_id, agent=message.agent, text=message.text or "", metadata=message.metadata, reply_to=message.reply_to
         )
-        first = await self.redis.hget(self.keys.trace_keys(message.trace_id), f"entry:{message.turn_id}")
-        if first is not None and first.decode() == entry_id:
-            await self._ensure_reply(message.trace_id, turn, ending, events)
+        if first_entry == entry_id or absorbed:
+            await self._ensure_reply(message.trace_id, turn, ending, fold)
             return
         if isinstance(original, TaskInput):
             log.info("turn %s of trace %s is a delegated task that ended; its parent has its result", message.turn_id, message.trace_id)
             return
-        reply = _reply_of_ending(message.trace_id, turn, ending, events)
-        stream = turn.reply_to or self.keys.replies
+        reply = _reply_of_ending(message.trace_id, turn, ending, fold.final_stop_reason(ending.turn_id))
+        stream = self._reply_stream(turn)
         log.info("turn %s of trace %s ended before; publishing its reply again to %s", message.turn_id, message.trace_id, stream)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
-        pipe.hset(self.keys.trace_keys(message.trace_id), f"reply:{ending.turn_id}", b"1")
-        await pipe.execute()
+        await operations.send_reply(self.redis, self.keys, message.trace_id, ending.turn_id, stream, reply)  # marked only once written
 
-    async def _admit(self, turn) -> bool:
+    async def _admit(self, turn, routing: TurnInput) -> bool:
         """Apply the reject or interrupt policy to a new turn → whether it enters the trace."""
         if await self.store.has_key(turn.trace_id, f"turn:{turn.turn_id}"):
             return True  # entered before (a re-delivery)
-        events = [e for _, e in await self.store.read(turn.trace_id)]
-        ending = next((e for e in events if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == turn.turn_id), None)
-        routing = TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text, metadata=turn.metadata, reply_to=turn.reply_to)
+        fold = await self._current_fold(turn.trace_id)
+        ending = fold.ending(turn.turn_id)
         if ending is not None:  # rejected before (a re-delivery)
-            await self._ensure_reply(turn.trace_id, routing, ending)
+            await self._ensure_reply(turn.trace_id, routing, ending, fold)
             return False
-        running = active_turn(events)
+        running = fold.active_turn()
         if running is None:
             return True
         if self.busy_policy == "reject":
@@ -204,9 +321,14 @@ class AgentLoop:
                 reason=f"conversation {turn.trace_id!r} is busy with turn {running.turn_id!r}; this turn was rejected "
                 "(busy policy 'reject'): publish it again once that turn has ended",
             )
+            # the reply first, marked sent, then the ending: the running turn holds the lease (so
+            # this does not wait for it) and its step loop publishes the replies its fold owes, so
+            # an ending appended before its reply was marked could be answered twice. A crash in
+            # between leaves the entry pending: its re-delivery appends the ending, the reply
+            # already marked.
+            await self._ensure_reply(turn.trace_id, routing, failed)
             await self.store.append(turn.trace_id, failed)
             metrics.TURNS_FAILED.labels(agent=turn.agent, code="busy").inc()
-            await self._ensure_reply(turn.trace_id, routing, failed)
             return False
         message = CancelMessage(
             trace_id=turn.trace_id, turn_id=running.turn_id, by="interrupt", reason=f"interrupted by turn {turn.turn_id}"
@@ -216,42 +338,41 @@ class AgentLoop:
         self._abort_local(turn.trace_id, running.turn_id)
         return True
 
-    async def on_wake(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        """A wake-up: something was appended to a trace; advance it."""
-        payload = fields.get(WAKE_FIELD)
+    async def on_wake(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
+        """A wake-up: something was appended to a trace; advance it (``stream``: the partition of
+        the wake-up stream it came from, for a report; default ``<ns>:wake``)."""
         try:
             wake = codec.decode_wake(codec.entry_field(fields, WAKE_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed wake-up %s: %s", entry_id, exc)
-            shown = payload if payload is not None else codec.fields_json(fields)
-            await self.redis.xadd(self.keys.errors, {b"error": f"malformed wake-up {entry_id}: {exc}".encode(), b"payload": shown})
+            shown = codec.entry_shown(fields, WAKE_FIELD)
+            await self._report(f"malformed wake-up {entry_id}: {exc}", shown, source=stream or self.keys.wake, entry=entry_id)
             return
-        await self.advance(wake.trace_id)
+        await self.advance(wake.trace_id, entry_id=entry_id)
 
     async def on_cancel(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
         """A cancel request (the agent loop's group on the cancel stream): record it, then advance."""
-        payload = fields.get(CANCEL_FIELD)
         try:
             message = codec.decode_cancel(codec.entry_field(fields, CANCEL_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed cancel %s: %s", entry_id, exc)
-            shown = payload if payload is not None else codec.fields_json(fields)
-            await self.redis.xadd(self.keys.errors, {b"error": f"malformed cancel {entry_id}: {exc}".encode(), b"payload": shown})
+            shown = codec.entry_shown(fields, CANCEL_FIELD)
+            await self._report(f"malformed cancel {entry_id}: {exc}", shown, source=self.keys.cancel, entry=entry_id)
             return
         recorded = await self.request_cancel(message)
         if recorded is not None:
             self._abort_local(message.trace_id, recorded.turn_id)
-            await self.advance(message.trace_id)
+            await self.advance(message.trace_id, entry_id=entry_id)
 
     async def request_cancel(self, message: CancelMessage) -> CancelRequested | None:
         """Write the cancel into the trace (once) → the event, or None when no turn is left to cancel.
 
         A cancel names a turn of the trace that has not ended (or, without a turn id, the running
         one); one for a turn id the trace does not hold, or that ended, records nothing
-        (:func:`agentstream.cancel.cancel_target`).
+        (:func:`agentstream.runtime.cancel.cancel_target`).
         """
-        events = [e for _, e in await self.store.read(message.trace_id)]
-        target = cancel_target(events, message.turn_id)
+        fold = await self._current_fold(message.trace_id)
+        target = cancel_target(fold.events, message.turn_id)
         if target.turn_id is None:
             log.info("cancel for trace %s: %s; nothing recorded", message.trace_id, target.reason)
             return None
@@ -296,97 +417,205 @@ class AgentLoop:
     async def on_dead_turn(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
         """A turn entry that kept failing: its turn fails with code ``dead_letter``."""
         try:
-            turn = codec.decode_turn(fields.get(TURN_FIELD) or b"")
-        except TurnRejected:
-            return  # nothing to fail: the dead-letter stream keeps it
-        routing = TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text, metadata=turn.metadata, reply_to=turn.reply_to)
-        await self._dead_end(turn.trace_id, routing, f"turn entry {entry_id} of {self.keys.turns}", error)
+            turn = wire.validate_turn(fields.get(TURN_FIELD) or b"", keys=self.keys, limits=self.limits)
+        except Exception:  # any bytes: nothing to fail, the dead-letter stream keeps the entry
+            return
+        routing = TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text or "", metadata=turn.metadata, reply_to=turn.reply_to)
+        await self._dead_end(turn.trace_id, routing, f"turn entry {entry_id} of {self.keys.turns_for(turn.trace_id)}", error)
 
     async def on_dead_wake(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
         """A wake-up that kept failing: the trace's running turn fails with code ``dead_letter``."""
         try:
             wake = codec.decode_wake(fields.get(WAKE_FIELD) or b"")
-        except msgspec.DecodeError:
+        except Exception:  # any bytes: nothing to fail, the dead-letter stream keeps the entry
             return
-        events = [e for _, e in await self.store.read(wake.trace_id)]
+        events = await readable_events(self.store, wake.trace_id)  # the trace may be what failed
         running = active_turn(events)
         if running is not None:
-            await self._dead_end(wake.trace_id, running, f"wake-up {entry_id} of {self.keys.wake}", error, events)
+            await self._dead_end(wake.trace_id, running, f"wake-up {entry_id} of {self.keys.wake_for(wake.trace_id)}", error, events)
 
     async def _dead_end(self, trace_id: str, turn: TurnInput, what: str, error: str, events=None) -> None:
         """End ``turn`` with code ``dead_letter``; its calls still without a result get an error
         result first (in the same atomic append), so none is left dangling."""
-        if events is None:
-            events = [e for _, e in await self.store.read(trace_id)]
-        failed = TurnFailed(
-            turn_id=turn.turn_id,
-            code=DEAD_LETTER_CODE,
-            reason=f"the {what} failed on every delivery and was moved to its dead-letter stream "
-            f"(last error: {error}); the turn was given up",
-        )
-        unanswered = unanswered_results(
-            events, turn, DEAD_LETTER_CODE, "Error: the turn was given up before this call returned a result; "
-            "it may have partly run."
-        )
-        *_, appended = await self.store.append_many(trace_id, [*unanswered, failed])
-        if appended.created:
-            metrics.TURNS_FAILED.labels(agent=turn.agent, code=DEAD_LETTER_CODE).inc()
-        await self._ensure_reply(trace_id, turn, failed)
-        # a turn queued behind this one goes on
-        await self.redis.xadd(self.keys.wake, {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason="dead_letter"))})
+        reason = (f"the {what} failed on every delivery and was moved to its dead-letter stream "
+                  f"(last error: {error}); the turn was given up")
+        await self._give_up(trace_id, turn, DEAD_LETTER_CODE, reason, events)
 
-    async def _reject(self, entry_id: str, payload: bytes | None, exc: TurnRejected) -> None:
+    async def end_lost_work(self, trace_id: str, turn_id: str, vanished) -> None:
+        """End a running turn whose awaited tool work vanished (the watchdog,
+        :mod:`~agentstream.runtime.watchdog`), with code ``lost_work``."""
+        events = await readable_events(self.store, trace_id)
+        turn = active_turn(events)
+        if turn is None or turn.turn_id != turn_id:
+            return
+        lost = "; ".join(f"call {v.call_id}: {v.what}" for v in vanished)
+        reason = f"the turn waited on tool work that vanished without a result ({lost}); the turn was given up"
+        await self._give_up(trace_id, turn, LOST_WORK_CODE, reason, events)
+
+    async def _give_up(self, trace_id: str, turn: TurnInput, code: str, reason: str, events=None) -> None:
+        """End ``turn`` with ``code`` and ``reason`` under the trace's lease; its calls still
+        without a result get an error result first (in the same atomic append)."""
+        if events is None:
+            events = await readable_events(self.store, trace_id)
+        failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
+        unanswered = unanswered_results(
+            events, turn, code, "Error: the turn was given up before this call returned a result; it may have partly run."
+        )
+        async with self._lease(trace_id, wait_s=self.lease_ttl_ms / 1000.0 * 1.5) as token:  # only the holder ends a turn
+            *_, appended = await self.store.append_many(trace_id, [*unanswered, failed], fence=token)
+            # the reply too, before the lease goes back: a step loop that takes the lease next
+            # folds this ending as owing a reply and must find it marked sent (see _reject)
+            await self._ensure_reply(trace_id, turn, failed, events=events)
+        if appended.created:
+            metrics.TURNS_FAILED.labels(agent=turn.agent, code=code).inc()
+        # a turn queued behind this one goes on
+        await operations.wake_trace(self.redis, self.keys, trace_id, code)
+
+    async def _reject(self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None = None) -> None:
+        """A turn that breaks a rule of the wire: with its ids, it fails ``bad_turn`` in its trace and
+        gets a failed reply (to its ``reply_to`` when that passed the check, with its metadata);
+        without them, or when its turn id is an accepted turn's, it goes to the errors stream."""
         log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
         metrics.TURNS_REJECTED.inc()
         if exc.trace_id and exc.turn_id:
-            failed = TurnFailed(turn_id=exc.turn_id, code="bad_turn", reason=exc.reason)
-            await self.store.append(exc.trace_id, failed)
-            await self._ensure_reply(exc.trace_id, None, failed)
+            if await self.store.has_key(exc.trace_id, f"turn:{exc.turn_id}"):
+                # a malformed copy of a turn the trace holds: reported; the real turn goes on
+                log.warning("turn entry %s is a malformed copy of turn %s of trace %s, which the trace holds: "
+                            "ignored, the turn goes on", entry_id, exc.turn_id, exc.trace_id)
+                await self._report(f"malformed copy of turn {exc.turn_id!r} of trace {exc.trace_id!r} (which the trace "
+                                   f"already holds; ignored): {exc.reason}", payload, source=stream or self.keys.turns_for(exc.trace_id), entry=entry_id)
+                return
+            failed = TurnFailed(turn_id=exc.turn_id, code=exc.code, reason=exc.reason)
+            # only the holder of the lease ends a turn; refusals of one trace arriving together
+            # each hold it for one append, so wait for it briefly rather than defer by a lease time
+            routing = TurnInput(turn_id=exc.turn_id, agent="", text="", metadata=exc.metadata, reply_to=exc.reply_to)
+            async with self._lease(exc.trace_id, wait_s=min(REJECT_LEASE_WAIT_S, self.lease_ttl_ms / 1000.0)) as token:
+                await self.store.append(exc.trace_id, failed, fence=token)
+                # The reply goes out and is marked sent while the lease is held: the step loop of
+                # any agent loop that takes the lease next folds this ending as owing a reply and
+                # publishes what is not marked, so a reply published after the lease went back was
+                # published twice whenever a step of the trace ran in between (its replies are
+                # published and marked only under the lease). Two refusals of one turn id are one
+                # reply for the same reason.
+                await self._ensure_reply(exc.trace_id, routing, failed)
             return
-        await self.redis.xadd(
-            self.keys.errors,
-            {b"error": exc.reason.encode(), b"source": self.keys.turns.encode(), b"entry": entry_id.encode(), b"payload": payload or b""},
-        )
+        source = stream or (self.keys.turns_for(exc.trace_id) if exc.trace_id else self.keys.turns)
+        await self._report(exc.reason, payload, source=source, entry=entry_id)
+
+    async def _report(self, error: str, payload: bytes | None, **extra: str) -> None:
+        """One entry on the errors stream: a bounded excerpt of the payload, the stream capped."""
+        await report_error(self.redis, self.keys, error, payload, self.limits, **extra)
+
+    # --- folds: what this process knows of a trace ----------------------------------------------
+
+    async def _current_fold(self, trace_id: str) -> TraceFold:
+        """The trace's fold with everything appended so far (no lease needed: a trace only grows)."""
+        return await self._reader.current(trace_id)
+
+    async def _fold_with(self, trace_id: str, fold: TraceFold | None, read: Read) -> TraceFold:
+        """Feed ``read`` (entries after ``fold``'s last id, or the whole trace without a fold)."""
+        return await self._reader.fold_with(trace_id, fold, read)
+
+    @contextlib.asynccontextmanager
+    async def _lease(self, trace_id: str, *, wait_s: float = 0.0):
+        """Hold the trace's lease for a write outside the step loop → its fencing token.
+
+        Waits up to ``wait_s`` seconds for it; then raises :class:`Deferred` (the entry comes
+        back when the lease would expire). The lease is given back afterwards; when a hint came
+        meanwhile (it found the trace held, marked it dirty and left it to the holder, which does
+        not run the step loop here), the trace is woken (a wake-up, reason ``held``), so the hint
+        is not lost.
+        """
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while (token := await self.store.acquire_lease(trace_id, ttl_ms=self.lease_ttl_ms)) is None:
+            if asyncio.get_running_loop().time() >= deadline:
+                left_ms = await operations.lease_left_ms(self.redis, self.keys, trace_id)
+                raise Deferred(min(max(left_ms, 0), self.lease_ttl_ms) / 1000.0 + 0.05, f"trace {trace_id} is held by another worker")
+            await asyncio.sleep(0.05)
+        try:
+            yield token
+        finally:
+            await asyncio.shield(self._give_back(trace_id, token))
+
+    async def _give_back(self, trace_id: str, token: int) -> None:
+        """Release a lease held for a write outside the step loop; wake the trace when a hint
+        came meanwhile (see :meth:`_lease`)."""
+        if await self.store.release_lease(trace_id, token) == "dirty":  # the mark is cleared, the lease kept
+            await self.store.release_lease(trace_id, token, keep_if_dirty=False)
+            await operations.wake_trace(self.redis, self.keys, trace_id, "held")
 
     # --- the step loop ----------------------------------------------------------------------
 
-    async def advance(self, trace_id: str) -> None:
+    async def advance(self, trace_id: str, *, entry_id: str | None = None) -> None:
         """Take the trace's steps until it waits on tools or has no turn left.
 
-        When another worker holds the trace, mark it dirty and return: the holder looks again
-        before it lets go.
+        When another worker holds the trace, the trace is marked dirty (the holder looks again
+        before it lets go) and this returns; a hint held by another process's lease waits, one
+        per trace, until that lease would expire (``entry_id``: the hint's entry, see
+        :class:`agentstream.errors.Deferred`), so it survives a holder that dies.
         """
         with logs.bind(trace_id=trace_id):
-            await self._advance(trace_id)
+            self._take_back(trace_id, entry_id)
+            fold = self.folds.get(trace_id)
+            taken = await self.store.take(trace_id, ttl_ms=self.lease_ttl_ms, after=fold.last_id if fold is not None else None)
+            await self._advance_taken(trace_id, entry_id, taken, fold)
 
-    async def _advance(self, trace_id: str) -> None:
-        await self.store.mark_dirty(trace_id, ttl_ms=self.lease_ttl_ms * 4)
-        token = await self.store.acquire_lease(trace_id, ttl_ms=self.lease_ttl_ms)
-        if token is None:
-            # The holder sees the dirty mark when it lets go; if it dies instead, this hint
-            # comes back when its lease would have expired and takes the trace over.
-            left_ms = await self.redis.pttl(self.keys.lease(trace_id))
-            delay_s = min(max(left_ms, 0), self.lease_ttl_ms) / 1000.0 + 0.05
-            raise Deferred(delay_s, f"trace {trace_id} is held by another worker")
+    def _take_back(self, trace_id: str, entry_id: str | None) -> None:
+        """The hint that waited for this trace is handled again: another one may wait next time."""
+        waiting = self._deferred.get(trace_id)
+        if waiting is not None and waiting[0] == entry_id:
+            del self._deferred[trace_id]
+
+    async def _advance_taken(self, trace_id: str, entry_id: str | None, taken: Taken, fold: TraceFold | None) -> None:
+        while True:
+            if taken.empty:
+                self.folds.forget(trace_id)
+                return
+            if taken.token is None:
+                self._held_elsewhere(trace_id, entry_id, taken)
+                return
+            assert taken.read is not None
+            if not await self._hold(trace_id, taken.token, taken.read, fold):
+                return
+            # The lease expired while held (this process stalled, or Redis was away): hints that
+            # came meanwhile may have counted on this holder, so take the trace again; when
+            # another worker has it now, this take marks it dirty and that holder goes on.
+            log.warning("lost the lease of trace %s mid-step; taking it again", trace_id)
+            fold = self.folds.get(trace_id)
+            taken = await self.store.take(trace_id, ttl_ms=self.lease_ttl_ms, after=fold.last_id if fold is not None else None)
+
+    async def _hold(self, trace_id: str, token: int, read: Read, fold: TraceFold | None) -> bool:
+        """Take the trace's steps under the lease ``token`` → True when the lease was lost."""
+        self._held[trace_id] = token
         renewer = asyncio.create_task(self._renew(trace_id, token))
         try:
-            while True:
-                progressed = await self._step(trace_id, token)
-                if progressed:
-                    continue
-                outcome = await self.store.release_lease(trace_id, token)
-                if outcome != "dirty":
-                    return
+            fold = await self._fold_with(trace_id, fold, read)
+            return await self._steps(trace_id, token, fold)
         except StaleLeaseError:
-            log.warning("lost the lease of trace %s mid-step; the new holder goes on", trace_id)
+            return True
         except BaseException:
             # shielded: a stopping worker gives the trace back even if it is cancelled again
             await asyncio.shield(self.store.release_lease(trace_id, token, keep_if_dirty=False))
             raise
         finally:
+            if self._held.get(trace_id) == token:
+                del self._held[trace_id]
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
+
+    def _held_elsewhere(self, trace_id: str, entry_id: str | None, taken: Taken) -> None:
+        """The lease is held (the trace is marked dirty already): wait for a holder in another
+        process with one hint per trace; a holder in this process needs no help."""
+        if str(self._held.get(trace_id)) == taken.holder or entry_id is None:
+            return
+        now = asyncio.get_running_loop().time()
+        waiting = self._deferred.get(trace_id)
+        if waiting is not None and waiting[0] != entry_id and waiting[1] > now:
+            return  # another hint of this trace already waits for the holder
+        delay_s = min(taken.left_ms, self.lease_ttl_ms) / 1000.0 + 0.05
+        self._deferred[trace_id] = (entry_id, now + delay_s + self.lease_ttl_ms / 1000.0)
+        raise Deferred(delay_s, f"trace {trace_id} is held by another worker")
 
     async def _renew(self, trace_id: str, token: int) -> None:
         while True:
@@ -395,34 +624,54 @@ class AgentLoop:
                 log.warning("could not renew the lease of trace %s", trace_id)
                 return
 
-    async def _step(self, trace_id: str, token: int) -> bool:
-        """One decision and its effect → True when the trace moved and should be looked at again."""
-        entries = await self.store.read(trace_id)
-        events = [event for _, event in entries]
-        decision = decide(events, self.app.agent, self.endpoints)
-        turn = getattr(decision, "turn", None)
-        # a child of the turn's trace context (OpenTelemetry); every line logged names the turn
-        with _step_span(trace_id, decision), logs.bind(turn_id=turn.turn_id if turn is not None else None):
-            return await self._act(trace_id, token, entries, events, decision)
+    async def _steps(self, trace_id: str, token: int, fold: TraceFold) -> bool:
+        """Decide from the fold and act until the trace waits; then publish and release → True
+        when the lease turned out lost at the release."""
+        jobs: list[tuple[str, int, list[tuple[str, str, bytes, bytes]]]] = []
+        while True:
+            decision = fold.decide(self.app.agent, self.endpoints)
+            turn = getattr(decision, "turn", None)
+            # a child of the turn's trace context (OpenTelemetry); every line logged names the turn
+            with _step_span(trace_id, decision), logs.bind(turn_id=turn.turn_id if turn is not None else None):
+                outcome = await self._act(trace_id, token, fold, decision, jobs)
+            if outcome is _Outcome.AGAIN:
+                continue
+            if outcome is _Outcome.REFRESH:
+                fold = await self._current_fold(trace_id)
+                continue
+            released = await self._release(trace_id, token, fold, jobs)
+            jobs.clear()
+            if released != "dirty":
+                return released == "lost"
+            fold = await self._current_fold(trace_id)  # a hint came meanwhile: look again
 
-    async def _act(self, trace_id: str, token: int, entries, events, decision) -> bool:
-        """Carry out one decision → True when the trace moved and should be looked at again."""
+    async def _act(self, trace_id: str, token: int, fold: TraceFold, decision, jobs: list) -> _Outcome:
+        """Carry out one decision → what the step loop does next."""
         match decision:
             case Idle():
-                await self._publish_missing_replies(trace_id, events)
-                return False
+                return _Outcome.WAIT
             case CallModel(turn=turn, agent=agent, step=step):
-                if step == 0:  # a turn starts: the turns before it have had their replies
-                    await self._publish_missing_replies(trace_id, events)
+                if fold.unconfirmed:  # a turn starts: the turns before it have had their replies
+                    await self._publish_replies(trace_id, fold)
+                left_s = _turn_time_left_s(fold.turn_entry(turn.turn_id), turn.turn_id, self.turn_deadline_s)
+                if left_s is not None and left_s <= 0:
+                    return await self._end(trace_id, token, fold, _past_turn_deadline(turn, self.turn_deadline_s, step), turn)
+                # what the MCP offer reads of the trace: the agent's latest offer and the turn's input entry
+                offer = await self.mcp.before_call(
+                    trace_id, token, turn, agent, step, fold.turn_entry(turn.turn_id), fold.offers_of(agent.name)
+                )
+                if isinstance(offer, TurnFailed):  # an MCP server never published its tools
+                    return await self._end(trace_id, token, fold, offer, turn)
+                if offer:  # the trace now records the MCP tools offered from this call on
+                    return _Outcome.REFRESH
                 try:
-                    built = self.contexts.build(trace_id, entries, agent, turn_id=turn.turn_id, step=step)
-                    request = await self.compactions.request_for(trace_id, built, events, agent)
+                    built = fold.build(agent, turn_id=turn.turn_id, step=step)
+                    request = await self.compactions.request_for(trace_id, built, fold.events, agent)
                 except ContextError as exc:  # does not fit the window, the summary failed, or bad context settings
                     failed = TurnFailed(turn_id=turn.turn_id, code=failure_code(exc), reason=str(exc))
-                    await self._end(trace_id, token, failed, turn)
-                    return True
+                    return await self._end(trace_id, token, fold, failed, turn)
                 if request is None:  # a summary is written first; its outcome wakes the trace
-                    return False
+                    return _Outcome.WAIT
                 model = self.models.get(agent.model)
                 if model is None:
                     failed = TurnFailed(
@@ -430,127 +679,285 @@ class AgentLoop:
                         code="config",
                         reason=f"agent {agent.name!r} names model {agent.model!r}, which is not configured",
                     )
-                    await self._end(trace_id, token, failed, turn)
-                    return True
+                    return await self._end(trace_id, token, fold, failed, turn)
                 try:
                     attributes = tracing.model_call_attributes(model, turn_id=turn.turn_id, step=step)
                     with metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time(), tracing.span(
                         "agentstream.model_call", kind="client", attributes=attributes
                     ) as span:
-                        output = await self._abortable(trace_id, turn.turn_id, model.complete(request, turn_id=turn.turn_id, step=step, deltas=self._deltas(trace_id)))
+                        call = model.complete(request, turn_id=turn.turn_id, step=step, deltas=self._deltas(trace_id))
+                        if left_s is not None:  # the turn's deadline bounds the call too
+                            call = asyncio.wait_for(call, left_s)
+                        output = await self._abortable(trace_id, turn.turn_id, call)
                         tracing.record_model_output(span, output)
                     if output is None:  # aborted by a cancel: the next step ends the turn
-                        return True
+                        return _Outcome.REFRESH
+                except TimeoutError:  # the turn's deadline (a model call's own is a ModelError)
+                    if left_s is None:
+                        raise
+                    return await self._end(trace_id, token, fold, _past_turn_deadline(turn, self.turn_deadline_s, step), turn)
                 except ModelError as exc:
-                    failed = TurnFailed(turn_id=turn.turn_id, code="model_error", reason=f"model call {step} failed: {exc}")
-                    await self._end(trace_id, token, failed, turn)
-                    return True
+                    code = DEADLINE_CODE if isinstance(exc, ModelDeadlineExceeded) else "model_error"
+                    failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=f"model call {step} failed: {exc}")
+                    return await self._end(trace_id, token, fold, failed, turn)
                 metrics.record_usage(agent.model, output)
-                await self.store.append(trace_id, output, fence=token)
-                return True
+                self._check_usage(agent, request, output)
+                if agent.prompt_digest:  # which prompt file texts the call read: what a rebuild compares
+                    output = msgspec.structs.replace(output, prompt_digest=agent.prompt_digest)
+                return await self._record_output(trace_id, token, fold, turn, output)
             case RecordResults(results=results):
-                await self.store.append_many(trace_id, list(results), fence=token)
-                return True
+                await self._append(trace_id, token, fold, list(results))
+                return _Outcome.AGAIN
             case RunTools(turn=turn, agent=agent, step=step, calls=calls):
-                await self._publish_jobs(trace_id, turn, agent, step, calls)
-                return False
-            case EndTurn(turn=turn, answer=answer):
-                await self._end(trace_id, token, TurnEnded(turn_id=turn.turn_id, answer=answer), turn)
-                return True
+                published = fold.notes.get(("jobs", turn.turn_id, step))
+                if published is None:  # not known here: another worker may have published them
+                    published = await self.store.has_key(trace_id, _jobs_marker(turn.turn_id, step))
+                if not published:  # built here, inside the step's span: each job carries it
+                    jobs.append((turn.turn_id, step, self._jobs(trace_id, fold, turn, agent, calls)))
+                return _Outcome.WAIT
+            case EndTurn(turn=turn, answer=answer, citations=citations, answer_call=answer_call):
+                ended = TurnEnded(turn_id=turn.turn_id, answer=answer, citations=citations, answer_call=answer_call)
+                return await self._end(trace_id, token, fold, ended, turn)
             case FailTurn(turn=turn, code=code, reason=reason):
-                await self._end(trace_id, token, TurnFailed(turn_id=turn.turn_id, code=code, reason=reason), turn)
-                return True
+                return await self._end(trace_id, token, fold, TurnFailed(turn_id=turn.turn_id, code=code, reason=reason), turn)
             case CancelTurn(turn=turn, results=results, code=code, reason=reason):
                 failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
-                await self._end(trace_id, token, failed, turn, before=results)
-                return True
+                return await self._end(trace_id, token, fold, failed, turn, before=results)
         raise AssertionError(f"unhandled decision {decision!r}")
 
+    async def _append(self, trace_id: str, token: int, fold: TraceFold, events: list, *, then: list = ()) -> list:
+        """Append under the lease and fold what came since the fold's last entry (one round trip)."""
+        appended, read = await self.store.append_and_read(
+            trace_id, events, then=then, fence=token, after=fold.last_id, expire_ms=self._expire_ms
+        )
+        assert read is not None
+        await self._fold_with(trace_id, fold, read)
+        return appended
+
+    async def _record_output(self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput) -> _Outcome:
+        """Append a model output; when it ends the turn (an answer, or a failure), the ending goes
+        in the same append, provided nothing else came into the trace meanwhile."""
+        output = scope_call_ids(output, used=fold.call_ids)  # a call id names one call of the trace
+        then: list = []
+        view = fold.view()  # as folded up to fold.last_id: the conditional part holds only if nothing came since
+        nxt = decide_view(view.with_output(output), self.app.agent, self.endpoints) if view.turn == turn else None
+        if isinstance(nxt, EndTurn):
+            then = [TurnEnded(turn_id=turn.turn_id, answer=nxt.answer, citations=nxt.citations, answer_call=nxt.answer_call)]
+        elif isinstance(nxt, FailTurn):
+            then = [TurnFailed(turn_id=turn.turn_id, code=nxt.code, reason=nxt.reason)]
+        elif isinstance(nxt, RecordResults):
+            then = list(nxt.results)
+        appended = await self._append(trace_id, token, fold, [output], then=then)
+        if appended[0] is not None and appended[0].created and output.tool_calls:
+            fold.notes[("jobs", turn.turn_id, output.step)] = False  # a new output: nobody published its jobs
+        if then and isinstance(then[-1], (TurnEnded, TurnFailed)) and appended[-1] is not None:
+            self._ended(fold, turn, then[-1], appended[-1].created)
+        return _Outcome.AGAIN
+
+    async def _end(
+        self, trace_id: str, token: int, fold: TraceFold, ending: TurnEnded | TurnFailed, turn: TurnInput, *, before=()
+    ) -> _Outcome:
+        """Append ``before`` (results) and the turn's ending in one atomic append; the reply goes
+        out with the next release (or before the next model call)."""
+        appended = await self._append(trace_id, token, fold, [*before, ending])
+        self._ended(fold, turn, ending, appended[-1].created)
+        return _Outcome.AGAIN
+
+    def _ended(self, fold: TraceFold, turn: TurnInput, ending: TurnEnded | TurnFailed, created: bool) -> None:
+        if not created:
+            return
+        fold.notes[("ended", ending.turn_id)] = True  # its reply is not out: no need to ask Redis
+        fold.notes[("context", ending.turn_id)] = tracing.inject()  # the reply goes out in the ending step's context
+        if isinstance(ending, TurnEnded):
+            metrics.TURNS_ENDED.labels(agent=turn.agent).inc()
+        elif ending.code == "cancelled":
+            metrics.TURNS_CANCELLED.labels(agent=turn.agent).inc()
+        else:
+            metrics.TURNS_FAILED.labels(agent=turn.agent, code=ending.code).inc()
+
+    def _check_usage(self, agent, request, output: ModelOutput) -> None:
+        """Log, once per endpoint and process, a reported prompt token count implausibly below the
+        character estimate (the context library does not let it correct the estimate:
+        :func:`agentstream.context.limits.plausible_prompt_tokens`)."""
+        reported = output.usage.prompt_tokens
+        if reported is None or agent.model in self._usage_doubted:
+            return
+        endpoint = self.endpoints.get(agent.model)
+        limits = agent.model_limits or (endpoint.limits if endpoint is not None else None)
+        if limits is None:
+            return
+        chars = request_chars(request)
+        if plausible_prompt_tokens(reported, chars, limits):
+            return
+        self._usage_doubted.add(agent.model)
+        log.warning(
+            "model endpoint %r reported %d prompt tokens for a request estimated at %d tokens (%d characters at %.1f a token): "
+            "below %d%% of the estimate, so its counts are not used to correct the estimate (logged once per endpoint)",
+            agent.model, reported, limits.tokens_of_chars(chars), chars, limits.characters_per_token, int(PLAUSIBLE_USAGE_RATIO * 100),
+        )
+
     def _deltas(self, trace_id: str) -> RedisDeltaSink:
-        """Where a model call of the trace publishes its reply's pieces (see agentstream.deltas)."""
+        """Where a model call of the trace publishes its reply's pieces (see agentstream.runtime.deltas)."""
         return RedisDeltaSink(self.redis, self.keys, trace_id, maxlen=self.delta_maxlen, ttl_s=self.delta_ttl_s)
 
-    async def _publish_jobs(self, trace_id: str, turn: TurnInput, agent, step: int, calls) -> None:
-        """Publish the tool jobs of a step once (a marker in the trace's key hash says so)."""
-        marker = f"jobs:{turn.turn_id}:{step}"
-        if await self.store.has_key(trace_id, marker):
+    # --- publishing: replies and tool jobs, with the release --------------------------------
+
+    async def _missing_replies(self, trace_id: str, fold: TraceFold) -> list[tuple[TurnInput | None, TurnEnded | TurnFailed]]:
+        """The endings folded whose reply did not go out (level-triggered: a worker that died
+        between a turn's ending and its reply left it unsent). Endings this process wrote need
+        no look-up; the others are checked with one HMGET of their reply markers."""
+        own, others = [], []
+        for turn_id in fold.unconfirmed:
+            (own if fold.notes.get(("ended", turn_id)) else others).append(turn_id)
+        if others:
+            sent = await operations.replies_sent(self.redis, self.keys, trace_id, others)
+            for turn_id, marker in zip(others, sent, strict=True):
+                if not marker:
+                    own.append(turn_id)
+                else:
+                    fold.unconfirmed.pop(turn_id, None)
+        out = []
+        for turn_id in own:
+            ending = fold.ending(turn_id)
+            assert ending is not None
+            out.append((fold.turn_input(turn_id), ending))
+        return out
+
+    async def _owed_replies(self, trace_id: str, fold: TraceFold, entries: list[Entry]) -> list[str]:
+        """Add the missing replies to ``entries`` (with what their turns' ends tell other traces)
+        → their markers (to be set once the XADDs ran)."""
+        marks = []
+        for turn, ending in await self._missing_replies(trace_id, fold):
+            stop_reason = fold.final_stop_reason(ending.turn_id)
+            reply = _reply_of_ending(trace_id, turn, ending, stop_reason)
+            _log_ending(trace_id, ending, reply.stop_reason)
+            stream = self._reply_stream(turn)
+            with tracing.within(fold.notes.get(("context", ending.turn_id), {})):
+                child = await self.children.turn_ended(entries, trace_id, turn, ending, events=fold.events)
+            if not child:  # a child answers its parent instead
+                entries.append((stream, {REPLY_FIELD: codec.encode(reply)}))
+            marks.append(f"reply:{ending.turn_id}")
+        return marks
+
+    def _confirm(self, fold: TraceFold, marks: list[str]) -> None:
+        for mark in marks:
+            kind, _, rest = mark.partition(":")
+            if kind == "reply":
+                fold.unconfirmed.pop(rest, None)
+                fold.notes.pop(("ended", rest), None)
+                fold.notes.pop(("context", rest), None)
+
+    async def _publish_replies(self, trace_id: str, fold: TraceFold) -> None:
+        """Publish the missing replies now (a new turn's model call is about to start)."""
+        entries: list[Entry] = []
+        marks = await self._owed_replies(trace_id, fold, entries)
+        if not marks:
             return
-        pipe = self.redis.pipeline(transaction=False)
+        await operations.publish_replies(self.redis, self.keys, trace_id, entries, marks)
+        self._confirm(fold, marks)
+
+    async def _release(self, trace_id: str, token: int, fold: TraceFold, jobs: list) -> str:
+        """Publish what waits (missing replies, tool jobs) and give the lease back, in one round
+        trip: the replies and jobs first, then the markers that say they went out, then the
+        release (kept when a hint came meanwhile: ``"dirty"``)."""
+        entries: list[Entry] = []
+        marks = await self._owed_replies(trace_id, fold, entries) if fold.unconfirmed else []
+        first = len(entries)  # the replies' entries come first; then the jobs
+        for turn_id, step, step_jobs in jobs:  # their marker in the key hash: a step's jobs go out once
+            entries.extend((stream, {field: payload}) for _call_id, stream, field, payload in step_jobs)
+            marks.append(_jobs_marker(turn_id, step))
+        outcome, entry_ids = await self.store.publish_and_release(trace_id, token, entries, marks=marks)
+        self._confirm(fold, marks)
+        ids = iter(entry_ids[first:])
+        for turn_id, step, step_jobs in jobs:
+            fold.notes[("jobs", turn_id, step)] = True
+            # where each job went, for the watchdog of waiting turns
+            sent = [(call_id, stream, next(ids)) for call_id, stream, _, _ in step_jobs]
+            await record_jobs(self.redis, self.keys, trace_id, turn_id, sent)
+        return outcome
+
+    def _jobs(self, trace_id: str, fold: TraceFold, turn: TurnInput, agent, calls) -> list[tuple[str, str, bytes, bytes]]:
+        """The tool jobs of a step's calls: ``[(call id, stream, field, payload)]``."""
+        offers = fold.offers_of(agent.name)  # an MCP tool's queue: as the agent's calls last offered it
+        out = []
         for call in calls:
             tool = agent.tool(call.name)
-            queue = tool.queue if tool is not None else "default"
+            queue = tool.queue if tool is not None else (self.mcp.queue_of(agent, offers, call.name) or "default")
             job = ToolJob(
                 trace_id=trace_id, turn_id=turn.turn_id, call_id=call.id, name=call.name, arguments=call.arguments,
                 trace_context=tracing.inject(),  # the tool call's span is a child of this step's
             )
-            stream, field = self.children.job_stream(tool, queue)  # a delegation goes to the delegation service
-            pipe.xadd(stream, {field: codec.encode(job)})
-        pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
-        await pipe.execute()
+            stream, field = self.children.job_stream(tool, queue, trace_id)  # a delegation goes to the delegation service
+            out.append((call.id, stream, field, codec.encode(job)))
+        return out
 
-    async def _end(self, trace_id: str, token: int, ending: TurnEnded | TurnFailed, turn: TurnInput, *, before=()) -> None:
-        """Append ``before`` (results) and the turn's ending in one atomic append, then reply."""
-        *_, appended = await self.store.append_many(trace_id, [*before, ending], fence=token)
-        if appended.created:
-            if isinstance(ending, TurnEnded):
-                metrics.TURNS_ENDED.labels(agent=turn.agent).inc()
-            elif ending.code == "cancelled":
-                metrics.TURNS_CANCELLED.labels(agent=turn.agent).inc()
-            else:
-                metrics.TURNS_FAILED.labels(agent=turn.agent, code=ending.code).inc()
-            if self.trace_retention_s:
-                await self.store.keep_for(trace_id, self.trace_retention_s)
-        await self._ensure_reply(trace_id, turn, ending)
-
-    async def _publish_missing_replies(self, trace_id: str, events) -> None:
-        """Publish the reply of every ended turn whose reply did not go out (level-triggered).
-
-        A worker that dies between a turn's ending and its reply leaves the reply unsent while
-        the trace goes on with its next turn; this runs when a turn starts and when the trace
-        goes idle, with one HMGET of the reply markers.
-        """
-        endings = [e for e in events if isinstance(e, (TurnEnded, TurnFailed))]
-        if not endings:
-            return
-        sent = await self.redis.hmget(self.keys.trace_keys(trace_id), [f"reply:{e.turn_id}" for e in endings])
-        inputs = {e.turn_id: e for e in events if isinstance(e, TurnInput)}
-        for ending, marker in zip(endings, sent, strict=True):
-            if marker is None:
-                await self._ensure_reply(trace_id, inputs.get(ending.turn_id), ending, events)
-
-    async def _ensure_reply(self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, events=None) -> None:
+    async def _ensure_reply(
+        self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, fold: TraceFold | None = None, *, events=None
+    ) -> None:
         """Publish the turn's reply once: a marker in the trace's key hash records that it went out.
 
         The reply carries the stop reason of the turn's last model output when it was not a
-        normal stop (``events``: the trace, read here when not given).
+        normal stop (from ``fold``, or ``events``: the trace; read here when neither is given).
         """
         marker = f"reply:{ending.turn_id}"
         if await self.store.has_key(trace_id, marker):
             return
-        if events is None:
-            events = [e for _, e in await self.store.read(trace_id)]
-        reply = _reply_of_ending(trace_id, turn, ending, events)
+        if events is not None:
+            stop_reason = final_stop_reason(events, ending.turn_id)
+        else:
+            if fold is None:
+                fold = await self._current_fold(trace_id)
+            stop_reason = fold.final_stop_reason(ending.turn_id)
+        reply = _reply_of_ending(trace_id, turn, ending, stop_reason)
         _log_ending(trace_id, ending, reply.stop_reason)
-        stream = (turn.reply_to if turn is not None else None) or self.keys.replies
-        pipe = self.redis.pipeline(transaction=False)
-        if not await self.children.turn_ended(pipe, trace_id, turn, ending):  # a child answers its parent instead
-            pipe.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
-        pipe.hset(self.keys.trace_keys(trace_id), marker, b"1")
-        await pipe.execute()
+        stream = self._reply_stream(turn)
+        entries: list[Entry] = []
+        known = events if events is not None else fold.events  # what the ending tells other traces: no read
+        if not await self.children.turn_ended(entries, trace_id, turn, ending, events=known):  # a child answers its parent instead
+            entries.append((stream, {REPLY_FIELD: codec.encode(reply)}))
+        # raises if any write failed (WRONGTYPE on reply_to...): not marked, retried
+        await operations.publish_turn_end(self.redis, self.keys, trace_id, ending.turn_id, entries)
+        if fold is not None:
+            self._confirm(fold, [marker])
+
+    def _reply_stream(self, turn: TurnInput | None) -> str:
+        """Where a turn's reply goes: its ``reply_to`` when the wire's rules allow it (checked again
+        here, for turns stored before a rule changed), else the default replies stream."""
+        wanted = turn.reply_to if turn is not None else None
+        if wanted and wire.reply_stream_refusal(wanted, self.keys, self.limits) is None:
+            return wanted
+        return self.keys.replies
 
 
-def _reply_of_ending(trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, events) -> Reply:
-    """The reply of a turn's ending; it carries the stop reason of the turn's last model output
-    when that was not a normal stop."""
-    stop_reason = final_stop_reason(events, ending.turn_id)
-    if isinstance(ending, TurnEnded):
-        reply = Reply(trace_id=trace_id, turn_id=ending.turn_id, status="ended", answer=ending.answer, stop_reason=stop_reason)
-    else:
-        reply = Reply(trace_id=trace_id, turn_id=ending.turn_id, status="failed", code=ending.code, reason=ending.reason,
-                      stop_reason=stop_reason)
-    if turn is not None:
-        reply.metadata = dict(turn.metadata)
-    return reply
+def _turn_time_left_s(entries, turn_id: str, deadline_s: float | None) -> float | None:
+    """Seconds left of a turn's deadline, from the time in its input's entry id → None without one."""
+    if deadline_s is None:
+        return None
+    for entry_id, event in entries:
+        if isinstance(event, TurnInput) and event.turn_id == turn_id:
+            try:
+                started_ms = int(entry_id.split("-", 1)[0])
+            except ValueError:
+                return None
+            return started_ms / 1000.0 + deadline_s - time.time()
+    return None
+
+
+def _past_turn_deadline(turn: TurnInput, deadline_s: float | None, step: int) -> TurnFailed:
+    return TurnFailed(
+        turn_id=turn.turn_id,
+        code=DEADLINE_CODE,
+        reason=f"the turn ran past its deadline of {deadline_s:g} s (AGENTSTREAM_TURN_DEADLINE_S) at model call {step}; "
+        "it was given up",
+    )
+
+
+def _jobs_marker(turn_id: str, step: int) -> str:
+    """The key-hash marker that says the tool jobs of a step were published."""
+    return f"jobs:{turn_id}:{step}"
+
+
+_reply_of_ending = reply_of_ending  # the reply of a turn's ending (agentstream.steps.timeline: the gateway makes the same)
 
 
 def _log_ending(trace_id: str, ending: TurnEnded | TurnFailed, stop_reason: str | None) -> None:
@@ -567,7 +974,7 @@ def _log_ending(trace_id: str, ending: TurnEnded | TurnFailed, stop_reason: str 
 
 def _step_span(trace_id: str, decision):
     """The OpenTelemetry span of one step on a turn, a child of the context in the turn's
-    metadata (``traceparent``); none for an idle trace (see :mod:`agentstream.tracing`)."""
+    metadata (``traceparent``); none for an idle trace (see :mod:`agentstream.ops.tracing`)."""
     turn = getattr(decision, "turn", None)
     if turn is None:
         return contextlib.nullcontext()
@@ -579,3 +986,4 @@ def _step_span(trace_id: str, decision):
         "agentstream.step": getattr(decision, "step", None),
     }
     return tracing.span("agentstream.step", parent=turn.metadata, attributes=attributes)
+

@@ -2,52 +2,79 @@
 
 from __future__ import annotations
 
+import functools
+
 import httpx
 
-from agentstream.app import App
-from agentstream.cancel import CancelListener
-from agentstream.consumer import StreamConsumer, group_consumer
-from agentstream.keys import AGENT_LOOP_GROUP
-from agentstream.models import build_models
+from agentstream.app.base import App
+from agentstream.runtime.cancel import CancelListener
+from agentstream.runtime.consumer import StreamConsumer, group_consumer, partition_consumers
+from agentstream.wire.keys import AGENT_LOOP_GROUP
+from agentstream.models import ChatModel, build_models
 from agentstream.models.endpoints import check_agents, load_endpoints
-from agentstream.settings import Settings
-from agentstream.store import TraceStore
+from agentstream.ops.settings import Settings
+from agentstream.runtime.store import TraceStore
 from agentstream_services.agent_loop.loop import AgentLoop
+from agentstream.runtime.watchdog import Watchdog
+
+
+def _told(handler):
+    """``handler(entry_id, fields, stream=...)`` → the handler of one partition's stream."""
+    return lambda stream: functools.partial(handler, stream=stream)
 
 
 def build(
-    app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClient
+    app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClient, *, models: dict[str, ChatModel] | None = None
 ) -> tuple[AgentLoop, list[StreamConsumer | CancelListener]]:
-    """The agent loop, its three consumers (turns, wake-ups, cancels) and its cancel listener.
+    """The agent loop, its consumers (every partition of turns and wake-ups, cancels), its cancel listener and
+    the watchdog of turns waiting on tools (:mod:`.watchdog`).
 
     Every configured model endpoint (``default`` from OPENAI_*, and AGENTSTREAM_MODELS_FILE's)
-    gets its adapter; every agent must name one of them.
+    gets its adapter; every agent must name one of them. ``models`` (endpoint id → model, e.g.
+    the doubles of :mod:`agentstream.app.testing`) replaces the configured endpoints.
 
     Raises:
         ConfigError: no model endpoint is configured, the configuration is not valid, a key
             variable is unset, or an agent names an endpoint that is not configured.
     """
-    endpoints = load_endpoints(settings)
-    check_agents(endpoints, app.agents)
-    models = build_models(endpoints, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries)
+    if models is None:
+        endpoints = load_endpoints(settings)
+        check_agents(endpoints, app.agents)
+        models = build_models(
+            endpoints, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries,
+            deadline_s=settings.model_deadline_s,
+        )
     loop = AgentLoop(
         app,
         store,
         models,
         lease_ttl_ms=settings.lease_ttl_ms,
+        fold_cache_bytes=settings.fold_cache_bytes,
         busy_policy=settings.busy_policy,
         trace_retention_s=settings.trace_retention_s,
         delta_maxlen=settings.delta_maxlen,
         delta_ttl_s=settings.delta_ttl_s,
+        limits=settings.wire_limits,
+        turn_deadline_s=settings.turn_deadline_s,
+        mcp_wait_s=settings.mcp_wait_s,
     )
     keys = settings.keys
     runners: list[StreamConsumer | CancelListener] = [
-        group_consumer(store.redis, settings, stream=stream, group=AGENT_LOOP_GROUP, handler=handler, on_dead_letter=on_dead)
+        consumer
         for stream, handler, on_dead in (
             (keys.turns, loop.on_turn, loop.on_dead_turn),
             (keys.wake, loop.on_wake, loop.on_dead_wake),
-            (keys.cancel, loop.on_cancel, None),
         )
-    ]
+        for consumer in partition_consumers(  # each handler told its partition, which a report names
+            store.redis, settings, stream=stream, group=AGENT_LOOP_GROUP, handler=_told(handler), on_dead_letter=on_dead,
+            per_stream=True,
+        )
+    ]  # every partition of the turns and wake-up streams; the cancel stream has one
+    runners.append(group_consumer(store.redis, settings, stream=keys.cancel, group=AGENT_LOOP_GROUP, handler=loop.on_cancel))
     runners.append(CancelListener(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms))
+    if settings.watchdog_interval_ms:  # turns whose awaited tool work vanished end with a reason
+        runners += [  # one per partition of the awaiting set
+            Watchdog(store.redis, keys, loop.end_lost_work, interval_s=settings.watchdog_interval_ms / 1000.0, partition=p)
+            for p in range(keys.partitions)
+        ]
     return loop, runners

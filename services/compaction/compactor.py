@@ -1,6 +1,6 @@
 """The compaction service: writes the summaries that replace old turns in later contexts.
 
-A thin shell around :mod:`agentstream.compacting` and :mod:`agentstream.context.compaction`.
+A thin shell around :mod:`agentstream.steps.summarising` and :mod:`agentstream.context.compaction`.
 A compaction job is a hint: the service reads the trace, builds the waiting model call's
 context itself and asks the context library which turns a summary replaces. If that compaction
 still has no outcome, it asks the summary model (the configured one, else the agent's own) for
@@ -24,18 +24,23 @@ from collections.abc import Mapping
 
 import msgspec
 
-from agentstream import codec, logs, metrics, tracing
-from agentstream.app import App
-from agentstream.compacting import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
+from agentstream.wire import codec
+from agentstream.ops import logs, metrics, tracing
+from agentstream.runtime import operations
+from agentstream.app.base import App
+from agentstream.steps.summarising import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
 from agentstream.context import CompactionPlan, build_context, compaction_event, settings_of, summary_request
 from agentstream.context.builder import build_from_state, new_state
 from agentstream.delegation import offered_agent
 from agentstream.errors import CompactionError, ContextError, ModelError
-from agentstream.events import Compaction, CompactionFailed, Usage, Wake
-from agentstream.keys import COMPACTION_FIELD, WAKE_FIELD, Keys
+from agentstream.wire.events import Compaction, CompactionFailed, Usage
+from agentstream.wire.keys import COMPACTION_FIELD, Keys
 from agentstream.models import ChatModel, endpoints_of
-from agentstream.steps import active_turn
-from agentstream.store import TraceStore
+from agentstream.steps.fold import FoldCache
+from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.reports import report_error
+from agentstream.runtime.store import TraceStore
+from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits
 
 log = logging.getLogger("agentstream.compaction")
 
@@ -48,26 +53,34 @@ class Compactor:
         store: the trace store.
         models: model clients by endpoint id.
         summary_model: the endpoint id that writes summaries; None uses the agent's own model.
+        fold_cache_bytes: the most stored event bytes of traces kept folded between jobs
+            (:class:`agentstream.runtime.folding.FoldReader`).
     """
 
-    def __init__(self, app: App, store: TraceStore, models: Mapping[str, ChatModel], *, summary_model: str | None = None):
+    def __init__(
+        self, app: App, store: TraceStore, models: Mapping[str, ChatModel], *, summary_model: str | None = None,
+        limits: WireLimits = DEFAULT_LIMITS, fold_cache_bytes: int = 64 * 1024 * 1024,
+    ):
         self.app = app
+        self.folds = FoldReader(store, FoldCache(fold_cache_bytes))  # traces folded: a job reads what is new
         self.store = store
         self.redis = store.redis
         self.keys: Keys = store.keys
         self.models = models
         self.endpoints = endpoints_of(models)  # an agent without model_limits gets its endpoint's
         self.summary_model = summary_model
+        self.limits = limits
 
-    async def on_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        """A compaction job: write the summary it asks for, once."""
-        payload = fields.get(COMPACTION_FIELD)
+    async def on_job(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
+        """A compaction job: write the summary it asks for, once (``stream``: the partition it
+        came from, for a report; default ``<ns>:compactions``)."""
         try:
             job = decode_job(codec.entry_field(fields, COMPACTION_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed compaction job %s: %s", entry_id, exc)
-            shown = payload if payload is not None else codec.fields_json(fields)
-            await self.redis.xadd(self.keys.errors, {b"error": f"malformed compaction job {entry_id}: {exc}".encode(), b"payload": shown})
+            shown = codec.entry_shown(fields, COMPACTION_FIELD)
+            await report_error(self.redis, self.keys, f"malformed compaction job {entry_id}: {exc}", shown, self.limits,
+                               source=stream or self.keys.compactions, entry=entry_id)
             return
         attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id, "agentstream.step": job.step}
         with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id), tracing.span(
@@ -93,8 +106,9 @@ class Compactor:
         None when the trace moved on (the turn ended, the compaction was made already, or the
         call no longer needs one).
         """
-        events = [e for _, e in await self.store.read(job.trace_id)]
-        turn = active_turn(events)
+        fold = await self.folds.current(job.trace_id)  # what came since this process last looked
+        events = fold.events  # the context is folded afresh (pure): a summary's own calls dwarf it
+        turn = fold.active_turn()
         if turn is None or turn.turn_id != job.turn_id:
             return None
         agent = self.app.agent(turn.agent)
@@ -162,4 +176,4 @@ class Compactor:
         return CompactionFailed(turn_id=plan.turn_id, kept_from_turn=plan.kept_from_turn, code=code, reason=reason)
 
     async def _wake(self, trace_id: str) -> None:
-        await self.redis.xadd(self.keys.wake, {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason="compaction"))})
+        await operations.wake_trace(self.redis, self.keys, trace_id, "compaction")

@@ -2,7 +2,8 @@
 
 A thin shell around :mod:`agentstream.delegation`. Both hints it takes are level-triggered:
 
-- a delegation job (a call of a delegation tool): read the parent's trace; append the error
+- a delegation job (a call of a delegation tool): read what the parent's trace gained since this
+  process last looked (its fold, :class:`agentstream.runtime.folding.FoldReader`); append the error
   result the call gets instead of a child, or open the child: note its deadline, append its
   TaskInput (once, by the task's turn id) and wake it;
 - a child ending: read the child's trace; append its result to the parent's trace (once, by
@@ -19,12 +20,12 @@ import logging
 import time
 
 import msgspec
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agentstream import codec, logs, metrics, tracing
-from agentstream.app import App
+from agentstream.wire import codec
+from agentstream.ops import logs, metrics, tracing
+from agentstream.runtime import operations
+from agentstream.runtime.connection import COMMAND_ERRORS
+from agentstream.app.base import App
 from agentstream.delegation import (
     Delegation,
     HandOff,
@@ -37,20 +38,15 @@ from agentstream.delegation import (
     task_of,
     timed_out,
 )
-from agentstream.events import CancelMessage, ModelOutput, ToolCall, ToolJob, ToolOutput, Wake
-from agentstream.keys import CANCEL_FIELD, ENDING_FIELD, JOB_FIELD, WAKE_FIELD, Keys
-from agentstream.store import TraceStore
+from agentstream.wire.events import CancelMessage, ToolCall, ToolJob, ToolOutput
+from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.runtime.folding import FoldReader
+from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD, Keys
+from agentstream.runtime.reports import report_error
+from agentstream.runtime.store import TraceStore
+from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_result_refusal
 
 log = logging.getLogger("agentstream.delegation")
-
-# KEYS: the root's descendants set. ARGV: child trace id, limit. 1 = admitted, 0 = over the limit.
-_ADMIT_LUA = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
-if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-redis.call('SADD', KEYS[1], ARGV[1])
-return 1
-"""
-
 
 class Delegator:
     """Handles delegation jobs and child endings.
@@ -59,26 +55,32 @@ class Delegator:
         app: the user's app (its delegations).
         store: the trace store.
         max_descendants: the most child traces one root trace may open, all levels together.
+        fold_cache_bytes: the most stored event bytes of parent traces kept folded
+            (:class:`agentstream.runtime.folding.FoldReader`).
     """
 
-    def __init__(self, app: App, store: TraceStore, *, max_descendants: int = 100):
+    def __init__(
+        self, app: App, store: TraceStore, *, max_descendants: int = 100, limits: WireLimits = DEFAULT_LIMITS,
+        fold_cache_bytes: int = 64 * 1024 * 1024,
+    ):
         self.app = app
         self.store = store
         self.redis = store.redis
         self.keys: Keys = store.keys
         self.delegations = delegations_of(app)
         self.max_descendants = max_descendants
-        self._admit = self.redis.register_script(_ADMIT_LUA)
+        self.limits = limits
+        self.folds = FoldReader(store, FoldCache(fold_cache_bytes))  # parents folded: a delegation reads what is new
 
     # --- hints ------------------------------------------------------------------------------
 
-    async def on_delegation(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def on_delegation(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
         """A delegation job: open its child, or give the call its error result."""
-        payload = fields.get(JOB_FIELD)
         try:
             job = codec.decode_job(codec.entry_field(fields, JOB_FIELD))
         except msgspec.DecodeError as exc:
-            await self._malformed("delegation job", entry_id, payload if payload is not None else codec.fields_json(fields), exc)
+            await self._malformed("delegation job", entry_id, codec.entry_shown(fields, JOB_FIELD), exc,
+                                  source=stream or self.keys.delegations)
             return
         attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id,
                       "agentstream.delegation": job.name, "gen_ai.tool.call.id": job.call_id}
@@ -87,13 +89,13 @@ class Delegator:
         ):  # a child of the step that published the job (OpenTelemetry)
             await self.open(job)
 
-    async def on_child_ended(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def on_child_ended(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
         """A child ending: hand the child's result back to its parent."""
-        payload = fields.get(ENDING_FIELD)
         try:
             ending = decode_child_ended(codec.entry_field(fields, ENDING_FIELD))
         except msgspec.DecodeError as exc:
-            await self._malformed("child ending", entry_id, payload if payload is not None else codec.fields_json(fields), exc)
+            await self._malformed("child ending", entry_id, codec.entry_shown(fields, ENDING_FIELD), exc,
+                                  source=stream or self.keys.child_endings)
             return
         with logs.bind(trace_id=ending.trace_id), tracing.span(
             "agentstream.hand_back", parent=ending.trace_context, kind="consumer", attributes={"agentstream.trace_id": ending.trace_id}
@@ -111,9 +113,10 @@ class Delegator:
             text=f"Error: the delegation {job.name!r} could not be started (it failed on every try: {error}).",
         ))
 
-    async def _malformed(self, what: str, entry_id: str, payload: bytes | None, exc: Exception) -> None:
+    async def _malformed(self, what: str, entry_id: str, payload: bytes | None, exc: Exception, *, source: str) -> None:
         log.error("dropping malformed %s %s: %s", what, entry_id, exc)
-        await self.redis.xadd(self.keys.errors, {b"error": f"malformed {what} {entry_id}: {exc}".encode(), b"payload": payload or b""})
+        await report_error(self.redis, self.keys, f"malformed {what} {entry_id}: {exc}", payload, self.limits,
+                           source=source, entry=entry_id)
 
     # --- hand-off -----------------------------------------------------------------------------
 
@@ -123,12 +126,12 @@ class Delegator:
         if await self.store.has_key(parent, f"result:{job.call_id}"):
             await self._wake(parent, f"result:{job.call_id}")
             return
-        events = [e for _, e in await self.store.read(parent)]
-        if ending_of(events, job.turn_id) is not None:
+        fold = await self.folds.current(parent)  # what came since this process last looked at the parent
+        if fold.ending(job.turn_id) is not None:
             log.info("delegation %s of trace %s: the parent's turn already ended; no child opened", job.call_id, parent)
             return
         delegation = self.delegations.get(job.name)
-        call = _call(events, job)
+        call = _call(fold, job)
         if delegation is None:
             known = ", ".join(sorted(self.delegations)) or "none"
             await self._result(parent, ToolOutput(
@@ -136,13 +139,14 @@ class Delegator:
                 text=f"Error: there is no delegation named {job.name!r}. Delegations: {known}.",
             ))
             return
-        outcome = hand_off(delegation, parent, events, call, job.turn_id)
+        outcome = hand_off(delegation, parent, fold.events, call, job.turn_id, numbering=fold.numbering(),
+                           turn=fold.turn_input(job.turn_id))
         if isinstance(outcome, ToolOutput):
             log.info("delegation %s of trace %s refused: %s", job.call_id, parent, outcome.error)
             await self._result(parent, outcome)
             return
-        if not await self._admit(keys=[self.keys.descendants(outcome.task.root_trace_id)],
-                                 args=[outcome.child_trace_id, self.max_descendants]):
+        if not await operations.admit_child(self.redis, self.keys, outcome.task.root_trace_id, outcome.child_trace_id,
+                                            self.max_descendants):
             await self._result(parent, descendants_refused(delegation, call, job.turn_id, self.max_descendants))
             return
         await self._start(outcome, delegation)
@@ -153,7 +157,7 @@ class Delegator:
     async def _start(self, handoff: HandOff, delegation: Delegation) -> None:
         child = handoff.child_trace_id
         deadline_ms = int((time.time() + delegation.deadline_s) * 1000)
-        await self.redis.zadd(self.keys.delegation_deadlines, {child: deadline_ms}, nx=True)
+        await operations.set_child_deadline(self.redis, self.keys, child, deadline_ms)
         # the child's steps continue this delegation's OpenTelemetry trace (its metadata's traceparent)
         task = msgspec.structs.replace(handoff.task, metadata={**handoff.task.metadata, **tracing.inject()})
         appended = await self.store.append(child, task)
@@ -177,11 +181,11 @@ class Delegator:
             return False
         parent = task.parent_trace_id
         if not await self.store.has_key(parent, f"result:{task.call_id}"):
-            result = hand_back(self.delegations.get(task.delegation), events)
+            result = self._held_to_limit(hand_back(self.delegations.get(task.delegation), events))
             await self.store.append(parent, result)
             log.info("handed back child trace %s to call %s of trace %s%s", child, task.call_id, parent,
                      f" (error: {result.error})" if result.error else "")
-        await self.redis.zrem(self.keys.delegation_deadlines, child)
+        await operations.clear_child_deadline(self.redis, self.keys, child)
         await self._wake(parent, f"result:{task.call_id}")
         return True
 
@@ -190,7 +194,7 @@ class Delegator:
         events = [e for _, e in await self.store.read(child)]
         task = task_of(events)
         if task is None:  # its TaskInput never made it: a redelivered job opens it afresh
-            await self.redis.zrem(self.keys.delegation_deadlines, child)
+            await operations.clear_child_deadline(self.redis, self.keys, child)
             return
         if ending_of(events, task.turn_id) is None:
             appended = await self.store.append(child, timed_out(task))
@@ -200,6 +204,18 @@ class Delegator:
             await self._wake(child, "timed_out")
         await self.give_back(child)
 
+    def _held_to_limit(self, result: ToolOutput) -> ToolOutput:
+        """A child's result is a tool result: over ``AGENTSTREAM_MAX_TOOL_RESULT_BYTES`` (text and
+        data, :func:`agentstream.wire.checks.tool_result_refusal`) it is replaced by an error result
+        (``result_too_large``) that names the limit and the size, as the tool worker does; the
+        child's own trace keeps what it wrote."""
+        too_large = tool_result_refusal(result.name, result.text, result.data, self.limits)
+        if too_large is None:
+            return result
+        log.warning("the result of call %s (%s) is over AGENTSTREAM_MAX_TOOL_RESULT_BYTES: replaced by an error result",
+                    result.call_id, result.name)
+        return msgspec.structs.replace(result, text=too_large, data=None, error="result_too_large", elements=())
+
     # --- publishing ---------------------------------------------------------------------------
 
     async def _result(self, trace_id: str, result: ToolOutput) -> None:
@@ -207,20 +223,20 @@ class Delegator:
         await self._wake(trace_id, f"result:{result.call_id}")
 
     async def _wake(self, trace_id: str, reason: str) -> None:
-        await self.redis.xadd(self.keys.wake, {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason=reason))})
+        await operations.wake_trace(self.redis, self.keys, trace_id, reason)
 
     async def _cancel(self, trace_id: str, turn_id: str, reason: str) -> None:
         message = CancelMessage(trace_id=trace_id, turn_id=turn_id, by="parent", reason=reason)
-        await self.redis.xadd(self.keys.cancel, {CANCEL_FIELD: codec.encode(message)})
+        await operations.request_cancel(self.redis, self.keys, message)
 
 
-def _call(events, job: ToolJob) -> ToolCall:
+def _call(fold: TraceFold, job: ToolJob) -> ToolCall:
     """The call as the trace recorded it (the truth), else as the job carries it."""
-    for event in events:
-        if isinstance(event, ModelOutput) and event.turn_id == job.turn_id:
-            for call in event.tool_calls:
-                if call.id == job.call_id:
-                    return call
+    record = fold.turns.get(job.turn_id)
+    for event in record.outputs if record is not None else ():
+        for call in event.tool_calls:
+            if call.id == job.call_id:
+                return call
     return ToolCall(id=job.call_id, name=job.name, arguments=job.arguments)
 
 
@@ -247,9 +263,8 @@ class Supervisor:
     async def sweep(self, now_ms: int | None = None) -> int:
         """End and hand back every child whose deadline is before ``now_ms`` → how many."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        due = await self.redis.zrangebyscore(self.delegator.keys.delegation_deadlines, "-inf", now_ms, start=0, num=self.batch)
-        for raw in due:
-            child = raw.decode() if isinstance(raw, bytes) else raw
+        due = await operations.children_past_deadline(self.redis, self.delegator.keys, now_ms, self.batch)
+        for child in due:
             with logs.bind(trace_id=child):
                 await self.delegator.expire(child)
             self.expired += 1
@@ -262,7 +277,7 @@ class Supervisor:
             try:
                 await self.sweep()
                 backoff_s = self.interval_s
-            except (RedisConnectionError, RedisTimeoutError, ResponseError, OSError) as exc:
+            except (*COMMAND_ERRORS, OSError) as exc:
                 log.warning("supervisor could not read the deadlines (%s); retrying in %.1f s", exc, backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
             try:

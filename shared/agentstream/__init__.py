@@ -2,15 +2,37 @@
 
 The public API of the shared library: declare an :class:`App` of :class:`Agent` s and
 :func:`tool` s (and :class:`Delegation` s, tools that run a subagent); the events of a trace
-are in :mod:`agentstream.events`; the context library is :mod:`agentstream.context`.
+are in :mod:`agentstream.wire.events`; the context library is :mod:`agentstream.context`.
+
+The library is a folder per layer (README "Layout"):
+
+- pure layers, no Redis, no asyncio, nothing of the runtime: :mod:`agentstream.wire` (events,
+  codec, keys, the checks on what a client publishes), :mod:`agentstream.context` (the context
+  library), :mod:`agentstream.steps` (the step decision and the fold);
+- the model adapters (:mod:`agentstream.models`), subagents (:mod:`agentstream.delegation`),
+  MCP tools (:mod:`agentstream.mcp_tools`), the app surface (:mod:`agentstream.app`) and
+  operations (:mod:`agentstream.ops`: settings, logs, metrics, tracing);
+- :mod:`agentstream.runtime`, the only layer that sends Redis commands, as named operations;
+- :mod:`agentstream.cli`, the ``agentstream`` command.
+
+The services (``agentstream_services``) import the runtime and the pure layers, never ``redis``.
+``tests/unit/test_layers.py`` checks these rules.
 """
 
-from agentstream.app import Agent, App, Tool, ToolResultValue, load_app, tool
+from agentstream.app.base import Agent, AgentSettings, App, Tool, ToolResult, ToolResultValue, load_app, tool
 from agentstream.delegation import Delegation
 from agentstream.errors import AgentStreamError, ToolCancelled
-from agentstream.events import (
+from agentstream.mcp_tools import McpServer
+from agentstream.app.inputs import ChatTurnInput, Text, ToolDeclaration, ToolState, TurnDenied
+from agentstream.wire.events import (
     TRACE_SCHEMA_VERSION,
+    CitedSource,
+    Document,
+    Element,
+    Image,
     ModelOutput,
+    Passage,
+    Source,
     ToolCall,
     ToolOutput,
     TurnEnded,
@@ -18,21 +40,35 @@ from agentstream.events import (
     TurnInput,
     TurnMessage,
 )
-from agentstream.tool_context import CallContext, current_call
+from agentstream.app.tool_context import CallContext, current_call
 
 __all__ = [
     "TRACE_SCHEMA_VERSION",
     "Agent",
+    "AgentSettings",
     "AgentStreamError",
     "App",
-    "Delegation",
     "CallContext",
+    "ChatTurnInput",
+    "CitedSource",
+    "Delegation",
+    "Document",
+    "Element",
+    "Image",
+    "McpServer",
     "ModelOutput",
+    "Passage",
+    "Source",
+    "Text",
     "Tool",
     "ToolCancelled",
     "ToolCall",
+    "ToolDeclaration",
     "ToolOutput",
+    "ToolResult",
     "ToolResultValue",
+    "ToolState",
+    "TurnDenied",
     "TurnEnded",
     "TurnFailed",
     "TurnInput",

@@ -11,7 +11,10 @@ The tree::
     │   └── StaleLeaseError      an append was fenced off: another worker holds the trace now
     ├── ServiceFailed            a consumer of a service process stopped with an error: the
     │                            process exits non-zero, so an orchestrator restarts it
-    ├── TurnRejected             a published turn is malformed (the reason names the field)
+    ├── TurnRejected             a published turn breaks a rule of the wire (the reason names
+    │                            the field or the limit; see agentstream.wire.checks)
+    ├── TurnDenied               an agent refuses a turn, raised on purpose by its settings
+    │                            function, or for tool states it does not allow (agentstream.app.inputs)
     ├── Deferred                 a handler's signal, raised on purpose: not now, hand me this
     │                            work-stream entry again after a delay (not a failure)
     ├── ToolError                a tool call could not produce a result
@@ -28,8 +31,9 @@ The tree::
     └── ModelError               a model call failed
         ├── ModelConfigError     wrong key, model or URL (HTTP 401/403/404): not retried
         ├── ModelUnanswered      no answer after the retries (network, timeout, 408/409/429/5xx)
-        │   └── ModelInputRejected  the server refused this request's input (HTTP 400/413/422):
-        │                           sending the same body again cannot help
+        │   ├── ModelInputRejected  the server refused this request's input (HTTP 400/413/422):
+        │   │                       sending the same body again cannot help
+        │   └── ModelDeadlineExceeded  the call as a whole ran past its deadline
         ├── InvalidModelOutput   the reply cannot be used (refused, cut off, empty, malformed)
         └── ModelStopError       a stored model output did not finish normally (raised on
                                  purpose by ``ModelOutput.raise_for_stop``)
@@ -68,19 +72,64 @@ class StaleLeaseError(TraceError):
 class ServiceFailed(AgentStreamError):
     """A consumer (or listener) of a service process stopped with an error, or stopped by itself.
 
-    Raised by :func:`agentstream.service.run_consumers` after the others drained; the cause is
+    Raised by :func:`agentstream.runtime.runner.run_consumers` after the others drained; the cause is
     chained. ``agentstream serve`` exits non-zero on it.
     """
 
 
 class TurnRejected(AgentStreamError):
-    """A published turn message is malformed; ``reason`` says what and where."""
+    """A published turn message breaks a rule of the wire; ``reason`` says what and where.
 
-    def __init__(self, reason: str, *, trace_id: str | None = None, turn_id: str | None = None):
+    Attributes:
+        reason: what was wrong: the field (msgspec's path, ``$.turn_id``), or the limit with its
+            setting and the actual size.
+        code: the failure reply's code, ``bad_turn``.
+        limit: the setting whose limit the turn passed (``AGENTSTREAM_MAX_TURN_BYTES``), or None.
+        trace_id, turn_id: the turn's ids when they could be read (None: the refusal has no
+            trace and goes to the errors stream).
+        reply_to: the turn's reply stream when it passed the reply-stream check, else None
+            (the failure reply goes to the default replies stream).
+        metadata: the turn's metadata when it could be read within its limit (echoed on the
+            failure reply), else empty.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        trace_id: str | None = None,
+        turn_id: str | None = None,
+        reply_to: str | None = None,
+        metadata: dict[str, str] | None = None,
+        limit: str | None = None,
+        code: str = "bad_turn",
+    ):
         super().__init__(reason)
         self.reason = reason
         self.trace_id = trace_id
         self.turn_id = turn_id
+        self.reply_to = reply_to
+        self.metadata = dict(metadata or {})
+        self.limit = limit
+        self.code = code
+
+
+class TurnDenied(AgentStreamError):
+    """An agent refuses a turn: its settings function says no, or the turn asks of a tool what
+    the agent does not allow. The turn fails with ``code`` and ``reason``; no model is called.
+
+    Raise it from a settings function (``Agent(settings=...)``) to refuse a turn for a reason of
+    the app's own (a user over quota, a model the user may not use).
+
+    Attributes:
+        reason: what was refused and why, for the person who sent the turn.
+        code: the failed reply's code (default ``input_denied``).
+    """
+
+    def __init__(self, reason: str, *, code: str = "input_denied"):
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
 
 
 class Deferred(AgentStreamError):
@@ -113,11 +162,17 @@ class ToolTimeoutError(ToolError):
 
 
 class ToolCancelled(ToolError):
-    """The call's turn was cancelled; raised by :meth:`agentstream.tool_context.CallContext.raise_if_cancelled`."""
+    """The call's turn was cancelled; raised by :meth:`agentstream.app.tool_context.CallContext.raise_if_cancelled`."""
 
 
 class ContextError(AgentStreamError):
     """The context library could not build a model request from the trace."""
+
+
+class PromptError(ContextError):
+    """An agent's system prompt could not be written for a turn: its prompt function raised or
+    returned something else than a text, or its prompt file's template failed to render. The
+    turn fails with code ``prompt``."""
 
 
 class UnrenderedEventError(ContextError):
@@ -145,7 +200,15 @@ class ModelError(AgentStreamError):
 
 
 class ModelConfigError(ModelError):
-    """The endpoint refused the key, the model or the URL (HTTP 401, 403, 404)."""
+    """The endpoint refused the key, the model or the URL (HTTP 401, 403, 404).
+
+    Attributes:
+        status_code: the HTTP status, when the endpoint answered.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class ModelUnanswered(ModelError):
@@ -158,6 +221,18 @@ class ModelUnanswered(ModelError):
     def __init__(self, message: str, *, status_code: int | None = None):
         super().__init__(message)
         self.status_code = status_code
+
+
+class ModelDeadlineExceeded(ModelUnanswered):
+    """A model call ran past its deadline as a whole (connect to last byte, retries included).
+
+    Attributes:
+        deadline_s: the deadline that passed, in seconds.
+    """
+
+    def __init__(self, message: str, *, deadline_s: float):
+        super().__init__(message)
+        self.deadline_s = deadline_s
 
 
 class ModelInputRejected(ModelUnanswered):
@@ -180,12 +255,12 @@ class InvalidModelOutput(ModelError):
 class ModelStopError(ModelError):
     """A model output ended for a reason other than finishing or asking for tools.
 
-    Raised by :meth:`agentstream.events.ModelOutput.raise_for_stop`, the blocking-script
+    Raised by :meth:`agentstream.wire.events.ModelOutput.raise_for_stop`, the blocking-script
     counterpart of ``response.raise_for_status()``; the runtime never raises it by itself.
 
     Attributes:
         stop_reason: ``refusal``, ``content_filter``, ``length``, ``pause``, ``interrupted`` or
-            ``unknown`` (see :data:`agentstream.events.StopReason`).
+            ``unknown`` (see :data:`agentstream.wire.events.StopReason`).
         detail: the provider's own finish reason or refusal text, when it said more.
         turn_id: the turn of the model call.
         step: the model call's step within the turn.

@@ -60,7 +60,7 @@ def test_rendered_manifests_pass_kubernetes_validate(request: pytest.FixtureRequ
     # Only the CRDs (KEDA, Prometheus Operator) may be unknown to the bundled schemas.
     for line in output.splitlines():
         if line.startswith("WARN"):
-            assert re.search(r"kind (ScaledObject|TriggerAuthentication|ServiceMonitor) ", line), line
+            assert re.search(r"kind (ScaledObject|TriggerAuthentication|ServiceMonitor|PodMonitor|PrometheusRule) ", line), line
 
 
 # ---------------------------------------------------------------- every workload
@@ -118,7 +118,7 @@ def test_agentstream_containers_probe_the_metrics_port_and_get_their_settings(
         assert env["AGENTSTREAM_NAMESPACE"]["value"] == values["streamNamespace"], where
         assert env["AGENTSTREAM_APP"]["value"] == values["app"], where
         assert env["REDIS_URL"]["value"].startswith(("redis://", "rediss://")), where
-        assert c["command"] == ["agentstream"], where
+        assert c["command"] == ["tini", "--", "agentstream"], where
         service = component(d)
         model_env = {n for n in env if n.startswith(("OPENAI_", "AGENTSTREAM_KEY_", "AGENTSTREAM_MODELS_FILE", "AGENTSTREAM_DEFAULT_MODEL"))}
         if service in MODEL_SERVICES:
@@ -187,7 +187,7 @@ def test_bundled_redis_uses_aof_on_a_volume(default_render: Rendered) -> None:
     host = f"{FULLNAME}-redis.{K8S_NAMESPACE}.svc.cluster.local:6379"
     for d in default_render.of_kind("Deployment"):
         (ac,) = d["spec"]["template"]["spec"]["containers"]
-        assert env_of(ac)["REDIS_URL"]["value"] == f"redis://{host}/0"
+        assert env_of(ac)["REDIS_URL"]["value"] == f"redis://:$(REDIS_PASSWORD)@{host}/0"
     default_render.named("Service", f"{FULLNAME}-redis")
 
 
@@ -200,7 +200,7 @@ def test_external_redis_url_has_tls_and_the_password_by_reference(full_render: R
         password = env[names.index("REDIS_PASSWORD")]
         assert password["valueFrom"]["secretKeyRef"] == {"name": "redis-auth", "key": "redis-password"}
         url = env[names.index("REDIS_URL")]["value"]
-        assert url == "rediss://agentstream:$(REDIS_PASSWORD)@redis.example.com:6380/2"
+        assert url == "rediss://agentstream:$(REDIS_PASSWORD)@redis.example.com:6380/2?ssl_ca_certs=/etc/agentstream/redis-tls/ca.crt"
 
 
 # ---------------------------------------------------------------- secrets
@@ -209,7 +209,9 @@ def test_external_redis_url_has_tls_and_the_password_by_reference(full_render: R
 @pytest.mark.parametrize("name", ["default", "full", "hpa"])
 def test_no_secret_is_inlined(request: pytest.FixtureRequest, name: str) -> None:
     rendered: Rendered = request.getfixturevalue(f"{name}_render")
-    assert not rendered.of_kind("Secret"), "the chart never takes secret values, so it renders no Secret"
+    # The chart never takes secret values; its one Secret is the bundled Redis' generated password.
+    for secret in rendered.of_kind("Secret"):
+        assert secret["metadata"]["name"] == f"{FULLNAME}-redis-auth", secret["metadata"]["name"]
     for w in workloads(rendered):
         for c in w["spec"]["template"]["spec"]["containers"]:
             for e in c.get("env", []):
@@ -258,7 +260,7 @@ def test_model_keys_come_from_secrets(full_render: Rendered) -> None:
 def test_models_file_is_mounted_where_agentstream_models_file_points(
     full_render: Rendered, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentstream.settings import Settings
+    from agentstream.ops.settings import Settings
 
     monkeypatch.setenv("AGENTSTREAM_MODELS_FILE", MODELS_FILE)
     assert Settings().models_file == MODELS_FILE, "the variable the Python side reads"
@@ -285,14 +287,14 @@ def test_rendered_models_file_loads_in_agentstream(full_render: Rendered, tmp_pa
     assert claude.api_key is not None and claude.api_key.get_secret_value() == "key-of-AGENTSTREAM_KEY_CLAUDE"
     local = endpoints["local-small"]
     assert (local.window_tokens, local.chars_per_token, local.timeout_s, local.retries) == (32768, 3.5, 60.0, 1)
-    assert local.quirks.tool_call_content == "null" and local.quirks.reasoning_replay == "current_turn"
+    assert local.quirks.tool_call_content == "null" and local.quirks.reasoning_field == "reasoning"
     assert dict(local.extra_body) == {"top_k": 20}
     assert endpoints["ollama"].api_key is None and endpoints["ollama"].provider == "openai"
 
 
 def test_default_model_options_reach_the_default_endpoint(full_render: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
     from agentstream.models.endpoints import default_endpoint
-    from agentstream.settings import Settings
+    from agentstream.ops.settings import Settings
 
     env = env_of(container_of(full_render, "compaction"))
     for name in ("OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS"):
@@ -328,6 +330,29 @@ def test_an_anthropic_default_goes_into_the_models_file(render: Any, tmp_path: P
     assert endpoints["default"].provider == "anthropic"
 
 
+def test_inline_tool_schemas_reaches_both_kinds_of_endpoint(render: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`inlineToolSchemas` is the endpoint setting `inline_tool_schemas`
+    (agentstream.models.endpoints): on the default endpoint it goes in
+    AGENTSTREAM_DEFAULT_MODEL_OPTIONS, on another in the models file; off when unset."""
+    from agentstream.models.endpoints import default_endpoint
+    from agentstream.ops.settings import Settings
+
+    models = [
+        {"id": "default", "baseUrl": "https://gemini.example/v1beta/openai", "model": "gemini-2.5-flash", "inlineToolSchemas": True},
+        {"id": "gemini", "baseUrl": "https://gemini.example/v1beta/openai", "model": "gemini-2.5-pro", "inlineToolSchemas": True},
+        {"id": "plain", "baseUrl": "https://api.example/v1", "model": "m"},
+    ]
+    r = render(values={"models": models})
+    env = env_of(container_of(r, "agent-loop"))
+    for name in ("OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS"):
+        monkeypatch.setenv(name, env[name]["value"])
+    assert default_endpoint(Settings()).inline_tool_schemas is True
+    endpoints = load_rendered_models(r, tmp_path, {})
+    assert endpoints["gemini"].inline_tool_schemas is True and endpoints["plain"].inline_tool_schemas is False
+    refused = render(values={"models": [{**models[0], "inlineToolSchemas": "yes"}]})  # the schema types it
+    assert refused.returncode != 0 and "inlineToolSchemas" in refused.stderr
+
+
 # ---------------------------------------------------------------- autoscaling
 
 
@@ -339,7 +364,10 @@ def test_keda_scaled_object_per_pool_targets_its_stream_and_group(
     pools = full_values["toolWorkers"]["pools"]
     assert len(objects) == len(pools)
     (auth,) = full_render.of_kind("TriggerAuthentication")
-    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "redis-auth", "key": "redis-password"}]
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": "redis-auth", "key": "redis-password"},
+        {"parameter": "ca", "name": "redis-ca", "key": "ca.crt"},
+    ]
     for pool in pools:
         name = f"{FULLNAME}-tool-worker-{pool['name']}"
         so = full_render.named("ScaledObject", name)
@@ -375,8 +403,9 @@ def test_keda_on_bundled_redis_dials_the_fully_qualified_service(render: Any) ->
         assert t["metadata"]["address"] == f"{FULLNAME}-redis.{K8S_NAMESPACE}.svc.cluster.local:6379"
         assert t["metadata"]["stream"] == "agentstream:tools:default"
         assert "enableTLS" not in t["metadata"]
-        assert "authenticationRef" not in t
-    assert not r.of_kind("TriggerAuthentication")
+        assert t["authenticationRef"]["name"] == f"{FULLNAME}-redis-auth"
+    (auth,) = r.of_kind("TriggerAuthentication")
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": f"{FULLNAME}-redis-auth", "key": "redis-password"}]
 
 
 def test_hpa_is_the_alternative_to_keda(hpa_render: Rendered, full_values: dict[str, Any]) -> None:
@@ -426,7 +455,7 @@ def test_network_policies(full_render: Rendered, render: Any) -> None:
 
 
 def test_prompts_configmap_is_mounted(full_render: Rendered) -> None:
-    from agentstream.prompts import PROMPTS_DIR_ENV  # the variable the Python side reads
+    from agentstream.app.prompts import PROMPTS_DIR_ENV  # the variable the Python side reads
 
     cm = full_render.named("ConfigMap", f"{FULLNAME}-prompts")
     assert "demo.yaml" in cm["data"]

@@ -34,6 +34,19 @@ METRICS = (
     "agentstream_dead_letters_total",
     "agentstream_compactions_total",
     "agentstream_delegations_total",
+    "agentstream_late_results_total",
+    "agentstream_lost_entries_total",
+    "agentstream_tool_outcomes_unknown_total",
+    "agentstream_trimmed_entries_total",
+    "agentstream_model_errors_total",
+    "agentstream_model_retries_total",
+    "agentstream_handlers_in_flight",
+    "agentstream_stream_consumers",
+    "agentstream_build_info",
+    "agentstream_stream_observed_timestamp_seconds",
+    "agentstream_mcp_sessions_total",
+    "agentstream_mcp_server_up",
+    "agentstream_mcp_tools_refused",
 )
 
 
@@ -103,7 +116,7 @@ def test_compose_up_starts_every_service(compose: dict[str, Any]) -> None:
     raw = yaml.safe_load(COMPOSE.read_text())
     for name in ("redis", *AGENTSTREAM_SERVICES):
         assert "profiles" not in raw["services"][name], name
-    assert set(compose["services"]) == {"redis", *AGENTSTREAM_SERVICES}
+    assert set(compose["services"]) == {"redis", *AGENTSTREAM_SERVICES, "gateway"}  # the gateway: test_deploy_gateway
 
 
 def test_compose_mounts_an_optional_models_file(compose: dict[str, Any]) -> None:
@@ -150,16 +163,16 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 def test_dockerfile_runs_any_service_as_non_root_with_a_health_check() -> None:
     pairs = dockerfile_instructions()
     final_stage = pairs[max(i for i, (ins, _) in enumerate(pairs) if ins == "FROM") :]
-    assert final_stage[0][1].split()[0] in ("${PYTHON_IMAGE}", "python:3.11-slim")
+    assert final_stage[0][1].split()[0] in ("${PYTHON_IMAGE}", "python:3.11-slim-bookworm")
     args = dict(a.split("=", 1) for ins, a in pairs if ins == "ARG" and "=" in a)
-    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim-bookworm", "a Debian release, so the pinned tini exists in it"
     users = [a for ins, a in final_stage if ins == "USER"]
     assert users, "the image must switch to a non-root user"
     uid = users[-1].split(":")[0].replace("${AGENTSTREAM_UID}", args["AGENTSTREAM_UID"])
     assert uid.isdigit() and int(uid) != 0, "numeric and non-root, so runAsNonRoot can verify it"
     (healthcheck,) = [a for ins, a in final_stage if ins == "HEALTHCHECK"]
     assert "python" in healthcheck and "/healthz" in healthcheck and "AGENTSTREAM_METRICS_PORT" in healthcheck
-    assert ("ENTRYPOINT", '["agentstream"]') in final_stage
+    assert ("ENTRYPOINT", '["tini", "--", "agentstream"]') in final_stage, "tini is PID 1: it forwards signals and reaps"
     (cmd,) = [json.loads(a) for ins, a in final_stage if ins == "CMD"]
     assert cmd == ["serve", "agent-loop", "--app", "agentstream.demo.app:app"]
     env = " ".join(a for ins, a in final_stage if ins == "ENV")

@@ -125,6 +125,10 @@ BAD_COMBINATIONS = {
     ),
     "pool without queue": ({"toolWorkers": {"pools": [{"name": "heavy"}]}}, "(heavy) has no queue"),
     "pool without name": ({"toolWorkers": {"pools": [{"queue": "q"}]}}, "toolWorkers.pools[0] has no name"),
+    "pool queue named like a partition": (
+        {"toolWorkers": {"pools": [{"name": "heavy", "queue": "heavy:p1"}]}},
+        "queue \"heavy:p1\" ends in the partition suffix ':p<k>' of work streams (its stream would be a partition of queue \"heavy\"",
+    ),
     "duplicate pool": (
         {"toolWorkers": {"pools": [{"name": "a", "queue": "a"}, {"name": "a", "queue": "b"}]}},
         'the pool name "a" appears twice',
@@ -139,7 +143,7 @@ BAD_COMBINATIONS = {
         "autoscaling.hpa needs resources.requests.cpu",
     ),
     "keda without triggers": (
-        {"autoscaling": {"keda": {"enabled": True, "lagCount": 0, "pendingEntriesCount": 0}}},
+        {"autoscaling": {"keda": {"enabled": True, "lagCount": 0, "pendingTrigger": False}}},
         "the ScaledObject has no trigger",
     ),
     "min above max": (

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import pytest
-import redis as redis_sync
+from tests.support.redis_server import sync_client
 
 
 @pytest.fixture
 def client(redis_url):
     """A plain (sync) Redis client, as another backend would use."""
-    c = redis_sync.Redis.from_url(redis_url)
+    c = sync_client(redis_url)
     yield c
     c.close()

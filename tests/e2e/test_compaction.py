@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from agentstream import codec
-from agentstream.events import Compaction, CompactionFailed, ModelOutput, TurnEnded
+from agentstream.wire.events import Compaction, CompactionFailed, ModelOutput, TurnEnded
 from tests.support import compaction_apps
 from tests.support.compaction_apps import turn_text
 from tests.support.procs import ROOT, Services, publish_turn, wait_replies
+from tests.support.procs import trace_events as events_of
 
 pytestmark = pytest.mark.e2e
 
@@ -28,10 +28,6 @@ def services(redis_url, namespace, scripted_model, tmp_path):
     services_started = s
     yield services_started
     s.stop_all()
-
-
-def events_of(client, keys, trace_id):
-    return [e for _, e in codec.decode_entries(client.xrange(keys.trace(trace_id)), trace_id=trace_id)]
 
 
 def talk(client, keys, trace_id: str, texts: list[str]) -> list:
@@ -98,3 +94,18 @@ def test_c24_when_summarising_fails_the_turn_falls_back_to_trimming_and_says_so(
     assert "left out" in last["messages"][0]["content"]
     users = [m["content"][:7] for m in last["messages"] if m["role"] == "user"]
     assert users[-1] == "turn 4:" and "turn 1:" not in users
+
+
+def test_c04_when_the_summary_fails_and_the_running_turn_alone_cannot_fit_the_turn_fails_context_full(client, keys, services, scripted_model):
+    # issue 11 item 8: the fallback trim never sends the system prompt without the user's message
+    services.start("loop-1", "agent-loop")
+    services.start("compaction-1", "compaction")
+    texts = [turn_text(1, extra="FAIL-SUMMARIES"), turn_text(2), turn_text(3), turn_text(4, 14_000)]
+    replies = talk(client, keys, "too-big", texts)
+    assert [r.status for r in replies[:3]] == ["ended"] * 3
+    last = replies[-1]
+    assert last.status == "failed" and last.code == "context_full", last
+    assert "the summary failed and trimming cannot help" in last.reason and "over the model's window of 4000 tokens" in last.reason
+    assert "needs about" in last.reason and "output reserve 256" in last.reason, last.reason
+    for body in chat_requests(scripted_model):
+        assert any(m["role"] == "user" for m in body["messages"]), body["messages"]  # never the system prompt alone

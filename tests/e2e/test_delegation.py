@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
-from agentstream import codec
+from agentstream.wire import codec
 from agentstream.delegation import child_trace_id
-from agentstream.events import CancelMessage, ModelOutput, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
-from agentstream.keys import CANCEL_FIELD
+from agentstream.wire.events import CancelMessage, ModelOutput, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.keys import CANCEL_FIELD
 from tests.support import delegation_apps
 from tests.support.procs import ROOT, Services, publish_turn, wait_replies
+from tests.support.procs import trace_events as events_of, wait_until as wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -34,20 +34,6 @@ def start_all(services: Services) -> None:
     services.start("loop-1", "agent-loop")
     services.start("tools-1", "tool-worker", "--queue", "default")
     services.start("delegation-1", "delegation")
-
-
-def events_of(client, keys, trace_id):
-    return [e for _, e in codec.decode_entries(client.xrange(keys.trace(trace_id)), trace_id=trace_id)]
-
-
-def wait_for(predicate, timeout_s: float = 30.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 def endings(events):

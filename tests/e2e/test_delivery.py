@@ -11,10 +11,10 @@ import time
 import pytest
 import redis as redis_sync
 
-from agentstream import codec
-from agentstream.events import ToolOutput, ToolStarted, TurnEnded, TurnFailed
+from agentstream.wire.events import ToolOutput, ToolStarted, TurnEnded, TurnFailed
 from tests.support import apps
-from tests.support.procs import ROOT, Services, publish_turn, wait_replies
+from tests.support.procs import ROOT, Services, publish_turn, wait_replies, wait_until
+from tests.support.procs import trace_events as events
 from tests.support.redis_server import RestartableRedis
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
 
@@ -36,26 +36,12 @@ def services(redis_url, namespace, model, tmp_path):
     s.stop_all()
 
 
-def events(client, keys, trace_id):
-    return [e for _, e in codec.decode_entries(client.xrange(keys.trace(trace_id)), trace_id=trace_id)]
-
-
 def effects(client, namespace) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall(apps.effects_key(namespace)).items()}
 
 
 def runs(client, namespace, tool: str) -> int:
     return sum(v for k, v in effects(client, namespace).items() if k.endswith(f"/{tool}"))
-
-
-def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached within {timeout_s} s")
 
 
 def test_sigterm_finishes_the_tool_call_in_hand_then_exits(client, keys, namespace, services):
@@ -69,7 +55,7 @@ def test_sigterm_finishes_the_tool_call_in_hand_then_exits(client, keys, namespa
     (reply,) = wait_replies(client, keys, 1)
     assert reply.status == "ended" and reply.answer == "Results: worked 2500 ms"
     assert runs(client, namespace, "work") == 1  # finished by the stopping worker, not run again
-    assert client.xpending(keys.tools("default"), "tool-workers")["pending"] == 0
+    assert client.xpending(keys.tools_for("default", "g1"), "tool-workers")["pending"] == 0
 
 
 def test_sigterm_past_the_grace_period_releases_the_call_for_another_worker(client, keys, namespace, services):
@@ -122,8 +108,8 @@ def test_poison_job_that_kills_its_worker_is_dead_lettered_and_the_model_sees_an
     (reply,) = wait_replies(client, keys, 1, timeout_s=5)
     assert reply.status == "ended" and "could not be run" in reply.answer and "worked 1 ms" in reply.answer
     assert runs(client, namespace, "crash") == 2 == restarts  # two real deliveries, then the dead letter
-    (dead,) = client.xrange(keys.dead(keys.tools("default")))
-    assert dead[1][b"dead_deliveries"] == b"3" and dead[1][b"dead_error"].startswith(b"unknown")
+    (dead,) = client.xrange(keys.dead(keys.tools_for("default", "g4")))
+    assert dead[1][b"dead_deliveries"] == b"2" and dead[1][b"dead_error"].startswith(b"unknown")
 
 
 def test_agentstream_cancel_stops_a_turn_and_waits_for_its_end(client, keys, services, model):

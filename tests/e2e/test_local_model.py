@@ -16,8 +16,9 @@ from tests.support.procs import ROOT
 pytestmark = [pytest.mark.e2e, pytest.mark.local_model]
 
 
-def test_main_job_on_the_embedded_defaults():
+def test_main_job_on_the_embedded_defaults(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "OPENAI_", "AGENTSTREAM_"))}
+    env["XDG_CACHE_HOME"] = str(tmp_path)  # the embedded Redis keeps its data under the cache: this test's own
     proc = subprocess.run(
         [sys.executable, "-m", "agentstream", "run", "What is 365 * 24?"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=240,

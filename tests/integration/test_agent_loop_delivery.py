@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from agentstream import codec
-from agentstream.events import (
+from agentstream.wire import codec
+from agentstream.wire.events import (
     ModelOutput,
     ToolCall,
     ToolJob,
@@ -20,7 +20,7 @@ from agentstream.events import (
     TurnFailed,
     TurnInput,
 )
-from agentstream.keys import JOB_FIELD
+from agentstream.wire.keys import JOB_FIELD, TURN_FIELD
 from tests.support import apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
@@ -116,8 +116,8 @@ async def test_interrupt_policy_cancels_the_running_turn_and_runs_the_new_one(re
 
 
 async def test_cancel_aborts_the_in_flight_model_request(redis, keys, services, store, model):
-    from agentstream.cancel import publish_cancel
-    from agentstream.events import CancelMessage
+    from agentstream.runtime.cancel import publish_cancel
+    from agentstream.wire.events import CancelMessage
 
     await services.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="c6", turn_id="t1", agent="plan", text="SLOW do: work(1)")
@@ -139,8 +139,8 @@ async def test_c27_cancel_while_tools_run_queued_skipped_running_told_late_resul
         await services.start("p1", "agent-loop", "tool-worker")
         await publish(redis, keys, trace_id="c7", turn_id="t1", agent="plan", text="do: sleepy(a) record(b) work(10)")
         await wait_for(lambda: _effect(redis, namespace, "sleepy"), what="sleepy running")
-        from agentstream.cancel import publish_cancel
-        from agentstream.events import CancelMessage
+        from agentstream.runtime.cancel import publish_cancel
+        from agentstream.wire.events import CancelMessage
 
         await publish_cancel(redis, keys, CancelMessage(trace_id="c7", by="user"))
         reply = await wait_reply(redis, keys, "t1")
@@ -178,8 +178,8 @@ async def test_running_tools_are_told_of_a_cancel(redis, keys, services, store, 
         await publish(redis, keys, trace_id="c8", turn_id="t1", agent="plan", text="do: work(20000) record(x)")
         await wait_for(lambda: _effect(redis, namespace, "work"), what="work running")
         await wait_for(lambda: _has(store, "c8", ToolStarted), what="record started")
-        from agentstream.cancel import publish_cancel
-        from agentstream.events import CancelMessage
+        from agentstream.runtime.cancel import publish_cancel
+        from agentstream.wire.events import CancelMessage
 
         await publish_cancel(redis, keys, CancelMessage(trace_id="c8"))
         assert (await wait_reply(redis, keys, "t1")).code == "cancelled"
@@ -194,7 +194,7 @@ async def test_a_tool_job_delivered_twice_runs_once(redis, keys, services, store
     trace, call = await _one_call(store, "c9", "work", '{"ms": 300}')
     job = codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name="work", arguments='{"ms": 300}'))
     for _ in range(2):  # published twice (say, by a stale lease holder)
-        await redis.xadd(keys.tools("default"), {JOB_FIELD: job})
+        await redis.xadd(keys.tools_for("default", trace), {JOB_FIELD: job})
     await services.start("w1", "tool-worker")
     await services.start("w2", "tool-worker")
 
@@ -205,7 +205,7 @@ async def test_a_tool_job_delivered_twice_runs_once(redis, keys, services, store
     await asyncio.sleep(0.5)
     assert len(await answered()) == 1
     assert runs_of(await effects(redis, namespace), "work") == 1
-    pending = await redis.xpending(keys.tools("default"), "tool-workers")
+    pending = await redis.xpending(keys.tools_for("default", trace), "tool-workers")
     assert pending["pending"] == 0
 
 
@@ -218,7 +218,7 @@ async def test_redelivery_after_a_crash_mid_run_of_a_side_effect_tool(redis, key
     # died. The re-delivery must not run a side-effect tool again unless it is retry_safe.
     arguments = '{"ms": 1}' if tool == "work" else '{"key": "k"}'
     trace, call = await _one_call(store, f"c10-{tool}", tool, arguments)
-    stream = keys.tools("default")
+    stream = keys.tools_for("default", trace)
     entry = await redis.xadd(stream, {JOB_FIELD: codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name=tool, arguments=arguments))})
     ref = f"{stream}/{entry.decode()}"
     state = await store.begin_call(trace, "t1", call, ref)
@@ -243,10 +243,10 @@ async def test_a_tool_job_that_fails_every_delivery_gives_the_model_an_error_res
     worker = proc.worker
     real = worker.store.begin_call
 
-    async def broken(trace_id, turn_id, call_id, job):
+    async def broken(trace_id, turn_id, call_id, job, **options):
         if trace_id == "c11":
             raise RuntimeError("disk on fire")
-        return await real(trace_id, turn_id, call_id, job)
+        return await real(trace_id, turn_id, call_id, job, **options)
 
     monkeypatch.setattr(worker.store, "begin_call", broken)
     await publish(redis, keys, trace_id="c11", turn_id="t1", agent="plan", text="do: work(1)")
@@ -254,8 +254,8 @@ async def test_a_tool_job_that_fails_every_delivery_gives_the_model_an_error_res
     assert reply.status == "ended" and "disk on fire" in reply.answer  # the model saw the error
     (result,) = [e for e in await events_of(store, "c11") if isinstance(e, ToolOutput)]
     assert result.error == "dead_letter"
-    (dead,) = await redis.xrange(keys.dead(keys.tools("default")))
-    assert dead[1][b"dead_deliveries"] == b"3" and b"disk on fire" in dead[1][b"dead_error"]
+    (dead,) = await redis.xrange(keys.dead(keys.tools_for("default", "c11")))
+    assert dead[1][b"dead_deliveries"] == b"2" and b"disk on fire" in dead[1][b"dead_error"]
 
 
 async def test_a_wake_up_that_fails_every_delivery_ends_its_turn_with_a_reason(redis, keys, services, store, monkeypatch):
@@ -265,11 +265,11 @@ async def test_a_wake_up_that_fails_every_delivery_ends_its_turn_with_a_reason(r
     real = loop.advance
     calls = []
 
-    async def broken(trace_id):
+    async def broken(trace_id, **kwargs):
         calls.append(trace_id)
-        if trace_id == "c12" and len(calls) > 1:  # the turn starts; every wake-up then fails
+        if trace_id == "c12":  # the turn starts (its entry takes the trace itself); every wake-up then fails
             raise RuntimeError("context builder crashed")
-        return await real(trace_id)
+        return await real(trace_id, **kwargs)
 
     monkeypatch.setattr(loop, "advance", broken)
     await publish(redis, keys, trace_id="c12", turn_id="t1", agent="plan", text="do: work(1)")
@@ -320,8 +320,8 @@ async def _one_call(store, trace_id, tool, arguments):
 
 
 async def test_a_dead_lettered_turn_leaves_no_call_without_a_result(redis, keys, services, store):
-    from agentstream.events import Wake
-    from agentstream.keys import WAKE_FIELD
+    from agentstream.wire.events import Wake
+    from agentstream.wire.keys import WAKE_FIELD
 
     proc = await services.start("p1", "agent-loop")
     trace, call = await _one_call(store, "c15", "work", '{"ms": 1}')
@@ -335,11 +335,11 @@ async def test_a_dead_lettered_turn_leaves_no_call_without_a_result(redis, keys,
 async def test_a_queued_job_of_a_cancelled_turn_is_skipped_by_the_cancel_key(redis, keys, services, store, namespace):
     # The cancel is in the trace but the agent loop has not written the cancelled results yet
     # (it is busy elsewhere): the worker checks the trace's cancel key and never runs the job.
-    from agentstream.events import CancelRequested
+    from agentstream.wire.events import CancelRequested
 
     trace, call = await _one_call(store, "c16", "work", '{"ms": 1}')
     await store.append(trace, CancelRequested(turn_id="t1", by="user"))
-    await redis.xadd(keys.tools("default"), {JOB_FIELD: codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name="work", arguments='{"ms": 1}'))})
+    await redis.xadd(keys.tools_for("default", trace), {JOB_FIELD: codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name="work", arguments='{"ms": 1}'))})
     proc = await services.start("w1", "tool-worker")
     await wait_for(lambda: _true(proc.worker.skipped == 1), what="the job skipped")
     assert runs_of(await effects(redis, namespace), "work") == 0
@@ -357,7 +357,7 @@ async def test_an_agent_loop_stopped_mid_model_call_gives_back_the_lease_and_the
     assert await redis.exists(keys.lease("c17"))
     await services.stop("p1")
     assert not await redis.exists(keys.lease("c17"))
-    (pending,) = await redis.xpending_range(keys.turns, "agent-loop", min="-", max="+", count=10)
+    (pending,) = await redis.xpending_range(keys.turns_for("c17"), "agent-loop", min="-", max="+", count=10)
     assert pending["time_since_delivered"] >= 1_000_000_000  # released: any loop claims it at once
 
 
@@ -369,3 +369,20 @@ async def test_a_reply_lost_between_a_turns_end_and_its_publication_still_goes_o
     await publish(redis, keys, trace_id="c18", turn_id="t2", agent="plan", text="do: work(1)")
     assert (await wait_reply(redis, keys, "t2")).status == "ended"
     assert (await wait_reply(redis, keys, "t1")).answer == "first"
+
+
+async def test_turns_of_one_conversation_published_back_to_back_enter_its_trace_in_order(redis, keys, services, store):
+    """A chat user who sends several messages at once: the turns enter the trace, and are
+    answered, in the order they were published (one agent-loop process)."""
+    await services.start("p1", "agent-loop", "tool-worker")
+    turn_ids = [f"t{i}" for i in range(6)]
+    pipe = redis.pipeline(transaction=False)
+    for turn_id in turn_ids:
+        body = {"trace_id": "c-order", "turn_id": turn_id, "agent": "plan", "text": "do: work(1)"}
+        pipe.xadd(keys.turns_for("c-order"), {TURN_FIELD: json.dumps(body).encode()})
+    await pipe.execute()
+    for turn_id in turn_ids:
+        await wait_reply(redis, keys, turn_id)
+    events = await events_of(store, "c-order")
+    assert [e.turn_id for e in events if isinstance(e, TurnInput)] == turn_ids
+    assert [e.turn_id for e in events if isinstance(e, (TurnEnded, TurnFailed))] == turn_ids

@@ -8,9 +8,9 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from agentstream.cancel import publish_cancel
-from agentstream.cli import cli
-from agentstream.events import CancelMessage, CancelRequested
+from agentstream.runtime.cancel import publish_cancel
+from agentstream.cli.commands import cli
+from agentstream.wire.events import CancelMessage, CancelRequested
 from tests.support import apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule

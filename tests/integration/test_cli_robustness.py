@@ -11,13 +11,13 @@ import pytest
 import redis.exceptions
 from typer.testing import CliRunner
 
-from agentstream import codec
-from agentstream import cli as cli_module
-from agentstream.cli import cli, environment_lines
-from agentstream.compacting import sent_request
-from agentstream.deltas import follow
-from agentstream.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
-from agentstream.keys import Keys
+from agentstream.wire import codec
+from agentstream.cli import commands as cli_module
+from agentstream.cli.commands import cli, environment_lines
+from agentstream.steps.summarising import sent_request
+from agentstream.runtime.deltas import follow
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
+from agentstream.wire.keys import Keys
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint, Quirks
 from tests.support import apps
@@ -42,9 +42,11 @@ def invoke(args, env):
         ("redis://:hunter2@127.0.0.1:1", "cannot reach Redis at redis://:***@127.0.0.1:1"),
     ],
 )
-def test_trace_commands_fail_with_one_line_when_redis_is_not_reachable(command, url, says, monkeypatch):
+def test_trace_commands_fail_with_one_line_when_redis_is_not_reachable(command, url, says, monkeypatch, tmp_path):
     monkeypatch.delenv("REDIS_URL", raising=False)
-    result = invoke(command, {"REDIS_URL": url} if url else {})
+    monkeypatch.delenv("AGENTSTREAM_DATA_DIR", raising=False)
+    # no REDIS_URL and an empty cache: no embedded Redis data to read either
+    result = invoke(command, {"REDIS_URL": url, "XDG_CACHE_HOME": str(tmp_path)} if url else {"XDG_CACHE_HOME": str(tmp_path)})
     assert result.exit_code == 2, result.output
     assert says in result.output and "Traceback" not in result.output
     assert "hunter2" not in result.output
@@ -61,8 +63,69 @@ def test_verify_of_a_missing_trace_fails_like_show(redis_url, namespace):
 def test_bad_option_values_are_refused():
     assert invoke(["ask", "hi", "--timeout-s", "0"], {}).exit_code == 2
     assert invoke(["ask", "hi", "--timeout-s", "-5"], {}).exit_code == 2
-    result = invoke(["serve", "tool-worker", "--queue", ""], {})
+    result = invoke(["serve", "tool-worker", "--queue", ""], {"COLUMNS": "200"})  # one line: the message is not wrapped
     assert result.exit_code == 2 and "queue name cannot be empty" in result.output
+
+
+REFUSED_ARGUMENTS = [  # (command line, what the one line must name)
+    (["partition", ""], "a trace id cannot be empty"),
+    (["partition", "   "], "a trace id cannot be empty"),
+    (["partition", "a\u202eb"], "a trace id may not hold U+202E"),
+    (["cancel", ""], "a trace id cannot be empty"),
+    (["cancel", "c1", "--turn-id", " "], "a turn id cannot be empty"),
+    (["cancel", "c1", "--by", ""], "who asks (--by) cannot be empty"),
+    (["cancel", "c1", "--wait-s", "-1"], "'--wait-s'"),
+    (["ask", ""], "the message cannot be empty"),
+    (["ask", "hi", "--agent", " "], "an agent name cannot be empty"),
+    (["ask", "hi", "--trace-id", ""], "a trace id cannot be empty"),
+    (["ask", "hi", "--timeout-s", "-5"], "'--timeout-s'"),
+    (["run", "hi", "--app", ""], "the app path cannot be empty"),
+    (["trace", "verify", "c1", "--app", " "], "the app path cannot be empty"),
+    (["run", "--turns", "0"], "'--turns'"),
+    (["run", "--turns", "-3"], "'--turns'"),
+    (["run", "hi", "--agent", ""], "an agent name cannot be empty"),
+    (["trace", "show", ""], "a trace id cannot be empty"),
+    (["trace", "verify", "\t"], "a trace id cannot be empty"),
+    (["trace", "explain", "c1", "--step", "-1"], "'--step'"),
+    (["trace", "explain", "c1", "--step", "0", "--turn", ""], "a turn id cannot be empty"),
+    (["trace", "explain", "c1", "--step", "0", "--turn-id", ""], "a turn id cannot be empty"),
+    (["serve", "tool-worker", "--queue", ""], "a tool queue name cannot be empty"),
+    (["serve", "tool-worker", "--queue", "a", "--queue", " "], "a tool queue name cannot be empty"),
+    (["gateway-key", "--name", "", "--agent", "demo"], "a key name cannot be empty"),
+    (["gateway-key", "--name", "k", "--agent", " "], "an agent name cannot be empty"),
+    (["prompt", ""], "the prompt file cannot be empty"),
+    (["prompt", "p", "--var", "=x"], "NAME=VALUE"),
+    (["prompt", "p", "--var", "novalue"], "NAME=VALUE"),
+    (["partition"], "Missing argument"),
+    (["partition", "c1", "--bogus"], "No such option"),
+]
+
+
+@pytest.mark.parametrize("args, says", REFUSED_ARGUMENTS, ids=[" ".join(a) or "-" for a, _ in REFUSED_ARGUMENTS])
+def test_empty_blank_and_out_of_range_arguments_are_refused_in_one_line_with_exit_code_2(args, says, capsys, monkeypatch):
+    """Empty or blank ids, names and messages, ids with control characters, negative or zero
+    counts: refused by the parsing library before anything runs (no Redis is asked), as one line
+    on stderr that names the argument, exit code 2."""
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1")  # nothing may get as far as connecting
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(args)
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2, (out, err)
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert says in err and "--help" in err, err
+
+
+def test_good_arguments_still_pass_and_help_is_not_an_error(capsys, monkeypatch):
+    monkeypatch.delenv("AGENTSTREAM_PARTITIONS", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(["partition", "conv-42"])
+    assert exited.value.code == 0 and "partition 0 of 1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(["partition", "--help"])
+    assert exited.value.code == 0 and "trace" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(["trace"])  # a group alone: its help, exit code 2 as before
+    assert exited.value.code == 2 and "show" in capsys.readouterr().out
 
 
 LLAMA_LIKE = Quirks(tool_call_content="null", required_tool_choice="named", stream_tools="forced")
@@ -93,7 +156,7 @@ async def test_explain_and_verify_rebuild_with_the_configured_endpoint_and_agree
            "OPENAI_MODEL": "m", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options)}
     verified = await asyncio.to_thread(invoke, ["trace", "verify", "q", *APP], env)
     assert verified.exit_code == 0, verified.output
-    explained = await asyncio.to_thread(invoke, ["trace", "explain", "q", "--step", "1", "--turn", "t1", *APP], env)
+    explained = await asyncio.to_thread(invoke, ["trace", "explain", "q", "--step", "1", "--turn-id", "t1", *APP], env)
     assert explained.exit_code == 0 and " matches the recorded" in explained.output, explained.output
     assert '"content": null' in explained.output  # the body as sent (the endpoint's quirk), not the default one
 
@@ -109,7 +172,7 @@ async def test_explain_and_verify_rebuild_with_the_configured_endpoint_and_agree
 def test_dev_prints_the_environment_another_shell_needs(monkeypatch, redis_url):
     served = []
 
-    async def no_services(services, app_path, queues, settings):
+    async def no_services(services, app_path, queues, settings, **_):
         served.append(settings)
 
     monkeypatch.setattr(cli_module, "_serve", no_services)
@@ -151,3 +214,54 @@ async def test_following_a_turn_rides_out_a_redis_restart():
     with pytest.raises(redis.exceptions.ConnectionError):  # without outage_s, as before: the error at once
         async for _ in follow(FlakyRedis(keys, "c", failures=3), keys, "c", after="5-0", block_ms=10):  # type: ignore[arg-type]
             pass
+
+
+async def test_trace_show_writes_terminal_controls_of_a_published_turn_as_escapes(redis_url, namespace, store):
+    """A client's text holding an OSC sequence (retitles the terminal), CSI (clears it), BEL, NUL
+    and a bidi override is shown escaped, never sent raw to the reader's terminal."""
+    hostile = "Please wait.\x1b]0;pwned\x07 \x1b[2J \x00 \u202eevil"
+    await store.append("esc-1", TurnInput(turn_id="t1", agent="calc", text=hostile))
+    result = await asyncio.to_thread(invoke, ["trace", "show", "esc-1"], {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace})
+    assert result.exit_code == 0, result.output
+    assert not any(c in result.output for c in "\x1b\x07\x00\u202e"), repr(result.output)
+    assert "\\x1b]0;pwned\\x07" in result.output and "\\u202eevil" in result.output
+
+
+def test_a_followed_turn_prints_terminal_controls_as_escapes():
+    from agentstream.cli.watch import TurnPrinter, terminal_safe
+
+    printed: list[str] = []
+    printer = TurnPrinter("t1", lambda text="", **_: printed.append(text), describe=lambda e: e.text)
+    printer.on_event(TurnInput(turn_id="t1", agent="calc", text="hi\x1b[31mred\x9b"))
+    assert printed == ["hi\\x1b[31mred\\x9b"]
+    assert terminal_safe("line one\n\tline two, café, 日本, 👨\u200d👩\u200d👧") == "line one\n\tline two, café, 日本, 👨\u200d👩\u200d👧"
+
+
+def test_an_unexpected_error_is_one_line_and_exit_code_1_with_the_traceback_at_log_level_debug(tmp_path, capsys, monkeypatch):
+    """A data folder whose append-only file is not Redis's (the embedded Redis does not start on
+    it): not a usage error anyone foresaw, yet one line `error: unexpected ...`, exit code 1; at
+    log level debug the traceback comes first."""
+    (tmp_path / "appendonly.aof").write_bytes(b"\x00\xffnot an append-only file\n" * 20)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("AGENTSTREAM_LOG_LEVEL", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(["trace", "show", "x", "--data-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 1, (out, err)
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: unexpected "), err
+    assert "AGENTSTREAM_LOG_LEVEL=debug shows the traceback" in err and "Traceback" not in err
+    monkeypatch.setenv("AGENTSTREAM_LOG_LEVEL", "debug")
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(["trace", "show", "x", "--data-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 1 and err.startswith("Traceback (most recent call last)"), err
+    assert err.strip().splitlines()[-1].startswith("error: unexpected "), err
+
+
+def test_an_app_factory_that_raises_is_a_configuration_error(tmp_path, capsys, monkeypatch):
+    (tmp_path / "factoryapp.py").write_text("def make():\n    raise KeyError('REDIS_URL')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(["schema", "turn", "--app", "factoryapp:make"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith("error: app factory 'factoryapp:make' failed: KeyError: 'REDIS_URL'"), err

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from agentstream import codec
-from agentstream.compacting import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, outcome_key
+from agentstream.wire import codec
+from agentstream.steps.summarising import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, outcome_key
 from agentstream.context import estimate_tokens
 from agentstream.errors import ModelUnanswered
-from agentstream.events import Compaction, CompactionFailed, ModelOutput, TurnEnded, TurnInput, Usage
-from agentstream.keys import COMPACTION_FIELD
+from agentstream.wire.events import Compaction, CompactionFailed, ModelOutput, TurnEnded, TurnInput, Usage
+from agentstream.wire.keys import COMPACTION_FIELD
 from agentstream_services.compaction.compactor import Compactor
 from tests.support.compaction_apps import WINDOW_TOKENS, app, chatty, turn_text
 
@@ -111,3 +111,26 @@ async def test_a_stale_job_does_nothing(store):
     under = await conversation(store, "small", 2)  # under the threshold: no summary is due
     assert await Compactor(app, store, {"default": model}).compact(under) is None
     assert model.requests == []
+
+
+async def test_compaction_jobs_read_only_what_their_trace_gained_since_the_last_one(store, keys):
+    from tests.integration.test_step_cost import _Recorder, _text
+
+    model = FakeModel(lambda request: "SUMMARY")
+    compactor = Compactor(app, store, {"default": model})
+    recorder = _Recorder(store.redis)
+    try:
+        job = await conversation(store, "g", 4)
+        assert isinstance(await compactor.compact(job), Compaction)
+        await store.append("g", TurnEnded(turn_id="t4", answer="ok"))
+        for n in range(5, 9):  # the conversation goes on; it needs a summary again
+            await store.append("g", TurnInput(turn_id=f"t{n}", agent="chatty", text=turn_text(n)))
+            await store.append("g", TurnEnded(turn_id=f"t{n}", answer=f"Noted turn {n}."))
+        await store.append("g", TurnInput(turn_id="t9", agent="chatty", text=turn_text(9, 2_000)))
+        again = await compactor.compact(CompactionJob(trace_id="g", turn_id="t9", step=0, kept_from_turn="t9"))
+        assert isinstance(again, Compaction)
+    finally:
+        recorder.close()
+    starts = [_text(c[2]) for c in recorder.commands
+              if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == keys.trace("g") and "COUNT" not in map(_text, c[3:])]
+    assert len(starts) == 2 and starts.count("-") == 1, starts  # the second job read what came since the first

@@ -4,7 +4,10 @@ import asyncio
 
 import pytest
 
-from agentstream.consumer import ConsumerConfig, StreamConsumer
+from agentstream.ops.settings import Settings
+from agentstream.runtime import deadletters
+from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
+from tests.support.redis_server import command_calls
 
 pytestmark = pytest.mark.integration
 
@@ -84,9 +87,64 @@ async def test_poison_entry_goes_to_the_dead_letter_stream_and_others_flow(redis
     await run_for(c, 1.5)
     assert dead_seen == [(b"poison", "ValueError: cannot handle")]
     dead = await redis.xrange(keys.dead(stream))
-    assert len(dead) == 1 and dead[0][1][b"dead_deliveries"] == b"4" and dead[0][1][b"x"] == b"poison"
+    assert len(dead) == 1 and dead[0][1][b"dead_deliveries"] == b"3" and dead[0][1][b"x"] == b"poison"
     assert (await redis.xpending(stream, "g"))["pending"] == 0
     assert c.handled == 1
+
+
+async def _run_until_dead_lettered(redis, keys, consumer, stream: str, settle_s: float = 0.0) -> list:
+    """Publish one poison entry on ``stream``, run ``consumer`` until the entry is on the
+    dead-letter stream (up to 10 s) and ``settle_s`` more, stop it → the dead-letter entries."""
+    await consumer.ensure_group()
+    await redis.xadd(stream, {b"x": b"poison"})
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    for _ in range(500):
+        if await redis.xlen(keys.dead(stream)):
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(settle_s)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    return await redis.xrange(keys.dead(stream))
+
+
+@pytest.mark.parametrize("max_deliveries", [1, Settings.model_fields["max_deliveries"].default])  # the default, AGENTSTREAM_MAX_DELIVERIES=5
+async def test_a_poison_entry_is_delivered_exactly_max_deliveries_times_and_its_dead_letter_says_so(redis, keys, max_deliveries):
+    # "5" means: the handler starts at most 5 times; the dead letter's count is those starts
+    stream = f"{keys.namespace}:work"
+    starts = []
+
+    async def always_fails(entry_id, fields):
+        starts.append(entry_id)
+        raise ValueError("cannot handle")
+
+    c = make(redis, keys, "w1", always_fails, max_deliveries=max_deliveries, retry_delay_s=0.01)
+    (dead,) = await _run_until_dead_lettered(redis, keys, c, stream, settle_s=0.2)  # nothing more starts after
+    assert len(starts) == max_deliveries
+    assert dead[1][b"dead_deliveries"] == str(max_deliveries).encode()
+    letter = (await deadletters.read(redis, keys, [stream]))[0]
+    assert letter.deliveries == max_deliveries
+
+
+async def test_a_dead_letter_round_that_fails_is_not_counted_as_a_delivery(redis, keys):
+    stream = f"{keys.namespace}:work"
+    starts, hook_calls = [], []
+
+    async def always_fails(entry_id, fields):
+        starts.append(entry_id)
+        raise ValueError("cannot handle")
+
+    async def hook(entry_id, fields, error):  # Redis fails while the failure is put into the trace
+        hook_calls.append(entry_id)
+        if len(hook_calls) < 3:
+            raise ConnectionError("Redis went away")
+
+    c = make(redis, keys, "w1", always_fails, max_deliveries=2, retry_delay_s=0.01)
+    c.on_dead_letter = hook
+    (dead,) = await _run_until_dead_lettered(redis, keys, c, stream)
+    assert len(starts) == 2 and len(hook_calls) == 3
+    assert dead[1][b"dead_deliveries"] == b"2"  # the two rounds that failed to move it started nothing
 
 
 async def test_group_deleted_under_a_running_consumer_is_recreated(redis, keys, caplog):
@@ -152,18 +210,13 @@ async def test_c15_entry_of_a_killed_worker_is_claimed_by_a_live_one_and_pel_end
 
 async def test_c20_reclaim_actually_issues_claim_commands(redis, keys):
     # C20: "the reclaim path is verified to actually issue claim commands".
-    def claims() -> int:
-        return sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_xautoclaim"))
-
-    stats = await redis.info("commandstats")
-    before = claims()
+    before = await command_calls(redis, "cmdstat_xautoclaim")
 
     async def ok(entry_id, fields):
         pass
 
     await run_for(make(redis, keys, "w1", ok), 0.5)
-    stats = await redis.info("commandstats")
-    assert claims() - before >= 3  # reclaim_interval_ms=50 over 0.5 s
+    assert await command_calls(redis, "cmdstat_xautoclaim") - before >= 3  # reclaim_interval_ms=50 over 0.5 s
 
 
 async def test_a_live_workers_long_job_is_not_stolen_and_renewals_are_not_deliveries(redis, keys):
@@ -261,7 +314,7 @@ async def test_c17_poison_entry_that_kills_its_worker_is_dead_lettered_with_a_fa
     assert len(started) == 3
     assert dead_hook and dead_hook[0][0] == b"big" and dead_hook[0][1].startswith("unknown")
     (dead,) = await redis.xrange(keys.dead(stream))
-    assert dead[1][b"call_id"] == b"big" and dead[1][b"dead_deliveries"] == b"4"
+    assert dead[1][b"call_id"] == b"big" and dead[1][b"dead_deliveries"] == b"3"  # the 3 starts it killed
     assert fine == [b"next"]
     assert (await redis.xpending(stream, "g"))["pending"] == 0
     assert not await redis.hgetall(c.attempts_key)
@@ -285,7 +338,7 @@ async def test_failed_handler_is_retried_by_its_own_consumer_without_waiting_for
 
 
 async def test_deferred_entries_come_back_and_deferrals_are_not_deliveries(redis, keys):
-    from agentstream.consumer import Deferred
+    from agentstream.runtime.consumer import Deferred
 
     stream = f"{keys.namespace}:work"
     calls = []
@@ -362,7 +415,7 @@ async def test_shutdown_past_the_grace_period_releases_unfinished_entries_for_ot
     # SIGTERM, and the grace period runs out: the handler is cancelled, the entry stays pending
     # but is marked long idle, so a consumer with a one-hour min_idle claims it at its first
     # look; the interrupted start is not counted as a delivery.
-    from agentstream.service import run_consumers
+    from agentstream.runtime.runner import run_consumers
 
     stream = f"{keys.namespace}:work"
     started = asyncio.Event()
@@ -391,7 +444,7 @@ async def test_shutdown_past_the_grace_period_releases_unfinished_entries_for_ot
 
 
 def test_claim_option_only_where_the_server_has_it():
-    from agentstream.claims import parse_version, supports_claim_option
+    from agentstream.runtime.claims import parse_version, supports_claim_option
 
     assert not supports_claim_option(parse_version("7.0.15"))
     assert not supports_claim_option(parse_version("8.2.1"))
@@ -401,7 +454,7 @@ def test_claim_option_only_where_the_server_has_it():
 
 async def test_reads_use_xreadgroup_claim_on_servers_that_have_it(redis, keys, monkeypatch):
     # Redis here is 7.0 (XAUTOCLAIM); pretend 8.4 and check the read carries CLAIM <min_idle>.
-    import agentstream.consumer as consumer_module
+    import agentstream.runtime.consumer as consumer_module
 
     async def fake_version(_redis):
         return (8, 4, 0)
@@ -462,7 +515,7 @@ async def test_c18_own_pending_entry_without_a_body_on_redis_7_and_6_2(versioned
 async def test_a_consumer_that_dies_with_an_error_fails_the_service(redis, keys):
     # A consumer task that crashes must not leave the process exiting 0 with nothing consumed.
     from agentstream.errors import ServiceFailed
-    from agentstream.service import run_consumers
+    from agentstream.runtime.runner import run_consumers
 
     class Broken:
         stream = f"{keys.namespace}:work"
@@ -474,3 +527,90 @@ async def test_a_consumer_that_dies_with_an_error_fails_the_service(redis, keys)
     with pytest.raises(ServiceFailed, match="AttributeError") as info:
         await asyncio.wait_for(run_consumers([healthy, Broken()], grace_s=2, handle_signals=False), 10)
     assert isinstance(info.value.__cause__, AttributeError)
+
+
+async def test_an_entry_read_new_costs_no_command_for_its_count_and_one_given_back_unstarted_counts_none(redis, keys):
+    # the first start of an entry read new is counted by its place in the pending entries list:
+    # no count is written while it runs; one read but never started is given back with 0 starts,
+    # so its next delivery is its first start, not its second
+    stream = f"{keys.namespace}:work"
+    seen = []
+
+    async def handler(entry_id, fields):
+        seen.append(await redis.hget(c.attempts_key, entry_id))
+
+    c = make(redis, keys, "w1", handler, min_idle_ms=60_000)
+    await c.ensure_group()
+    entry = (await redis.xadd(stream, {b"x": b"1"})).decode()
+    await run_for(c, 0.3)
+    assert seen == [None] and c.handled == 1  # handled with no count written, then acknowledged
+    assert not await redis.hgetall(c.attempts_key)
+
+    late = (await redis.xadd(stream, {b"x": b"2"})).decode()
+    stop = asyncio.Event()
+    stop.set()  # a shutdown began as the read came back: the entry is not started
+    await c._read_new(stop, block_ms=50)
+    assert await redis.hget(c.attempts_key, late) == b"0"
+    starts = []
+
+    async def counting(entry_id, fields):
+        starts.append(int(await redis.hget(c2.attempts_key, entry_id)))
+
+    c2 = make(redis, keys, "w2", counting, min_idle_ms=100)
+    await run_for(c2, 0.6)  # claims the given-back entry: its first start
+    assert starts == [1]
+
+
+async def test_entries_whose_handlers_finish_together_are_acknowledged_by_one_command(redis, keys):
+    # handlers that finish in the same turn of the event loop share one XACK (the first waits
+    # one turn for the others); every entry is acknowledged and its counters dropped
+    stream = f"{keys.namespace}:work"
+    go = asyncio.Event()
+    started = []
+
+    async def handler(entry_id, fields):
+        started.append(entry_id)
+        await go.wait()
+
+    c = make(redis, keys, "w1", handler, min_idle_ms=60_000, concurrency=30)
+    await c.ensure_group()
+    for n in range(20):
+        await redis.xadd(stream, {b"x": str(n).encode()})
+    await redis.hset(c.attempts_key, mapping={"0-1:error": "an older entry's: untouched"})
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    for _ in range(200):
+        if len(started) == 20:
+            break
+        await asyncio.sleep(0.01)
+    assert len(started) == 20
+    before = await command_calls(redis, "cmdstat_xack")
+    go.set()
+    for _ in range(200):
+        if c.handled == 20 and (await redis.xpending(stream, "g"))["pending"] == 0:
+            break
+        await asyncio.sleep(0.01)
+    acks = await command_calls(redis, "cmdstat_xack") - before
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert c.handled == 20 and (await redis.xpending(stream, "g"))["pending"] == 0
+    assert acks == 1
+    assert await redis.hgetall(c.attempts_key) == {b"0-1:error": b"an older entry's: untouched"}
+
+
+async def test_an_entry_acknowledged_with_others_whose_handler_started_twice_has_its_counters_dropped(redis, keys):
+    stream = f"{keys.namespace}:work"
+    failed = set()
+
+    async def handler(entry_id, fields):
+        if fields[b"x"] == b"flaky" and entry_id not in failed:
+            failed.add(entry_id)
+            raise RuntimeError("once")
+
+    c = make(redis, keys, "w1", handler, min_idle_ms=60_000, concurrency=8)
+    await c.ensure_group()
+    for x in (b"flaky", b"a", b"b"):
+        await redis.xadd(stream, {b"x": x})
+    await run_for(c, 0.6)
+    assert c.handled == 3 and (await redis.xpending(stream, "g"))["pending"] == 0
+    assert not await redis.hgetall(c.attempts_key)  # the flaky one's count and error went with its ack

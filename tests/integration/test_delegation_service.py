@@ -9,10 +9,10 @@ import json
 import pytest
 from prometheus_client import REGISTRY
 
-from agentstream import codec
+from agentstream.wire import codec
 from agentstream.delegation import ChildEnded, child_trace_id
-from agentstream.events import ModelOutput, TaskInput, ToolCall, ToolJob, ToolOutput, TurnEnded, TurnFailed, TurnInput
-from agentstream.keys import ENDING_FIELD, JOB_FIELD
+from agentstream.wire.events import ModelOutput, TaskInput, ToolCall, ToolJob, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD
 from agentstream_services.delegation.delegator import Delegator, Supervisor
 from tests.support.delegation_apps import app
 
@@ -88,3 +88,54 @@ async def test_c28_two_supervisors_racing_on_an_expired_child_write_one_ending_a
     results = [e for e in await events(store, "p") if isinstance(e, ToolOutput)]
     assert len(results) == 1 and results[0].error == "timed_out"
     assert await store.redis.zcard(keys.delegation_deadlines) == 0
+
+
+async def test_a_delegation_reads_only_what_its_parent_gained_since_the_last_one(store, keys):
+    # a long parent conversation that delegates in turn after turn: each hand-off reads the
+    # parent's new entries (its fold), never the whole parent trace again
+    from tests.integration.test_step_cost import _Recorder, _text
+
+    delegator = Delegator(app, store)
+    for n in range(30):
+        await store.append("lp", TurnInput(turn_id=f"h{n}", agent="lead", text=f"earlier {n}"))
+        await store.append("lp", TurnEnded(turn_id=f"h{n}", answer=f"done {n}"))
+    recorder = _Recorder(store.redis)
+    try:
+        for n in range(4):
+            call = ToolCall(id=f"call_{n}", name="research", arguments=json.dumps({"topic": f"T{n}"}))
+            await store.append("lp", TurnInput(turn_id=f"t{n}", agent="lead", text="Compare"))
+            await store.append("lp", ModelOutput(turn_id=f"t{n}", step=0, tool_calls=(call,), stop_reason="tool_calls"))
+            job = ToolJob(trace_id="lp", turn_id=f"t{n}", call_id=call.id, name=call.name, arguments=call.arguments)
+            await delegator.on_delegation(f"{n + 1}-0", {JOB_FIELD: codec.encode(job)})
+            (task,) = await events(store, child_trace_id("lp", call.id))
+            assert isinstance(task, TaskInput) and task.text == f"T{n}" and task.parent_turn_id == f"t{n}"
+            await store.append("lp", TurnEnded(turn_id=f"t{n}", answer="compared"))
+    finally:
+        recorder.close()
+    starts = [_text(c[2]) for c in recorder.commands
+              if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == keys.trace("lp") and "COUNT" not in map(_text, c[3:])]
+    assert len(starts) == 4 and starts.count("-") == 1, starts  # whole once (the first look), then what is new
+
+
+async def test_a_childs_answer_is_held_to_the_tool_result_limit(store):
+    """A child's answer is its parent's tool result: over AGENTSTREAM_MAX_TOOL_RESULT_BYTES it is
+    replaced by an error result naming the limit and the size, as a tool's result is; one within
+    the limit is handed back whole."""
+    from agentstream.wire.checks import WireLimits
+
+    delegator = Delegator(app, store, limits=WireLimits(max_tool_result_bytes=1000))
+    jobs = await parent_with_calls(store, "p", "A", "B")
+    for i, job in enumerate(jobs):
+        await delegator.on_delegation(f"{i + 1}-0", {JOB_FIELD: codec.encode(job)})
+    answers = {"A": "a" * 5000, "B": "b" * 900}
+    for i, (topic, answer) in enumerate(answers.items()):
+        child = child_trace_id("p", f"call_{topic}")
+        (task,) = await events(store, child)
+        await store.append(child, TurnEnded(turn_id=task.turn_id, answer=answer))
+        await delegator.on_child_ended(f"{i + 3}-0", {ENDING_FIELD: codec.encode(ChildEnded(trace_id=child, turn_id=task.turn_id))})
+    results = {r.call_id: r for r in await events(store, "p") if isinstance(r, ToolOutput)}
+    big = results["call_A"]
+    assert big.error == "result_too_large" and "AGENTSTREAM_MAX_TOOL_RESULT_BYTES=1,000" in big.text and "5,000 bytes" in big.text
+    assert len(codec.encode(big)) < 1000 and big.data is None
+    assert results["call_B"].error is None and results["call_B"].text == "b" * 900
+    assert [e.answer for e in await events(store, child_trace_id("p", "call_A")) if isinstance(e, TurnEnded)] == ["a" * 5000]

@@ -9,12 +9,12 @@ import json
 import pytest
 
 from agentstream import App
-from agentstream.compacting import sent_request
+from agentstream.steps.summarising import sent_request
 from agentstream.delegation import offered_agent
-from agentstream.events import Compaction, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.events import Compaction, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint
-from agentstream.replay import rebuild_calls
+from agentstream.steps.replay import rebuild_calls
 from agentstream_services.compaction.compactor import Compactor
 from tests.integration.test_compaction_service import FakeModel, conversation
 from tests.support import apps

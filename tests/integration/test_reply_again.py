@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream import codec
-from agentstream.keys import REPLY_FIELD
+from agentstream.wire import codec
+from agentstream.wire.keys import REPLY_FIELD
 from tests.support import apps
 from tests.support.inprocess import InProcess, publish, wait_for
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
@@ -25,7 +25,7 @@ async def test_a_turn_published_again_after_it_ended_gets_the_same_reply_on_the_
 ):
     monkeypatch.setenv("REDIS_URL", redis_url)
     services = InProcess(apps.app, redis_url, namespace, model.base_url, env={"AGENTSTREAM_BUSY_POLICY": policy})
-    mine = f"{namespace}:my-replies"
+    mine = f"{namespace}:replies:mine"  # reply_to must be a replies stream (agentstream.wire.checks)
 
     async def replies():
         return [codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(mine)]
@@ -59,7 +59,7 @@ async def test_the_redelivery_of_the_entry_that_brought_the_turn_does_not_reply_
         proc = await services.start("p1", "agent-loop", "tool-worker")
         await publish(redis, keys, trace_id="r2", turn_id="t1", agent="plan", text="do: work(1)")
         await wait_for(lambda: redis.xlen(keys.replies), what="the reply")
-        ((entry_id, fields),) = await redis.xrange(keys.turns)
+        ((entry_id, fields),) = await redis.xrange(keys.turns_for("r2"))
         await proc.loop.on_turn(entry_id.decode(), fields)  # the same entry, handled again
         assert await redis.xlen(keys.replies) == 1
         await proc.loop.on_turn("9999999999999-0", fields)  # the same turn, published again

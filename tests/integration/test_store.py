@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from agentstream.errors import StaleLeaseError
-from agentstream.events import ToolOutput, TurnEnded, TurnInput
+from agentstream.wire.events import ToolOutput, TurnEnded, TurnInput
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +69,19 @@ async def test_follow_yields_appends_as_they_happen(store):
 async def test_keys_of_one_trace_share_a_hash_tag(keys):
     tags = {k[k.index("{") : k.index("}") + 1] for k in (keys.trace("x"), keys.trace_keys("x"), keys.lease("x"), keys.dirty("x"))}
     assert tags == {"{x}"}
+
+
+async def test_a_trace_that_mixes_schema_versions_reads_whole(store, redis, keys):
+    """Entries written by schema version 1 (before ``tools_offered``) and by the current version
+    in one trace: the store reads them all (each entry carries its own version)."""
+    from agentstream.wire import codec
+    from agentstream.wire.events import TRACE_SCHEMA_VERSION, ToolsOffered
+
+    old = TurnInput(turn_id="t1", agent="a", text="written long ago")
+    await redis.xadd(keys.trace("mixed"), {b"v": b"1", b"e": codec.encode(old), b"k": b"turn:t1"})
+    offered = ToolsOffered(turn_id="t2", step=0, agent="a")
+    await store.append("mixed", TurnInput(turn_id="t2", agent="a", text="now"))
+    await store.append("mixed", offered)
+    raw = await redis.xrange(keys.trace("mixed"))
+    assert [f[b"v"] for _, f in raw] == [b"1", str(TRACE_SCHEMA_VERSION).encode(), str(TRACE_SCHEMA_VERSION).encode()]
+    assert [e for _, e in await store.read("mixed")] == [old, TurnInput(turn_id="t2", agent="a", text="now"), offered]

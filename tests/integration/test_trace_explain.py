@@ -8,8 +8,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from agentstream.cli import cli
-from agentstream.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
+from agentstream.cli.commands import cli
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +37,11 @@ async def test_explain_prints_the_request_of_a_stored_call_and_its_shortened_res
     assert "turn last, step 0: model call 24 of the trace, not made yet" in result.output
     assert "request body:" in result.output and '"and now?"' in result.output
     assert "stubbed by Stub(where=turns[:-4]" in result.output
-    result = await asyncio.to_thread(runner.invoke, cli, ["trace", "explain", trace_id, "--step", "1", "--turn", "t3", "--app", "tests.support.apps:app", "--json"])
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.output)
-    assert payload["made"] is True and payload["call"] == 7 and payload["body"]["messages"][-1]["role"] == "tool"
+    for spelling in ("--turn-id", "--turn"):  # as `cancel --turn-id` and the gateway's ?turn_id=; --turn the old spelling
+        result = await asyncio.to_thread(runner.invoke, cli, ["trace", "explain", trace_id, "--step", "1", spelling, "t3",
+                                                              "--app", "tests.support.apps:app", "--json"])
+        assert result.exit_code == 0, result.output
+        payload = json.loads(result.output)
+        assert payload["made"] is True and payload["call"] == 7 and payload["body"]["messages"][-1]["role"] == "tool"
     result = await asyncio.to_thread(runner.invoke, cli, ["trace", "explain", trace_id, "--step", "5", "--turn", "t3", "--app", "tests.support.apps:app"])
     assert result.exit_code == 2 and "neither one of them nor the next" in result.output

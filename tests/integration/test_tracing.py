@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream import codec
-from agentstream.compacting import decode_job as decode_compaction_job
-from agentstream.events import Compaction, TaskInput
-from agentstream.keys import COMPACTION_FIELD, JOB_FIELD
+from agentstream.wire import codec
+from agentstream.steps.summarising import decode_job as decode_compaction_job
+from agentstream.wire.events import Compaction, TaskInput
+from agentstream.wire.keys import COMPACTION_FIELD, JOB_FIELD
 from tests.support import apps, compaction_apps, delegation_apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
 from tests.support.otel import Parent, ancestors, exporter, hex_span_id, hex_trace_id, named, parent_id  # noqa: F401
@@ -77,7 +77,7 @@ async def test_tool_and_model_call_spans_continue_the_turns_trace(redis, keys, s
     # the tool call is a child of the step that published its job; the job carried its context
     assert steps[parent_id(tool_call)].attributes["agentstream.decision"] == "RunTools"
     assert tool_call.attributes["gen_ai.tool.name"] == "calculator"
-    ((_, fields),) = await redis.xrange(keys.tools("default"))
+    ((_, fields),) = await redis.xrange(keys.tools_for("default", "c1"))
     job = codec.decode_job(fields[JOB_FIELD])
     assert job.trace_context["traceparent"] == f"00-{parent.trace_id}-{parent_id(tool_call)}-01"
     assert job.trace_context["tracestate"] == "vendor=x"
@@ -89,7 +89,7 @@ async def test_a_turn_without_traceparent_publishes_jobs_as_before(redis, keys, 
     await s.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="c2", turn_id="t1", agent="calc", text="What is 1+2?")
     assert (await wait_reply(redis, keys, "t1")).status == "ended"
-    ((_, fields),) = await redis.xrange(keys.tools("default"))
+    ((_, fields),) = await redis.xrange(keys.tools_for("default", "c2"))
     assert b"trace_context" not in fields[JOB_FIELD]
 
 
@@ -149,5 +149,5 @@ async def test_compaction_span_is_a_child_of_the_step_that_asked(redis, keys, se
         assert parent_id(asking) == parent.span_id
         summary_calls = [x for x in named(spans, "agentstream.model_call") if parent_id(x) == hex_span_id(span)]
         assert summary_calls, "the summary calls are children of the compaction"
-    jobs = [decode_compaction_job(f[COMPACTION_FIELD]) for _, f in await redis.xrange(keys.compactions)]
+    jobs = [decode_compaction_job(f[COMPACTION_FIELD]) for _, f in await redis.xrange(keys.for_trace(keys.compactions, "k1"))]
     assert jobs and all(parents[j.turn_id].trace_id in j.trace_context["traceparent"] for j in jobs)

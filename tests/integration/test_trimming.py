@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from agentstream.consumer import ConsumerConfig, StreamConsumer
-from agentstream.trimming import trim_acknowledged
+from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
+from agentstream.runtime.retention import trim_acknowledged
 
 pytestmark = pytest.mark.integration
 

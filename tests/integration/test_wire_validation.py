@@ -9,16 +9,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from agentstream import codec
-from agentstream.cli import Describer, cli
+from agentstream.wire import codec
+from agentstream.cli.commands import Describer, cli
 from agentstream.errors import TurnRejected
-from agentstream.events import ModelOutput, Reply, ToolCall, ToolOutput, TurnEnded, TurnInput
-from agentstream.keys import WAKE_FIELD
+from agentstream.wire.events import ModelOutput, Reply, ToolCall, ToolOutput, TurnEnded, TurnInput
+from agentstream.wire.keys import WAKE_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.compaction.compactor import Compactor
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support import apps
-from tests.support.inprocess import InProcess, publish, wait_reply
+from tests.support.inprocess import InProcess, errors_of, publish, wait_reply
 from tests.support.scripted_model import ScriptedModelServer
 
 pytestmark = pytest.mark.integration
@@ -37,16 +37,13 @@ def test_the_schemas_show_the_constraints_and_the_reply():
     runner = CliRunner()
     turn = json.loads(runner.invoke(cli, ["schema", "turn"]).output)
     props = turn["$defs"]["TurnMessage"]["properties"]
-    assert all(props[name]["minLength"] == 1 for name in ("trace_id", "turn_id", "agent", "text"))
+    assert all(props[name]["minLength"] == 1 for name in ("trace_id", "turn_id", "agent"))
+    assert {"type": "string", "minLength": 1} in props["text"]["anyOf"]  # `text`, or the typed `input`
     result = runner.invoke(cli, ["schema", "reply"])
     assert result.exit_code == 0, result.output
     reply = json.loads(result.output)["$defs"]["Reply"]
     assert {"status", "answer", "code", "reason", "stop_reason"} <= set(reply["properties"])
     assert codec.decode_reply(codec.encode(Reply(trace_id="c", turn_id="t", status="ended", answer="a"))).stop_reason is None
-
-
-async def errors_of(redis, keys):
-    return [{k.decode(): v.decode() for k, v in f.items()} for _, f in await redis.xrange(keys.errors)]
 
 
 async def test_work_entries_without_their_field_are_reported_by_name(store, redis, keys):

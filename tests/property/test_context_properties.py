@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from agentstream import codec
+from agentstream.wire import codec
 from agentstream.context import (
     AssistantMessage,
     ContextCache,
@@ -21,7 +21,7 @@ from agentstream.context import (
     build_messages,
 )
 from agentstream.context.render import MISSING_RESULT_TEXT
-from agentstream.events import (
+from agentstream.wire.events import (
     Compaction,
     ModelOutput,
     ToolOutput,
@@ -151,7 +151,7 @@ REBUILD = """
 import hashlib, json, sys
 import msgspec
 from agentstream.context import build_context
-from agentstream.events import Event
+from agentstream.wire.events import Event
 from agentstream.models.openai_format import request_body
 from tests.property.traces import AGENTS
 for line in sys.stdin:

@@ -32,7 +32,7 @@ from agentstream.context import (
     shrink,
 )
 from agentstream.context.policy import Compress, Stub, results, rounds, turns
-from agentstream.events import (
+from agentstream.wire.events import (
     Compaction,
     Document,
     ModelOutput,

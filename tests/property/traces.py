@@ -22,7 +22,7 @@ from agentstream.context import (
     Share,
     Tokens,
 )
-from agentstream.events import (
+from agentstream.wire.events import (
     Compaction,
     Document,
     ModelOutput,
@@ -82,6 +82,14 @@ def result_payload(draw: st.DrawFn, call_id: str, index: int) -> dict[str, Any]:
     return payload
 
 
+TOOL_STATES = [
+    (None, ()),
+    ({"search": "auto", "fetch": "auto"}, ()),
+    ({"search": "off", "fetch": "auto"}, ()),
+    ({"search": "auto", "fetch": "required"}, ("Use the fetch tool for this message.",)),
+]
+
+
 @st.composite
 def traces(draw: st.DrawFn, agent: str | None = None) -> list[Any]:
     """Events of a generated trace (oldest first); every turn is answered by ``agent`` (drawn if None)."""
@@ -93,7 +101,10 @@ def traces(draw: st.DrawFn, agent: str | None = None) -> list[Any]:
     for number in range(turn_count):
         turn_id = f"t{number}"
         running = number == turn_count - 1 and draw(st.booleans())
-        events.append(TurnInput(turn_id=turn_id, agent=name, text=draw(TEXT) + "q" * draw(st.sampled_from([0, 50, 3000]))))
+        # the tool states a turn recorded when it entered (issue 13): none, all auto, one off, one required
+        states, instructions = draw(st.sampled_from(TOOL_STATES))
+        events.append(TurnInput(turn_id=turn_id, agent=name, text=draw(TEXT) + "q" * draw(st.sampled_from([0, 50, 3000])),
+                                tools=states, instructions=instructions))
         if running and draw(st.booleans()):
             events.append(TurnInput(turn_id=f"q{number}", agent=name, text="queued"))
         late: list[ToolOutput] = []
@@ -127,7 +138,10 @@ def traces(draw: st.DrawFn, agent: str | None = None) -> list[Any]:
                 break
         if running:
             break
-        events.append(draw(st.sampled_from([TurnEnded(turn_id=turn_id, answer="a"), TurnFailed(turn_id=turn_id, code="cancelled", reason="r")])))
+        events.append(draw(st.sampled_from([
+            TurnEnded(turn_id=turn_id, answer="a"), TurnFailed(turn_id=turn_id, code="cancelled", reason="r"),
+            TurnEnded(turn_id=turn_id, answer="a tool's result", answer_call="call_0"),  # result_as_answer: shown as the assistant's
+        ])))
         events.extend(late)
         finished.append(turn_id)
         if finished and draw(st.integers(0, 4)) == 0:

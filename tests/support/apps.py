@@ -8,6 +8,7 @@ import os
 import time
 
 from agentstream import Agent, App, tool
+from tests.support.redis_server import sync_client
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
@@ -58,7 +59,7 @@ def _redis():
     if _redis_client is None:
         import redis
 
-        _redis_client = redis.Redis.from_url(os.environ["REDIS_URL"])
+        _redis_client = sync_client(os.environ["REDIS_URL"])
     return _redis_client
 
 
@@ -74,11 +75,26 @@ def _count_effect(tool_name: str) -> None:
     _redis().hincrby(effects_key(os.environ["AGENTSTREAM_NAMESPACE"]), f"{call.trace_id}/{call.call_id}/{tool_name}", 1)
 
 
-def _pause(name: str) -> None:
-    """Sleep AGENTSTREAM_TEST_<NAME>_S seconds when set, checking the call's cancel flag."""
+def runs_key(namespace: str) -> str:
+    """The list where the delivery tools log each run's start and end: ``<trace>/<call>|<tool>|<phase>|<pid>``."""
+    return f"{namespace}:test:runs"
+
+
+def _log_run(tool_name: str, phase: str) -> None:
+    from agentstream import current_call
+
+    call = current_call()
+    _redis().rpush(runs_key(os.environ["AGENTSTREAM_NAMESPACE"]), f"{call.trace_id}/{call.call_id}|{tool_name}|{phase}|{os.getpid()}")
+
+
+def _pause(name: str, key: str = "") -> None:
+    """Sleep AGENTSTREAM_TEST_<NAME>_S seconds when set (or the seconds after an ``@`` in
+    ``key``: ``record(c1t2@2.5)``), checking the call's cancel flag."""
     from agentstream import current_call
 
     seconds = float(os.environ.get(f"AGENTSTREAM_TEST_{name.upper()}_S", "0") or 0)
+    if "@" in key:
+        seconds = float(key.rsplit("@", 1)[1])
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if current_call().cancelled:
@@ -93,23 +109,29 @@ async def work(ms: int) -> str:
     import asyncio
 
     _count_effect("work")
+    _log_run("work", "start")
     await asyncio.sleep(ms / 1000.0)
+    _log_run("work", "end")
     return f"worked {ms} ms"
 
 
 @tool(timeout_s=30, side_effects=True)
 def record(key: str) -> str:
     """Record ``key`` somewhere (a side effect, counted), after AGENTSTREAM_TEST_RECORD_S seconds."""
-    _pause("record")
+    _log_run("record", "start")
+    _pause("record", key)
     _count_effect("record")
+    _log_run("record", "end")
     return f"recorded {key}"
 
 
 @tool(timeout_s=30, side_effects=True, retry_safe=True)
 def upsert(key: str) -> str:
     """Write ``key`` idempotently (side effects, safe to retry), after AGENTSTREAM_TEST_UPSERT_S seconds."""
-    _pause("upsert")
+    _log_run("upsert", "start")
+    _pause("upsert", key)
     _count_effect("upsert")
+    _log_run("upsert", "end")
     return f"upserted {key}"
 
 

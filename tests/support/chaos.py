@@ -11,7 +11,18 @@ from the traces and the work streams, that:
   a call that does not exist;
 - no side effect ran twice: the ``record`` tool (side effects, not retry-safe) counts its
   effects per call in Redis, and must have run at most once per call;
-- nothing is left pending in any consumer group at the end (C15).
+- nothing is left pending in any consumer group at the end (C15);
+- no entry was handled twice by live workers: every run of a tool is logged (start, end, pid),
+  and a call that started again while the process of its earlier run was never killed counts
+  (tools run below, around and several times over the claim idle time, at the services' own
+  concurrency and batch size);
+- no false *outcome unknown*: a side-effect call answered "outcome unknown" although no process
+  that started it was killed;
+- no service was stopped by an input: hostile entries (deep nesting, wrong types, huge payloads,
+  bytes that are not JSON), duplicate copies of live entries and malformed copies of them (same
+  trace, turn and call ids, a bad body) are mixed into every stream a backend can write (turns,
+  cancel, wake-ups, tool jobs) while the run goes on; a service process that exits by itself is
+  counted (and restarted).
 
 And it measures, for every kill, the time from the kill to the next event in each trace the
 killed process was holding work for (its pending entries at the moment of the kill).
@@ -19,6 +30,8 @@ killed process was holding work for (its pending entries at the moment of the ki
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import statistics
 import time
@@ -28,12 +41,22 @@ from pathlib import Path
 
 import redis as redis_sync
 
-from agentstream import codec
-from agentstream.events import ModelOutput, ToolOutput, TurnEnded, TurnFailed, TurnInput
-from agentstream.keys import AGENT_LOOP_GROUP, JOB_FIELD, REPLY_FIELD, TOOL_WORKER_GROUP, TURN_FIELD, WAKE_FIELD, Keys
+from agentstream.wire import codec
+from agentstream.wire.events import ModelOutput, ToolOutput, ToolStarted, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.keys import (
+    AGENT_LOOP_GROUP,
+    CANCEL_FIELD,
+    JOB_FIELD,
+    REPLY_FIELD,
+    TOOL_WORKER_GROUP,
+    TURN_FIELD,
+    WAKE_FIELD,
+    Keys,
+)
 from tests.support import apps
 from tests.support.procs import Services, publish_turn
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
+from tests.support.redis_server import sync_client
 
 
 @dataclass
@@ -49,6 +72,8 @@ class ChaosConfig:
     publish_over_s: float = 10.0
     deadline_s: float = 300.0
     seed: int = 4
+    slow_tools: bool = True  # tools around and over the claim idle time (and several times it)
+    hostile_every_s: tuple[float, float] | None = (0.2, 0.6)  # an injected entry this often; None: none
     env: dict[str, str] = field(
         default_factory=lambda: {
             "AGENTSTREAM_MIN_IDLE_MS": "1500",
@@ -71,6 +96,7 @@ class Kill:
     name: str
     service: str
     stranded: set[str]  # traces whose work the process held (its pending entries)
+    pid: int = 0
 
 
 @dataclass
@@ -93,6 +119,13 @@ class ChaosResult:
     duplicate_replies: int = 0
     missing_replies: int = 0
     left_pending: int = 0
+    handled_twice: int = 0
+    false_outcomes_unknown: int = 0
+    services_stopped: int = 0
+    stopped_logs: list[str] = field(default_factory=list)
+    hostile_entries: int = 0
+    duplicate_copies: int = 0
+    malformed_copies: int = 0
     recovery_s: list[float] = field(default_factory=list)
     slowest: list[tuple[float, str, str, str]] = field(default_factory=list)  # (s, killed, service, trace)
     seconds: float = 0.0
@@ -106,7 +139,8 @@ class ChaosResult:
     def ok(self) -> bool:
         return not (
             self.lost or self.duplicates or self.dangling_calls or self.stray_results or self.failed_without_reason
-            or self.missing_replies or self.left_pending
+            or self.missing_replies or self.left_pending or self.handled_twice or self.false_outcomes_unknown
+            or self.services_stopped
         )
 
     def figures(self) -> dict[str, object]:
@@ -122,6 +156,13 @@ class ChaosResult:
             "lost": len(self.lost),
             "dangling calls": self.dangling_calls,
             "left pending": self.left_pending,
+            "entries handled twice": self.handled_twice,
+            "side-effect tools run twice": self.duplicate_effects,
+            "false outcome-unknown results": self.false_outcomes_unknown,
+            "services stopped by an input": self.services_stopped,
+            "hostile entries injected": self.hostile_entries,
+            "duplicate copies of live entries": self.duplicate_copies,
+            "malformed copies of live entries": self.malformed_copies,
             "outcome-unknown results": self.outcomes_unknown,
             "late results": self.late_results,
             "re-runs of retry-safe calls": self.reruns,
@@ -137,14 +178,45 @@ class ChaosResult:
         return "\n".join(f"  {k}: {v}" for k, v in self.figures().items())
 
 
-def _plan(rng: random.Random, turn_id: str) -> str:
-    parts = [f"work({rng.randint(5, 600)})" for _ in range(rng.randint(1, 3))]
+def _work_ms(rng: random.Random, slow: bool) -> int:
+    """Mostly quick; with ``slow``, a fifth around the claim idle time (1.5 s in the run's
+    settings) and a tenth two to four times over it."""
+    draw = rng.random()
+    if slow and draw < 0.1:
+        return rng.randint(3000, 6000)
+    if slow and draw < 0.3:
+        return rng.randint(1000, 2500)
+    return rng.randint(5, 600)
+
+
+def _plan(rng: random.Random, turn_id: str, slow: bool = False) -> str:
+    parts = [f"work({_work_ms(rng, slow)})" for _ in range(rng.randint(1, 3))]
+    pause = f"@{rng.uniform(1.0, 4.0):.1f}" if slow and rng.random() < 0.3 else ""  # record/upsert run time
     if rng.random() < 0.5:
-        parts.append(f"record({turn_id})")
+        parts.append(f"record({turn_id}{pause})")
     if rng.random() < 0.3:
-        parts.append(f"upsert({turn_id})")
+        parts.append(f"upsert({turn_id}{pause})")
     rng.shuffle(parts)
     return f"{turn_id} do: " + " ".join(parts)
+
+
+NESTED = b"[" * 2048 + b"]" * 2048
+
+
+def hostile_payload(rng: random.Random) -> bytes:
+    """One entry body that no decoder accepts: deep nesting, wrong types, huge, not JSON, ..."""
+    return rng.choice([
+        b'{"trace_id":"hostile","z":' + NESTED + b"}",
+        b'{"trace_id":"hostile","turn_id":"h","metadata":{"a":' + NESTED + b"}}",
+        NESTED,
+        b'{"trace_id":5,"turn_id":["x"],"call_id":{},"name":null,"agent":true}',
+        b'{"trace_id":"hostile","text":"' + b"x" * 256_000 + b'"}',  # 256 KB
+        b"\xff\xfe\x00not json",
+        b"",
+        b"[]",
+        b'{"trace_id":"hostile-' + str(rng.randint(0, 9)).encode() + b'","turn_id":"h","agent":"nope","text":"x"}',
+        b'{"trace_id":"hostile","turn_id":"h","call_id":"hc","name":"record","arguments":"{}"}',
+    ])
 
 
 class ChaosRun:
@@ -152,15 +224,18 @@ class ChaosRun:
 
     def __init__(self, redis_url: str, namespace: str, log_dir: Path, config: ChaosConfig | None = None, echo=print):
         self.redis_url = redis_url
-        self.keys = Keys(namespace)
+        self.keys = Keys(namespace, int(os.environ.get("AGENTSTREAM_PARTITIONS") or 1))  # as the services have it
         self.namespace = namespace
         self.log_dir = log_dir
         self.config = config or ChaosConfig()
         self.echo = echo
         self.rng = random.Random(self.config.seed)
-        self.client = redis_sync.Redis.from_url(redis_url)
+        self.client = sync_client(redis_url)
         self.kills: list[Kill] = []
         self.turns: list[tuple[str, str]] = []
+        self.stopped = 0
+        self.stopped_logs: list[str] = []
+        self.injected = Counter()
 
     def run(self) -> ChaosResult:
         cfg = self.config
@@ -183,6 +258,7 @@ class ChaosRun:
                 pending_turns = self._schedule_turns()
                 published = 0
                 next_kill = time.monotonic() + self.rng.uniform(*cfg.kill_every_s)
+                next_hostile = time.monotonic()
                 next_check = 0.0
                 down: dict[str, float] = {}  # slot → restart time
                 total = len(pending_turns)
@@ -193,6 +269,16 @@ class ChaosRun:
                         publish_turn(self.client, self.keys, trace_id=trace_id, turn_id=turn_id, agent="plan", text=text)
                         self.turns.append((trace_id, turn_id))
                         published += 1
+                    if cfg.hostile_every_s and now >= next_hostile:
+                        self._inject()
+                        next_hostile = now + self.rng.uniform(*cfg.hostile_every_s)
+                    for slot, service in roles.items():  # a process that exited by itself: an input stopped it?
+                        proc = services.procs.get(names[slot])
+                        if slot not in down and proc is not None and proc.poll() is not None:
+                            self.stopped += 1
+                            self.stopped_logs.append(f"{names[slot]} exited {proc.returncode}: " + services.log(names[slot])[-2000:])
+                            services.procs.pop(names[slot], None)
+                            services.start(names[slot], service)
                     for slot, at in list(down.items()):
                         if now >= at:
                             generation[slot] += 1
@@ -208,7 +294,9 @@ class ChaosRun:
                             break
                     # kill any process but the last live one of its service (the service stays up;
                     # recovery then measures the runtime, not how fast a process restarts)
-                    killable = [s for s in roles if s not in down
+                    # and only a process that is up (it has logged; on a loaded machine a start takes
+                    # seconds, and killing a process that never started tests nothing)
+                    killable = [s for s in roles if s not in down and self._up(services, names[s])
                                 and sum(1 for o in roles if roles[o] == roles[s] and o not in down) > 1]
                     if now >= next_kill and killable:
                         slot = self.rng.choice(killable)
@@ -236,21 +324,77 @@ class ChaosRun:
             at = self.rng.uniform(0, cfg.publish_over_s)
             for t in range(cfg.turns_per_conversation):
                 turn_id = f"c{c}t{t}"
-                out.append((at + t * 0.01, f"chaos-{c}", turn_id, _plan(self.rng, turn_id)))
+                out.append((at + t * 0.01, f"chaos-{c}", turn_id, _plan(self.rng, turn_id, cfg.slow_tools)))
         return sorted(out)
 
     def _kill(self, services: Services, name: str, service: str) -> None:
         stranded = self._held_by(name, service)
+        pid = services.procs[name].pid
         services.stop(name, kill=True)
-        self.kills.append(Kill(at_ms=time.time() * 1000.0, name=name, service=service, stranded=stranded))
+        self.kills.append(Kill(at_ms=time.time() * 1000.0, name=name, service=service, stranded=stranded, pid=pid))
+
+    def _up(self, services: Services, name: str) -> bool:
+        log_file = self.log_dir / f"{name}.log"
+        proc = services.procs.get(name)
+        return proc is not None and log_file.exists() and log_file.stat().st_size > 0
+
+    def _inject(self) -> None:
+        """Put one hostile entry, or a duplicate or malformed copy of a live one, on a stream a
+        backend can write."""
+        k = self.keys
+        streams = [(k.turns, TURN_FIELD), (k.cancel, CANCEL_FIELD), (k.wake, WAKE_FIELD), (k.tools("default"), JOB_FIELD)]
+        draw = self.rng.random()
+        if draw < 0.4:
+            stream, fld = self.rng.choice(streams)
+            stream = self._some_partition(stream)
+            if self.rng.random() < 0.15:
+                fld = b"not-the-field"
+            self.client.xadd(stream, {fld: hostile_payload(self.rng)})
+            self.injected["hostile"] += 1
+            return
+        stream, fld = self.rng.choice([(k.turns, TURN_FIELD), (k.tools("default"), JOB_FIELD)])
+        stream = self._some_partition(stream)
+        recent = [(eid, f) for eid, f in self.client.xrevrange(stream, count=10)
+                  if f.get(fld, b"").startswith(b'{"') and len(f[fld]) < 10_000]
+        if not recent:
+            return
+        _, fields = self.rng.choice(recent)
+        try:
+            message = json.loads(fields[fld])
+        except (ValueError, RecursionError):
+            return
+        if not isinstance(message, dict) or not isinstance(message.get("trace_id"), str):
+            return
+        if draw < 0.7:  # an exact copy of a live entry: runs once all the same
+            self.client.xadd(stream, {fld: fields[fld]})
+            self.injected["duplicate"] += 1
+            return
+        # a malformed copy: the same ids, a bad body
+        if fld == TURN_FIELD:
+            if not self.client.hexists(k.trace_keys(message["trace_id"]), f"turn:{message.get('turn_id')}"):
+                return  # only of a turn in its trace (a copy handled first would take the turn id: a race, not a fault)
+            bad = {**message, "text": 7}
+        else:
+            if "-forged" in str(message.get("name")):
+                return
+            bad = {**message, "name": f"{message.get('name')}-forged", "arguments": "{"}
+        self.client.xadd(stream, {fld: json.dumps(bad).encode()})
+        self.injected["malformed"] += 1
+
+    def _some_partition(self, stream: str) -> str:
+        """A random partition of a work stream (itself with one partition, or for the cancel stream)."""
+        if self.keys.partitions == 1 or stream == self.keys.cancel:
+            return stream
+        return self.rng.choice(self.keys.partitions_of(stream))
 
     def _held_by(self, consumer: str, service: str) -> set[str]:
         """The traces of the entries pending on ``consumer`` (what a kill strands)."""
         k = self.keys
         if service == "agent-loop":
-            streams = [(k.turns, AGENT_LOOP_GROUP, TURN_FIELD), (k.wake, AGENT_LOOP_GROUP, WAKE_FIELD)]
+            streams = [(s, AGENT_LOOP_GROUP, fld) for base, fld in ((k.turns, TURN_FIELD), (k.wake, WAKE_FIELD))
+                       for s in k.partitions_of(base)]
         else:
-            streams = [(k.tools("default"), TOOL_WORKER_GROUP, JOB_FIELD)]
+            streams = [(s, TOOL_WORKER_GROUP, JOB_FIELD) for s in k.partitions_of(k.tools("default"))]
         traces = set()
         for stream, group, fld in streams:
             try:
@@ -261,9 +405,13 @@ class ChaosRun:
                 entry = self.client.xrange(stream, min=p["message_id"], max=p["message_id"])
                 if entry and entry[0][1].get(fld):
                     raw = entry[0][1][fld]
-                    decoded = codec.decode_turn(raw) if fld == TURN_FIELD else (
-                        codec.decode_wake(raw) if fld == WAKE_FIELD else codec.decode_job(raw))
-                    traces.add(decoded.trace_id)
+                    try:
+                        decoded = codec.decode_turn(raw) if fld == TURN_FIELD else (
+                            codec.decode_wake(raw) if fld == WAKE_FIELD else codec.decode_job(raw))
+                    except Exception:  # a hostile entry
+                        continue
+                    if decoded.trace_id.startswith("chaos-"):
+                        traces.add(decoded.trace_id)
         return traces
 
     def _ended(self) -> int:
@@ -273,13 +421,15 @@ class ChaosRun:
         return sum(bool(x) for x in pipe.execute())
 
     def _replied(self) -> int:
-        return len({codec.decode_reply(f[REPLY_FIELD]).turn_id for _, f in self.client.xrange(self.keys.replies)})
+        ours = {turn_id for _, turn_id in self.turns}
+        return len({codec.decode_reply(f[REPLY_FIELD]).turn_id for _, f in self.client.xrange(self.keys.replies)} & ours)
 
     def _pending(self) -> int:
         total = 0
         k = self.keys
-        for stream, group in ((k.turns, AGENT_LOOP_GROUP), (k.wake, AGENT_LOOP_GROUP), (k.cancel, AGENT_LOOP_GROUP),
-                              (k.tools("default"), TOOL_WORKER_GROUP)):
+        every = [(s, AGENT_LOOP_GROUP) for s in (*k.partitions_of(k.turns), *k.partitions_of(k.wake), k.cancel)]
+        every += [(s, TOOL_WORKER_GROUP) for s in k.partitions_of(k.tools("default"))]
+        for stream, group in every:
             try:
                 total += self.client.xpending(stream, group)["pending"]
             except redis_sync.ResponseError:
@@ -295,7 +445,18 @@ class ChaosRun:
     # --- checking -------------------------------------------------------------------------
 
     def _verify(self) -> ChaosResult:
-        r = ChaosResult(turns=len(self.turns), kills=len(self.kills))
+        r = ChaosResult(turns=len(self.turns), kills=len(self.kills), services_stopped=self.stopped,
+                        stopped_logs=self.stopped_logs, hostile_entries=self.injected["hostile"],
+                        duplicate_copies=self.injected["duplicate"], malformed_copies=self.injected["malformed"])
+        killed_pids = {kill.pid for kill in self.kills}
+        killed_names = {kill.name for kill in self.kills if kill.service == "tool-worker"}
+        starts: dict[str, list[int]] = {}  # trace/call → pids of the runs that started, in order
+        for raw in self.client.lrange(apps.runs_key(self.namespace), 0, -1):
+            call, _tool, phase, pid = raw.decode().split("|")
+            if phase == "start":
+                starts.setdefault(call, []).append(int(pid))
+        # a call started again while the process of an earlier run was never killed: handled twice
+        r.handled_twice = sum(1 for pids in starts.values() if any(p not in killed_pids for p in pids[:-1]))
         by_trace: dict[str, list[str]] = {}
         for trace_id, turn_id in self.turns:
             by_trace.setdefault(trace_id, []).append(turn_id)
@@ -320,7 +481,13 @@ class ChaosRun:
             r.calls += len(calls)
             results = Counter(e.call_id for e in events if isinstance(e, ToolOutput) and not e.late)
             r.late_results += sum(1 for e in events if isinstance(e, ToolOutput) and e.late)
-            r.outcomes_unknown += sum(1 for e in events if isinstance(e, ToolOutput) and e.error == "outcome_unknown")
+            unknown = [e for e in events if isinstance(e, ToolOutput) and e.error == "outcome_unknown"]
+            r.outcomes_unknown += len(unknown)
+            started_by = {e.call_id: e.worker for e in events if isinstance(e, ToolStarted)}
+            for e in unknown:  # "outcome unknown" is true only when a process that started it died
+                pids = starts.get(f"{trace_id}/{e.call_id}", [])
+                if not (any(p in killed_pids for p in pids) or (not pids and started_by.get(e.call_id) in killed_names)):
+                    r.false_outcomes_unknown += 1
             r.duplicate_results += sum(n - 1 for n in results.values() if n > 1)
             r.stray_results += sum(1 for call_id in results if call_id not in calls)
             r.dangling_calls += sum(1 for call_id, (turn_id, _) in calls.items() if turn_id in endings and call_id not in results)

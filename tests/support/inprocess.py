@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from agentstream import codec
-from agentstream.app import App
-from agentstream.events import Event, Reply, TurnMessage
-from agentstream.keys import REPLY_FIELD, TURN_FIELD, Keys
-from agentstream.redis_conn import connect
-from agentstream.service import run_consumers
-from agentstream.settings import Settings
-from agentstream.store import TraceStore
+from agentstream.wire import codec
+from agentstream.app.base import App
+from agentstream.wire.events import Event, Reply, TurnMessage
+from agentstream.wire.keys import REPLY_FIELD, TURN_FIELD, Keys
+from agentstream.runtime.connection import connect
+from agentstream.runtime.runner import run_consumers
+from agentstream.ops.settings import Settings
+from agentstream.runtime.store import TraceStore
 from agentstream_services.agent_loop.service import build as build_loop
 from agentstream_services.tool_worker.service import build as build_worker
 
@@ -80,8 +80,8 @@ class InProcess:
 
     async def start(self, name: str, *services: str) -> Proc:
         settings = self.settings(name)
-        redis = connect(self.redis_url)
-        store = TraceStore(redis, settings.keys)
+        redis = connect(self.redis_url, block_ms=settings.block_ms)
+        store = TraceStore(redis, settings.keys, codec=self.app.codec)
         http = httpx.AsyncClient()
         runners: list = []
         loop = worker = None
@@ -119,7 +119,7 @@ class InProcess:
 
 
 async def publish(redis, keys: Keys, **fields: str) -> None:
-    await redis.xadd(keys.turns, {TURN_FIELD: codec.encode(TurnMessage(**fields))})
+    await redis.xadd(keys.turns_for(fields["trace_id"]), {TURN_FIELD: codec.encode(TurnMessage(**fields))})
 
 
 async def replies(redis, keys: Keys) -> dict[str, Reply]:
@@ -149,3 +149,13 @@ async def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
 
 async def events_of(store: TraceStore, trace_id: str) -> list[Event]:
     return [e for _, e in await store.read(trace_id)]
+
+
+async def replies_on(redis, stream: str) -> list[Reply]:
+    """Every reply on ``stream`` (the replies stream or a ``reply_to``), oldest first."""
+    return [codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(stream)]
+
+
+async def errors_of(redis, keys: Keys) -> list[dict[str, str]]:
+    """The errors stream's entries, each as ``{field: text}`` (``error``, ``payload``, ``source``, ``entry``)."""
+    return [{k.decode(): v.decode(errors="replace") for k, v in f.items()} for _, f in await redis.xrange(keys.errors)]

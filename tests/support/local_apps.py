@@ -14,7 +14,8 @@ local = Agent(
     name="local",
     system_prompt="You are a helpful assistant. Use the calculator tool for arithmetic, then answer briefly.",
     tools=[calculator],
-    max_passes=2,
+    max_passes=1,
+    tool_rounds_after_cap=0,
     first_tool_choice="required",
     max_output_tokens=96,
 )

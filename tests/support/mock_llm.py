@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from agentstream.localmodel import free_port
+from agentstream.cli.localmodel import free_port
 from tests.support.procs import ROOT
 
 VERSION = "0.1.29"

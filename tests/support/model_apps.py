@@ -13,7 +13,7 @@ from agentstream import Agent, App, tool
 from agentstream.context import CURRENT_TURN, ContextConfig, ContextPolicy
 
 REPLAY_REASONING = ContextConfig(policy=ContextPolicy(reasoning=CURRENT_TURN))
-"""The context keeps the running turn's reasoning; the endpoint's quirks decide if it is sent (C10)."""
+"""The context keeps the running turn's reasoning, which is sent back: the one switch (C10)."""
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 RUNS: list[str] = []
@@ -67,7 +67,6 @@ app = App(
         Agent(name="claude-a", system_prompt="You help.", model="claude-a", tools=[lookup], max_passes=3, max_output_tokens=1024),
         Agent(name="claude-b", system_prompt="You help.", model="claude-b", tools=[lookup], max_passes=3, max_output_tokens=1024),
         Agent(name="deep", system_prompt="You help.", model="deepseek", tools=[lookup], max_passes=3, context=REPLAY_REASONING),
-        Agent(name="deep-plain", system_prompt="You help.", model="deepseek-plain", tools=[lookup], max_passes=3,
-              context=REPLAY_REASONING),
+        Agent(name="deep-plain", system_prompt="You help.", model="deepseek", tools=[lookup], max_passes=3),
     ]
 )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from agentstream import tracing
+from agentstream.ops import tracing
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 It answers by a rule of the conversation so far (a "function model"): each request's JSON is
 passed to ``rule(body) -> response message dict`` and the reply is wrapped as a
-chat-completions response. Every request body is kept for assertions.
+chat-completions response (a ``usage`` key in the rule's dict replaces the usage reported). Every request body is kept for assertions.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class ScriptedModelServer:
                 self._send(200, {
                     "id": f"chatcmpl-{n}", "object": "chat.completion", "model": body.get("model"),
                     "choices": [{"index": 0, "message": result["message"], "finish_reason": result["finish_reason"]}],
-                    "usage": {"prompt_tokens": len(raw) // 4, "completion_tokens": 7, "total_tokens": len(raw) // 4 + 7},
+                    "usage": result.get("usage") or {"prompt_tokens": len(raw) // 4, "completion_tokens": 7, "total_tokens": len(raw) // 4 + 7},
                 })
 
             def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:

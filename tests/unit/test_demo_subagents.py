@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
-from agentstream.compacting import Summarise, next_call
+import pytest
+
+from agentstream.steps.summarising import Summarise, next_call
 from agentstream.context import build_context
 from agentstream.delegation import HandOff, hand_off
 from agentstream.demo.app import app, ask_assistant, notes
-from agentstream.events import ModelOutput, ToolCall, TurnEnded, TurnInput
+from agentstream.wire.events import ModelOutput, ToolCall, TurnEnded, TurnInput
 
 
 def test_the_manager_hands_a_question_to_a_subagent():
@@ -21,13 +23,14 @@ def test_the_manager_hands_a_question_to_a_subagent():
     assert outcome.task.text == "What is 1234 * 5678?"
 
 
-def test_the_notes_agent_compacts_within_six_turns_of_short_answers():
+@pytest.mark.parametrize("answer", ["Python is readable.", "Python is a readable, general-purpose language with a large standard library. " * 3])
+def test_the_notes_agent_compacts_from_its_second_turn(answer):
+    # the README's `--turns 2`: the first turn alone is under the threshold, any second turn is over it
     events: list = []
     due = []
-    for n in range(1, 7):
+    for n in range(1, 4):
         events.append(TurnInput(turn_id=f"t{n}", agent="notes", text="Tell me one thing about Python."))
         if isinstance(next_call(build_context(events, notes, turn_id=f"t{n}", step=0), events, notes), Summarise):
             due.append(n)
-        answer = "Python is a readable, general-purpose language with a large standard library. " * 3
         events += [ModelOutput(turn_id=f"t{n}", step=0, content=answer), TurnEnded(turn_id=f"t{n}", answer=answer)]
-    assert due and due[0] <= 5
+    assert due[0] == 2

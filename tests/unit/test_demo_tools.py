@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agentstream.app import Tool, load_app
+from agentstream.app.base import Tool, load_app
 from agentstream.demo import tools as demo_tools
 from agentstream.demo.tools import (
     calculator,
@@ -201,5 +201,5 @@ def test_demo_app_loads() -> None:
     assert agent is not None
     assert agent.tool("calculator") is calculator
     assert agent.tool_choice_for(0) == "required"
-    assert agent.tool_choice_for(agent.max_passes - 1) == "none"
+    assert agent.tool_choice_for(agent.max_passes + agent.tool_rounds_after_cap) == "none"
     assert {"calculator", "python_docs_search", "python_docs_read"} <= set(app.tools)

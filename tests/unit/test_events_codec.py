@@ -3,9 +3,9 @@ import json
 import msgspec
 import pytest
 
-from agentstream import codec
+from agentstream.wire import codec
 from agentstream.errors import EventDecodeError, SchemaVersionError, TurnRejected
-from agentstream.events import TRACE_SCHEMA_VERSION, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput, Usage
+from agentstream.wire.events import TRACE_SCHEMA_VERSION, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput, UnknownEvent, Usage
 
 
 EVENTS = [
@@ -46,9 +46,15 @@ def test_newer_schema_version_is_refused_with_upgrade_hint():
         codec.decode_entry(fields, trace_id="tr", entry_id="1-0")
 
 
-def test_unknown_event_names_trace_and_entry():
-    with pytest.raises(EventDecodeError, match=r"trace 'tr' entry 5-0"):
-        codec.decode_entry({b"v": b"1", b"e": b'{"type":"nope"}'}, trace_id="tr", entry_id="5-0")
+def test_an_event_that_cannot_be_read_names_trace_and_entry():
+    for payload in (b'{"kind":"nope"}', b'[1]', b'{"type":"tool_result","turn_id":1}', b'{"type": 3}'):
+        with pytest.raises(EventDecodeError, match=r"trace 'tr' entry 5-0"):
+            codec.decode_entry({b"v": b"1", b"e": payload}, trace_id="tr", entry_id="5-0")
+
+
+def test_an_event_of_a_type_this_reader_does_not_register_is_read_as_a_placeholder_holding_it():
+    event = codec.decode_entry({b"v": b"1", b"e": b'{"type":"nope","turn_id":"t1","x":[1]}'}, trace_id="tr", entry_id="5-0")
+    assert event == UnknownEvent(stored_type="nope", turn_id="t1", raw={"type": "nope", "turn_id": "t1", "x": [1]})
 
 
 def test_turn_decode_errors_say_what_and_where():
@@ -66,6 +72,18 @@ def test_turn_decode_errors_say_what_and_where():
 def test_turn_schema_is_json_schema_of_the_wire_format():
     schema = codec.turn_message_schema()
     body = schema["$defs"]["TurnMessage"]
-    assert set(body["required"]) == {"trace_id", "turn_id", "agent", "text"}
+    assert set(body["required"]) == {"trace_id", "turn_id", "agent"}  # and `text` or `input`
+    assert {"text", "input"} <= set(body["properties"])
     assert schema["$schema"].startswith("https://json-schema.org/")
     msgspec.json.encode(schema)
+
+
+def test_the_schema_version_went_up_with_tools_offered_and_version_1_entries_still_read():
+    from agentstream.wire.events import TRACE_SCHEMA_VERSIONS_READ, ToolsOffered
+
+    assert TRACE_SCHEMA_VERSION == 2 and TRACE_SCHEMA_VERSIONS_READ == (1, 2)
+    assert codec.encode_entry(EVENTS[0])[b"v"] == b"2"
+    assert codec.decode_entry(codec.encode_entry(ToolsOffered(turn_id="t1", step=0, agent="a")), trace_id="tr") == ToolsOffered(turn_id="t1", step=0, agent="a")
+    for event in EVENTS:  # written by version 1: the same bytes, read as they were
+        old = {b"v": b"1", b"e": codec.encode(event)}
+        assert codec.decode_entry(old, trace_id="tr", entry_id="1-0") == event

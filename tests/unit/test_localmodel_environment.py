@@ -1,4 +1,4 @@
-"""`python -m agentstream.localmodel` prints every variable that services and `trace verify` need,
+"""`python -m agentstream.cli.localmodel` prints every variable that services and `trace verify` need,
 AGENTSTREAM_DEFAULT_MODEL_OPTIONS (the llama.cpp quirks) included."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 import shlex
 import sys
 
-from agentstream import localmodel
+from agentstream.cli import localmodel
 from agentstream.models.endpoints import default_endpoint
-from agentstream.settings import Settings
+from agentstream.ops.settings import Settings
 
 
 class FakeServer:
@@ -31,7 +31,7 @@ class FakeServer:
 
 def test_main_prints_the_model_options_with_the_quirks(monkeypatch, capsys):
     monkeypatch.setattr(localmodel, "LocalModelServer", FakeServer)
-    monkeypatch.setattr(sys, "argv", ["agentstream.localmodel"])
+    monkeypatch.setattr(sys, "argv", ["agentstream.cli.localmodel"])
     localmodel.main()
     lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert set(lines) == {"OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS"}

@@ -1,8 +1,8 @@
 import json
 
-from agentstream.app import Agent, tool
+from agentstream.app.base import Agent, tool
 from agentstream.context import build_request
-from agentstream.events import ModelOutput, ToolCall, ToolOutput, TurnInput
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput
 from agentstream.models import openai_format
 
 
@@ -52,11 +52,13 @@ def test_body_is_deterministic_and_replays_arguments_verbatim():
     doc = json.loads(body)
     assert doc["messages"][0] == {"role": "system", "content": "S"}
     assistant = doc["messages"][2]
-    assert assistant["content"] == "" and assistant["tool_calls"][0]["function"]["arguments"] == bad
+    assert assistant["content"] is None and assistant["tool_calls"][0]["function"]["arguments"] == bad
     assert doc["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "Error: invalid arguments"}
     assert doc["tool_choice"] == "auto" and doc["tools"][0]["function"]["name"] == "f"
-    last = json.loads(openai_format.request_body(build_request(events, agent, turn_id="t", step=2), model="m"))
-    assert "tools" not in last and "tool_choice" not in last  # the last pass must answer
+    # past the passes cap (tool-calling calls counted) and its extra rounds, the model must answer
+    capped = Agent(name="a", system_prompt="S", tools=[f], max_passes=1, tool_rounds_after_cap=0)
+    last = json.loads(openai_format.request_body(build_request(events, capped, turn_id="t", step=1), model="m"))
+    assert "tools" not in last and "tool_choice" not in last
 
 
 def test_tool_results_restated_as_a_user_message_for_servers_that_drop_tool_messages():

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 from agentstream import Agent
-from agentstream.compacting import SUMMARY_FAILED, Summarise, next_call, sent_request
+from agentstream.steps.summarising import SUMMARY_FAILED, Summarise, next_call, sent_request
 from agentstream.context import (
     BRACKETS,
     Compact,
@@ -21,7 +21,7 @@ from agentstream.context import (
 )
 from agentstream.context.state import TraceState
 from agentstream.delegation import offered_agent
-from agentstream.events import (
+from agentstream.wire.events import (
     CompactionFailed,
     Document,
     ModelOutput,
@@ -32,7 +32,7 @@ from agentstream.events import (
     TurnInput,
 )
 from agentstream.models import formats
-from agentstream.replay import RebuiltCall, _candidates, _endpoint_of, rebuild_calls
+from agentstream.steps.replay import RebuiltCall, _candidates, _endpoint_of, rebuild_calls
 
 from tests.property.test_context_shortcuts import messy_trace
 from tests.property.traces import fetch, search

@@ -1,9 +1,21 @@
 """The agent loop's decisions, as a pure function of the trace."""
+import pytest
 
-from agentstream.app import Agent, tool
+from agentstream.app.base import Agent, App, tool
 from agentstream.context import ToolResultMessage, UserMessage, build_messages
-from agentstream.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
-from agentstream.steps import CallModel, EndTurn, FailTurn, Idle, RecordResults, RunTools, decide
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.context import build_request
+from agentstream.steps.decision import (
+    PASSES_CAP_CODE,
+    PASSES_CAP_DIRECTIVE,
+    CallModel,
+    EndTurn,
+    FailTurn,
+    Idle,
+    RecordResults,
+    RunTools,
+    decide,
+)
 
 
 @tool
@@ -84,13 +96,67 @@ def test_answer_ends_the_turn_and_the_next_queued_turn_starts():
     assert decide([T1, t2, out, TurnEnded(turn_id="t1", answer="done")], agents) == CallModel(t2, AGENT, 0)
 
 
-def test_passes_cap_fails_with_a_reason():
+def tool_pass(events, step, *ids, answered=True):
+    events.append(ModelOutput(turn_id="t1", step=step, tool_calls=calls(*ids), stop_reason="tool_calls"))
+    if answered:
+        events.extend(ToolOutput(turn_id="t1", call_id=i, name="get", text="x") for i in ids)
+
+
+def test_the_passes_cap_counts_calls_with_tools_and_keeps_tools_one_round_past_it():
+    events = [T1]
+    for step in range(3):  # max_passes=3: three calls with tools run
+        tool_pass(events, step, f"c{step}")
+    assert decide(events, agents) == CallModel(T1, AGENT, 3)
+    request = build_request(events, AGENT, turn_id="t1", step=3)
+    assert request.tool_choice == "auto" and [t.name for t in request.tools] == ["get"]  # tool_rounds_after_cap=1
+
+
+def test_calls_past_the_cap_do_not_run_and_get_the_directive():
     events = [T1]
     for step in range(3):
-        events.append(ModelOutput(turn_id="t1", step=step, tool_calls=calls(f"c{step}"), stop_reason="tool_calls"))
-        events.append(ToolOutput(turn_id="t1", call_id=f"c{step}", name="get", text="x"))
+        tool_pass(events, step, f"c{step}")
+    tool_pass(events, 3, "c3a", "c3b", answered=False)
+    d = decide(events, agents)
+    assert isinstance(d, RecordResults) and [r.call_id for r in d.results] == ["c3a", "c3b"]
+    assert {r.error for r in d.results} == {PASSES_CAP_CODE}
+    assert d.results[0].text == PASSES_CAP_DIRECTIVE.format(cap=3)
+    events.extend(d.results)
+    assert decide(events, agents) == CallModel(T1, AGENT, 4)
+    final = build_request(events, AGENT, turn_id="t1", step=4)
+    assert final.tool_choice == "none" and final.tools == ()  # then it can only answer
+    events.append(ModelOutput(turn_id="t1", step=4, content="A is bigger."))
+    assert decide(events, agents) == EndTurn(T1, "A is bigger.")
+
+
+def test_a_tool_called_where_tools_are_withheld_never_runs_and_a_second_time_fails_the_turn():
+    events = [T1]
+    for step in range(4):
+        tool_pass(events, step, f"c{step}")
+    tool_pass(events, 4, "c4", answered=False)  # the server ignored that no tools were offered
+    d = decide(events, agents)
+    assert isinstance(d, RecordResults) and d.results[0].error == PASSES_CAP_CODE
+    events.extend(d.results)
+    assert decide(events, agents) == CallModel(T1, AGENT, 5)
+    tool_pass(events, 5, "c5", answered=False)
+    d = decide(events, agents)
+    assert isinstance(d, RecordResults) and d.results[0].error == PASSES_CAP_CODE
+    events.extend(d.results)
     d = decide(events, agents)
     assert isinstance(d, FailTurn) and d.code == "passes_cap" and "3" in d.reason
+
+
+def test_answers_and_empty_replies_do_not_count_toward_the_cap():
+    events = [T1, ModelOutput(turn_id="t1", step=0, content="")]  # an empty reply, retried
+    for step in range(1, 4):
+        tool_pass(events, step, f"c{step}")
+    request = build_request(events, AGENT, turn_id="t1", step=4)
+    assert request.tool_choice == "auto"  # three calls with tools so far: the round past the cap
+    assert decide(events, agents) == CallModel(T1, AGENT, 4)
+
+
+def test_no_rounds_after_the_cap():
+    agent = Agent(name="a", system_prompt="S", tools=[get], max_passes=1, tool_rounds_after_cap=0, first_tool_choice="required")
+    assert [agent.tool_choice_at(passes, passes) for passes in range(2)] == ["required", "none"]
 
 
 def test_results_are_shown_in_call_order_whatever_the_arrival_order():
@@ -126,3 +192,42 @@ def test_a_queued_turn_is_not_shown_inside_the_running_one():
     assert not any(isinstance(m, UserMessage) and m.text == "second" for m in msgs)
     full = build_messages([T1, t2, out, r1, ModelOutput(turn_id="t1", step=1, content="ok"), TurnEnded(turn_id="t1", answer="ok")])
     assert isinstance(full[-1], UserMessage) and full[-1].text == "second"
+
+
+def test_a_turn_may_name_only_a_model_its_agent_allows_and_the_app_configures():
+    from agentstream.wire.events import TaskInput
+    from agentstream.models.endpoints import ModelEndpoint
+    from agentstream.steps.decision import model_refusal
+
+    agent = Agent(name="a", system_prompt="S", tools=[get], models=["big", "gone"])
+    endpoints = {n: ModelEndpoint(id=n, provider="openai", base_url="http://x/v1", model=n) for n in ("default", "big")}
+    turn = lambda model: TurnInput(turn_id="t", agent="a", text="x", model=model)  # noqa: E731
+    assert model_refusal(agent, turn(None), endpoints) is None and model_refusal(agent, turn("big"), endpoints) is None
+    assert "does not allow" in model_refusal(agent, turn("other"), endpoints)
+    assert "not configured" in model_refusal(agent, turn("gone"), endpoints)
+    task = TaskInput(turn_id="t", agent="a", text="x", model="other")  # a child runs on its delegation's model
+    assert model_refusal(agent, task, endpoints) is None
+    d = decide([turn("other")], lambda name: agent)
+    assert isinstance(d, FailTurn) and d.code == "bad_turn" and "`model`" in d.reason
+
+
+def test_an_agent_without_a_default_model_refuses_a_turn_that_names_none():
+    from agentstream.errors import ConfigError, TurnRejected
+    from agentstream.steps.decision import model_refusal
+    from agentstream.wire.events import TurnMessage
+
+    agent = Agent(name="a", system_prompt="S", model=None, models=["big", "small"])
+    assert agent.allowed_models == ("big", "small")
+    unnamed = TurnInput(turn_id="t", agent="a", text="x")
+    why = model_refusal(agent, unnamed, None)
+    assert "names no model in its field `model`" in why and "no default model" in why and "big, small" in why
+    assert model_refusal(agent, TurnInput(turn_id="t", agent="a", text="x", model="small"), None) is None
+    assert "does not allow" in model_refusal(agent, TurnInput(turn_id="t", agent="a", text="x", model="default"), None)
+    d = decide([unnamed], lambda name: agent)
+    assert isinstance(d, FailTurn) and d.code == "bad_turn" and d.reason == why
+    app = App(agents=[agent])
+    with pytest.raises(TurnRejected) as info:  # refused on admission, before anything is stored
+        app.turn_input(TurnMessage(trace_id="c", turn_id="t", agent="a", text="x"))
+    assert info.value.code == "bad_turn" and "no default model" in str(info.value)
+    with pytest.raises(ConfigError, match="no default model"):
+        Agent(name="b", system_prompt="S", model=None)  # nothing a turn could run on

@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from agentstream.app import Agent, App, load_app, tool
+from agentstream.app.base import Agent, App, load_app, tool
 from agentstream.errors import ConfigError, ToolArgumentsError
 
 
@@ -76,8 +76,11 @@ def test_structured_results_keep_data():
 
 
 def test_passes_cap_and_tool_choice():
-    agent = Agent(name="a", system_prompt="s", tools=[add], max_passes=3, first_tool_choice="required")
-    assert [agent.tool_choice_for(i) for i in range(3)] == ["required", "auto", "none"]
+    agent = Agent(name="a", system_prompt="s", tools=[add], max_passes=2, first_tool_choice="required")
+    # two calls with tools, one more past the cap that keeps them (not forced), then none
+    assert [agent.tool_choice_for(i) for i in range(4)] == ["required", "auto", "auto", "none"]
+    with pytest.raises(ConfigError, match="tool_rounds_after_cap"):
+        Agent(name="a", system_prompt="s", tool_rounds_after_cap=-1)
     with pytest.raises(ConfigError):
         Agent(name="a", system_prompt="s", max_passes=0)
 
@@ -90,3 +93,54 @@ def test_load_app_errors_are_clear():
     with pytest.raises(ConfigError, match="no attribute"):
         load_app("tests.support.apps:nope")
     assert isinstance(load_app("tests.support.apps:app"), App)
+
+
+# --- sync tools run on kept daemon threads ----------------------------------------------------
+
+import contextvars  # noqa: E402
+import threading  # noqa: E402
+
+_seen_var: contextvars.ContextVar[str] = contextvars.ContextVar("seen_var", default="unset")
+_threads: list[threading.Thread] = []  # the thread of each call of `where`, in order
+
+
+@tool(timeout_s=5)
+def where() -> str:
+    """Which thread runs the call, and what the context variable held."""
+    before = _seen_var.get()
+    _seen_var.set("set by the tool")
+    current = threading.current_thread()
+    _threads.append(current)
+    return f"{current.ident}|{current.name}|{current.daemon}|{before}"
+
+
+_release = threading.Event()
+
+
+@tool(timeout_s=0.2)
+def stuck() -> str:
+    """Blocks until the test lets it go."""
+    _release.wait(10)
+    return "late"
+
+
+async def test_a_sync_tool_call_reuses_the_daemon_thread_of_the_call_before():
+    first = (await where.invoke("{}")).text.split("|")
+    second = (await where.invoke("{}")).text.split("|")
+    assert _threads[-1] is _threads[-2]  # the same thread object: none started per call
+    assert second[1] == "tool:where" and second[2] == "True"
+    assert first[3] == second[3] == "unset"  # a call's context variables do not reach the next one
+
+
+async def test_a_stuck_sync_tool_keeps_only_its_own_thread():
+    _release.clear()
+    try:
+        timed_out = await stuck.invoke("{}")
+        assert timed_out.error == "timeout"
+        # the stuck thread is still running: the next calls get other threads, at once
+        results = await asyncio.wait_for(asyncio.gather(*(where.invoke("{}") for _ in range(3))), 2)
+        assert all(not r.error for r in results)
+        stuck_threads = [t for t in threading.enumerate() if t.name == "tool:stuck"]
+        assert stuck_threads and not any(t is s for t in _threads[-3:] for s in stuck_threads)
+    finally:
+        _release.set()

@@ -1,4 +1,4 @@
-"""agentstream.tracing: W3C trace context through spans, a no-op without OpenTelemetry, a pass-through
+"""agentstream.ops.tracing: W3C trace context through spans, a no-op without OpenTelemetry, a pass-through
 with the API alone, and the OTel trace id in the JSON logs while a span records."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import textwrap
 
 import pytest
 
-from agentstream import codec, logs, tracing
-from agentstream.compacting import CompactionJob, decode_job
+from agentstream.wire import codec
+from agentstream.ops import logs, tracing
+from agentstream.steps.summarising import CompactionJob, decode_job
 from agentstream.delegation import ChildEnded, decode_child_ended
-from agentstream.events import ToolJob
+from agentstream.wire.events import ToolJob
 from tests.support.otel import Parent, exporter, hex_span_id, hex_trace_id, parent_id  # noqa: F401
 
 
@@ -33,7 +34,7 @@ def test_without_opentelemetry_the_context_passes_through_unchanged(tmp_path):
         """
         import sys
         sys.modules["opentelemetry"] = None
-        from agentstream import tracing
+        from agentstream.ops import tracing
         assert not tracing.enabled()
         tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
         assert tracing.inject() == {}
@@ -58,6 +59,34 @@ def test_with_the_api_alone_the_incoming_context_is_carried_on():
         assert tracing.current_ids() is None
     with tracing.span("agentstream.step", parent={}):
         assert tracing.inject() == {}
+
+
+def test_an_sdk_set_up_globally_after_spans_ran_without_one_records_the_next_spans():
+    # spans skip the tracer while no SDK is set up; the global provider set later is used at once
+    script = textwrap.dedent(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from agentstream.ops import tracing
+        tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+        with tracing.span("agentstream.step", parent={"traceparent": tp}):
+            assert tracing.inject() == {"traceparent": tp}
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        with tracing.span("agentstream.step", parent={"traceparent": tp}):
+            assert tracing.inject()["traceparent"].split("-")[1] == "a" * 32
+            assert tracing.current_ids() is not None
+        spans = exporter.get_finished_spans()
+        assert [s.name for s in spans] == ["agentstream.step"] and spans[0].parent.span_id == int("b" * 16, 16)
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
 def test_spans_are_children_of_the_carried_context(exporter):

@@ -31,10 +31,26 @@ Most helpers below take a "workload context": a dict with
 {{- end }}
 {{- end }}
 
-{{/* A component's resource name: <fullname>-<suffix>, at most 63 characters. Context: (list $ "suffix"). */}}
+{{/*
+A name of at most `max` characters that stays unique: a name that fits is kept whole; a longer one
+is cut to max - 9 characters and ends with "-" and the first 8 hex digits of the whole name's
+SHA-256, so two long names that differ only past the cut (pools browser-heavy-one and
+browser-heavy-two under a long release name) still differ. Context: (list "name" max).
+*/}}
+{{- define "agentstream.shortName" -}}
+{{- $name := index . 0 }}
+{{- $max := int (index . 1) }}
+{{- if le (len $name) $max }}
+{{- $name }}
+{{- else }}
+{{- printf "%s-%s" ($name | trunc (int (sub $max 9)) | trimSuffix "-") ($name | sha256sum | trunc 8) }}
+{{- end }}
+{{- end }}
+
+{{/* A component's resource name: <fullname>-<suffix>, unique and at most 63 characters (agentstream.shortName). Context: (list $ "suffix"). */}}
 {{- define "agentstream.componentName" -}}
 {{- $root := index . 0 }}
-{{- printf "%s-%s" (include "agentstream.fullname" $root) (index . 1) | trunc 63 | trimSuffix "-" }}
+{{- include "agentstream.shortName" (list (printf "%s-%s" (include "agentstream.fullname" $root) (index . 1)) 63) }}
 {{- end }}
 
 {{- define "agentstream.chart" -}}
@@ -100,9 +116,18 @@ annotations:
 
 {{/* ---------------------------------------------------------------- Redis */}}
 
-{{/* The bundled Redis' Service name. */}}
+{{/*
+The bundled Redis' Service and StatefulSet name: at most 52 characters, because the StatefulSet
+controller labels its pods with controller-revision-hash=<name>-<10 characters>, a label value
+of at most 63.
+*/}}
 {{- define "agentstream.redis.serviceName" -}}
-{{- include "agentstream.componentName" (list . "redis") }}
+{{- include "agentstream.shortName" (list (printf "%s-redis" (include "agentstream.fullname" .)) 52) }}
+{{- end }}
+
+{{/* The bundled Redis' headless Service name (at most 63 characters). */}}
+{{- define "agentstream.redis.headlessName" -}}
+{{- include "agentstream.shortName" (list (printf "%s-redis-headless" (include "agentstream.fullname" .)) 63) }}
 {{- end }}
 
 {{/*
@@ -123,27 +148,77 @@ qualified Service name, because KEDA's operator resolves it from its own namespa
 {{- if .Values.redis.bundled.enabled }}0{{ else }}{{ default "0" (trimPrefix "/" (urlParse .Values.redis.external.url).path) }}{{ end }}
 {{- end }}
 
+{{/*
+The Secret holding the Redis password, or "" for none: redis.auth.existingSecret; else, with the
+bundled Redis, the one the chart generates (secret-redis-auth.yaml). Context: root.
+*/}}
+{{- define "agentstream.redis.secretName" -}}
+{{- if .Values.redis.auth.existingSecret }}
+{{- .Values.redis.auth.existingSecret }}
+{{- else if .Values.redis.bundled.enabled }}
+{{- include "agentstream.componentName" (list . "redis-auth") }}
+{{- end }}
+{{- end }}
+
+{{/* The key of the password in agentstream.redis.secretName. Context: root. */}}
+{{- define "agentstream.redis.secretKey" -}}
+{{- if .Values.redis.auth.existingSecret }}{{ .Values.redis.auth.existingSecretPasswordKey }}{{ else }}redis-password{{ end }}
+{{- end }}
+
+{{/* Where the pods find the CA certificate of an external Redis' TLS (redis.external.tlsCA). */}}
+{{- define "agentstream.redis.caPath" -}}
+/etc/agentstream/redis-tls/ca.crt
+{{- end }}
+
+{{- define "agentstream.redis.tlsCA" -}}
+{{- if and (eq (include "agentstream.redis.tls" .) "true") .Values.redis.external.tlsCA.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the external Redis is a Redis Cluster (redis.external.cluster). */}}
+{{- define "agentstream.redis.cluster" -}}
+{{- if and .Values.redis.external.enabled .Values.redis.external.cluster }}true{{ end }}
+{{- end }}
+
+{{/*
+The streams of every partition of a work stream, as a list: the name itself for partition 0,
+`<stream>:p<k>` for the others (agentstream.wire.keys.partition_stream). Context: (list root stream).
+*/}}
+{{- define "agentstream.partitionStreams" -}}
+{{- $root := index . 0 }}
+{{- $stream := index . 1 }}
+{{- $out := list $stream }}
+{{- range $k := untilStep 1 (int $root.Values.partitions) 1 }}
+{{- $out = append $out (printf "%s:p%d" $stream $k) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
 {{- define "agentstream.redis.tls" -}}
 {{- if and .Values.redis.external.enabled .Values.redis.external.tls }}true{{ end }}
 {{- end }}
 
 {{/*
-REDIS_URL. The password is never spliced in here: with redis.auth.existingSecret the URL holds
+REDIS_URL. The password is never spliced in here: with a password Secret the URL holds
 `$(REDIS_PASSWORD)`, which the kubelet replaces with the REDIS_PASSWORD env var (itself from the
 Secret) when it starts the container. That env var must come first in the container's env.
 */}}
 {{- define "agentstream.redis.url" -}}
 {{- $r := .Values.redis }}
 {{- $scheme := ternary "rediss" "redis" (eq (include "agentstream.redis.tls" .) "true") }}
+{{- if include "agentstream.redis.cluster" . }}
+{{- $scheme = printf "%s+cluster" $scheme }}
+{{- end }}
 {{- $query := "" }}
 {{- if $r.external.enabled }}
 {{- $query = (urlParse $r.external.url).query }}
 {{- if and $r.external.tls $r.external.tlsSkipVerify }}
 {{- $query = trimPrefix "&" (printf "%s&ssl_cert_reqs=none" $query) }}
+{{- else if include "agentstream.redis.tlsCA" . }}
+{{- $query = trimPrefix "&" (printf "%s&ssl_ca_certs=%s" $query (include "agentstream.redis.caPath" .)) }}
 {{- end }}
 {{- end }}
 {{- $userinfo := "" }}
-{{- if $r.auth.existingSecret }}
+{{- if include "agentstream.redis.secretName" . }}
 {{- $userinfo = printf "%s:$(REDIS_PASSWORD)@" $r.auth.username }}
 {{- else if $r.auth.username }}
 {{- $userinfo = printf "%s@" $r.auth.username }}
@@ -168,7 +243,7 @@ Secret) when it starts the container. That env var must come first in the contai
 {{- define "agentstream.modelOptions" -}}
 {{- $m := . }}
 {{- $out := dict }}
-{{- $names := dict "windowTokens" "window_tokens" "charsPerToken" "chars_per_token" "stream" "stream" "thinkingBudgetTokens" "thinking_budget_tokens" "timeoutSeconds" "timeout_s" "retries" "retries" "quirks" "quirks" "extraBody" "extra_body" }}
+{{- $names := dict "windowTokens" "window_tokens" "charsPerToken" "chars_per_token" "stream" "stream" "thinkingBudgetTokens" "thinking_budget_tokens" "timeoutSeconds" "timeout_s" "retries" "retries" "quirks" "quirks" "extraBody" "extra_body" "inlineToolSchemas" "inline_tool_schemas" }}
 {{- range $from, $to := $names }}
 {{- if hasKey $m $from }}
 {{- $_ := set $out $to (index $m $from) }}
@@ -205,7 +280,8 @@ Context: root.
 
 {{/*
 One tool-worker pool's settings: the toolWorkers defaults, overridden by the pool's own keys;
-extraArgs, extraEnv, extraVolumes and extraVolumeMounts are the defaults' followed by the pool's.
+extraArgs, extraEnv, extraVolumes and extraVolumeMounts are the defaults' followed by the pool's;
+the environment of the pool's MCP server (`mcp`, see _mcp.tpl) comes last.
 Autoscaling keys come from autoscaling.* unless the pool sets them. Context: (dict "root" $ "pool" $pool).
 Returns YAML: use with fromYaml.
 */}}
@@ -214,16 +290,17 @@ Returns YAML: use with fromYaml.
 {{- $as := .root.Values.autoscaling }}
 {{- $pool := .pool }}
 {{- $out := dict "name" $pool.name "queue" $pool.queue }}
-{{- range $k := list "replicas" "app" "resources" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" }}
+{{- range $k := list "replicas" "concurrency" "app" "resources" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" }}
 {{- $_ := set $out $k (ternary (index $pool $k) (index $tw $k) (hasKey $pool $k)) }}
 {{- end }}
 {{- range $k := list "extraArgs" "extraEnv" "extraVolumes" "extraVolumeMounts" }}
 {{- $_ := set $out $k (default (list) (concat (default (list) (index $tw $k)) (default (list) (index $pool $k)))) }}
 {{- end }}
+{{- $_ := set $out "extraEnv" (concat $out.extraEnv (include "agentstream.mcpEnv" $pool | fromYamlArray)) }}{{/* the pool's MCP server, see _mcp.tpl */}}
 {{- range $k := list "minReplicas" "maxReplicas" }}
 {{- $_ := set $out $k (ternary (index $pool $k) (index $as $k) (hasKey $pool $k)) }}
 {{- end }}
-{{- range $k := list "lagCount" "activationLagCount" "pendingEntriesCount" }}
+{{- range $k := list "lagCount" "activationLagCount" "pendingTrigger" }}
 {{- $_ := set $out $k (ternary (index $pool $k) (index $as.keda $k) (hasKey $pool $k)) }}
 {{- end }}
 {{- $_ := set $out "targetCPUUtilizationPercentage" (ternary $pool.targetCPUUtilizationPercentage $as.hpa.targetCPUUtilizationPercentage (hasKey $pool "targetCPUUtilizationPercentage")) }}
@@ -236,13 +313,13 @@ Returns YAML: use with fromYaml.
 {{- define "agentstream.env" -}}
 {{- $root := .root }}
 {{- $v := $root.Values }}
-{{- if $v.redis.auth.existingSecret }}
+{{- with include "agentstream.redis.secretName" $root }}
 # Defined before REDIS_URL, which refers to it as $(REDIS_PASSWORD).
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ $v.redis.auth.existingSecret }}
-      key: {{ $v.redis.auth.existingSecretPasswordKey }}
+      name: {{ . }}
+      key: {{ include "agentstream.redis.secretKey" $root }}
 {{- end }}
 {{- with $v.redis.auth.username }}
 - name: REDIS_USERNAME
@@ -252,12 +329,49 @@ Returns YAML: use with fromYaml.
   value: {{ include "agentstream.redis.url" $root | quote }}
 - name: AGENTSTREAM_NAMESPACE
   value: {{ $v.streamNamespace | quote }}
+- name: AGENTSTREAM_PARTITIONS
+  value: {{ $v.partitions | int | quote }}
 - name: AGENTSTREAM_METRICS_PORT
   value: {{ $v.metricsPort | quote }}
 - name: AGENTSTREAM_SHUTDOWN_GRACE_S
   value: {{ $v.shutdownGraceSeconds | quote }}
+{{- with $v.limits }}
+# The wire's limits (README, "Security").
+- name: AGENTSTREAM_MAX_TURN_BYTES
+  value: {{ .maxTurnBytes | int64 | quote }}
+- name: AGENTSTREAM_MAX_METADATA_BYTES
+  value: {{ .maxMetadataBytes | int64 | quote }}
+- name: AGENTSTREAM_MAX_JSON_DEPTH
+  value: {{ .maxJsonDepth | int64 | quote }}
+- name: AGENTSTREAM_MAX_ID_BYTES
+  value: {{ .maxIdBytes | int64 | quote }}
+- name: AGENTSTREAM_MAX_TOOL_ARGUMENTS_BYTES
+  value: {{ .maxToolArgumentsBytes | int64 | quote }}
+- name: AGENTSTREAM_MAX_TOOL_RESULT_BYTES
+  value: {{ .maxToolResultBytes | int64 | quote }}
+- name: AGENTSTREAM_EXCERPT_BYTES
+  value: {{ .excerptBytes | int64 | quote }}
+- name: AGENTSTREAM_ERRORS_MAXLEN
+  value: {{ .errorsMaxlen | int64 | quote }}
+{{- with .replyStreams }}
+- name: AGENTSTREAM_REPLY_STREAMS
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- end }}
+{{- with $v.deadlines }}
+- name: AGENTSTREAM_MODEL_DEADLINE_S
+  value: {{ .modelSeconds | toString | quote }}
+{{- if .turnSeconds }}
+- name: AGENTSTREAM_TURN_DEADLINE_S
+  value: {{ .turnSeconds | toString | quote }}
+{{- end }}
+{{- end }}
 - name: AGENTSTREAM_APP
   value: {{ default $v.app .svc.app | quote }}
+{{- with .svc.concurrency }}
+- name: AGENTSTREAM_CONCURRENCY
+  value: {{ . | quote }}
+{{- end }}
 # The pod name: a restarted container keeps its consumer name and drains its own pending entries.
 - name: AGENTSTREAM_CONSUMER
   valueFrom:
@@ -368,12 +482,17 @@ spec:
       {{- end }}
       securityContext:
         {{- toYaml $v.podSecurityContext | nindent 8 }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- include "agentstream.topologySpread" . | nindent 6 }}
       terminationGracePeriodSeconds: {{ add $v.shutdownGraceSeconds 5 }}
       containers:
         - name: {{ .component }}
           image: {{ include "agentstream.image" $root | quote }}
           imagePullPolicy: {{ $v.image.pullPolicy }}
-          command: ["agentstream"]
+          # tini (the image's PID 1) forwards signals and reaps what tools spawn.
+          command: ["tini", "--", "agentstream"]
           args:
             {{- toYaml .args | nindent 12 }}
           ports:
@@ -382,6 +501,15 @@ spec:
               protocol: TCP
           env:
             {{- include "agentstream.env" . | trim | nindent 12 }}
+          {{- with $v.extraEnvFrom }}
+          envFrom:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          startupProbe:
+            httpGet:
+              path: /healthz
+              port: metrics
+            {{- toYaml $v.probes.startup | nindent 12 }}
           livenessProbe:
             httpGet:
               path: /healthz
@@ -411,6 +539,11 @@ spec:
               mountPath: /etc/agentstream/models
               readOnly: true
             {{- end }}
+            {{- if include "agentstream.redis.tlsCA" $root }}
+            - name: redis-tls
+              mountPath: {{ include "agentstream.redis.caPath" $root | dir }}
+              readOnly: true
+            {{- end }}
             {{- with $v.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -431,6 +564,14 @@ spec:
           configMap:
             name: {{ include "agentstream.componentName" (list $root "models") }}
         {{- end }}
+        {{- if include "agentstream.redis.tlsCA" $root }}
+        - name: redis-tls
+          secret:
+            secretName: {{ $v.redis.external.tlsCA.existingSecret }}
+            items:
+              - key: {{ $v.redis.external.tlsCA.key }}
+                path: {{ include "agentstream.redis.caPath" $root | base }}
+        {{- end }}
         {{- with $v.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -449,6 +590,26 @@ spec:
       affinity:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints of a workload's pods: the global list, each item without a
+labelSelector given the workload's selector labels (so it spreads this workload's pods, not every
+pod of the release). Renders nothing for an empty list. Context: workload context.
+*/}}
+{{- define "agentstream.topologySpread" -}}
+{{- with .root.Values.topologySpreadConstraints }}
+{{- $items := list }}
+{{- range $c := . }}
+{{- $item := deepCopy $c }}
+{{- if not (hasKey $item "labelSelector") }}
+{{- $_ := set $item "labelSelector" (dict "matchLabels" (include "agentstream.selectorLabels" $ | fromYaml)) }}
+{{- end }}
+{{- $items = append $items $item }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $items | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* The Service exposing a workload's metrics port (for scraping). Context: workload context. */}}

@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentstream.app import Agent
-from agentstream.codec import gc_paused
+from agentstream.app.base import Agent
+from agentstream.wire.codec import gc_paused
 from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
 from agentstream.context.compaction import instructions as compaction_instructions
 from agentstream.context.elements import Numbering
 from agentstream.context.forms.shorten import Form
-from agentstream.context.limits import DEFAULT_LIMITS, ModelLimits
+from agentstream.context.limits import DEFAULT_LIMITS, ModelLimits, text_chars
 from agentstream.context.render import ContextConfig, EventFilter, cap_images
 from agentstream.context.reopen import resolve_reopen
 from agentstream.context.request import ChatRequest, Message, ToolDefinition
@@ -38,7 +38,7 @@ from agentstream.context.shrink import judge
 from agentstream.context.state import TraceState
 from agentstream.context.trimming import trim_request
 from agentstream.errors import ContextFullError
-from agentstream.events import ToolCall, ToolOutput
+from agentstream.wire.events import ToolCall, ToolOutput
 
 FROM_AGENT: Literal["agent"] = "agent"
 """Take the limits from the agent (``Agent.model_limits``, or the default limits)."""
@@ -73,6 +73,8 @@ class Shrunk:
         at: the index of the model call (among the trace's calls) at which it got the form.
         at_turn: the turn of that call.
         at_step: the step of that call within its turn.
+        kept: the elements a floor shows in a higher form than the result's (a cited source
+            kept full), as ``(number, element id, form)``, in the result's order.
     """
 
     handle: str
@@ -83,6 +85,7 @@ class Shrunk:
     at: int
     at_turn: str
     at_step: int
+    kept: tuple[tuple[int | None, str, Form], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,10 +151,10 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
     try:
         if index < 0:
             request = ChatRequest(
-                system=state.agent.system_prompt,
+                system=state.base_system(-1),
                 messages=(),
                 tools=state.tools_for(0, step),
-                tool_choice=state.agent.tool_choice_for(step),
+                tool_choice=state.agent.tool_choice_at(0, step),
                 max_output_tokens=state.agent.max_output_tokens,
                 temperature=state.agent.temperature,
             )
@@ -160,7 +163,7 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
         max_images = state.policy.max_images if state.limits is not None else None
         if max_images is not None:
             cap_images(messages, max_images)
-        choice = state.agent.tool_choice_for(step)
+        choice = state.tool_choice(index, step)
         request = ChatRequest(
             system=state.system_prompt(index),
             messages=tuple(messages),
@@ -179,7 +182,7 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
             compact = state.policy.compact
             if compact is not None:
                 threshold = trigger_tokens(
-                    compact, state.limits, state.policy.output_reserve.count, len(compaction_instructions(compact, state))
+                    compact, state.limits, state.policy.output_reserve.count, text_chars(compaction_instructions(compact, state))
                 )
                 if size > threshold or not fits:
                     due = plan(state, index, compact)
@@ -193,13 +196,28 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
 def _shrunk(state: TraceState, slot: Any, index: int, step: int) -> Shrunk:
     """Why a shown result has its form; kept on the slot while it keeps that form from a recorded call."""
     at = slot.at
+    kept = _kept(state, slot)
     if not 0 <= at < len(state.calls):  # given at the call being built: its turn and step
-        return Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, state.turns[index].turn_id, step)
+        return Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, state.turns[index].turn_id, step, kept)
     record = slot.record
-    if record is None or record.at != at or record.form != slot.form or record.by is not slot.by:
+    if record is None or record.at != at or record.form != slot.form or record.by is not slot.by or record.kept != kept:
         call = state.calls[at]
-        record = slot.record = Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, call.turn_id, call.step)
+        record = slot.record = Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, call.turn_id,
+                                      call.step, kept)
     return record
+
+
+def _kept(state: TraceState, slot: Any) -> tuple[tuple[int | None, str, Form], ...]:
+    """The elements of a shortened result that floors show in a higher form than the result's."""
+    forms = slot.element_forms
+    if not forms:
+        return ()
+    elements = slot.output.elements
+    return tuple(
+        (state.numbering.number(elements[i].id), elements[i].id, form)
+        for i, form in enumerate(forms)
+        if form > slot.form and i < len(elements)
+    )
 
 
 def require_fit(built: BuiltContext, *, trace_id: str | None = None) -> ChatRequest:
@@ -282,12 +300,19 @@ def trimmed_request(built: BuiltContext, agent: Agent, *, limits: LimitsArg = FR
     """A request that fits the window, by trimming the oldest history whole (the last resort).
 
     For when a compaction failed: the history keeps whole tool-call units, starts on a user
-    message, and the system prompt says that earlier messages were left out.
+    message, always holds the running turn whole (see :func:`trim_request`), and the system
+    prompt says that earlier messages were left out.
+
+    Raises:
+        ContextFullError: the running turn alone does not fit (the message gives the sizes).
     """
     config, resolved = settings_of(agent, None, limits)
     if built.fits or resolved is None:
         return built.request
-    return trim_request(built.request, resolved, output_reserve=config.policy.output_reserve.count, note=TRIMMED_NOTE)
+    try:
+        return trim_request(built.request, resolved, output_reserve=config.policy.output_reserve.count, note=TRIMMED_NOTE)
+    except ContextFullError as exc:
+        raise ContextFullError(f"turn {built.turn_id!r} step {built.step}: the summary failed and trimming cannot help: {exc}") from None
 
 
 def build_messages(events: Sequence[Any], *, upto_turn: str | None = None) -> tuple[Message, ...]:

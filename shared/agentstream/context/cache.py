@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentstream.app import Agent
+from agentstream.app.base import Agent
 from agentstream.context.builder import (
     BuiltContext,
     build_from_state,

@@ -21,18 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 from agentstream.context.forms.shorten import COMPRESSED, STUBBED
 from agentstream.context.layout import escape_text
+from agentstream.context.folded import Output
 from agentstream.context.limits import (
     MESSAGE_OVERHEAD_CHARS,
     ModelLimits,
     message_chars,
+    text_chars,
 )
 from agentstream.context.policy import Compact
 from agentstream.context.request import ChatRequest, Message, UserMessage
 from agentstream.errors import CompactionError
-from agentstream.events import Compaction, Usage
+from agentstream.wire.events import Compaction, Usage
 
 if TYPE_CHECKING:
-    from agentstream.context.state import TraceState
+    from agentstream.context.fold_state import FoldState
 
 SUMMARY_HEADING = "The conversation before the messages below was summarised; this summary replaces it."
 
@@ -77,14 +79,15 @@ class CompactionPlan:
     previous_summary: str | None
 
 
-def summary_budget_chars(state: TraceState, compact: Compact, summary_chars: int) -> int:
+def summary_budget_chars(state: FoldState, compact: Compact, summary_chars: int, current: int = -1) -> int:
     """Characters of history one summary call may carry: the window less the summary output,
-    the instructions, the system prompt and ``summary_chars`` of summary so far."""
+    the instructions, the system prompt (of the calls of turn ``current``, an index) and
+    ``summary_chars`` of summary so far."""
     limits = state.limits
     assert limits is not None
     fixed = (
-        len(state.agent.system_prompt)
-        + len(instructions(compact, state))
+        text_chars(state.base_system(current))
+        + text_chars(instructions(compact, state))
         + 4 * MESSAGE_OVERHEAD_CHARS
         + len(SUMMARY_HEADING)
         + 32
@@ -93,7 +96,7 @@ def summary_budget_chars(state: TraceState, compact: Compact, summary_chars: int
     return limits.chars_of_tokens(limits.window.count - compact.summary_output.count) - fixed
 
 
-def instructions(compact: Compact, state: TraceState) -> str:
+def instructions(compact: Compact, state: FoldState) -> str:
     """The user message that asks for the summary (with the citing text when the agent cites)."""
     style = state.config.citations
     if style is None:
@@ -101,7 +104,7 @@ def instructions(compact: Compact, state: TraceState) -> str:
     return f"{compact.instructions}\n{compact.citing.replace('{citation}', style.example)}"
 
 
-def plan(state: TraceState, current: int, compact: Compact) -> CompactionPlan | None:
+def plan(state: FoldState, current: int, compact: Compact) -> CompactionPlan | None:
     """The compaction of a call in turn ``current``, or None when it would replace nothing new."""
     kept = kept_from_index(compact, current)
     already = state.kept_from if state.compaction is not None else 0
@@ -110,8 +113,8 @@ def plan(state: TraceState, current: int, compact: Compact) -> CompactionPlan | 
     previous = state.compaction.summary if state.compaction is not None else None
     new = [state.turns[i] for i in range(already, kept)]
     # A later chunk carries the summary written so far: at most the summary output.
-    summary_room = max(len(previous or ""), state.limits.chars_of_tokens(compact.summary_output.count)) if state.limits else 0
-    budget = summary_budget_chars(state, compact, summary_room)
+    summary_room = max(text_chars(previous or ""), state.limits.chars_of_tokens(compact.summary_output.count)) if state.limits else 0
+    budget = summary_budget_chars(state, compact, summary_room, current)
     chunks: list[tuple[str, ...]] = []
     chunk: list[str] = []
     used = 0
@@ -134,16 +137,14 @@ def plan(state: TraceState, current: int, compact: Compact) -> CompactionPlan | 
     )
 
 
-def _stubbed_chars(state: TraceState, turn: Any) -> int:
+def _stubbed_chars(state: FoldState, turn: Any) -> int:
     messages = _turn_messages_in_form(state, turn, STUBBED)
     return sum(message_chars(m) for m in messages)
 
 
-def _turn_messages_in_form(state: TraceState, turn: Any, form: Any) -> list[Message]:
+def _turn_messages_in_form(state: FoldState, turn: Any, form: Any) -> list[Message]:
     """A turn's messages with every result at most in ``form`` (for summary calls)."""
-    from agentstream.context.state import Output
-
-    out: list[Message] = [turn.user]
+    out: list[Message] = [turn.user] if turn.user is not None else []
     for item in turn.items:
         if isinstance(item, Output):
             out.append(item.message)
@@ -162,7 +163,7 @@ def _turn_messages_in_form(state: TraceState, turn: Any, form: Any) -> list[Mess
     return out
 
 
-def summary_messages(state: TraceState, turn_ids: Sequence[str], budget_chars: int) -> list[Message]:
+def summary_messages(state: FoldState, turn_ids: Sequence[str], budget_chars: int) -> list[Message]:
     """The messages of the turns a summary call reads, shortened until they fit ``budget_chars``.
 
     Results in their current forms first; then every result compressed; then stubbed; then the
@@ -193,7 +194,7 @@ def summary_messages(state: TraceState, turn_ids: Sequence[str], budget_chars: i
     )
 
 
-def summary_request(state: TraceState, compaction_plan: CompactionPlan, chunk: int, summary_so_far: str | None) -> ChatRequest:
+def summary_request(state: FoldState, compaction_plan: CompactionPlan, chunk: int, summary_so_far: str | None) -> ChatRequest:
     """The request of summary call ``chunk`` of a plan.
 
     The system message is the agent's prompt with the summary so far (the earlier compaction's
@@ -202,10 +203,11 @@ def summary_request(state: TraceState, compaction_plan: CompactionPlan, chunk: i
     """
     compact = state.policy.compact
     assert compact is not None and state.limits is not None
-    system = state.agent.system_prompt
+    current = state.turn_index.get(compaction_plan.turn_id, len(state.turns) - 1)
+    system = state.base_system(current)
     if summary_so_far:
         system += summary_section(Compaction(summary=summary_so_far))
-    budget = summary_budget_chars(state, compact, len(summary_so_far or ""))
+    budget = summary_budget_chars(state, compact, text_chars(summary_so_far or ""), current)
     messages = summary_messages(state, compaction_plan.chunks[chunk], budget)
     messages.append(UserMessage(text=instructions(compact, state)))
     return ChatRequest(

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agentstream.events import AnyElement, Element, Image, Source, ToolOutput, TurnInput
+from agentstream.errors import UnrenderedEventError
+from agentstream.wire.events import AnyElement, Element, Image, Source, ToolOutput, TurnInput, UnknownElement
 
 
 class Numbering:
@@ -39,9 +40,20 @@ class Numbering:
         return other
 
     def add(self, elements: Iterable[AnyElement], tool: str | None) -> None:
-        """Number the elements not numbered yet (in the order given)."""
+        """Number the elements not numbered yet (in the order given).
+
+        Raises:
+            UnrenderedEventError: an element is an :class:`~agentstream.wire.events.UnknownElement`
+                (a stored kind the app does not register): it cannot be shown, nor skipped.
+        """
         numbers = self._numbers
         for element in elements:
+            if type(element) is UnknownElement:
+                where = f"a result of tool {tool!r}" if tool else "an input"
+                raise UnrenderedEventError(
+                    f"{where} holds an element of kind {element.stored_kind!r} (id {element.id!r}), which this app "
+                    "does not register: add its class to App(element_types=...)"
+                )
             element_id = element.id
             if element_id not in numbers:
                 numbers[element_id] = len(numbers) + 1

@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentstream.app import Agent
+from agentstream.app.base import Agent
 from agentstream.context.builder import BuiltContext, Shrunk, build_context
 from agentstream.context.request import ChatRequest
-from agentstream.events import ModelOutput, TurnInput
+from agentstream.wire.events import ModelOutput, TurnInput
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,12 @@ def explain(
 
 def describe_shrunk(shrunk: Shrunk) -> str:
     """One line: ``r3 (call_1, search) compressed by Compress(where=turns[:-2], when=None) at call 4 (turn t2, step 0)``."""
-    return (
+    line = (
         f"{shrunk.handle} ({shrunk.call_id}, {shrunk.tool}) {shrunk.form.name.lower()} by {shrunk.by!r} "
         f"at call {shrunk.at} (turn {shrunk.at_turn}, step {shrunk.at_step})"
     )
+    if shrunk.kept:
+        shown = ", ".join(f"{number if number is not None else '?'} ({element_id}) {form.name.lower()}"
+                          for number, element_id, form in shrunk.kept)
+        line += f"; a floor keeps source {shown}"
+    return line

@@ -10,14 +10,15 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from agentstream.context.forms.shorten import FULL, Form
-from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, message_chars
+from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, message_chars, text_chars
 from agentstream.context.render import MISSING_RESULT_TEXT, Parts, assistant_message
 from agentstream.context.request import AssistantMessage, Message
-from agentstream.events import ModelOutput, ToolOutput, TurnInput
+from agentstream.wire.events import ModelOutput, ToolOutput, TurnInput
 
-RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed"})
-"""Stored event types that change no context: they are records for the runtime (a side-effect
-tool about to run, a cancel request whose effects are written as their own events)."""
+RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed", "tools_offered"})
+"""Stored event types that add no message to a context: they are records for the runtime (a
+side-effect tool about to run, a cancel request whose effects are written as their own events;
+the MCP tools offered change the request's tools, which the trace state reads itself)."""
 
 
 def record_only(event: object) -> bool:
@@ -94,10 +95,12 @@ class Turn:
 
     __slots__ = (
         "index", "turn_id", "user", "items", "handles", "chars", "reasoning_chars", "version", "cache_key", "cache",
-        "first_round", "first_slot",
+        "first_round", "first_slot", "tool_steps", "answer_steps", "input", "off", "tools", "system",
     )
 
-    def __init__(self, index: int, event: TurnInput, user: Message, first_round: int, first_slot: int) -> None:
+    def __init__(self, index: int, event: TurnInput, user: Message | None, first_round: int, first_slot: int) -> None:
+        self.off: frozenset[str] = frozenset()  # the agent's own tools this turn does not offer
+        self.tools: tuple[Any, int] | None = None  # (its tool definitions, their characters) when some are off
         self.index = index
         self.first_round = first_round
         self.first_slot = first_slot
@@ -105,11 +108,15 @@ class Turn:
         self.user = user
         self.items: list[Output | tuple[Message, ...]] = []
         self.handles: list[str] = []
-        self.chars = message_chars(user)
+        self.chars = message_chars(user) if user is not None else 0
         self.reasoning_chars = 0
         self.version = 0
         self.cache_key: tuple[int, bool] | None = None
         self.cache: tuple[Message, ...] = ()
+        self.tool_steps: list[int] = []  # the steps of its outputs that called tools (the passes cap counts them)
+        self.answer_steps: list[int] = []  # steps whose calls got an answer to a request (Agent.answers_request)
+        self.input = event  # the turn's input (its system prompt is written from it)
+        self.system: str | None = None  # the system prompt of its calls, once written (TraceState.base_system)
 
 
 class Change(NamedTuple):
@@ -123,7 +130,7 @@ class Change(NamedTuple):
     chars: int
 
 
-MISSING_CHARS = len(MISSING_RESULT_TEXT) + MESSAGE_OVERHEAD_CHARS
+MISSING_CHARS = text_chars(MISSING_RESULT_TEXT) + MESSAGE_OVERHEAD_CHARS
 """Characters of the synthetic result of a call without one, less its call id's."""
 
 

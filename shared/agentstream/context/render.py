@@ -26,7 +26,7 @@ from agentstream.context.forms.shorten import (
     drop_text,
 )
 from agentstream.context.layout import DEFAULT_LAYOUT, Layout
-from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits
+from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, ModelLimits, text_chars
 from agentstream.context.policy import ContextPolicy
 from agentstream.context.request import (
     AssistantMessage,
@@ -35,7 +35,8 @@ from agentstream.context.request import (
     UserMessage,
 )
 from agentstream.errors import ContextError
-from agentstream.events import (
+from agentstream.app.inputs import Text, as_recorded, elements_then_text, parse_payload
+from agentstream.wire.events import (
     Document,
     Element,
     ModelOutput,
@@ -120,6 +121,50 @@ def user_message(event: TurnInput, show: ShowElements) -> UserMessage:
     if not event.elements:
         return UserMessage(text=event.text)
     return UserMessage(text=join_content(show(event.elements), event.text), images=images_of(event.elements))
+
+
+def input_message(event: TurnInput, agent: Any, show: ShowElements) -> UserMessage | None:
+    """How the model reads a recorded input: its payload parsed into the agent's input type and
+    rendered by the agent's hook (default: its elements, then its text), then the instructions
+    of the tools the turn requires, after a blank line; None when the hook keeps it from the model.
+
+    An input the type no longer parses is shown as recorded (its elements, then its payload as
+    text or JSON: :func:`agentstream.app.inputs.as_recorded`). A plain-text input of an agent with
+    the default type and hook is shown without parsing (as before typed inputs).
+    """
+    render = getattr(agent, "render_input", None)
+    input_type = getattr(agent, "input", Text)
+    if event.input is None and render is None and input_type is Text:
+        message = user_message(event, show)
+    else:
+        payload = event.input if event.input is not None else event.text
+        try:
+            parsed = parse_payload(input_type, payload)
+        except ValueError:
+            text: str | None = as_recorded(event, show)
+        else:
+            text = (render or elements_then_text)(parsed, show, event)
+        if text is None:
+            return None
+        if isinstance(text, UserMessage):  # the hook's own message (its images, say)
+            message = text
+        else:
+            message = UserMessage(text=str(text), images=images_of(event.elements))
+    if event.instructions:
+        message = msgspec.structs.replace(message, text=join_content(message.text, "\n".join(event.instructions)))
+    return message
+
+
+def declared_order(agent: Any) -> tuple[Any, ...]:
+    """The agent's own tools in the order it declares them (``Agent.declared``), else as listed,
+    as its model reads them (with its prompt file's tool texts: ``Agent.described_tools``)."""
+    declared = getattr(agent, "declared", None)
+    described = getattr(agent, "described_tools", None)
+    tools = tuple(described() if described is not None else agent.tools)
+    if declared is None:
+        return tools
+    by_name = {t.name: t for t in tools}
+    return tuple(by_name[d.name] for d in declared if d.name in by_name)
 
 
 def assistant_message(output: ModelOutput, with_reasoning: bool) -> AssistantMessage:
@@ -211,12 +256,12 @@ class Parts:
                 total = self.full_elements() if self.full is output else sum(map(element_chars, output.elements))
                 for element in output.elements:
                     if isinstance(element, Source) and element.text:
-                        total -= len(element.text)
-                self.compressed_text = len(output.text)
+                        total -= text_chars(element.text)
+                self.compressed_text = text_chars(output.text)
             else:
                 compressed = self.compressed_of(renderer, output)
                 total = self.full_elements() if compressed is self.full else sum(map(element_chars, compressed.elements))
-                self.compressed_text = len(compressed.text)
+                self.compressed_text = text_chars(compressed.text)
             self.compressed_total = total
         return self.compressed_text, self.compressed_total
 
@@ -265,11 +310,11 @@ class ResultRenderer:
         return sizes
 
     def handle_line_chars(self, handle: str, tool: str, form: Form) -> int:
-        """``len(self.handle_line(handle, tool, form))``, without writing the line."""
+        """``text_chars(self.handle_line(handle, tool, form))``, without writing the line."""
         sizes = self.tool_sizes(tool)
         if form == COMPRESSED:
-            return sizes.compressed_line + sizes.compressed_handles * len(handle)
-        return sizes.stubbed_line + sizes.stubbed_handles * len(handle)
+            return sizes.compressed_line + sizes.compressed_handles * text_chars(handle)
+        return sizes.stubbed_line + sizes.stubbed_handles * text_chars(handle)
 
     def full_output(self, output: ToolOutput) -> ToolOutput:
         if self.limits is None:
@@ -322,7 +367,7 @@ class ResultRenderer:
             full = parts.full_of(self, output)
         line = 0
         if form == FULL:
-            text = len(full.text)
+            text = text_chars(full.text)
             shown = bool(full.elements)
             elements_chars = parts.full_elements() if shown else 0
         else:
@@ -333,7 +378,7 @@ class ResultRenderer:
                     elements_chars = 0
             else:
                 full_chars, compressed_chars = parts.elements_chars(self, output)
-                text = len(parts.compressed_of(self, output).text)
+                text = text_chars(parts.compressed_of(self, output).text)
                 elements_chars = 0
                 shown = False
                 for index, element_form in enumerate(element_forms):
@@ -365,7 +410,7 @@ class ResultRenderer:
         if full is None:
             full = parts.full = output if sizes.full_as_recorded else self.full_output(output)
         elements = full.elements
-        text = len(full.text)
+        text = text_chars(full.text)
         total = text
         dropped = 0  # the sources' text, which drop_text removes
         elements_chars = 0
@@ -373,17 +418,18 @@ class ResultRenderer:
             for element in elements:
                 kind = type(element)
                 if (kind is Passage or kind is Document) and not element.properties:  # element_chars, inline
-                    elements_chars += 40 + len(element.text) + (len(element.ref) if element.ref else 0)
+                    size = text_chars(element.text) if element.text else 0
+                    elements_chars += 40 + size + (len(element.ref) if element.ref else 0)
                     if kind is Document:
                         if element.title:
-                            elements_chars += 9 + len(element.title)  # len("title") + 4
+                            elements_chars += 9 + text_chars(element.title)  # len("title") + 4
                         if element.url:
-                            elements_chars += 7 + len(element.url)  # len("url") + 4
-                    dropped += len(element.text)
+                            elements_chars += 7 + text_chars(element.url)  # len("url") + 4
+                    dropped += size
                     continue
                 elements_chars += element_chars(element)
                 if isinstance(element, Source) and element.text:
-                    dropped += len(element.text)
+                    dropped += text_chars(element.text)
             total += elements_chars + (2 if text else 0)
         parts.full_total = elements_chars
         tail = len(output.call_id) + MESSAGE_OVERHEAD_CHARS
@@ -397,12 +443,12 @@ class ResultRenderer:
             parts.compressed_total, parts.compressed_text = elements_chars, text
         else:
             text, elements_chars = parts.compressed_measure(self, output)
-        compressed = sizes.compressed_line + sizes.compressed_handles * len(handle) + 1 + text
+        compressed = sizes.compressed_line + sizes.compressed_handles * text_chars(handle) + 1 + text
         if elements:
             compressed += elements_chars + (2 if text else 0)
         if 0 <= room < compressed:
             compressed = room + CUT_NOTE_CHARS
-        stubbed = sizes.stubbed_line + sizes.stubbed_handles * len(handle) + 1
+        stubbed = sizes.stubbed_line + sizes.stubbed_handles * text_chars(handle) + 1
         if 0 <= room < stubbed:
             stubbed = room + CUT_NOTE_CHARS
         return total + tail, compressed + tail, stubbed + tail
@@ -430,10 +476,10 @@ class _ToolSizes:
         cap = policy.cap_for(tool)
         self.room = -1 if cap is None else renderer.limits.chars_of_tokens(cap.count)  # -1: never cut
         # the handle is written into the line whole, a fixed number of times
-        self.compressed_line = len(renderer.handle_line("", tool, COMPRESSED))
-        self.compressed_handles = len(renderer.handle_line("h", tool, COMPRESSED)) - self.compressed_line
-        self.stubbed_line = len(renderer.handle_line("", tool, STUBBED))
-        self.stubbed_handles = len(renderer.handle_line("h", tool, STUBBED)) - self.stubbed_line
+        self.compressed_line = text_chars(renderer.handle_line("", tool, COMPRESSED))
+        self.compressed_handles = text_chars(renderer.handle_line("h", tool, COMPRESSED)) - self.compressed_line
+        self.stubbed_line = text_chars(renderer.handle_line("", tool, STUBBED))
+        self.stubbed_handles = text_chars(renderer.handle_line("h", tool, STUBBED)) - self.stubbed_line
 
 
 CUT_NOTE_CHARS = 48
@@ -452,16 +498,16 @@ def element_chars(element: Element) -> int:
     chars = 40
     text = getattr(element, "text", None)
     if text:
-        chars += len(text)
+        chars += text_chars(text)
     if element.ref:
         chars += len(element.ref)
     for name in names:
         value = getattr(element, name)
         if value:
-            chars += len(name) + 4 + (len(value) if isinstance(value, str) else len(str(value)))
+            chars += len(name) + 4 + (text_chars(value) if isinstance(value, str) else text_chars(str(value)))
     if element.properties:
         for key, value in element.properties.items():
-            chars += len(key) + 4 + (len(value) if isinstance(value, str) else len(str(value)))
+            chars += text_chars(key) + 4 + (text_chars(value) if isinstance(value, str) else text_chars(str(value)))
     return chars
 
 

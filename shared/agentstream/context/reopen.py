@@ -15,10 +15,10 @@ import msgspec
 
 from agentstream.context.forms.shorten import FULL
 from agentstream.context.policy import ContextPolicy
-from agentstream.events import AnyElement, Source, ToolCall, ToolOutput
+from agentstream.wire.events import AnyElement, Source, ToolCall, ToolOutput
 
 if TYPE_CHECKING:
-    from agentstream.context.state import TraceState
+    from agentstream.context.fold_state import FoldState
 
 REOPENED_KEY = "reopened"
 """The key of a reopen result's data that holds what it shows: ``{"elements": [...], "results": [...]}``."""
@@ -36,7 +36,7 @@ def is_reopen_output(event: ToolOutput, policy: ContextPolicy) -> bool:
     )
 
 
-def derive_reopened(event: ToolOutput, state: TraceState) -> ToolOutput:
+def derive_reopened(event: ToolOutput, state: FoldState) -> ToolOutput:
     """The reopen result as the model sees it: the reopened results' text and the reopened elements."""
     record: dict[str, Any] = event.data[REOPENED_KEY]
     element_ids = [str(i) for i in record.get("elements", [])]
@@ -70,7 +70,7 @@ def derive_reopened(event: ToolOutput, state: TraceState) -> ToolOutput:
     return msgspec.structs.replace(event, text=text, elements=tuple(elements.values()))
 
 
-def resolve_reopen(call: ToolCall, turn_id: str, state: TraceState) -> ToolOutput:
+def resolve_reopen(call: ToolCall, turn_id: str, state: FoldState) -> ToolOutput:
     """The result of a reopen call: its arguments checked and turned into real ids.
 
     Element numbers become element ids, handles become call ids. Arguments that are not a JSON

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from agentstream.events import Image, ToolCall
+from agentstream.wire.events import Image, ToolCall, ToolsOffered
 
 
 class UserMessage(msgspec.Struct, frozen=True, kw_only=True, tag="user"):
@@ -61,6 +61,11 @@ class ToolDefinition(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     description: str
     parameters: dict[str, Any]
+
+
+def offered_definitions(event: ToolsOffered) -> tuple[ToolDefinition, ...]:
+    """The definitions of the MCP tools a ``tools_offered`` event records, in its order."""
+    return tuple(ToolDefinition(name=t.name, description=t.description, parameters=t.parameters) for t in event.tools)
 
 
 class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):

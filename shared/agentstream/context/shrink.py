@@ -26,14 +26,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from math import ceil
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentstream.context.folded import Change
+from agentstream.context.folded import Change, Slot
 from agentstream.context.forms.shorten import COMPRESSED, STUBBED, Form
 from agentstream.context.limits import ModelLimits, corrected_tokens
 from agentstream.context.policy import Compress, ContextPolicy, ContextView, Stub
 from agentstream.errors import ShortenError
 
 if TYPE_CHECKING:
-    from agentstream.context.state import Slot, TraceState
+    from agentstream.context.fold_state import FoldState
 
 SHORTCUTS = True
 """Skip planning a pass when its outcome is known (the same view as a pass that did nothing, or a
@@ -80,7 +80,7 @@ class _Tools(Mapping[str, str]):
         return len(self._slots)
 
 
-def make_view(state: TraceState, start: int, current: int) -> ContextView:
+def make_view(state: FoldState, start: int, current: int) -> ContextView:
     """The view of a call in turn ``current`` whose shown turns start at ``start``."""
     first = state.turns[start] if start < len(state.turns) else None
     first_round = first.first_round if first is not None else len(state.rounds)
@@ -94,7 +94,7 @@ def make_view(state: TraceState, start: int, current: int) -> ContextView:
     )
 
 
-def element_floors(state: TraceState, slot: Slot, form: Form, view: ContextView | None) -> tuple[Form, ...] | None:
+def element_floors(state: FoldState, slot: Slot, form: Form, view: ContextView | None) -> tuple[Form, ...] | None:
     """The form of each element of a result lowered to ``form``, lifted by the policy's floors.
 
     None when no element is lifted (each shows in ``form``; lays out and estimates the same).
@@ -158,12 +158,17 @@ class Candidates:
     ``turns[:-2]`` selects units ``0 .. n-3`` of ``n``; as the trace grows, units only join the
     selection, so the results of each unit are read once, and a result leaves the list once its
     form is at or below the shrink's (or lowering it proved futile).
+
+    Kept for one ``start`` and a ``current`` turn that does not go back: a call judged for an
+    older turn than the last one (a model output recorded for a turn that had ended, after the
+    call of a newer turn was built) selects fewer turns, so the list is read again from the start.
     """
 
-    __slots__ = ("start", "scanned", "pending")
+    __slots__ = ("start", "current", "scanned", "pending")
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, current: int) -> None:
         self.start = start
+        self.current = current
         self.scanned = 0
         self.pending: list[Slot] = []
 
@@ -185,11 +190,12 @@ def _prefix_stop(shrink: Any) -> int | None:
     return stop
 
 
-def _scan(state: TraceState, shrink: Any, stop: int, start: int, current: int) -> list[Slot]:
+def _scan(state: FoldState, shrink: Any, stop: int, start: int, current: int) -> list[Slot]:
     """Read the units that joined a prefix shrink's selection; returns the results they added."""
     candidates = state.cursors.get(id(shrink))
-    if candidates is None or candidates.start != start:
-        candidates = state.cursors[id(shrink)] = Candidates(start)
+    if candidates is None or candidates.start != start or current < candidates.current:
+        candidates = state.cursors[id(shrink)] = Candidates(start, current)
+    candidates.current = current
     unit = shrink.where.unit
     if unit == "turns":
         if current + 1 - start + stop <= candidates.scanned:  # (stop < 0 for turns) nothing joined
@@ -220,7 +226,7 @@ def _scan(state: TraceState, shrink: Any, stop: int, start: int, current: int) -
     return added
 
 
-def _lowest_chars(state: TraceState, slot: Slot, form: Form) -> int | None:
+def _lowest_chars(state: FoldState, slot: Slot, form: Form) -> int | None:
     """At most how few characters ``slot`` takes once lowered to ``form`` (None: it cannot be)."""
     if not state.cited_floors_only:
         return state.smallest_chars(slot)
@@ -230,7 +236,7 @@ def _lowest_chars(state: TraceState, slot: Slot, form: Form) -> int | None:
         return None
 
 
-def _still_too_little(state: TraceState, memo_key: tuple, start: int, current: int) -> bool:
+def _still_too_little(state: FoldState, memo_key: tuple, start: int, current: int) -> bool:
     """After a pass that was not made for freeing too little: would this one free too little too?
 
     Only for built-in prefix shrinks: their offers now are the offers then plus the results of
@@ -285,7 +291,7 @@ def _still_too_little(state: TraceState, memo_key: tuple, start: int, current: i
     return limits.tokens_of_chars(bound) + 2 < state.min_gain_tokens
 
 
-def _units_mark(state: TraceState, current: int) -> tuple[int, int, int, int]:
+def _units_mark(state: FoldState, current: int) -> tuple[int, int, int, int]:
     """What the prefix shrinks' selections grow with: the current turn, the rounds, the results (for the
     units some shrink selects), and the rescans."""
     units = state.prefix_units
@@ -294,7 +300,7 @@ def _units_mark(state: TraceState, current: int) -> tuple[int, int, int, int]:
     )
 
 
-def judge(state: TraceState, current: int, step: int, call: int, *, speculative: bool, chars: int | None = None) -> list[Change]:
+def judge(state: FoldState, current: int, step: int, call: int, *, speculative: bool, chars: int | None = None) -> list[Change]:
     """Apply the policy's shrinks for the model call ``call`` (its index in the trace).
 
     Args:
@@ -307,7 +313,7 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
         chars: ``state.chars(current, step)``, when the caller has it.
 
     Returns:
-        When ``speculative``, the form changes made, oldest first (for :meth:`TraceState.undo`);
+        When ``speculative``, the form changes made, oldest first (for :meth:`~agentstream.context.state.TraceState.undo`);
         otherwise an empty list.
     """
     limits = state.limits
@@ -343,7 +349,7 @@ def judge(state: TraceState, current: int, step: int, call: int, *, speculative:
     ):
         return []
     reopen_extra = 0
-    if state.reopen_def is not None and not state.offers_reopen(current) and state.tools_offered(step):
+    if state.reopen_def is not None and not state.offers_reopen(current) and state.tools_offered(current, step):
         reopen_extra = state.reopen_chars  # the first shortened result brings the reopen tool
     key = (
         start, current, len(state.slots), state.placements, len(state.rounds), len(state.forms), len(state.cited),

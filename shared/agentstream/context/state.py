@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from agentstream.app import Agent
-from agentstream.codec import gc_paused
+from agentstream.app.base import Agent, ToolChoice
+from agentstream.wire.codec import gc_paused
 from agentstream.context.compaction import summary_section
 from agentstream.context.elements import Numbering
 from agentstream.context.folded import (
@@ -37,6 +37,8 @@ from agentstream.context.limits import (
     ModelLimits,
     corrected_tokens,
     message_chars,
+    plausible_prompt_tokens,
+    text_chars,
     tools_chars,
 )
 from agentstream.context.policy import ALWAYS, CURRENT_TURN, NEVER, cited
@@ -46,20 +48,23 @@ from agentstream.context.render import (
     ResultRenderer,
     assistant_message,
     check_rendered,
+    declared_order,
+    input_message,
     missing_result,
-    user_message,
 )
 from agentstream.context.reopen import derive_reopened, is_reopen_output
-from agentstream.context.request import AssistantMessage, Message, ToolDefinition
+from agentstream.context.request import AssistantMessage, Message, ToolDefinition, offered_definitions
 from agentstream.context.shrink import judge, steps_of
 from agentstream.errors import UnrenderedEventError
-from agentstream.events import (
+from agentstream.wire.events import (
     Compaction,
     ModelOutput,
     ToolOutput,
+    ToolsOffered,
     TurnEnded,
     TurnFailed,
     TurnInput,
+    UnknownEvent,
 )
 
 COMPRESSED_FUTILE = 1 << COMPRESSED
@@ -98,6 +103,13 @@ class TraceState:
         self.placements = 0  # results placed under their calls
         self.rescans = 0  # times the prefix shrinks' candidates were dropped to be read again
         self.scanned_mark: tuple[int, int, int, int] | None = None  # see shrink._units_mark
+        # the messages of the turns before the current one, kept between calls (see messages()):
+        # the first turn they start at, each turn's end in the list, and the lowest turn whose
+        # messages changed since (every turn.version bump lowers it)
+        self.prefix: list[Message] = []
+        self.prefix_ends: list[int] = []
+        self.prefix_start = -1
+        self.dirty_from = 0
         self.cited_floors_only = all(floor.applies is cited for floor in self.policy.protect)
         self.cited_lift = max((floor.form for floor in self.policy.protect), default=FULL)
         self.handle_index: dict[str, Slot] = {}
@@ -119,19 +131,17 @@ class TraceState:
         self.last_chars = 0
         self.pending: list[tuple[Message, ...]] = []
         self.count = 0
-        self.tool_defs = tuple(
-            ToolDefinition(name=t.name, description=t.description, parameters=t.parameters) for t in agent.tools
+        self.own_tool_defs = tuple(
+            ToolDefinition(name=t.name, description=t.description, parameters=t.parameters) for t in declared_order(agent)
         )
-        self.tools_chars = tools_chars(self.tool_defs)
+        self.per_turn_tools = agent.declared is not None  # the turns' tool states decide what each offers
         reopen = self.policy.reopen
         self.reopen_def = reopen.definition() if reopen is not None and agent.tool(reopen.name) is None else None
         self.reopen_name = reopen.name if reopen is not None else None
-        self.reopen_chars = tools_chars((*self.tool_defs, self.reopen_def)) - self.tools_chars if self.reopen_def else 0
-        self.prompt_chars = len(agent.system_prompt) + MESSAGE_OVERHEAD_CHARS
-        self.summarised_chars = self.prompt_chars  # the same with the summary in effect (see system_prompt)
+        self._set_tools(self.own_tool_defs)
+        self._system_chars: tuple[str | None, int] = (None, 0)  # the last system text measured (system_chars)
         self.reasoning_never = self.policy.reasoning == NEVER
-        self._tools_offered = tuple(agent.tool_choice_for(step) != "none" for step in range(max(agent.max_passes, 0) + 1))
-        self._summarised: tuple[Compaction | None, str] = (None, "")
+        self._summarised: tuple[Compaction | None, str | None, str] = (None, None, "")
         self.thresholds: tuple[int, int, int] | None = None
         self.lowest = 0  # the size (tokens) under which no shrink runs
         self.reserve = self.policy.output_reserve.count
@@ -182,7 +192,11 @@ class TraceState:
                     continue
                 if kind is TurnEnded or kind is TurnFailed:  # they carry no elements
                     if keeps is None or keeps(event):
-                        self.ended.add(event.turn_id)
+                        self._ending(event)
+                    continue
+                if kind is ToolsOffered:  # the agent's MCP tools from here on (never filtered out)
+                    if event.agent == self.agent.name:
+                        self._set_tools(self.own_tool_defs + offered_definitions(event))
                     continue
                 if numbering is not None:
                     numbering.add_event(event)
@@ -197,7 +211,7 @@ class TraceState:
                 elif isinstance(event, TurnInput):
                     self._input(event)
                 elif isinstance(event, (TurnEnded, TurnFailed)):
-                    self.ended.add(event.turn_id)
+                    self._ending(event)
                 elif isinstance(event, Compaction):
                     self._compaction(event)
                 elif record_only(event):
@@ -207,13 +221,21 @@ class TraceState:
         finally:
             self.count = count
 
+    def _set_tools(self, defs: tuple[ToolDefinition, ...]) -> None:
+        """The tools the calls offer from now on (the agent's own, then its MCP servers' as recorded)."""
+        self.tool_defs = defs
+        self.tools_chars = tools_chars(defs)
+        self.reopen_chars = tools_chars((*defs, self.reopen_def)) - self.tools_chars if self.reopen_def else 0
+
     def _show(self, elements: Sequence[Any]) -> str:
         return self.renderer.show(elements, None)
 
     def _input(self, event: TurnInput) -> None:
         if event.turn_id in self.turn_index:
             return
-        turn = Turn(len(self.turns), event, user_message(event, self._show), len(self.rounds), len(self.slots))
+        turn = Turn(len(self.turns), event, input_message(event, self.agent, self._show), len(self.rounds), len(self.slots))
+        if self.per_turn_tools or event.tools is not None:  # the agent's own tools, and its MCP tools declared off
+            turn.off = self.agent.off_tools(event)
         self.turn_index[event.turn_id] = turn.index
         self.turns.append(turn)
         self._add_chars(turn, turn.chars, counted=False)
@@ -235,7 +257,11 @@ class TraceState:
             else:
                 self.last_chars = chars
             prompt_tokens = event.usage.prompt_tokens
-            if prompt_tokens is not None and (limits.model is None or limits.model == event.model):
+            if (
+                prompt_tokens is not None
+                and (limits.model is None or limits.model == event.model)
+                and plausible_prompt_tokens(prompt_tokens, self.last_chars, limits)  # an under-report corrects nothing
+            ):
                 self.recorded = (prompt_tokens, self.last_chars)
         self.calls.append(event)
         content = event.content
@@ -249,8 +275,9 @@ class TraceState:
         if not tool_calls and not content.strip():  # an empty reply is not replayed (is_empty_reply)
             return
         output = Output(event, index)
-        chars = len(content) + MESSAGE_OVERHEAD_CHARS  # the message's characters (limits.message_chars) and its results'
+        chars = text_chars(content) + MESSAGE_OVERHEAD_CHARS  # the message's characters (limits.message_chars) and its results'
         if tool_calls:
+            turn.tool_steps.append(event.step)
             rounds = self.rounds
             output.round = len(rounds)
             rounds.append([])
@@ -258,7 +285,7 @@ class TraceState:
             results = self.results
             for call in tool_calls:
                 call_id = call.id
-                chars += len(call_id) + len(call.name) + len(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
+                chars += len(call_id) + len(call.name) + text_chars(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
                 slot = results.get(call_id)
                 if slot is None:  # no result yet: it will show under this call
                     if call_id in places:
@@ -271,6 +298,8 @@ class TraceState:
                 chars += slot.chars
                 if slot.turn is None:  # a result recorded before its call
                     self._place(slot, turn, output)
+                    if self.agent.resets_on_answer and self.agent.answers_request(slot.output):
+                        turn.answer_steps.append(event.step)
                 else:  # a call id called again: the result shows under this call too
                     self.recalls += 1
                     if slot.more is None:
@@ -278,13 +307,15 @@ class TraceState:
                     slot.more.append(output)
         turn.items.append(output)
         if event.reasoning:
-            reasoning = len(event.reasoning)
+            reasoning = text_chars(event.reasoning)
             turn.reasoning_chars += reasoning
             self.total_reasoning += reasoning
             if index < self.kept_from:
                 self.hidden_reasoning += reasoning
         turn.chars += chars  # _add_chars, inline
         turn.version += 1
+        if turn.index < self.dirty_from:
+            self.dirty_from = turn.index
         self.total_chars += chars
         if index < self.kept_from:
             self.hidden_chars += chars
@@ -308,6 +339,8 @@ class TraceState:
         if event.name == self.reopen_name and is_reopen_output(event, self.policy):
             output = derive_reopened(event, self)
         first = self.places.pop(call_id, None)
+        if first is not None and self.agent.resets_on_answer and self.agent.answers_request(event):
+            self.turns[first.turn].answer_steps.append(first.event.step)
         slots = self.slots
         handle = f"r{len(slots) + 1}"
         slot = Slot(handle, output)
@@ -338,9 +371,20 @@ class TraceState:
                 turn = turns[place.turn]
                 turn.chars += delta
                 turn.version += 1
+                if turn.index < self.dirty_from:
+                    self.dirty_from = turn.index
                 self.total_chars += delta
                 if turn.index < kept_from:
                     self.hidden_chars += delta
+
+    def _ending(self, event: TurnEnded | TurnFailed) -> None:
+        """A turn's ending; an answer that a tool's result gave (``answer_call``) shows as the
+        assistant's message after that result, as the model's own answer would."""
+        self.ended.add(event.turn_id)
+        if isinstance(event, TurnEnded) and event.answer_call:
+            index = self.turn_index.get(event.turn_id)
+            if index is not None:
+                self._append_item(self.turns[index], (AssistantMessage(content=event.answer),))
 
     def _compaction(self, event: Compaction) -> None:
         index = self.turn_index.get(event.kept_from_turn)
@@ -349,7 +393,6 @@ class TraceState:
         previous = self.kept_from if self.compaction is not None else 0
         self.compaction = event
         self.kept_from = index
-        self.summarised_chars = len(self.agent.system_prompt + summary_section(event)) + MESSAGE_OVERHEAD_CHARS
         if index >= previous:  # the kept part only moves on: add the turns it now leaves out
             self.hidden_chars += sum(t.chars for t in self.turns[previous:index])
             self.hidden_reasoning += sum(t.reasoning_chars for t in self.turns[previous:index])
@@ -358,6 +401,12 @@ class TraceState:
             self.hidden_reasoning = sum(t.reasoning_chars for t in self.turns[:index])
 
     def _app_event(self, event: Any) -> None:
+        if isinstance(event, UnknownEvent):
+            raise UnrenderedEventError(
+                f"the trace holds an event of type {event.stored_type!r}, which this app does not register: "
+                "add its class to App(event_types=...) and a renderer to the agent's ContextConfig.renderers "
+                "(or leave it out with ContextConfig.select)"
+            )
         render = None
         for cls in type(event).__mro__:
             render = self.config.renderers.get(cls)
@@ -385,6 +434,8 @@ class TraceState:
         if counted:
             turn.chars += delta
         turn.version += 1
+        if turn.index < self.dirty_from:
+            self.dirty_from = turn.index
         self.total_chars += delta
         if turn.index < self.kept_from:
             self.hidden_chars += delta
@@ -404,47 +455,96 @@ class TraceState:
     def offers_reopen(self, current: int) -> bool:
         return self.reopen_def is not None and (bool(self.forms) or self.compaction_shown(current))
 
+    def base_system(self, current: int) -> str:
+        """The agent's system prompt for the calls of turn ``current`` (an index; -1 before any
+        turn), written from the turn's input once (:meth:`agentstream.app.base.Agent.system_text`).
+
+        Raises:
+            PromptError: the agent's prompt could not be written for the turn.
+        """
+        if 0 <= current < len(self.turns):
+            turn = self.turns[current]
+            text = turn.system
+            if text is None:
+                text = turn.system = self.agent.system_text(turn.input)
+            return text
+        return self.agent.system_text(None)
+
     def system_prompt(self, current: int) -> str:
+        """The system message of a call in turn ``current``: its base, with the summary when one shows."""
+        base = self.base_system(current)
         if self.compaction_shown(current):
             assert self.compaction is not None
-            if self._summarised[0] is not self.compaction:
-                self._summarised = (self.compaction, self.agent.system_prompt + summary_section(self.compaction))
-            return self._summarised[1]
-        return self.agent.system_prompt
+            held = self._summarised
+            if held[0] is not self.compaction or held[1] is not base:
+                held = self._summarised = (self.compaction, base, base + summary_section(self.compaction))
+            return held[2]
+        return base
+
+    def system_chars(self, current: int) -> int:
+        """Characters of the system message of a call in turn ``current`` (with its overhead)."""
+        text = self.system_prompt(current)
+        held = self._system_chars
+        if held[0] is not text:
+            held = self._system_chars = (text, text_chars(text) + MESSAGE_OVERHEAD_CHARS)
+        return held[1]
+
+    def tool_choice(self, current: int, step: int) -> ToolChoice:
+        """The tool choice of the call at ``step`` of turn ``current`` (an index): the agent's,
+        given how many earlier calls of the turn called tools (``Agent.tool_choice_at``), counted
+        as :func:`agentstream.steps.decision.passes_before` counts them; ``none`` when the turn offers no tool."""
+        turn = self.turns[current] if 0 <= current < len(self.turns) else None
+        if turn is None or not turn.tool_steps:
+            choice = self.agent.tool_choice_at(0, step)
+        else:
+            after = max((s for s in turn.answer_steps if s < step), default=-1)  # the count starts again after an answer
+            passes = sum(1 for s in turn.tool_steps if after < s < step)
+            choice = self.agent.tool_choice_at(passes, step)
+        if choice != "none" and turn is not None and turn.off and not self.turn_tools(current)[0]:
+            return "none"
+        return choice
+
+    def turn_tools(self, current: int) -> tuple[tuple[ToolDefinition, ...], int]:
+        """The tool definitions the calls of turn ``current`` offer (the agent's own that the turn
+        does not turn off, in declaration order, then its MCP tools) and their characters."""
+        turn = self.turns[current] if 0 <= current < len(self.turns) else None
+        if turn is None or not turn.off:
+            return self.tool_defs, self.tools_chars
+        held = turn.tools
+        if held is None or held[0] is not self.tool_defs:  # made once per turn and tool list
+            defs = tuple(d for d in self.tool_defs if d.name not in turn.off)
+            held = turn.tools = (self.tool_defs, (defs, tools_chars(defs)))
+        return held[1]
 
     def tools_for(self, current: int, step: int) -> tuple[ToolDefinition, ...]:
-        if self.agent.tool_choice_for(step) == "none":
+        if self.tool_choice(current, step) == "none":
             return ()
+        defs = self.turn_tools(current)[0]
         if self.offers_reopen(current):
             assert self.reopen_def is not None
-            return (*self.tool_defs, self.reopen_def)
-        return self.tool_defs
+            return (*defs, self.reopen_def)
+        return defs
 
-    def tools_offered(self, step: int) -> bool:
-        """Whether the call at ``step`` offers tools (``Agent.tool_choice_for`` is not ``none``)."""
-        offered = self._tools_offered
-        if 0 <= step < len(offered):
-            return offered[step]
-        return self.agent.tool_choice_for(step) != "none"
+    def tools_offered(self, current: int, step: int) -> bool:
+        """Whether the call at ``step`` of turn ``current`` offers tools (see :meth:`tool_choice`)."""
+        return self.tool_choice(current, step) != "none"
 
     def chars(self, current: int, step: int) -> int:
         """Characters of the request of a call in turn ``current`` (an index) at ``step``."""
         if self.reasoning_never and len(self.turns) - 1 == current and current >= 0:
             # the usual case: no queued turn, no reasoning; a summary only moves the start
             if self.compaction is None:
-                history, system, reopen = self.total_chars, self.prompt_chars, bool(self.forms)
+                history, reopen = self.total_chars, bool(self.forms)
             elif self.kept_from <= current:
                 history = self.total_chars - self.hidden_chars
-                if self.kept_from > 0:  # the summary shows: len(self.system_prompt(current)) + overhead
-                    system, reopen = self.summarised_chars, True
-                else:
-                    system, reopen = self.prompt_chars, bool(self.forms)
+                reopen = True if self.kept_from > 0 else bool(self.forms)  # the summary shows, or not
             else:
                 history = None
             if history is not None:
-                offered = self._tools_offered
-                if (offered[step] if 0 <= step < len(offered) else self.tools_offered(step)):
-                    return system + self.tools_chars + (self.reopen_chars if self.reopen_def is not None and reopen else 0) + history
+                system = self.system_chars(current)
+                if self.tool_choice(current, step) != "none":
+                    own = self.turn_tools(current)[1]
+                    return system + own + (self.reopen_chars if self.reopen_def is not None and reopen else 0) + history
                 return system + history
         start = self.visible_from(current)
         history = self.total_chars
@@ -465,10 +565,10 @@ class TraceState:
             history += self.turns[current].reasoning_chars
         elif mode == ALWAYS:
             history += reasoning
-        system = len(self.system_prompt(current)) + MESSAGE_OVERHEAD_CHARS
+        system = self.system_chars(current)
         tools = 0
-        if self.agent.tool_choice_for(step) != "none":
-            tools = self.tools_chars + (self.reopen_chars if self.offers_reopen(current) else 0)
+        if self.tool_choice(current, step) != "none":
+            tools = self.turn_tools(current)[1] + (self.reopen_chars if self.offers_reopen(current) else 0)
         return system + tools + history
 
     def size(self, current: int, step: int) -> int:
@@ -526,7 +626,7 @@ class TraceState:
     def smallest_chars(self, slot: Slot) -> int:
         """A lower bound of a slot's estimated characters in any form (a handle line alone)."""
         renderer = self.renderer
-        line = min(len(renderer.handle_line(slot.handle, slot.output.name, f)) for f in (Form.COMPRESSED, Form.STUBBED))
+        line = min(text_chars(renderer.handle_line(slot.handle, slot.output.name, f)) for f in (Form.COMPRESSED, Form.STUBBED))
         return line + len(slot.output.call_id) + MESSAGE_OVERHEAD_CHARS
 
     def message_of(self, slot: Slot) -> Any:
@@ -562,6 +662,8 @@ class TraceState:
         for turn in (first, *(turns[place.turn] for place in slot.more)) if slot.more else (first,):
             turn.chars += delta
             turn.version += 1
+            if turn.index < self.dirty_from:
+                self.dirty_from = turn.index
             self.total_chars += delta
             if turn.index < kept_from:
                 self.hidden_chars += delta
@@ -597,6 +699,8 @@ class TraceState:
             for turn in (first, *(turns[place.turn] for place in slot.more)) if slot.more else (first,):
                 turn.chars += delta
                 turn.version += 1
+                if turn.index < self.dirty_from:
+                    self.dirty_from = turn.index
                 total += delta
                 if turn.index < kept_from:
                     hidden += delta
@@ -615,7 +719,7 @@ class TraceState:
         key = (turn.version, with_reasoning)
         if turn.cache_key == key:
             return turn.cache
-        messages: list[Message] = [turn.user]
+        messages: list[Message] = [turn.user] if turn.user is not None else []
         results = self.results
         for item in turn.items:
             if isinstance(item, Output):
@@ -632,14 +736,37 @@ class TraceState:
         return turn.cache
 
     def messages(self, current: int) -> list[Message]:
-        """The history of a call in turn ``current``: the visible turns, in order."""
-        out: list[Message] = []
-        for turn in self.turns[self.visible_from(current) : current + 1]:
-            out.extend(self.turn_messages(turn, self.with_reasoning(turn.index, current)))
+        """The history of a call in turn ``current``: the visible turns, in order.
+
+        The messages of the turns before ``current`` are kept between calls and only the turns
+        changed since (a new result, a form change) are laid out again, so a call costs what
+        changed, not the length of the history.
+        """
+        start = self.visible_from(current)
+        prefix, ends = self.prefix, self.prefix_ends
+        if start != self.prefix_start:
+            prefix.clear()
+            ends.clear()
+            self.prefix_start = start
+        valid = min(self.dirty_from, current) - start  # turns of the prefix still as laid out
+        if valid < len(ends):
+            keep = max(valid, 0)
+            del prefix[ends[keep - 1] if keep else 0 :]
+            del ends[keep:]
+        self.dirty_from = len(self.turns)
+        turns = self.turns
+        for index in range(start + len(ends), current):
+            prefix.extend(self.turn_messages(turns[index], self.with_reasoning(index, current)))
+            ends.append(len(prefix))
+        out = list(prefix)
+        if 0 <= current < len(turns):
+            out.extend(self.turn_messages(turns[current], self.with_reasoning(current, current)))
         return out
 
     def shrunk(self, current: int) -> list[Slot]:
         """The shortened results shown in a call in turn ``current``, in recorded order."""
+        if not self.forms:  # every result shown is in full
+            return []
         start = self.visible_from(current)
         first = self.turns[start].first_slot if start < len(self.turns) else len(self.slots)
         return [

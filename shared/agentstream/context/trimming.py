@@ -15,7 +15,8 @@ from typing import Literal, Union
 
 import msgspec
 
-from agentstream.context.limits import ModelLimits, message_chars
+from agentstream.context.limits import ModelLimits, message_chars, text_chars, tools_chars
+from agentstream.errors import ContextFullError
 from agentstream.context.request import (
     AssistantMessage,
     ChatRequest,
@@ -65,7 +66,7 @@ def estimate_counter(limits: ModelLimits) -> Callable[[Sequence[AnyMessage]], in
     """A token counter that estimates from characters with the model's characters per token."""
 
     def count(messages: Sequence[AnyMessage]) -> int:
-        return limits.tokens_of_chars(sum(len(m.text) if isinstance(m, SystemMessage) else message_chars(m) for m in messages))
+        return limits.tokens_of_chars(sum(text_chars(m.text) if isinstance(m, SystemMessage) else message_chars(m) for m in messages))
 
     return count
 
@@ -194,18 +195,44 @@ def trim_messages(
 def trim_request(request: ChatRequest, limits: ModelLimits, *, output_reserve: int, note: str | None = None) -> ChatRequest:
     """A request whose history is trimmed, from the oldest, to fit the window (a last resort).
 
-    The system prompt and the tools are kept; the history keeps whole tool-call units and
-    starts on a user message. ``note`` (if given) is added to the system prompt to say that
-    earlier messages were left out.
+    The system prompt and the tools are kept, and so is the running turn whole: its newest user
+    input and every call made since, each with its results (field case C04: a trim must never
+    leave the model only the system prompt). Older history is kept from the newest back, in
+    whole tool-call units, starting on a user message. ``note`` (if given) is added to the
+    system prompt to say that earlier messages were left out.
 
     Returns:
         ``request`` itself when it fits.
+
+    Raises:
+        ContextFullError: the system prompt, the tools, the running turn and the output reserve
+            alone are over the window; the message gives each size.
     """
     counter = estimate_counter(limits)
     system = request.system + (f"\n\n{note}" if note else "")
-    fixed = limits.tokens_of_chars(len(system)) + limits.tokens_of_chars(len(msgspec.json.encode(request.tools)) if request.tools else 0)
-    budget = limits.window.count - output_reserve - fixed
+    system_tokens = limits.tokens_of_chars(text_chars(system))
+    tools_tokens = limits.tokens_of_chars(tools_chars(request.tools))
+    budget = limits.window.count - output_reserve - system_tokens - tools_tokens
     if counter(request.messages) <= budget:
         return request
-    kept = trim_messages(request.messages, max_tokens=max(0, budget), token_counter=counter, strategy="last", start_on="user")
-    return msgspec.structs.replace(request, system=system, messages=tuple(m for m in kept if not isinstance(m, SystemMessage)))
+    messages = request.messages
+    start = next((i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], UserMessage)), 0)
+    running = tuple(messages[start:])  # the newest user input and the calls made since
+    running_tokens = counter(running)
+    if running_tokens > budget:
+        raise ContextFullError(
+            f"the running turn (its newest user input and its {sum(isinstance(m, ToolResultMessage) for m in running)} "
+            f"tool result(s)) needs about {running_tokens} tokens, the system prompt {system_tokens}, the tool "
+            f"definitions {tools_tokens} and the output reserve {output_reserve}: {running_tokens + system_tokens + tools_tokens + output_reserve} "
+            f"in all, over the model's window of {limits.window.count} tokens, even with every earlier message left out. "
+            "Shorten the tool results (result_cap, per-tool forms) or the input, or use a model with a larger window. Nothing was sent."
+        )
+    older = trim_messages(
+        messages[:start],
+        max_tokens=budget,
+        token_counter=lambda kept: counter([*kept, *running]),
+        strategy="last",
+        start_on="user",
+    )
+    kept = tuple(m for m in older if not isinstance(m, SystemMessage)) + running
+    return msgspec.structs.replace(request, system=system, messages=kept)

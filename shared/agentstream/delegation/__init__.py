@@ -19,7 +19,7 @@ The flow, with the service that does each step:
 1. (agent loop) The parent's model calls the delegation: its call goes to the delegations
    stream instead of a tool queue.
 2. (delegation) :func:`hand_off` turns the call into the child trace's first event, a
-   :class:`~agentstream.events.TaskInput` (call id, expected result schema, parent trace and
+   :class:`~agentstream.wire.events.TaskInput` (call id, expected result schema, parent trace and
    call, depth, root trace), or into an error result for the parent when the arguments do not
    fit, the depth limit is reached, or an ancestor already delegated the identical task to the
    same agent (field case C30). The child trace's id follows from the parent's trace and call

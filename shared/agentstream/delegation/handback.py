@@ -12,13 +12,21 @@ from typing import Any
 
 import msgspec
 
-from agentstream.context.citations import BRACKETS
+from agentstream.context.cited import read_back
+from agentstream.context.elements import Numbering
 from agentstream.delegation.handoff import numbering_of
 from agentstream.delegation.tool import Delegation, default_result
-from agentstream.events import AnyElement, Event, ModelOutput, Source, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.events import AnyElement, Event, ModelOutput, Source, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
 TIMED_OUT = "timed_out"
 """The TurnFailed code the supervisor gives a child that passed its deadline."""
+
+DIGEST_ARGUMENTS_CHARS = 300
+"""The most characters of a tool call's arguments a digest shows (the rest is cut, marked)."""
+DIGEST_OUTCOME_CHARS = 300
+"""The most characters of a tool call's result a digest shows."""
+DIGEST_CALLS = 20
+"""The most tool calls a digest lists (the newest ones; a count says how many were left out)."""
 
 # --- hand-back --------------------------------------------------------------------------------
 
@@ -47,8 +55,10 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
     """The parent's result of the call that opened this ended child trace.
 
     A child that ended with an answer gives its result (``delegation.result`` of its trace),
-    checked against the task's schema, with the sources its answer cited (citation marks are
-    taken out of the text; the parent shows the sources in its own numbering). A result that
+    checked against the task's schema. A text result carries every source the child was shown,
+    each after the shown whole it is part of (:func:`shown_sources`; the parent shows them in its
+    own numbering), the text without its citation marks, and the sources it cited in
+    ``data["citations"]`` (:class:`~agentstream.wire.events.CitedSource`, by real id). A result that
     is None or empty is an ``incomplete`` error, one that does not fit the schema a
     ``schema_mismatch`` error, a child that failed, timed out or was cancelled an error named
     by its code; each carries what the child had written so far.
@@ -79,7 +89,8 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
         text = f"Error: {who} did not finish its task ({ending.code}): {ending.reason}."
         if partial:
             text += f"\nWhat it had written before it stopped (incomplete):\n{partial}"
-        return result(text, error=ending.code)
+        summary = digest(events, task.turn_id)
+        return result(f"{text}\n{digest_text(summary)}", data={"digest": summary}, error=ending.code)
 
     read = delegation.result if delegation is not None else default_result
     try:
@@ -87,7 +98,12 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
     except Exception as exc:  # the app's result function failed: the parent's model hears it
         return result(f"Error: reading {who}'s result failed ({type(exc).__name__}: {exc}).", error="result_error")
     if value is None or (isinstance(value, str) and not value.strip()):
-        return result(f"Error: {who} ended without a result, so the task is incomplete.", error="incomplete")
+        summary = digest(events, task.turn_id)
+        return result(
+            f"Error: {who} ended without a result, so the task is incomplete.\n{digest_text(summary)}",
+            data={"digest": summary},
+            error="incomplete",
+        )
 
     if task.expects is not None:
         if isinstance(value, str):
@@ -109,8 +125,12 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
         return result(json.dumps(value, sort_keys=True), data=value)
 
     if isinstance(value, str):
-        text, elements = _cited(events, value)
-        return result(text, elements=elements)
+        numbering = numbering_of(events)
+        text, citations = read_back(value, numbering)  # marks still in the text (a child that does not cite by style)
+        if not citations and isinstance(ending, TurnEnded) and value == ending.answer:
+            citations = ending.citations
+        data = {"citations": msgspec.to_builtins(citations)} if citations else None
+        return result(text.strip() or value, data=data, elements=shown_sources(events, numbering))
     try:
         data = msgspec.to_builtins(value)
     except (TypeError, msgspec.EncodeError):
@@ -119,40 +139,89 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
 
 
 def _partial(events: Sequence[Event]) -> str:
-    """The newest text a child's model wrote, or a count of its tool results when it wrote none."""
+    """The newest text a child's model wrote ('' when it wrote none: the digest tells the rest)."""
     for event in reversed(events):
         if isinstance(event, ModelOutput) and event.content.strip():
             return event.content.strip()
-    results = sum(1 for e in events if isinstance(e, ToolOutput) and not e.late)
-    return f"(no text; {results} tool result(s) gathered)" if results else ""
+    return ""
 
 
-_MARK = re.compile(r"\s?(?:\[[^\[\]]*\]|【[^【】]*】)")
+def _cap(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else f"{text[:limit]}… [{len(text):,} characters in all]"
 
 
-def _cited(events: Sequence[Event], text: str) -> tuple[str, tuple[AnyElement, ...]]:
-    """The answer without its citation marks, and the sources they cite (each after its whole)."""
-    numbering = numbering_of(events)
-    if not len(numbering):
-        return text, ()
-    ids = numbering.ids
-    cited: list[AnyElement] = []
+def digest(events: Sequence[Event], turn_id: str) -> dict[str, Any]:
+    """What a child run did, for a parent whose child ended without a usable answer (pure).
 
-    def strip(match: re.Match[str]) -> str:
-        numbers = BRACKETS.read(match.group(0))
-        if not numbers or any(n not in ids for n in numbers):
-            return match.group(0)
-        for n in numbers:
-            element = numbering.first(ids[n])
-            if element is None or not isinstance(element, Source):
+    Returns:
+        ``{"ended": "ended" | "failed", "code": ..., "reason": ..., "stop_reason": ...,
+        "model_calls": n, "tool_calls": [{"name", "arguments", "outcome", "error"}], "more_calls": n}``:
+        how the turn ended (its code and reason when it failed; the stop reason of its last model
+        output), and each tool call it made, in call order, with its arguments and its result's
+        text capped (:data:`DIGEST_ARGUMENTS_CHARS`, :data:`DIGEST_OUTCOME_CHARS`), the result's
+        error code (None when it succeeded), or outcome ``(no result)`` for a call that got none.
+        At most :data:`DIGEST_CALLS` calls are listed (the newest); ``more_calls`` counts the rest.
+    """
+    ending = ending_of(events, turn_id)
+    outputs = [e for e in events if isinstance(e, ModelOutput) and e.turn_id == turn_id]
+    results = {e.call_id: e for e in events if isinstance(e, ToolOutput) and not e.late}
+    calls = [call for output in outputs for call in output.tool_calls]
+    listed = calls[-DIGEST_CALLS:]
+    return {
+        "ended": "failed" if isinstance(ending, TurnFailed) else "ended",
+        "code": ending.code if isinstance(ending, TurnFailed) else None,
+        "reason": ending.reason if isinstance(ending, TurnFailed) else None,
+        "stop_reason": outputs[-1].stop_reason if outputs else None,
+        "model_calls": len(outputs),
+        "tool_calls": [
+            {
+                "name": call.name,
+                "arguments": _cap(call.arguments, DIGEST_ARGUMENTS_CHARS),
+                "outcome": _cap(results[call.id].text, DIGEST_OUTCOME_CHARS) if call.id in results else "(no result)",
+                "error": results[call.id].error if call.id in results else "no_result",
+            }
+            for call in listed
+        ],
+        "more_calls": len(calls) - len(listed),
+    }
+
+
+def digest_text(summary: dict[str, Any]) -> str:
+    """A :func:`digest` as the lines the parent's model reads."""
+    how = f"failed ({summary['code']})" if summary["ended"] == "failed" else "ended without an answer"
+    lines = [f"What the subagent did: it {how} after {summary['model_calls']} model call(s), last stop reason "
+             f"{summary['stop_reason'] or 'none'}; tool calls: {len(summary['tool_calls']) + summary['more_calls']}."]
+    if summary["more_calls"]:
+        lines.append(f"(the first {summary['more_calls']} call(s) are left out; the newest follow)")
+    for n, call in enumerate(summary["tool_calls"], start=1):
+        status = "ok" if call["error"] is None else f"error {call['error']}"
+        lines.append(f"{n}. {call['name']}({call['arguments']}) -> {status}: {call['outcome']}")
+    return "\n".join(lines)
+
+
+def shown_sources(events: Sequence[Event], numbering: Numbering | None = None) -> tuple[AnyElement, ...]:
+    """Every source a child trace's inputs and results showed, each after the shown whole it is part of.
+
+    In order of first appearance, each once (by id); a late result (never shown) adds nothing.
+    """
+    numbering = numbering if numbering is not None else numbering_of(events)
+    out: dict[str, AnyElement] = {}
+    for event in events:
+        if isinstance(event, ToolOutput):
+            if event.late:
                 continue
-            whole = numbering.first(element.ref) if element.ref else None
-            for e in (whole, element):
-                if e is not None and e not in cited:
-                    cited.append(e)
-        return ""
-
-    return _MARK.sub(strip, text).strip(), tuple(cited)
+        elif not isinstance(event, TurnInput):
+            continue
+        for element in event.elements:
+            if not isinstance(element, Source) or element.id in out:
+                continue
+            if element.ref and element.ref != element.id and element.ref not in out:
+                whole = numbering.first(element.ref)
+                if whole is not None:
+                    out[whole.id] = whole
+            out[element.id] = numbering.first(element.id) or element
+    return tuple(out.values())
 
 
 def _unfence(text: str) -> str:

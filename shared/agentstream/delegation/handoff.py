@@ -13,11 +13,11 @@ from typing import Any
 
 import msgspec
 
-from agentstream.app import Agent
+from agentstream.app.base import Agent
 from agentstream.context.elements import Numbering
 from agentstream.delegation.tool import Delegation
 from agentstream.errors import ToolArgumentsError
-from agentstream.events import Event, ModelOutput, TaskInput, ToolCall, ToolOutput, TurnInput
+from agentstream.wire.events import Event, ModelOutput, TaskInput, ToolCall, ToolOutput, TurnInput
 from agentstream.models.endpoints import ModelEndpoint
 
 class ChildEnded(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,7 +27,7 @@ class ChildEnded(msgspec.Struct, frozen=True, kw_only=True):
         trace_id: the child trace.
         turn_id: the child's turn (its TaskInput).
         trace_context: the OpenTelemetry context of the child's last step (W3C ``traceparent``,
-            ``tracestate``; empty without tracing), see :mod:`agentstream.tracing`.
+            ``tracestate``; empty without tracing), see :mod:`agentstream.ops.tracing`.
     """
 
     trace_id: str
@@ -96,12 +96,18 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
             leaves an agent without limits on the default limits.
 
     Returns:
-        ``agent`` itself when nothing changes, else a copy without the withheld tools, with
-        the task's model and with its endpoint's limits.
+        ``agent`` itself when nothing changes, else a copy with the turn's settings (its
+        ``settings`` function's changes), without the withheld tools, with the task's model and
+        with its endpoint's limits.
+
+    Raises:
+        TurnDenied: the agent's settings function refuses the turn.
+        ConfigError: the settings it returned are not valid.
     """
+    agent = agent.for_turn(turn)  # the agent's settings function's changes for this turn (cached)
     depth = depth_of(turn)
     withheld = tuple(t.name for t in agent.tools if t.delegated and depth >= t.max_depth)  # type: ignore[attr-defined]
-    model = turn.model if isinstance(turn, TaskInput) and turn.model else agent.model
+    model = turn.model or agent.model  # the turn's model (refused by decide unless allowed), a child's task's
     limits = agent.model_limits
     config = agent.context
     endpoint = endpoints.get(model) if endpoints and limits is None else None
@@ -159,7 +165,14 @@ def numbering_of(events: Sequence[Event]) -> Numbering:
 
 
 def hand_off(
-    delegation: Delegation, parent_trace_id: str, parent_events: Sequence[Event], call: ToolCall, turn_id: str
+    delegation: Delegation,
+    parent_trace_id: str,
+    parent_events: Sequence[Event],
+    call: ToolCall,
+    turn_id: str,
+    *,
+    numbering: Numbering | None = None,
+    turn: TurnInput | None = None,
 ) -> HandOff | ToolOutput:
     """The child that a call of ``delegation`` opens, or the error result that it gets instead.
 
@@ -169,6 +182,9 @@ def hand_off(
         parent_events: the parent's trace (its turn ``turn_id`` made the call).
         call: the call, as the model wrote it.
         turn_id: the parent's turn.
+        numbering: the parent trace's element numbering, when the caller keeps it folded
+            (default: :func:`numbering_of` the parent's events).
+        turn: the parent's turn input, when the caller has it (default: found in the events).
 
     Returns:
         A :class:`HandOff`, or a ToolOutput with an error for the parent's model: the
@@ -176,13 +192,16 @@ def hand_off(
         (``depth_limit``), or an ancestor already gave the same agent the identical task
         (``repeated_task``).
     """
-    turn = _turn(parent_events, turn_id)
+    if turn is None:
+        turn = _turn(parent_events, turn_id)
 
     def refuse(error: str, text: str) -> ToolOutput:
         return ToolOutput(turn_id=turn_id, call_id=call.id, name=call.name, text=text, error=error)
 
     try:
-        parsed, arguments, elements = delegation.parse(call.arguments, numbering_of(parent_events))
+        if numbering is None:
+            numbering = numbering_of(parent_events)
+        parsed, arguments, elements = delegation.parse(call.arguments, numbering)
     except ToolArgumentsError as exc:
         return refuse("invalid_arguments", f"Error: {exc}")
     depth = depth_of(turn) + 1 if turn is not None else 1

@@ -14,10 +14,10 @@ from typing import Any
 
 import pydantic
 
-from agentstream.app import App, Tool, ToolResultValue
+from agentstream.app.base import App, Tool, ToolResultValue
 from agentstream.context.elements import Numbering
 from agentstream.errors import ConfigError, ToolArgumentsError
-from agentstream.events import AnyElement, Element, Event, TurnEnded
+from agentstream.wire.events import AnyElement, Element, Event, TurnEnded
 
 DEFAULT_MAX_DEPTH = 2
 """The deepest child a delegation opens by default: a child of a root trace is at depth 1."""
@@ -51,7 +51,7 @@ class Delegation(Tool):
         name: the tool name the parent's model calls it by.
         description: what the parent's model reads about it.
         input: the pydantic model of the task. Its fields are the tool's arguments. A field
-            that holds an element (a :class:`~agentstream.events.Source`, ``Document``,
+            that holds an element (a :class:`~agentstream.wire.events.Source`, ``Document``,
             ``Passage`` or ``Image``, alone, optional, or in a list, tuple or Sequence) is
             shown to the model as the number of an element it was shown, and turned back into
             that element of the parent's trace, which the child is then shown (the model needs

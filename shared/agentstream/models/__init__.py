@@ -29,7 +29,7 @@ def build_model(endpoint: ModelEndpoint, *, client: httpx.AsyncClient | None = N
     Args:
         endpoint: the endpoint.
         client: a shared ``httpx.AsyncClient``.
-        settings: ``timeout_s``, ``retries``, ``backoff_s``, ``sleep`` (see ``HttpChatModel``).
+        settings: ``timeout_s``, ``retries``, ``backoff_s``, ``sleep``, ``deadline_s`` (see ``HttpChatModel``).
 
     Raises:
         ConfigError: the provider kind has no adapter.

@@ -16,9 +16,9 @@ from typing import Any
 from httpx_sse import ServerSentEvent
 
 from agentstream.context.request import ChatRequest
-from agentstream.deltas import Delta
+from agentstream.wire.deltas import Delta
 from agentstream.errors import ModelInputRejected
-from agentstream.events import ModelOutput
+from agentstream.wire.events import ModelOutput
 from agentstream.models import anthropic_format, formats
 from agentstream.models.base import HttpChatModel
 from agentstream.models.formats import CallOptions

@@ -36,8 +36,8 @@ from typing import Any
 import msgspec
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolResultMessage, UserMessage
-from agentstream.deltas import Delta
-from agentstream.events import ModelOutput, ToolCall, Usage
+from agentstream.wire.deltas import Delta
+from agentstream.wire.events import ModelOutput, ToolCall, Usage
 
 PROVIDER = "anthropic"
 

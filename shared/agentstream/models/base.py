@@ -6,7 +6,7 @@ event (its pure format module does the reading). :meth:`HttpChatModel.complete`:
 1. builds the body with :func:`agentstream.models.formats.request_body` (what replay rebuilds);
 2. sends it, streamed when the endpoint streams (server-sent events parsed by ``httpx-sse``);
 3. gives each HTTP attempt a fresh attempt id and publishes its pieces as deltas tagged with
-   it: ``start``, the pieces, then ``end`` or ``abort`` (see :mod:`agentstream.deltas`), so a
+   it: ``start``, the pieces, then ``end`` or ``abort`` (see :mod:`agentstream.runtime.deltas`), so a
    client drops the partial output of an attempt that failed and was retried;
 4. retries as :mod:`agentstream.models.http` says;
 5. returns one ModelOutput with the request's fingerprint, the attempt id and the endpoint id.
@@ -28,15 +28,18 @@ import msgspec.structs
 from httpx_sse import EventSource, ServerSentEvent
 
 from agentstream.context.request import ChatRequest
-from agentstream.deltas import Delta, DeltaSink, new_attempt_id
-from agentstream.errors import ConfigError, InvalidModelOutput, ModelInputRejected
-from agentstream.events import ModelOutput
+from agentstream.wire.deltas import Delta, DeltaSink, new_attempt_id
+from agentstream.errors import ConfigError, InvalidModelOutput, ModelDeadlineExceeded, ModelInputRejected
+from agentstream.wire.events import ModelOutput
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.models.formats import CallOptions
 from agentstream.models.http import Retryable, check_status, mask, with_retries
+from agentstream.ops.redact import redact_url, url_secrets
 
 log = logging.getLogger("agentstream.models")
+
+DEADLINE_SETTING = "AGENTSTREAM_MODEL_DEADLINE_S"
 
 
 class ChatModel(Protocol):
@@ -109,6 +112,10 @@ class HttpChatModel(abc.ABC):
         backoff_s: the first backoff in seconds (doubles each retry) when the server sent no
             Retry-After.
         sleep: the coroutine that waits between attempts (tests record the waits with it).
+        deadline_s: the most one call may take as a whole — connect, every attempt and its
+            retries' waits, to the last byte of the answer — in seconds; None: no deadline
+            beyond ``timeout_s`` per read. A server that keeps a stream open (an empty chunk
+            every few seconds) cannot hold a call past it.
     """
 
     provider: str = ""
@@ -122,6 +129,7 @@ class HttpChatModel(abc.ABC):
         retries: int = 2,
         backoff_s: float = 0.5,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        deadline_s: float | None = None,
     ):
         if endpoint.provider != self.provider:
             raise ConfigError(f"{type(self).__name__} serves {self.provider!r} endpoints, not {endpoint.provider!r}")
@@ -132,6 +140,7 @@ class HttpChatModel(abc.ABC):
         self.retries = endpoint.retries if endpoint.retries is not None else retries
         self.backoff_s = backoff_s
         self.sleep = sleep
+        self.deadline_s = deadline_s
 
     async def aclose(self) -> None:
         if self._own_client:
@@ -175,8 +184,15 @@ class HttpChatModel(abc.ABC):
         return formats.request_body(request, self.endpoint, options=options)
 
     def _secrets(self) -> tuple[str, ...]:
+        """What is masked in every message: the API key and the credentials inside the base URL."""
         key = self.endpoint.api_key
-        return (key.get_secret_value(),) if key is not None and key.get_secret_value() else ()
+        secrets = (key.get_secret_value(),) if key is not None and key.get_secret_value() else ()
+        return secrets + url_secrets(self.endpoint.base_url)
+
+    @property
+    def shown_url(self) -> str:
+        """:attr:`url` as messages show it: user-info masked (see :mod:`agentstream.ops.redact`)."""
+        return redact_url(self.url)
 
     async def complete(
         self,
@@ -200,15 +216,27 @@ class HttpChatModel(abc.ABC):
             ModelInputRejected: HTTP 400/413/422 (after the one fallback body, where the adapter has one).
             ModelUnanswered: no answer after the retries.
             InvalidModelOutput: the answer is not a response of this API.
+            ModelDeadlineExceeded: the call ran past ``deadline_s``.
         """
         body = self.body(request, options)
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await self._complete(body, request, turn_id=turn_id, step=step, deltas=deltas, options=options)
+        except TimeoutError:
+            raise ModelDeadlineExceeded(
+                f"{self.shown_url}: the model call ran past its deadline of {self.deadline_s:g} s "
+                f"({DEADLINE_SETTING}: connect to the last byte of the answer, retries included)",
+                deadline_s=self.deadline_s or 0.0,
+            ) from None
+
+    async def _complete(self, body: bytes, request: ChatRequest, *, turn_id: str, step: int, deltas, options) -> ModelOutput:
         try:
             return await self._send(body, request, turn_id=turn_id, step=step, deltas=deltas)
         except ModelInputRejected as exc:
             fallback = self._fallback_body(request, options, exc, body)
             if fallback is None or fallback == body:
                 raise
-            log.warning("%s refused the request (%s); sending it once more as the fallback body", self.url, exc)
+            log.warning("%s refused the request (%s); sending it once more as the fallback body", self.shown_url, exc)
             return await self._send(fallback, request, turn_id=turn_id, step=step, deltas=deltas)
 
     async def _send(self, body: bytes, request: ChatRequest, *, turn_id: str, step: int, deltas: DeltaSink | None) -> ModelOutput:
@@ -232,26 +260,27 @@ class HttpChatModel(abc.ABC):
             if stream:
                 return await self._stream_once(body, request, attempt, fields)
             response = await self._client.post(self.url, content=body, headers=self._headers(), timeout=self.timeout_s)
-            check_status(response, url=self.url, model=self.endpoint.model, secrets=self._secrets())
+            check_status(response, url=self.shown_url, model=self.endpoint.model, secrets=self._secrets())
             output = self._read_whole(response.content, request, fields(attempt))
             await attempt.whole(output)
             return output
 
         return await with_retries(
-            one, url=self.url, retries=self.retries, backoff_s=self.backoff_s, sleep=self.sleep, secrets=self._secrets()
+            one, url=self.shown_url, retries=self.retries, backoff_s=self.backoff_s, sleep=self.sleep, secrets=self._secrets(),
+            endpoint=self.endpoint.id,
         )
 
     def _read_whole(self, raw: bytes, request: ChatRequest, fields: dict[str, Any]) -> ModelOutput:
         try:
             payload = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
-            raise InvalidModelOutput(f"{self.url}: the response is not JSON: {exc}") from exc
+            raise InvalidModelOutput(f"{self.shown_url}: the response is not JSON: {exc}") from exc
         if not isinstance(payload, dict):
-            raise InvalidModelOutput(f"{self.url}: the response is not a JSON object")
+            raise InvalidModelOutput(f"{self.shown_url}: the response is not a JSON object")
         try:
             return self._parse(payload, request, **fields)
         except ValueError as exc:
-            raise InvalidModelOutput(f"{self.url}: {mask(str(exc), self._secrets())}") from exc
+            raise InvalidModelOutput(f"{self.shown_url}: {mask(str(exc), self._secrets())}") from exc
 
     async def _stream_once(
         self, body: bytes, request: ChatRequest, attempt: _Attempt, fields: Callable[[_Attempt], dict[str, Any]]
@@ -261,7 +290,7 @@ class HttpChatModel(abc.ABC):
         ) as response:
             if not 200 <= response.status_code < 300:
                 await response.aread()
-                check_status(response, url=self.url, model=self.endpoint.model, secrets=self._secrets())
+                check_status(response, url=self.shown_url, model=self.endpoint.model, secrets=self._secrets())
             if "text/event-stream" not in response.headers.get("content-type", ""):
                 output = self._read_whole(await response.aread(), request, fields(attempt))  # the server did not stream
                 await attempt.whole(output)

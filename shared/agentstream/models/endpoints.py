@@ -3,7 +3,7 @@
 Agents name a model by endpoint id (``Agent.model``). The endpoints come from two places:
 
 - ``default``, from OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL (see
-  :mod:`agentstream.settings`), with optional extra settings as a JSON object in
+  :mod:`agentstream.ops.settings`), with optional extra settings as a JSON object in
   ``AGENTSTREAM_DEFAULT_MODEL_OPTIONS`` (any key of a file entry below except ``provider``,
   ``base_url``, ``model`` and ``api_key_env``);
 - a YAML file named by ``AGENTSTREAM_MODELS_FILE``; an entry named ``default`` there replaces the
@@ -18,7 +18,7 @@ Agents name a model by endpoint id (``Agent.model``). The endpoints come from tw
           window_tokens: 128000
           chars_per_token: 3.5
           quirks:
-            reasoning_replay: current_turn  # the server needs reasoning_content back (C10)
+            reasoning_field: reasoning_content  # where the server takes reasoning back (C10)
         claude:
           provider: anthropic               # the Anthropic Messages API
           base_url: https://api.anthropic.com
@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from agentstream.context.limits import ModelLimits, Tokens
 from agentstream.errors import ConfigError
-from agentstream.settings import Settings
+from agentstream.ops.settings import Settings
 
 ProviderKind = Literal["openai", "anthropic"]
 
@@ -74,15 +74,17 @@ class Quirks(BaseModel):
     """What one server needs that the API's documentation does not say.
 
     Attributes:
-        tool_call_content: the ``content`` of an assistant message beside tool calls: ``empty``
-            (``""``, default: llama.cpp's server answers 500 to a null content), ``null``
-            (OpenAI's documented form) or ``omit``.
-        reasoning_replay: which earlier reasoning texts are sent back on their assistant
-            messages (OpenAI-compatible servers only; only to the same provider and model):
-            ``none`` (default), ``current_turn`` (the assistant messages of the turn being
-            answered, i.e. after the last user message: what DeepSeek's thinking mode needs on
-            tool-call turns) or ``all``.
-        reasoning_field: the message field that carries reasoning back (``reasoning_content``).
+        tool_call_content: the ``content`` of an assistant message beside tool calls: ``null``
+            (default: the OpenAI API documents ``content`` as null or absent when the message
+            has ``tool_calls``, and strict servers refuse ``""``), ``empty`` (``""``: llama.cpp's
+            server answers 500 to a null content; :data:`agentstream.cli.localmodel.LLAMA_CPP_QUIRKS`
+            sets it for the embedded local model) or ``omit`` (no field).
+        reasoning_field: the assistant-message field in which this server takes earlier
+            reasoning back (``reasoning_content``, DeepSeek's and vLLM's; ``reasoning`` for
+            others). Which reasoning goes back is the agent's context policy alone
+            (``ContextPolicy(reasoning=CURRENT_TURN)``: what DeepSeek's thinking mode needs on
+            tool-call turns, C10), sent only to the provider and model that wrote it. The former
+            quirk ``reasoning_replay`` is refused with a message saying so.
         max_tokens_field: ``max_tokens`` (default) or ``max_completion_tokens`` (newer OpenAI
             models refuse ``max_tokens``).
         required_tool_choice: how tool choice ``required`` is sent: ``required`` (default),
@@ -101,8 +103,7 @@ class Quirks(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tool_call_content: Literal["empty", "null", "omit"] = "empty"
-    reasoning_replay: Literal["none", "current_turn", "all"] = "none"
+    tool_call_content: Literal["null", "empty", "omit"] = "null"
     reasoning_field: str = "reasoning_content"
     max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     required_tool_choice: Literal["required", "named", "auto"] = "required"
@@ -110,6 +111,17 @@ class Quirks(BaseModel):
     stream_usage: bool = True
     tool_results_as_user: bool = False
     tool_results_note: str = "Answer the question in one short sentence."
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "reasoning_replay" in data:
+            raise ValueError(
+                "quirks.reasoning_replay is gone: the agent's context policy alone turns reasoning replay on "
+                "(ContextPolicy(reasoning=CURRENT_TURN) or ALWAYS; see agentstream.context), and the endpoint says "
+                "only where its server takes reasoning back (quirks.reasoning_field, default reasoning_content)"
+            )
+        return data
 
 
 DEFAULT_QUIRKS = Quirks()
@@ -129,7 +141,9 @@ class ModelEndpoint:
         api_key_env: the name of the environment variable the key was read from, if any.
         window_tokens: the context window in tokens (the limits of an agent that names none,
             see :attr:`limits`).
-        chars_per_token: characters per token for estimates (no tokenizer is loaded).
+        chars_per_token: characters of Latin text per token, for estimates (no tokenizer is
+            loaded); other scripts count by Unicode class (see
+            :func:`agentstream.context.limits.text_chars`).
         stream: stream replies (server-sent events), so tokens reach the delta stream as they
             are written. See ``Quirks.stream_tools`` for servers that cannot stream tool calls.
         thinking_budget_tokens: Anthropic extended thinking's budget in tokens (at least 1024),
@@ -141,6 +155,10 @@ class ModelEndpoint:
         quirks: what the server needs beyond its documentation.
         timeout_s: one HTTP request's timeout in seconds (None: the service's setting).
         retries: retries of a failed request (None: the service's setting).
+        inline_tool_schemas: send each tool's argument schema with its ``$ref``s inlined and
+            no ``$defs`` (for endpoints that refuse them, such as Gemini's OpenAI-compatible
+            API); a tool with a recursive model is then refused at startup
+            (:func:`check_agents`). Default False: the schemas as pydantic writes them.
     """
 
     id: str
@@ -159,6 +177,7 @@ class ModelEndpoint:
     quirks: Quirks = DEFAULT_QUIRKS
     timeout_s: float | None = None
     retries: int | None = None
+    inline_tool_schemas: bool = False
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -207,6 +226,7 @@ class _EndpointOptions(BaseModel):
     quirks: Quirks = DEFAULT_QUIRKS
     timeout_s: float | None = Field(default=None, gt=0)
     retries: int | None = Field(default=None, ge=0)
+    inline_tool_schemas: bool = False
 
 
 class _EndpointEntry(_EndpointOptions):
@@ -255,6 +275,7 @@ def _endpoint(
         quirks=entry.quirks,
         timeout_s=entry.timeout_s,
         retries=entry.retries,
+        inline_tool_schemas=entry.inline_tool_schemas,
     )
 
 
@@ -339,15 +360,28 @@ def load_endpoints(settings: Settings, environ: Mapping[str, str] | None = None,
 
 
 def check_agents(endpoints: Mapping[str, ModelEndpoint], agents: Any) -> None:
-    """Raise when an agent names a model endpoint that is not configured (a startup check).
+    """Raise when an agent cannot run on the model endpoints configured (a startup check).
 
     Raises:
-        ConfigError: names the agent, the missing id and the configured ids.
+        ConfigError: an agent names a model endpoint that is not configured (the message names
+            the agent, the missing id and the configured ids), or a tool's argument schema
+            cannot be inlined for an endpoint with ``inline_tool_schemas`` (names the agent,
+            the endpoint and the tool).
     """
+    from agentstream.app.tool_schemas import UninlinableSchema, check_inlinable
+
     for agent in agents:
-        if agent.model not in endpoints:
-            known = ", ".join(sorted(endpoints)) or "none"
-            raise ConfigError(
-                f"agent {agent.name!r} names model endpoint {agent.model!r}, which is not configured "
-                f"(configured: {known}); add it to AGENTSTREAM_MODELS_FILE or set OPENAI_BASE_URL for 'default'"
-            )
+        for model in getattr(agent, "allowed_models", (agent.model,)):
+            if model not in endpoints:
+                known = ", ".join(sorted(endpoints)) or "none"
+                raise ConfigError(
+                    f"agent {agent.name!r} names model endpoint {model!r}, which is not configured "
+                    f"(configured: {known}); add it to AGENTSTREAM_MODELS_FILE or set OPENAI_BASE_URL for 'default'"
+                )
+            endpoint = endpoints[model]
+            if endpoint.inline_tool_schemas:
+                for tool in agent.tools:
+                    try:
+                        check_inlinable(tool.name, tool.parameters)
+                    except UninlinableSchema as exc:
+                        raise type(exc)(exc.tool, exc.reason, f"agent {agent.name!r}, model endpoint {endpoint.id!r}: {exc}") from None

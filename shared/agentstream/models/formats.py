@@ -1,7 +1,7 @@
 """Request bodies by provider: the one place that knows which wire format an endpoint speaks.
 
 Pure: the adapters send exactly :func:`request_body`'s bytes, and replay
-(:mod:`agentstream.replay`) rebuilds them from the stored trace with the same function, so a
+(:mod:`agentstream.steps.replay`) rebuilds them from the stored trace with the same function, so a
 recorded fingerprint can be checked for any provider.
 """
 
@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from agentstream.context.request import ChatRequest
 from agentstream.errors import ConfigError
 from agentstream.models import anthropic_format, openai_format
 from agentstream.models.endpoints import ModelEndpoint
+from agentstream.app.tool_schemas import inline_refs
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ def request_body(
         ConfigError: the options ask for something the endpoint's provider cannot send.
     """
     options = options or CallOptions()
+    if endpoint.inline_tool_schemas and request.tools:
+        request = inlined_tools(request)
     stream = streams(request, endpoint)
     if endpoint.provider == "anthropic":
         if options.response_format is not None or options.seed is not None:
@@ -73,6 +78,20 @@ def request_body(
         seed=options.seed,
         response_format=options.response_format,
     )
+
+
+def inlined_tools(request: ChatRequest) -> ChatRequest:
+    """``request`` with each tool's schema inlined (no ``$ref``, no ``$defs``; see
+    :mod:`agentstream.app.tool_schemas`).
+
+    Raises:
+        ConfigError: a tool's schema is recursive (refused at startup by
+            :func:`agentstream.models.endpoints.check_agents` for the app's own tools).
+    """
+    tools = tuple(
+        msgspec.structs.replace(t, parameters=inline_refs(dict(t.parameters), tool=t.name)) for t in request.tools
+    )
+    return msgspec.structs.replace(request, tools=tools)
 
 
 def candidate_bodies(request: ChatRequest, endpoint: ModelEndpoint, *, options: CallOptions | None = None) -> list[bytes]:

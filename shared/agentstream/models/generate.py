@@ -42,7 +42,7 @@ import pydantic
 
 from agentstream.context.request import AssistantMessage, ChatRequest, Message, UserMessage
 from agentstream.errors import ConfigError, InvalidModelOutput, ModelError
-from agentstream.events import ModelOutput
+from agentstream.wire.events import ModelOutput
 from agentstream.models.base import ChatModel
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.models.formats import CallOptions

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import httpx
 import tenacity
 
+from agentstream.ops import metrics
 from agentstream.errors import ModelConfigError, ModelError, ModelInputRejected, ModelUnanswered
 
 log = logging.getLogger("agentstream.models")
@@ -128,7 +129,8 @@ def check_status(response: httpx.Response, *, url: str, model: str, secrets: Ite
         raise Retryable(f"HTTP {status}: {body}", status_code=status, retry_after_s=retry_after_s(response.headers))
     if status in CONFIG_STATUSES:
         raise ModelConfigError(
-            f"{url}: HTTP {status} (check the model endpoint's URL, the model name {model!r} and the API key): {body}"
+            f"{url}: HTTP {status} (check the model endpoint's URL, the model name {model!r} and the API key): {body}",
+            status_code=status,
         )
     if status in REJECTED_STATUSES:
         raise ModelInputRejected(f"{url}: HTTP {status}, the server refused this request: {body}", status_code=status)
@@ -164,6 +166,7 @@ async def with_retries(
     backoff_s: float,
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     secrets: Iterable[str] = (),
+    endpoint: str = "",
 ) -> T:
     """Run ``attempt(n)`` (n = 1, 2, ...) until it returns, retrying :class:`Retryable` and
     ``httpx.TransportError`` up to ``retries`` times.
@@ -177,6 +180,9 @@ async def with_retries(
             Retry-After.
         sleep: the coroutine that waits (tests pass one that records the waits).
         secrets: strings masked in error messages (the key).
+        endpoint: the endpoint id, the label of ``agentstream_model_errors_total`` (every
+            failed attempt, by HTTP status or ``network``/``timeout``/``invalid_output``) and
+            ``agentstream_model_retries_total`` (every retried one).
 
     Raises:
         ModelUnanswered: every attempt failed in a retryable way; ``status_code`` is the last
@@ -187,6 +193,8 @@ async def with_retries(
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is not None:
+            metrics.MODEL_RETRIES.labels(endpoint=endpoint, status=metrics.model_error_status(exc)).inc()
         why = exc.reason if isinstance(exc, Retryable) else f"{type(exc).__name__}: {exc}"
         wait_s = state.next_action.sleep if state.next_action is not None else 0.0
         log.info(
@@ -207,7 +215,11 @@ async def with_retries(
         async for state in retrying:
             with state:
                 count += 1
-                result = await attempt(count)
+                try:
+                    result = await attempt(count)
+                except Exception as exc:
+                    metrics.MODEL_ERRORS.labels(endpoint=endpoint, status=metrics.model_error_status(exc)).inc()
+                    raise
             if not state.retry_state.outcome or not state.retry_state.outcome.failed:
                 return result
     except Retryable as exc:

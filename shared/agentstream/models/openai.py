@@ -14,8 +14,8 @@ from typing import Any
 from httpx_sse import ServerSentEvent
 
 from agentstream.context.request import ChatRequest
-from agentstream.deltas import Delta
-from agentstream.events import ModelOutput
+from agentstream.wire.deltas import Delta
+from agentstream.wire.events import ModelOutput
 from agentstream.models import openai_format
 from agentstream.models.base import HttpChatModel
 from agentstream.models.http import stream_error

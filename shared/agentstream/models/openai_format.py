@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 
 from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
-from agentstream.deltas import Delta
-from agentstream.events import ModelOutput, ToolCall, Usage
+from agentstream.wire.deltas import Delta
+from agentstream.wire.events import ModelOutput, ToolCall, Usage
 from agentstream.models.endpoints import DEFAULT_QUIRKS, Quirks
 
 PROVIDER = "openai"
@@ -66,16 +66,16 @@ def message_dicts(
     """The request's messages in OpenAI shape (the system message first, when there is one).
 
     Beside tool calls an assistant message carries the content the endpoint's quirks ask for
-    (``""`` by default: llama.cpp's server answers 500 to a null content). Tool-call arguments
-    are sent exactly as stored. Reasoning goes back (in ``quirks.reasoning_field``) only as
-    ``quirks.reasoning_replay`` says and only on messages of this provider and model; opaque
-    replay blocks of other providers are never sent. Images of tool results are left out (this
-    format's tool messages carry text only).
+    (``null`` by default, as the OpenAI API documents; ``""`` for llama.cpp's server). Tool-call arguments
+    are sent exactly as stored. Reasoning goes back (in ``quirks.reasoning_field``) on the messages
+    the context policy gave it to (``ContextPolicy.reasoning``, the one switch), and only on
+    messages of this provider and model; opaque
+    replay blocks of other providers are never sent. A tool message carries text only, so the
+    images of a run of tool results follow it in one user message (:data:`TOOL_IMAGES_NOTE`).
     """
     out: list[dict[str, Any]] = []
     if request.system:
         out.append({"role": "system", "content": request.system})
-    last_user = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
     for position, message in enumerate(request.messages):
         match message:
             case UserMessage(text=text):
@@ -90,12 +90,8 @@ def message_dicts(
                     entry["content"] = ""
                 elif quirks.tool_call_content == "null":
                     entry["content"] = None
-                if (
-                    message.reasoning
-                    and message.provider == provider
-                    and message.model == model
-                    and (quirks.reasoning_replay == "all" or (quirks.reasoning_replay == "current_turn" and position > last_user))
-                ):
+                if message.reasoning and message.provider == provider and message.model == model:
+                    # the context policy chose which reasoning goes back (ContextPolicy.reasoning)
                     entry[quirks.reasoning_field] = message.reasoning
                 if message.tool_calls:
                     entry["tool_calls"] = [
@@ -106,9 +102,26 @@ def message_dicts(
             case ToolResultMessage(call_id=call_id, text=text):
                 out.append({"role": "tool", "tool_call_id": call_id, "content": text})
                 following = request.messages[position + 1] if position + 1 < len(request.messages) else None
-                if quirks.tool_results_as_user and not isinstance(following, ToolResultMessage):
-                    out.append({"role": "user", "content": _restated_results(request.messages, position, quirks)})
+                if not isinstance(following, ToolResultMessage):
+                    images = _run_images(request.messages, position)
+                    if quirks.tool_results_as_user:
+                        restated = _restated_results(request.messages, position, quirks)
+                        out.append({"role": "user", "content": _user_content(restated, images)})
+                    elif images:
+                        out.append({"role": "user", "content": _user_content(TOOL_IMAGES_NOTE, images)})
     return out
+
+
+TOOL_IMAGES_NOTE = "The images that the tool results above returned:"
+"""The text of the user message that carries tool results' images (a tool message carries text only)."""
+
+
+def _run_images(messages: Sequence[Message], last: int) -> tuple[Any, ...]:
+    """The images of the run of tool results ending at ``messages[last]``, in order."""
+    first = last
+    while first > 0 and isinstance(messages[first - 1], ToolResultMessage):
+        first -= 1
+    return tuple(image for m in messages[first : last + 1] for image in getattr(m, "images", ()))
 
 
 def _restated_results(messages: Sequence[Message], last: int, quirks: Quirks) -> str:

@@ -13,9 +13,9 @@ import pytest
 from pydantic import SecretStr
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
-from agentstream.deltas import ListSink
+from agentstream.wire.deltas import ListSink
 from agentstream.errors import ModelConfigError, ModelInputRejected, ModelUnanswered
-from agentstream.events import ToolCall
+from agentstream.wire.events import ToolCall
 from agentstream.models import build_model
 from agentstream.models.endpoints import ModelEndpoint
 from tests.support import anthropic_api as api

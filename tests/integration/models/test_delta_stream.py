@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 import pytest
-import redis as redis_sync
 
-from agentstream.deltas import Delta, RedisDeltaSink, follow, last_entry_id
-from agentstream.events import ModelOutput, TurnEnded, TurnInput
-from agentstream.redis_conn import connect
-from agentstream.watch import watch_turn
+from agentstream.runtime.deltas import Delta, RedisDeltaSink, follow, last_entry_id
+from agentstream.wire.events import ModelOutput, TurnEnded, TurnInput
+from agentstream.runtime.connection import connect
+from agentstream.cli.watch import watch_turn
 from tests.support.fault_server import FaultServer, Reply, text_stream
 from tests.support.procs import ROOT, Services
+from tests.support.redis_server import sync_client
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +107,7 @@ def test_agentstream_ask_prints_the_tokens_as_they_arrive(redis_url, namespace, 
     assert lines.index("  ▸ Four is the answer.") < next(i for i, line in enumerate(lines) if line.startswith("· model call 0"))
     assert "✓ answer: Four is the answer." in lines
     assert server.requests[0].json["stream"] is True
-    client = redis_sync.Redis.from_url(redis_url)
+    client = sync_client(redis_url)
     try:
         assert client.xlen(f"{namespace}:trace:{{ask1}}:deltas") >= 6
     finally:

@@ -1,6 +1,6 @@
 """Against a server nobody here wrote: llama.cpp's OpenAI-compatible server (llama-cpp-python)
 with the local SmolLM2-135M model, streaming and not, with the quirks it needs (see
-``agentstream.localmodel.LLAMA_CPP_QUIRKS``) checked to be real: each quirk's absence fails."""
+``agentstream.cli.localmodel.LLAMA_CPP_QUIRKS``) checked to be real: each quirk's absence fails."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import sys
 import pytest
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
-from agentstream.deltas import ListSink, PartialReplies
+from agentstream.runtime.deltas import ListSink, PartialReplies
 from agentstream.errors import ConfigError, ModelUnanswered
-from agentstream.events import ToolCall
-from agentstream.localmodel import LLAMA_CPP_QUIRKS, LocalModelServer
+from agentstream.wire.events import ToolCall
+from agentstream.cli.localmodel import LLAMA_CPP_QUIRKS, LocalModelServer
 from agentstream.models import build_model, formats
 from agentstream.models.endpoints import ModelEndpoint, Quirks
 from tests.support.procs import ROOT
@@ -121,8 +121,9 @@ async def test_the_llama_cpp_quirks_are_real(llama):
 
 
 @pytest.mark.e2e
-def test_agentstream_run_shows_the_tokens_of_the_local_model():
+def test_agentstream_run_shows_the_tokens_of_the_local_model(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "OPENAI_", "AGENTSTREAM_"))}
+    env["XDG_CACHE_HOME"] = str(tmp_path)  # the embedded Redis keeps its data under the cache: this test's own
     proc = subprocess.run(
         [sys.executable, "-m", "agentstream", "run", "What is 1234 * 5678?", "--app", "tests.support.local_apps:app", "--agent", "local"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -12,12 +12,12 @@ import json
 import pytest
 
 from agentstream.context.request import ChatRequest, UserMessage
-from agentstream.deltas import ListSink
+from agentstream.wire.deltas import ListSink
 from agentstream.errors import ModelConfigError
-from agentstream.events import ModelOutput, ToolOutput
+from agentstream.wire.events import ModelOutput, ToolOutput
 from agentstream.models import build_model
 from agentstream.models.endpoints import ModelEndpoint, Quirks, load_endpoints
-from agentstream.replay import rebuild_calls
+from agentstream.steps.replay import rebuild_calls
 from tests.support import model_apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_reply
 from tests.support.mock_llm import MockLLM, MockLLMUnavailable

@@ -16,7 +16,7 @@ import pytest
 from pydantic import SecretStr
 
 from agentstream.context.request import ChatRequest, ToolDefinition, UserMessage
-from agentstream.deltas import Dropped, ListSink, PartialReplies
+from agentstream.runtime.deltas import Dropped, ListSink, PartialReplies
 from agentstream.errors import ModelConfigError, ModelInputRejected, ModelUnanswered
 from agentstream.models import build_model
 from agentstream.models.endpoints import ModelEndpoint

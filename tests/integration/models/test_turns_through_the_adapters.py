@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agentstream.deltas import PartialReplies, decode_delta
-from agentstream.events import ModelOutput, ToolOutput, TurnEnded, TurnFailed
-from agentstream.keys import DELTA_FIELD
+from agentstream.runtime.deltas import PartialReplies, decode_delta
+from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded, TurnFailed
+from agentstream.wire.keys import DELTA_FIELD
 from agentstream.models.endpoints import load_endpoints
-from agentstream.replay import rebuild_calls
+from agentstream.steps.replay import rebuild_calls
 from tests.support import anthropic_api as api
 from tests.support import model_apps
 from tests.support.fault_server import FaultServer, Recorded, Reply, call, chat, text_stream
@@ -30,8 +30,7 @@ def write_models(path: Path, **urls: str) -> str:
                      "api_key_env": "TEST_ANTHROPIC_KEY", "thinking_budget_tokens": 1024, "stream": True},
         "claude-b": {"provider": "anthropic", "base_url": urls.get("anthropic", UNUSED), "model": "claude-b",
                      "api_key_env": "TEST_ANTHROPIC_KEY", "thinking_budget_tokens": 1024, "stream": False},
-        "deepseek": {"provider": "openai", "base_url": urls.get("deepseek", UNUSED), "model": "deepseek-v4",
-                     "quirks": {"reasoning_replay": "current_turn"}},
+        "deepseek": {"provider": "openai", "base_url": urls.get("deepseek", UNUSED), "model": "deepseek-v4"},
         "deepseek-plain": {"provider": "openai", "base_url": urls.get("deepseek", UNUSED), "model": "deepseek-v4"},
     }
     file = path / "models.yaml"
@@ -210,7 +209,7 @@ async def test_c10_reasoning_content_goes_back_to_the_server_that_needs_it(run, 
         await publish(redis, keys, trace_id=f"c10{agent}", turn_id="t1", agent=agent, text="Weather in Oslo?")
         got = await wait_reply(redis, keys, "t1")
         await stop(services)
-    assert got.status == status, got.reason  # without the quirk the server refuses the second call
+    assert got.status == status, got.reason  # without the policy's replay the server refuses the second call
     events = await events_of(store, f"c10{agent}")
     first = next(e for e in events if isinstance(e, ModelOutput))
     assert first.reasoning == "Need the lookup tool." and first.model == "deepseek-v4"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream.compacting import (
+from agentstream.steps.summarising import (
     COMPACTION_ERROR,
     CONTEXT_FULL,
     SUMMARY_FAILED,
@@ -33,7 +33,7 @@ from agentstream.context import (
 )
 from agentstream.context.builder import new_state
 from agentstream.errors import CompactionError, ContextFullError
-from agentstream.events import CompactionFailed, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
+from agentstream.wire.events import CompactionFailed, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
 from tests.support.compaction_apps import chatty, turn_text
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from agentstream import Agent, tool
 from agentstream.context import ContextConfig, ContextPolicy, ModelLimits, Tokens
-from agentstream.events import (
+from agentstream.wire.events import (
     ModelOutput,
     ToolCall,
     ToolOutput,

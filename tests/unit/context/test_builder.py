@@ -17,7 +17,7 @@ from agentstream.context import (
 )
 from agentstream.context.render import MISSING_RESULT_TEXT
 from agentstream.errors import ContextError, UnrenderedEventError
-from agentstream.events import (
+from agentstream.wire.events import (
     Document,
     ModelOutput,
     Passage,

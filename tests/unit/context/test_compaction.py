@@ -20,7 +20,7 @@ from agentstream.context import (
 from agentstream.context.builder import new_state, settings_of
 from agentstream.context.compaction import kept_from_index
 from agentstream.errors import CompactionError
-from agentstream.events import Compaction, Document
+from agentstream.wire.events import Compaction, Document
 
 from tests.unit.context.factory import Trace, make_agent
 

@@ -35,7 +35,7 @@ from agentstream.context.compaction import trigger_tokens
 from agentstream.context.limits import DEFAULT_LIMITS
 from agentstream.context.trimming import estimate_counter
 from agentstream.errors import ContextFullError
-from agentstream.events import Compaction, ToolCall
+from agentstream.wire.events import Compaction, ToolCall
 from agentstream.models.openai_format import request_body
 
 from tests.unit.context.factory import Trace, make_agent
@@ -276,7 +276,7 @@ def test_c22_the_estimate_counts_arguments_schemas_and_the_reserve_and_compactio
     agent = c22_agent(Compact(where=turns[:-1]))
     built = build_context(trace.events, agent, turn_id=second, step=0)
     schemas = estimate_tokens(built.request.__class__(system="", messages=(), tools=built.request.tools), agent.model_limits)
-    assert 2_500 <= schemas <= 4_500, schemas
+    assert 2_500 <= schemas <= 5_000, schemas  # cl100k counts 2 533: JSON punctuation counts a token each
     assert built.size_tokens > 14_000
     assert built.compaction is not None and built.compaction.kept_from_turn == second
     with pytest.raises(ContextFullError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from agentstream.context import BRACKETS, FULLWIDTH, Numbering, xml
-from agentstream.events import Document, Image, Passage, Source
+from agentstream.wire.events import Document, Image, Passage, Source
 
 
 def numbered(*elements) -> Numbering:

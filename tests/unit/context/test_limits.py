@@ -17,7 +17,7 @@ from agentstream.context import (
 )
 from agentstream.context.limits import corrected_tokens, request_chars
 from agentstream.errors import ContextFullError
-from agentstream.events import ToolCall
+from agentstream.wire.events import ToolCall
 
 from tests.unit.context.factory import Trace, make_agent
 
@@ -97,3 +97,28 @@ def test_an_agent_without_limits_gets_the_default_window():
 
     assert settings_of(make_agent())[1] is DEFAULT_LIMITS and DEFAULT_LIMITS.window == Tokens(32_000)
     assert settings_of(make_agent(), limits=None)[1] is None
+
+
+def test_an_implausibly_low_reported_count_does_not_correct_the_estimate():
+    # issue 11 item 4: 947 reported for a ~7,660-token request in a 4,000-token window
+    from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens
+
+    limits = ModelLimits(window=Tokens(4_000))
+    assert PLAUSIBLE_USAGE_RATIO == 0.5
+    assert not plausible_prompt_tokens(947, 22_980, limits)
+    assert plausible_prompt_tokens(4_000, 22_980, limits)  # 0.52 of 7,660: a real tokenizer may count so few
+    trace = Trace()
+    turn = trace.user("x" * 9_000)
+    trace.answer(turn, "ok", prompt_tokens=10)  # a server that under-reports
+    trace.end(turn)
+    nxt = trace.user("y" * 9_000)
+    agent = make_agent(window=4_000, policy=ContextPolicy(output_reserve=Tokens(500)))
+    built = build_context(trace.events, agent, turn_id=nxt, step=0)
+    assert built.size_tokens > 6_000 and not built.fits  # the estimate stands: the call is not sent
+    trusted = Trace()
+    t = trusted.user("x" * 9_000)
+    trusted.answer(t, "ok", prompt_tokens=2_900)  # plausible (0.97 of the estimate): it corrects
+    trusted.end(t)
+    n = trusted.user("again")
+    corrected = build_context(trusted.events, make_agent(window=100_000, policy=ContextPolicy(output_reserve=Tokens(500))), turn_id=n, step=0)
+    assert 3_400 < corrected.size_tokens < 3_500

@@ -21,7 +21,7 @@ from agentstream.context import (
     turns,
 )
 from agentstream.context.policy import Selection
-from agentstream.events import Document, Image, ModelOutput, ToolCall
+from agentstream.wire.events import Document, Image, ModelOutput, ToolCall
 
 from tests.unit.context.factory import Trace, make_agent
 

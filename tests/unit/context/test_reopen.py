@@ -12,8 +12,8 @@ from agentstream.context import (
     build_context,
     reopen_result,
 )
-from agentstream.events import Document, ModelOutput, Passage, ToolCall
-from agentstream.steps import RecordResults, decide
+from agentstream.wire.events import Document, ModelOutput, Passage, ToolCall
+from agentstream.steps.decision import RecordResults, decide
 
 from tests.unit.context.factory import Trace, make_agent
 

@@ -22,7 +22,7 @@ from agentstream.context import (
 )
 from agentstream.context.forms import checked
 from agentstream.errors import ShortenError
-from agentstream.events import Document, Image, Passage, ToolOutput
+from agentstream.wire.events import Document, Image, Passage, ToolOutput
 
 from tests.unit.context.factory import Trace, make_agent
 

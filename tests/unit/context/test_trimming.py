@@ -14,7 +14,7 @@ from agentstream.context import (
     trim_request,
 )
 from agentstream.context.trimming import units
-from agentstream.events import ToolCall
+from agentstream.wire.events import ToolCall
 
 
 def count(messages) -> int:

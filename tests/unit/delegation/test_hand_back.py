@@ -8,7 +8,7 @@ import pydantic
 
 from agentstream.context import ToolResultMessage, build_messages
 from agentstream.delegation import TIMED_OUT, Delegation, ending_of, hand_back, timed_out
-from agentstream.events import (
+from agentstream.wire.events import (
     Document,
     ModelOutput,
     Passage,
@@ -49,15 +49,23 @@ def test_an_answer_becomes_the_result_of_the_parents_call():
     assert result.text == "X is a thing." and result.error is None
 
 
-def test_the_sources_the_child_cited_come_back_with_the_result_without_its_numbers():
+def test_every_source_the_child_was_shown_comes_back_with_its_whole_and_the_text_without_its_numbers():
     doc = Document(id="https://d", title="D", text="whole")
     cited = Passage(id="https://d#2", ref="https://d", text="the fact")
     uncited = Source(id="https://e", text="other")
-    lookup = ModelOutput(turn_id="call_9", step=0, tool_calls=(ToolCall(id="c1", name="lookup", arguments="{}"),), stop_reason="tool_calls")
-    found = ToolOutput(turn_id="call_9", call_id="c1", name="lookup", text="found", elements=(doc, cited, uncited))
-    result = hand_back(plain, ended(lookup, found, answer="X is true [2]. See also [9] and [x]."))
+    part = Passage(id="https://f#1", ref="https://f", text="a part shown before its whole")
+    whole = Document(id="https://f", title="F", url="https://f")
+    lookup = ModelOutput(turn_id="call_9", step=0, tool_calls=(ToolCall(id="c1", name="lookup", arguments="{}"),
+                                                               ToolCall(id="c2", name="lookup", arguments="{}")), stop_reason="tool_calls")
+    found = ToolOutput(turn_id="call_9", call_id="c1", name="lookup", text="found", elements=(cited, doc, uncited))
+    more = ToolOutput(turn_id="call_9", call_id="c2", name="lookup", text="more", elements=(part, whole))
+    late = ToolOutput(turn_id="call_9", call_id="c1", name="lookup", text="late", elements=(Source(id="never", text="x"),), late=True)
+    result = hand_back(plain, ended(lookup, found, more, late, answer="X is true [1]. See also [9] and [x]."))
     assert result.text == "X is true. See also [9] and [x]."  # only marks that resolve are taken out
-    assert result.elements == (doc, cited)
+    assert result.elements == (doc, cited, uncited, whole, part)  # each whole before its parts; nothing late
+    (citation,) = result.data["citations"]
+    assert citation["id"] == "https://d#2" and citation["title"] == "D" and citation["whole"] == "https://d"
+    assert result.text[slice(*citation["spans"][0])] == "X is true"
 
 
 def test_c28_an_empty_answer_is_an_incomplete_result_never_a_silent_success():
@@ -106,7 +114,7 @@ def test_c28_a_child_killed_at_its_deadline_has_one_ending_and_the_parent_gets_a
     assert ending_of(events, "call_9") == ending and ending.code == TIMED_OUT and "300 s" in ending.reason
     result = hand_back(plain, events)
     assert result.call_id == "call_9" and result.error == TIMED_OUT
-    assert "deadline" in result.text and "1 tool result" in result.text  # its partial output
+    assert "deadline" in result.text and "1. web_search({}) -> ok: two pages" in result.text  # what it did (the digest)
 
 
 def test_parallel_delegations_come_back_in_call_order_whatever_order_they_end_in():
@@ -120,3 +128,30 @@ def test_parallel_delegations_come_back_in_call_order_whatever_order_they_end_in
     messages = build_messages([turn, out, *results])
     shown = [(m.call_id, m.text) for m in messages if isinstance(m, ToolResultMessage)]
     assert shown == [("call_A", "A-result"), ("call_B", "B-result")]
+
+
+def test_a_child_that_ends_without_text_hands_back_a_digest_of_its_calls():
+    # issue 11 item 9: not "(no text; N tool result(s) gathered)", but what it did
+    write = ModelOutput(turn_id="call_9", step=0, stop_reason="tool_calls", tool_calls=(
+        ToolCall(id="c1", name="write_file", arguments=json.dumps({"path": "out.txt", "content": "x" * 1000})),
+        ToolCall(id="c2", name="delete_file", arguments='{"path": "old.txt"}'),
+        ToolCall(id="c3", name="slow", arguments="{}"),
+    ))
+    wrote = ToolOutput(turn_id="call_9", call_id="c1", name="write_file", text="wrote 1000 bytes to out.txt")
+    refused = ToolOutput(turn_id="call_9", call_id="c2", name="delete_file", text="Error: permission denied", error="tool_error")
+    silent = ModelOutput(turn_id="call_9", step=1, content="", stop_reason="stop")
+    events = [task(), write, wrote, refused, silent, TurnFailed(turn_id="call_9", code="empty_reply", reason="the model gave an empty reply")]
+    result = hand_back(plain, events)
+    assert result.error == "empty_reply"
+    lines = result.text.splitlines()
+    assert "it failed (empty_reply) after 2 model call(s), last stop reason stop; tool calls: 3." in lines[1]
+    assert lines[2].startswith('1. write_file({"path": "out.txt", "content": "xxx') and "characters in all]) -> ok: wrote 1000 bytes to out.txt" in lines[2]
+    assert lines[3] == '2. delete_file({"path": "old.txt"}) -> error tool_error: Error: permission denied'
+    assert lines[4] == "3. slow({}) -> error no_result: (no result)"
+    digest = result.data["digest"]
+    assert digest["ended"] == "failed" and digest["code"] == "empty_reply" and digest["stop_reason"] == "stop"
+    assert [c["name"] for c in digest["tool_calls"]] == ["write_file", "delete_file", "slow"]
+    assert len(digest["tool_calls"][0]["arguments"]) < 400
+    # an answer that is empty: incomplete, with the same digest
+    empty = hand_back(plain, [task(), write, wrote, ModelOutput(turn_id="call_9", step=1, content=" "), TurnEnded(turn_id="call_9", answer=" ")])
+    assert empty.error == "incomplete" and "write_file(" in empty.text and empty.data["digest"]["ended"] == "ended"

@@ -7,7 +7,7 @@ import json
 import pydantic
 import pytest
 
-from agentstream.app import Agent, App, tool
+from agentstream.app.base import Agent, App, tool
 from agentstream.context import build_request
 from agentstream.delegation import (
     Delegation,
@@ -19,8 +19,8 @@ from agentstream.delegation import (
     task_digest,
 )
 from agentstream.errors import ConfigError
-from agentstream.events import Document, ModelOutput, Passage, Source, TaskInput, ToolCall, ToolOutput, TurnInput
-from agentstream.steps import CallModel, RunTools, decide
+from agentstream.wire.events import Document, ModelOutput, Passage, Source, TaskInput, ToolCall, ToolOutput, TurnInput
+from agentstream.steps.decision import CallModel, RunTools, decide
 
 
 class Research(pydantic.BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from agentstream import Agent, App, tool
 from agentstream.context import build_request
 from agentstream.context.request import AssistantMessage, ToolResultMessage, UserMessage
-from agentstream.events import (
+from agentstream.wire.events import (
     CancelRequested,
     ModelOutput,
     ToolCall,
@@ -15,7 +15,7 @@ from agentstream.events import (
     TurnFailed,
     TurnInput,
 )
-from agentstream.steps import CallModel, CancelTurn, RunTools, decide
+from agentstream.steps.decision import CallModel, CancelTurn, RunTools, decide
 
 
 @tool

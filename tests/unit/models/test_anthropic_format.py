@@ -6,9 +6,9 @@ import json
 
 import msgspec
 
-from agentstream import codec
+from agentstream.wire import codec
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
-from agentstream.events import ModelOutput, ToolCall
+from agentstream.wire.events import ModelOutput, ToolCall
 from agentstream.models import anthropic_format
 from tests.support import anthropic_api
 

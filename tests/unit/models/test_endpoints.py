@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream.app import Agent
+from agentstream.app.base import Agent
 from agentstream.errors import ConfigError
 from agentstream.models import build_models
 from agentstream.models.anthropic import AnthropicMessagesModel
 from agentstream.models.endpoints import ModelEndpoint, check_agents, load_endpoints
 from agentstream.models.openai import OpenAIChatModel
-from agentstream.settings import Settings
+from agentstream.ops.settings import Settings
 
 MODELS = """
 models:
@@ -22,7 +22,7 @@ models:
     window_tokens: 128000
     chars_per_token: 3.5
     quirks:
-      reasoning_replay: current_turn
+      reasoning_field: reasoning
       tool_call_content: "null"
   claude:
     provider: anthropic
@@ -52,7 +52,7 @@ def test_models_file_and_default(monkeypatch, tmp_path):
     assert sorted(endpoints) == ["claude", "deepseek", "default"]
     deep = endpoints["deepseek"]
     assert deep.base_url == "https://api.deepseek.com/v1" and deep.window_tokens == 128000 and deep.chars_per_token == 3.5
-    assert deep.quirks.reasoning_replay == "current_turn" and deep.quirks.tool_call_content == "null"
+    assert deep.quirks.reasoning_field == "reasoning" and deep.quirks.tool_call_content == "null"
     assert deep.api_key.get_secret_value() == "sk-deep" and "sk-deep" not in repr(deep)
     assert endpoints["claude"].provider == "anthropic" and endpoints["claude"].thinking_budget_tokens == 2048
     assert endpoints["default"].stream is False and endpoints["default"].quirks.stream_tools == "forced"
@@ -102,3 +102,27 @@ def test_nothing_configured_says_what_to_set(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match="OPENAI_BASE_URL"):
         load_endpoints(Settings())
+
+
+def test_inline_tool_schemas_is_an_endpoint_setting(monkeypatch, tmp_path):
+    text = """
+models:
+  gemini:
+    provider: openai
+    base_url: https://generativelanguage.googleapis.com/v1beta/openai
+    model: gemini-2.5-flash
+    inline_tool_schemas: true
+"""
+    s = settings(monkeypatch, tmp_path, text, OPENAI_BASE_URL="http://127.0.0.1:9/v1",
+                 AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"window_tokens": 4096}')
+    endpoints = load_endpoints(s, {})
+    assert endpoints["gemini"].inline_tool_schemas and not endpoints["default"].inline_tool_schemas
+    assert endpoints["gemini"].quirks.tool_call_content == "null"  # the OpenAI API's form by default
+
+
+def test_the_former_reasoning_replay_quirk_is_refused_naming_the_one_switch(monkeypatch, tmp_path):
+    text = MODELS.replace("reasoning_field: reasoning", "reasoning_replay: current_turn")
+    s = settings(monkeypatch, tmp_path, text=text)
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(s, {"TEST_DEEPSEEK_KEY": "sk-deep", "TEST_ANTHROPIC_KEY": "sk-ant"})
+    assert "reasoning_replay" in str(info.value) and "ContextPolicy(reasoning=CURRENT_TURN)" in str(info.value)

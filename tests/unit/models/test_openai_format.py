@@ -8,7 +8,7 @@ import pytest
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
 from agentstream.errors import ModelStopError
-from agentstream.events import ModelOutput, ToolCall
+from agentstream.wire.events import ModelOutput, ToolCall
 from agentstream.models import openai_format
 from agentstream.models.endpoints import Quirks
 
@@ -139,23 +139,23 @@ def request_with_history(reasoning_provider="openai", reasoning_model="deepseek"
     )
 
 
-def test_c10_reasoning_content_goes_back_where_the_quirk_says():
+def test_c10_reasoning_goes_back_where_the_context_put_it_in_the_endpoints_field():
+    # the context policy is the one switch: a message that carries reasoning (the policy kept it)
+    # sends it back to the model that wrote it, in the field the endpoint names
     request = request_with_history()
-    needs = Quirks(reasoning_replay="current_turn")
-    msgs = json.loads(openai_format.request_body(request, model="deepseek", quirks=needs))["messages"]
+    msgs = json.loads(openai_format.request_body(request, model="deepseek"))["messages"]
     assert msgs[2] == {
-        "role": "assistant", "content": "", "reasoning_content": "Need the weather tool.",
+        "role": "assistant", "content": None, "reasoning_content": "Need the weather tool.",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}],
     }
-    plain = json.loads(openai_format.request_body(request, model="deepseek"))["messages"]
-    assert "reasoning_content" not in plain[2]  # a server that does not accept it never gets it
-    other_model = json.loads(openai_format.request_body(request, model="gpt-x", quirks=needs))["messages"]
+    other_model = json.loads(openai_format.request_body(request, model="gpt-x"))["messages"]
     assert "reasoning_content" not in other_model[2]  # only to the model that wrote it
-    # once a new user turn starts, current_turn stops sending it; all keeps it
-    later = ChatRequest(system="S", messages=(*request.messages, AssistantMessage(content="-3C."), UserMessage(text="And Bergen?")))
-    assert "reasoning_content" not in json.loads(openai_format.request_body(later, model="deepseek", quirks=needs))["messages"][2]
-    kept = json.loads(openai_format.request_body(later, model="deepseek", quirks=Quirks(reasoning_replay="all", reasoning_field="reasoning")))
-    assert kept["messages"][2]["reasoning"] == "Need the weather tool."
+    other_field = json.loads(openai_format.request_body(request, model="deepseek", quirks=Quirks(reasoning_field="reasoning")))
+    assert other_field["messages"][2]["reasoning"] == "Need the weather tool."
+    # the policy left it out: nothing goes back, whatever the endpoint
+    plain = AssistantMessage(content="", provider="openai", model="deepseek", tool_calls=request.messages[1].tool_calls)
+    bare = ChatRequest(system="S", messages=(request.messages[0], plain, request.messages[2]))
+    assert "reasoning_content" not in json.loads(openai_format.request_body(bare, model="deepseek"))["messages"][2]
 
 
 def test_quirks_shape_the_body():
@@ -166,6 +166,8 @@ def test_quirks_shape_the_body():
     two = ChatRequest(system="S", messages=(UserMessage(text="hi"),), tools=(TOOL, ToolDefinition(name="b", description="", parameters={})), tool_choice="required")
     assert json.loads(openai_format.request_body(two, model="m", quirks=Quirks(required_tool_choice="named")))["tool_choice"] == "auto"
     history = request_with_history()
+    # the default is what the OpenAI API documents: null beside tool calls ("" is llama.cpp's quirk)
+    assert json.loads(openai_format.request_body(history, model="m"))["messages"][2]["content"] is None
     for mode, expected in (("empty", ""), ("null", None)):
         assert json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content=mode)))["messages"][2]["content"] == expected
     assert "content" not in json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content="omit")))["messages"][2]
@@ -200,7 +202,7 @@ def test_extra_body_and_generation_options_come_in_the_documented_order():
 
 
 def test_model_output_of_old_traces_still_decodes():
-    from agentstream import codec
+    from agentstream.wire import codec
 
     old = b'{"type":"model_output","turn_id":"t","step":0,"content":"x"}'
     event = codec.decode_entry({b"v": b"1", b"e": old})

@@ -2,9 +2,9 @@ import jinja2
 import pydantic
 import pytest
 
-from agentstream.app import tool
+from agentstream.app.base import tool
 from agentstream.errors import ConfigError
-from agentstream.prompts import PromptFile, PromptFileError, find_prompt_file, load_prompt_file
+from agentstream.app.prompts import PromptFile, PromptFileError, find_prompt_file, load_prompt_file
 
 BASE = {
     "system": "You help.{% block tools %} Use tools.{% endblock %} Cite as {{ citation }}.",

@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from agentstream.context.limits import ModelLimits, Tokens
+from agentstream.context.limits import ModelLimits, Tokens, prefix_within, text_chars
 from agentstream.errors import ShortenError
-from agentstream.events import Source, ToolOutput
+from agentstream.wire.events import Source, ToolOutput
 
 
 class Form(enum.IntEnum):
@@ -97,15 +97,16 @@ def cut_text(text: str, limit: Tokens, limits: ModelLimits, cut: str = DEFAULT_C
     A text that fits is returned unchanged.
     """
     budget = limits.chars_of_tokens(limit.count)
-    if len(text) <= budget:
+    size = text_chars(text)
+    if size <= budget:
         return text
-    end = budget
+    end = prefix_within(text, budget)
     if end > 0 and not text[end - 1].isspace() and not text[end].isspace():
         space = max(text.rfind(" ", 0, end), text.rfind("\n", 0, end))
         if space > 0:
             end = space
     kept = text[:end].rstrip()
-    left_out = limits.tokens_of_chars(len(text) - len(kept))
+    left_out = limits.tokens_of_chars(size - text_chars(kept))
     note = cut.format(tokens=left_out)
     return f"{kept}\n{note}" if kept else note
 
@@ -154,7 +155,7 @@ def json_cap(limit: Tokens, cut: str = DEFAULT_CUT) -> Shorten:
         if output.data is None:
             return output
         encoded = msgspec.json.encode(output.data).decode()
-        if len(encoded) <= limits.chars_of_tokens(limit.count):
+        if text_chars(encoded) <= limits.chars_of_tokens(limit.count):
             return output
         shortened = cut_text(encoded, limit, limits, cut)
         base = "" if output.text.strip() == encoded else output.text

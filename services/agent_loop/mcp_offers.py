@@ -1,0 +1,112 @@
+"""The agent loop's part in MCP tools: record what each model call offers, route calls to queues.
+
+Before a model call of an agent with MCP servers, the loop reads the servers' catalogs (one
+MGET), works out the tools to offer (:func:`agentstream.mcp_tools.offers.desired_offer`) and,
+when they differ from the last ones the trace recorded for the agent, appends a
+:class:`~agentstream.wire.events.ToolsOffered` event first (fenced, once per turn, step and digest):
+the context library then offers what the trace says. A catalog that no tool worker has
+published yet makes the step wait (the hint is deferred) up to ``wait_s`` from the turn's start;
+after that the turn fails with code ``tools_unavailable`` and a reason naming the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from agentstream.app.base import Agent
+from agentstream.errors import Deferred
+from agentstream.wire.events import Event, ToolsOffered, TurnFailed, TurnInput
+from agentstream.runtime.mcp_catalogs import read_catalogs
+from agentstream.mcp_tools.offers import desired_offer, latest_offer, offer_digest, offered_tool
+from agentstream.runtime.store import TraceStore
+
+log = logging.getLogger("agentstream.agent_loop")
+
+TOOLS_UNAVAILABLE = "tools_unavailable"
+"""TurnFailed code: an MCP server of the agent never published its tools."""
+
+
+class McpOffers:
+    """What the agent loop does about MCP tools.
+
+    Args:
+        store: the trace store (its Redis holds the catalogs).
+        wait_s: how long a turn waits for a server's first catalog, in seconds.
+    """
+
+    def __init__(self, store: TraceStore, *, wait_s: float = 30.0):
+        self.store = store
+        self.wait_s = wait_s
+        self._reported: set[str] = set()
+
+    async def before_call(
+        self, trace_id: str, token: int, turn: TurnInput, agent: Agent, step: int,
+        entries: Sequence[tuple[str, Event]], events: Sequence[Event],
+    ) -> bool | TurnFailed:
+        """Make the trace record the MCP tools this call offers, if they changed.
+
+        Returns:
+            True when a ``tools_offered`` event was appended (take the step again), False when
+            the trace already says what to offer, or the TurnFailed that ends the turn.
+
+        Raises:
+            Deferred: a server's catalog is missing and the turn has waited less than ``wait_s``.
+        """
+        recorded = latest_offer(events, agent.name)
+        if not agent.mcp_servers:
+            if recorded is None or not recorded.tools:
+                return False
+            desired: tuple = ()  # the app no longer gives the agent MCP servers
+        else:
+            names = [s.name for s in agent.mcp_servers]
+            catalogs = await read_catalogs(self.store.redis, self.store.keys, names)
+            missing = [s for s in agent.mcp_servers if catalogs.get(s.name) is None]
+            if missing:
+                waited_s = time.time() - _turn_started_s(entries, turn.turn_id)
+                what = "; ".join(
+                    f"MCP server {s.name!r} has published no tool list: no tool worker serves queue {s.queue!r} "
+                    f"(run `agentstream serve tool-worker --queue {s.queue}`) or it cannot reach the server"
+                    for s in missing
+                )
+                if waited_s < self.wait_s:
+                    raise Deferred(min(1.0, max(self.wait_s - waited_s, 0.05)), what)
+                return TurnFailed(turn_id=turn.turn_id, code=TOOLS_UNAVAILABLE,
+                                  reason=f"{what}; the turn waited {waited_s:.0f} s for it")
+            desired, problems = desired_offer(agent, catalogs)
+            for problem in problems:
+                if problem not in self._reported:
+                    self._reported.add(problem)
+                    log.error("%s", problem)
+        digest = offer_digest(desired)
+        if recorded is not None and recorded.digest == digest:
+            return False
+        if recorded is None and not desired:
+            return False
+        offer = ToolsOffered(turn_id=turn.turn_id, step=step, agent=agent.name, tools=desired, digest=digest)
+        appended = await self.store.append(trace_id, offer, fence=token)
+        if appended.created:
+            log.info("trace %s: agent %s offers %d MCP tool(s) from turn %s step %d on", trace_id, agent.name,
+                     len(desired), turn.turn_id, step)
+        return appended.created
+
+    @staticmethod
+    def queue_of(agent: Agent, events: Sequence[Event], name: str) -> str | None:
+        """The tool queue of a call of MCP tool ``name`` as the agent's calls last offered it, or None."""
+        tool = offered_tool(events, agent.name, name)
+        if tool is None:
+            return None
+        server = next((s for s in agent.mcp_servers if s.name == tool.server), None)
+        return server.queue if server is not None else f"mcp-{tool.server}"
+
+
+def _turn_started_s(entries: Sequence[tuple[str, Event]], turn_id: str) -> float:
+    """When the turn's input entered the trace (Unix seconds, from its stream entry id)."""
+    for entry_id, event in entries:
+        if isinstance(event, TurnInput) and event.turn_id == turn_id:
+            try:
+                return int(entry_id.split("-", 1)[0]) / 1000.0
+            except ValueError:
+                break
+    return time.time()

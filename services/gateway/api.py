@@ -1,0 +1,508 @@
+"""The gateway's HTTP API (FastAPI): a second door to the same wire, under the same rules.
+
+Every ``/v1`` route needs ``Authorization: Bearer <key>``; a request without a valid key gets
+401 and no data. A key may use only its agents: a conversation is visible to it when every turn
+of the conversation (of its root, for a subagent's child trace) names one of them; one that is
+not visible is answered 404, as one that does not exist. Requests are counted per key in
+Redis (429 over the limit, with ``Retry-After``).
+
+The gateway holds no state: everything it reads and writes is in Redis, through the runtime
+library, so any number of replicas serve the same clients (a resumed event stream may land on
+another replica: its position is in the ``Last-Event-ID``).
+"""
+
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from agentstream.wire import codec, checks as wire
+from agentstream.runtime import conversations, deadletters, operations, ratelimit
+from agentstream.ops import metrics
+from agentstream.ops.apikeys import ApiKey, KeyRing
+from agentstream.app.base import App
+from agentstream.runtime.cancel import cancel_target, publish_cancel
+from agentstream.runtime.deltas import follow
+from agentstream.errors import AgentStreamError, TurnRejected
+from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
+from agentstream.steps.explaining import explain_call
+from agentstream.models.endpoints import ModelEndpoint
+from agentstream.steps.replay import endpoint_settings
+from agentstream.ops.settings import Settings
+from agentstream.runtime.store import TraceStore
+from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.runtime.folding import FoldReader
+from agentstream.steps.timeline import conversation_state, reply_from_fold, reply_of, root_of, trace_agents
+from agentstream_services.gateway import schemas
+from agentstream_services.gateway.settings import GatewaySettings
+
+log = logging.getLogger("agentstream.gateway")
+
+_STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_EVENT_ID = re.compile(r"^(\d{1,20}-\d{1,20}),(\d{1,20}-\d{1,20})$")
+TRACE_PAGE_MAX = 5000
+TRACE_ID_MAX = 512
+LIST_MAX = 200
+
+_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    401: {"model": schemas.Problem, "description": "No valid API key."},
+    429: {"model": schemas.Problem, "description": "Over the key's rate limit; see Retry-After."},
+}
+_WIRE_REPLY = {"description": "The reply: the wire's own (`agentstream schema reply`), as the agent loop publishes it.",
+               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Reply"}}}}
+_NOT_FOUND = {404: {"model": schemas.Problem, "description": "No such trace, or not one of this key's agents'."}}
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    return msgspec.json.decode(codec.encode(event))
+
+
+def _trace_id(trace_id: str) -> str:
+    if not trace_id.strip() or len(trace_id) > TRACE_ID_MAX:
+        raise HTTPException(422, f"a trace id must be 1 to {TRACE_ID_MAX} characters, not only whitespace")
+    return trace_id
+
+
+def _stream_id(value: str | None, name: str) -> str | None:
+    if value is not None and not _STREAM_ID.match(value):
+        raise HTTPException(422, f"{name} must be a stream entry id such as 1700000000000-0, got {value!r}")
+    return value
+
+
+def create_api(
+    app: App,
+    settings: Settings,
+    gateway: GatewaySettings,
+    store: TraceStore,
+    keyring: KeyRing,
+    *,
+    endpoints: dict[str, ModelEndpoint] | None = None,
+) -> FastAPI:
+    """The gateway's ASGI app.
+
+    Args:
+        app: the user app (its agents and tool queues; explain rebuilds requests with it).
+        settings: agentstream's settings (namespace, block_ms, OPENAI_MODEL for explain).
+        gateway: the gateway's settings.
+        store: the trace store on the deployment's Redis.
+        keyring: the API keys.
+        endpoints: the configured model endpoints (explain renders bodies with them).
+    """
+    keys = store.keys
+    endpoints = endpoints or {}
+    folds = FoldReader(store, FoldCache(settings.fold_cache_bytes))  # the traces requests ask about, folded
+    api = FastAPI(
+        title="agentstream gateway",
+        version="1",
+        description=(
+            "Publish turns, wait for replies, follow conversations as server-sent events, cancel, "
+            "read traces, explain model calls, list dead letters. Bearer API keys; see the README."
+        ),
+        docs_url=None,  # the interactive pages load scripts from a CDN; the document is at /openapi.json
+        redoc_url=None,
+    )
+    bearer = HTTPBearer(auto_error=False, description="An API key from the gateway's keys file.")
+    block_ms = min(settings.block_ms, 1000)
+    default_wait_s = min(30.0, gateway.max_wait_s)
+
+    async def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> ApiKey:
+        key = keyring.find(credentials.credentials) if credentials is not None else None
+        if key is None:
+            metrics.GATEWAY_UNAUTHORIZED.inc()
+            raise HTTPException(401, "a valid API key is needed: Authorization: Bearer <key>",
+                                headers={"WWW-Authenticate": "Bearer"})
+        decision = await ratelimit.hit(store.redis, keys, key.name, limit=gateway.rate_limit_per_min)
+        if not decision.allowed:
+            metrics.GATEWAY_RATE_LIMITED.labels(key=key.name).inc()
+            raise HTTPException(
+                429, f"API key {key.name!r} is over its limit of {gateway.rate_limit_per_min} requests per minute",
+                headers={"Retry-After": str(decision.retry_after_s)},
+            )
+        return key
+
+    Caller = Annotated[ApiKey, Depends(caller)]
+
+    async def visible_events(key: ApiKey, trace_id: str) -> list[tuple[str, Event]]:
+        """The trace's entries when the key may see it; 404 when it is empty or not the key's."""
+        _trace_id(trace_id)
+        entries = await store.read(trace_id)
+        if not entries or not await may_see(key, trace_id, [e for _, e in entries]):
+            raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
+        return entries
+
+    async def may_see(key: ApiKey, trace_id: str, events: list[Event]) -> bool:
+        if key.all_agents:
+            return True
+        root = root_of(events, trace_id)
+        agents = trace_agents(events) if root == trace_id else (await folds.current(root)).agents
+        return bool(agents) and key.may_see(agents)  # a trace without a turn is nobody's but a "*" key's
+
+    async def may_see_fold(key: ApiKey, fold: TraceFold) -> bool:
+        """:func:`may_see` from the trace's fold: what a request reads is what came since the last one."""
+        if key.all_agents:
+            return True
+        root = fold.root_trace_id or fold.trace_id
+        agents = fold.agents if root == fold.trace_id else (await folds.current(root)).agents
+        return bool(agents) and key.may_see(agents)
+
+    def state_out(state) -> schemas.ConversationOut | None:
+        if state is None:
+            return None
+        return schemas.ConversationOut(**{f: getattr(state, f) for f in schemas.ConversationOut.model_fields})
+
+    # --- publishing and waiting ---------------------------------------------------------------
+
+    @api.post(
+        "/v1/turns",
+        status_code=202,
+        response_model=schemas.TurnAccepted,
+        summary="Publish a turn",
+        tags=["turns"],
+        responses={**_PROBLEMS, 403: {"model": schemas.Problem, "description": "The key may not use this agent or conversation."},
+                   413: {"model": schemas.Problem}, 422: {"model": schemas.Problem, "description": "Not a valid turn."}},
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/TurnMessage"}}}}},
+    )
+    async def publish(request: Request, key: Caller) -> schemas.TurnAccepted:
+        """Publish a turn: the wire's turn message (``agentstream schema turn``), validated by the
+        same decoder the agent loop uses. The turn is answered by the running services; wait for
+        its reply at ``reply_url`` or follow it at ``stream_url``."""
+        raw = await request.body()
+        if len(raw) > gateway.max_body_bytes:
+            raise HTTPException(413, f"the body is {len(raw)} bytes, over the gateway's limit of {gateway.max_body_bytes} "
+                                     "(AGENTSTREAM_GATEWAY_MAX_BODY_BYTES)")
+        try:  # the wire's rules, as the agent loop applies them (size, depth, schema, ids, metadata, reply stream)
+            turn = wire.validate_turn(raw, keys=keys, limits=settings.wire_limits)
+        except TurnRejected as exc:
+            raise HTTPException(413 if exc.limit == wire.LIMIT_SETTINGS["max_turn_bytes"] else 422, exc.reason) from None
+        if app.agent(turn.agent) is None:
+            known = ", ".join(sorted(a.name for a in app.agents))
+            raise HTTPException(422, f"turn {turn.turn_id!r} names agent {turn.agent!r}, which this app does not have (agents: {known})")
+        if not key.may_use(turn.agent):
+            raise HTTPException(403, f"API key {key.name!r} may not use agent {turn.agent!r}")
+        try:  # the agent's rules: its input type, the tool states the turn asks (other refusals fail the turn)
+            app.turn_input(turn)
+        except TurnRejected as exc:
+            if exc.code == wire.BAD_TURN:
+                raise HTTPException(422, exc.reason) from None
+        existing = await folds.current(turn.trace_id)  # what came since this gateway last looked
+        if existing.events and not await may_see_fold(key, existing):
+            raise HTTPException(403, f"API key {key.name!r} may not add turns to conversation {turn.trace_id!r}")
+        entry_id = await conversations.publish_turn(store, turn)
+        metrics.GATEWAY_TURNS.labels(key=key.name, agent=turn.agent).inc()
+        base = f"/v1/traces/{turn.trace_id}"
+        return schemas.TurnAccepted(
+            trace_id=turn.trace_id, turn_id=turn.turn_id, entry_id=entry_id,
+            reply_url=f"{base}/turns/{turn.turn_id}/reply", stream_url=f"{base}/stream?turn_id={turn.turn_id}",
+        )
+
+    @api.get(
+        "/v1/traces/{trace_id:path}/turns/{turn_id}/reply",
+        summary="Wait for a turn's reply (long-poll)",
+        tags=["turns"],
+        response_class=Response,
+        responses={**_PROBLEMS, **_NOT_FOUND, 200: _WIRE_REPLY, 202: {"model": schemas.Pending, "description": "Not ended yet: ask again."}},
+    )
+    async def wait_reply(
+        trace_id: str,
+        turn_id: str,
+        key: Caller,
+        timeout_s: Annotated[float, Query(ge=0, le=gateway.max_wait_s, description="Longest wait, in seconds.")] = default_wait_s,
+    ) -> Any:
+        """The turn's reply once it has ended (200); 202 when it has not ended within
+        ``timeout_s``. A turn just published may not be in its trace yet: the wait covers that."""
+        _trace_id(trace_id)
+        fold = await folds.current(trace_id)  # a poll reads what came since the last one, not the trace
+        if fold.events and not await may_see_fold(key, fold):
+            raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
+        reply = reply_from_fold(fold, turn_id)
+        if reply is None and timeout_s > 0:
+            stop = asyncio.Event()
+            asyncio.get_running_loop().call_later(timeout_s, stop.set)
+            after = fold.last_id or "0-0"
+            async for _, event in store.follow(trace_id, after=after, block_ms=block_ms, stop=stop):
+                if isinstance(event, TurnInput) or (isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id):
+                    fold = await folds.current(trace_id)
+                    if not await may_see_fold(key, fold):
+                        raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
+                    reply = reply_from_fold(fold, turn_id)
+                    if reply is not None:
+                        break
+        if reply is None:
+            return JSONResponse(status_code=202, content=schemas.Pending(trace_id=trace_id, turn_id=turn_id).model_dump())
+        return Response(codec.encode(reply), media_type="application/json")  # the wire's reply, as the agent loop publishes it
+
+    # --- following ------------------------------------------------------------------------------
+
+    @api.get(
+        "/v1/traces/{trace_id:path}/stream",
+        summary="Follow a conversation as server-sent events",
+        tags=["traces"],
+        responses={**_PROBLEMS, **_NOT_FOUND, 200: {"content": {"text/event-stream": {}}, "description": (
+            "Events `trace` (data: {id, event}: a stored event), `delta` (data: a token delta with its "
+            "`attempt` id and `id`), `end` (data: the reply; only with turn_id) and `error`. Each has an id "
+            "`<trace entry id>,<delta entry id>`: reconnect with Last-Event-ID to resume after it.")}},
+    )
+    async def stream(
+        request: Request,
+        trace_id: str,
+        key: Caller,
+        turn_id: Annotated[str | None, Query(max_length=256, description="End the stream once this turn has ended.")] = None,
+        after: Annotated[str | None, Query(description="Only trace events after this entry id (default: all).")] = None,
+        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description="Resume after this event id.")] = None,
+    ) -> EventSourceResponse:
+        """The conversation's stored events and, while the model writes, its token deltas, in
+        the order they happened. Deltas of a failed attempt are followed by an ``abort`` delta:
+        drop what that attempt wrote (each delta carries its attempt id)."""
+        if last_event_id:
+            match = _EVENT_ID.match(last_event_id.strip())
+            if match is None:
+                raise HTTPException(422, f"Last-Event-ID must be '<trace entry id>,<delta entry id>' as sent, got {last_event_id!r}")
+            position, delta_position = match.group(1), match.group(2)
+        else:
+            position, delta_position = _stream_id(after, "after") or "0-0", "0-0"
+        entries = await store.read(_trace_id(trace_id))
+        events = [e for _, e in entries]
+        if events and not await may_see(key, trace_id, events):
+            raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
+        ended_early = None  # the turn ended at or before the position the client resumes from
+        if turn_id:
+            ending_id = next((i for i, e in entries if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == turn_id), None)
+            if ending_id is not None and _after_or_at(position, ending_id):
+                ended_early = reply_of(trace_id, events, turn_id)
+
+        async def generate() -> AsyncIterator[ServerSentEvent]:
+            nonlocal position, delta_position
+            metrics.GATEWAY_STREAMS_OPEN.inc()
+            try:
+                if ended_early is not None:
+                    yield ServerSentEvent(event="end", id=f"{position},{delta_position}", data=codec.encode(ended_early).decode())
+                    return
+                seen = list(events)
+                cleared = bool(events)  # checked above; else nothing is sent before a turn of the key's agents
+                async for item in follow(store.redis, keys, trace_id, after=position, deltas_after=delta_position,
+                                         block_ms=block_ms):
+                    if not cleared and not isinstance(item.event, TurnInput):
+                        continue
+                    if item.delta is not None:
+                        delta_position = item.entry_id
+                        data = {"id": item.entry_id, **msgspec.structs.asdict(item.delta)}
+                        yield ServerSentEvent(event="delta", id=f"{position},{delta_position}", data=json.dumps(data))
+                        continue
+                    event = item.event
+                    assert event is not None
+                    position = item.entry_id
+                    seen.append(event)
+                    if isinstance(event, TurnInput):
+                        if not await may_see(key, trace_id, seen):
+                            yield ServerSentEvent(event="error", data=json.dumps({"detail": "this conversation is not among this key's"}))
+                            return
+                        cleared = True
+                    yield ServerSentEvent(event="trace", id=f"{position},{delta_position}",
+                                          data=json.dumps({"id": position, "event": _event_json(event)}))
+                    if turn_id and isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id:
+                        reply = reply_of(trace_id, seen, turn_id)
+                        yield ServerSentEvent(event="end", id=f"{position},{delta_position}", data=codec.encode(reply).decode())
+                        return
+            except AgentStreamError as exc:  # an entry that cannot be read
+                yield ServerSentEvent(event="error", data=json.dumps({"detail": str(exc)}))
+            finally:
+                metrics.GATEWAY_STREAMS_OPEN.dec()
+
+        return EventSourceResponse(generate(), ping=gateway.sse_ping_s, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    # --- cancelling -----------------------------------------------------------------------------
+
+    @api.post(
+        "/v1/traces/{trace_id:path}/cancel",
+        status_code=202,
+        response_model=schemas.CancelAccepted,
+        summary="Cancel a turn",
+        tags=["turns"],
+        responses={**_PROBLEMS, **_NOT_FOUND, 400: {"model": schemas.Problem, "description": "The body is not JSON."},
+                   409: {"model": schemas.Problem, "description": "Nothing to cancel (the reason says why)."}},
+    )
+    async def cancel(trace_id: str, key: Caller, body: schemas.CancelIn | None = None) -> schemas.CancelAccepted:
+        """Cancel the turn running now (or ``turn_id``): the in-flight model request is
+        aborted, queued tool jobs skipped, running tools told; the turn ends with
+        ``turn_failed`` code ``cancelled``. Follow the stream to see it end."""
+        body = body or schemas.CancelIn()
+        entries = await visible_events(key, trace_id)
+        target = cancel_target([e for _, e in entries], body.turn_id)
+        if target.turn_id is None:
+            raise HTTPException(409, f"trace {trace_id!r}: {target.reason}; nothing to cancel")
+        message = CancelMessage(trace_id=trace_id, turn_id=target.turn_id, by=f"gateway:{key.name}", reason=body.reason)
+        entry_id = await publish_cancel(store.redis, keys, message)
+        return schemas.CancelAccepted(trace_id=trace_id, turn_id=target.turn_id, entry_id=entry_id)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    @api.get("/v1/conversations", response_model=schemas.ConversationList, summary="Recent conversations", tags=["traces"],
+             responses=_PROBLEMS)
+    async def list_conversations(
+        key: Caller,
+        limit: Annotated[int, Query(ge=1, le=LIST_MAX)] = 50,
+        before_ms: Annotated[int | None, Query(ge=0, le=2**53, description="Only conversations older than this (Unix ms).")] = None,
+    ) -> schemas.ConversationList:
+        """The newest conversations this key may see, each with the state of its newest turn
+        (running, waiting on tools, ended, failed or cancelled, with the reason)."""
+        ids = await conversations.recent_ids(store, limit=limit, before_ms=before_ms)
+        found = await conversations.states(store, [t for t, _ in ids])
+        out = []
+        for trace_id, _ in ids:
+            state = found.get(trace_id)
+            if state is not None and key.may_use(state.agent):
+                out.append(state_out(state))
+        next_before = ids[-1][1] if len(ids) == limit else None
+        return schemas.ConversationList(conversations=out, next_before_ms=next_before)
+
+    @api.get("/v1/traces/{trace_id:path}/explain", response_model=schemas.Explanation, summary="Explain a model call",
+             tags=["traces"], responses={**_PROBLEMS, **_NOT_FOUND, 422: {"model": schemas.Problem}})
+    async def explain(
+        trace_id: str,
+        key: Caller,
+        step: Annotated[int, Query(ge=0, le=100_000, description="The call's step within its turn (0-based).")],
+        turn_id: Annotated[str | None, Query(max_length=256, description="The turn (default: the newest).")] = None,
+    ) -> schemas.Explanation:
+        """The exact request of one model call, rebuilt from the stored trace (its fingerprint
+        compared with the one recorded), and which shrink shortened each old result, and when
+        (what ``agentstream trace explain`` prints)."""
+        entries = await visible_events(key, trace_id)
+        try:
+            explained = explain_call([e for _, e in entries], app.agent, step=step, turn_id=turn_id, endpoints=endpoints,
+                                     model_name=settings.openai_model)
+        except LookupError as exc:
+            raise HTTPException(404, f"trace {trace_id!r}: {exc}") from None
+        except AgentStreamError as exc:
+            raise HTTPException(422, f"trace {trace_id!r}: {exc}") from None
+        data = explained.as_json(trace_id)
+        data["matches"] = explained.matches
+        data["endpoint"] = endpoint_settings(explained.endpoint, configured=explained.configured) if explained.endpoint else None
+        return schemas.Explanation(**data)
+
+    @api.get("/v1/traces/{trace_id:path}", response_model=schemas.TraceOut, summary="Read a trace", tags=["traces"],
+             responses={**_PROBLEMS, **_NOT_FOUND})
+    async def read_trace(
+        trace_id: str,
+        key: Caller,
+        after: Annotated[str | None, Query(description="Only events after this entry id.")] = None,
+        limit: Annotated[int, Query(ge=1, le=TRACE_PAGE_MAX)] = 1000,
+    ) -> schemas.TraceOut:
+        """A trace's stored events (a page of them), its child traces (subagent runs, each a
+        trace of its own) and the state of its newest turn."""
+        _stream_id(after, "after")
+        entries = await visible_events(key, trace_id)
+        events = [e for _, e in entries]
+        root = root_of(events, trace_id)
+        page = [(i, e) for i, e in entries if after is None or _after(i, after)][:limit]
+        more = bool(page) and page[-1][0] != entries[-1][0]
+        return schemas.TraceOut(
+            trace_id=trace_id,
+            root_trace_id=root,
+            events=[schemas.TraceEvent(id=i, event=_event_json(e)) for i, e in page],
+            next_after=page[-1][0] if more else None,
+            children=await conversations.children(store, trace_id, root),
+            state=state_out(conversation_state(trace_id, entries)),
+        )
+
+    @api.get("/v1/dead-letters", response_model=schemas.DeadLetterList, summary="List dead letters", tags=["operations"],
+             responses={**_PROBLEMS, 403: {"model": schemas.Problem, "description": "Only a key for every agent (\"*\")."}})
+    async def dead_letters(
+        key: Caller,
+        limit: Annotated[int, Query(ge=1, le=LIST_MAX)] = 50,
+        before: Annotated[str | None, Query(description="Only entries older than this entry id.")] = None,
+    ) -> schemas.DeadLetterList:
+        """The newest entries of every work stream's dead-letter stream: where each came from,
+        how many deliveries it had, its last error and its payload (cut to a bounded excerpt)."""
+        if not key.all_agents:
+            raise HTTPException(403, f"API key {key.name!r} may not read the dead letters (it needs agents [\"*\"])")
+        _stream_id(before, "before")
+        letters = await deadletters.read(store.redis, keys, keys.work_streams(app.tool_queues), count=limit, before=before)
+        return schemas.DeadLetterList(
+            dead_letters=letters,
+            next_before=letters[-1].entry_id if len(letters) == limit else None,
+        )
+
+    @api.get("/v1/agents", response_model=schemas.AgentList, summary="The agents this key may use", tags=["operations"],
+             responses=_PROBLEMS)
+    async def agents(key: Caller) -> schemas.AgentList:
+        return schemas.AgentList(key=key.name, agents=[
+            schemas.AgentOut(name=a.name, model=a.model, tools=[t.name for t in a.tools]) for a in app.agents if key.may_use(a.name)
+        ])
+
+    # --- probes and the console -------------------------------------------------------------------
+
+    @api.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        try:
+            await asyncio.wait_for(operations.ping(store.redis), timeout=2.0)
+        except Exception as exc:  # not ready whatever went wrong
+            return JSONResponse(status_code=503, content={"status": "not ready", "detail": f"Redis: {type(exc).__name__}"})
+        return JSONResponse(content={"status": "ready"})
+
+    if gateway.console:
+        console_dir = resources.files("agentstream_services.gateway") / "console"
+        api.mount("/console", StaticFiles(directory=str(console_dir), html=True), name="console")
+
+        @api.get("/", include_in_schema=False)
+        async def root() -> RedirectResponse:
+            return RedirectResponse("/console/")
+
+    if gateway.cors_origin_list:
+        api.add_middleware(
+            CORSMiddleware, allow_origins=gateway.cors_origin_list, allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"], max_age=600,
+        )
+
+    @api.exception_handler(AgentStreamError)
+    async def unreadable(request: Request, exc: AgentStreamError) -> JSONResponse:
+        log.error("gateway request %s %s failed: %s", request.method, request.url.path, exc)
+        return JSONResponse(status_code=500, content={"detail": str(exc)})
+
+    _add_wire_schemas(api)
+    return api
+
+
+def _after(entry_id: str, position: str) -> bool:
+    return _order(entry_id) > _order(position)
+
+
+def _after_or_at(entry_id: str, position: str) -> bool:
+    return _order(entry_id) >= _order(position)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _add_wire_schemas(api: FastAPI) -> None:
+    """Put the wire's TurnMessage and Reply JSON schemas (msgspec's) into the OpenAPI document's components."""
+    base_openapi = api.openapi
+
+    def openapi() -> dict[str, Any]:
+        if api.openapi_schema is not None:
+            return api.openapi_schema
+        document = base_openapi()
+        _, components = msgspec.json.schema_components([TurnMessage, Reply], ref_template="#/components/schemas/{name}")
+        document.setdefault("components", {}).setdefault("schemas", {}).update(components)
+        api.openapi_schema = document
+        return document
+
+    api.openapi = openapi  # type: ignore[method-assign]

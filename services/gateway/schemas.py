@@ -1,0 +1,127 @@
+"""The gateway's HTTP shapes (pydantic models: they make its OpenAPI document).
+
+The wire's own messages are not among them: the turn a client publishes is the wire's
+``TurnMessage`` (validated by the wire's decoder) and the reply is the wire's ``Reply`` (encoded
+by the wire's encoder); their msgspec JSON schemas are put into the document as they are. A dead
+letter is :class:`agentstream.runtime.deadletters.DeadLetter` itself (a dataclass pydantic reads). One
+source of truth each: a field added there is in the HTTP API too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from agentstream.runtime.deadletters import DeadLetter
+from agentstream.wire.events import CANCEL_REASON_MAX_CHARS
+
+
+class Problem(BaseModel):
+    """An error: what was wrong, for a person."""
+
+    detail: str
+
+
+class TurnAccepted(BaseModel):
+    """A turn published on the turns stream."""
+
+    trace_id: str
+    turn_id: str
+    entry_id: str = Field(description="Its entry id on the turns stream.")
+    reply_url: str = Field(description="Long-poll here for the reply.")
+    stream_url: str = Field(description="Follow the turn here as server-sent events.")
+
+
+class Pending(BaseModel):
+    """The turn had not ended when the long-poll's time ran out: ask again."""
+
+    trace_id: str
+    turn_id: str
+    status: Literal["running"] = "running"
+
+
+class CancelIn(BaseModel):
+    """A cancel request. Without ``turn_id``, the turn running now is cancelled."""
+
+    turn_id: str = Field(default="", max_length=256)
+    reason: str = Field(default="", max_length=CANCEL_REASON_MAX_CHARS)
+
+
+class CancelAccepted(BaseModel):
+    """A cancel request published on the cancel stream."""
+
+    trace_id: str
+    turn_id: str
+    entry_id: str
+
+
+class ConversationOut(BaseModel):
+    """A conversation and the state of its newest turn (see ``agentstream.steps.timeline``)."""
+
+    trace_id: str
+    agent: str
+    turn_id: str
+    state: Literal["running", "waiting_on_tools", "ended", "failed", "cancelled"]
+    text: str = ""
+    answer: str = ""
+    code: str = ""
+    reason: str = ""
+    turns: int = 0
+    updated_ms: int = 0
+    pending_tools: list[str] = []
+
+
+class ConversationList(BaseModel):
+    conversations: list[ConversationOut]
+    next_before_ms: int | None = Field(default=None, description="Pass as before_ms for the next (older) page.")
+
+
+class TraceEvent(BaseModel):
+    """One stored event: its entry id and the event's JSON (with its ``type`` tag)."""
+
+    id: str
+    event: dict[str, Any]
+
+
+class TraceOut(BaseModel):
+    trace_id: str
+    root_trace_id: str
+    events: list[TraceEvent]
+    next_after: str | None = Field(default=None, description="Pass as after for the next page (more events).")
+    children: list[str] = Field(default=[], description="Child traces (subagent runs) opened by this trace's calls.")
+    state: ConversationOut | None = None
+
+
+class Explanation(BaseModel):
+    """One model call's exact request, rebuilt from the trace, and why each result was shortened."""
+
+    trace_id: str
+    turn_id: str
+    step: int
+    call: int
+    made: bool
+    recorded_sha256: str
+    rebuilt_sha256: str
+    matches: bool | None
+    size_tokens: int | None
+    window_tokens: int | None
+    body: dict[str, Any]
+    shrunk: list[str]
+    endpoint: str | None = Field(default=None, description="The endpoint settings that rendered the body.")
+
+
+class DeadLetterList(BaseModel):
+    dead_letters: list[DeadLetter] = Field(description="Newest first (``agentstream.runtime.deadletters.DeadLetter``).")
+    next_before: str | None = None
+
+
+class AgentOut(BaseModel):
+    name: str
+    model: str | None = Field(description="The agent's default model endpoint; null when each turn must name one.")
+    tools: list[str]
+
+
+class AgentList(BaseModel):
+    key: str = Field(description="The name of the API key that asked.")
+    agents: list[AgentOut]

@@ -1,0 +1,91 @@
+"""Input schemas from MCP servers, made fit for the model endpoints (pure).
+
+MCP servers list tools with any JSON Schema (draft 2020-12 by default); the model providers take
+a subset. What several of them reject, and what this module does about it:
+
+- ``$ref`` (with ``$defs`` / ``definitions``): Gemini's OpenAI-compatible API and several
+  proxies refuse references. Local references (``#/...``) are inlined; a recursive or a remote
+  reference cannot be, so the tool is refused (keyword ``$ref``).
+- ``anyOf`` / ``oneOf`` / ``allOf`` / ``not`` / ``enum`` at the top: OpenAI and Anthropic want an
+  object schema there; the tool is refused naming the keyword.
+- a missing ``type``: OpenAI and Anthropic require ``"type": "object"`` at the top; a schema that
+  describes an object (it has ``properties``, or constrains nothing) gets it, a nullable object
+  (``["object", "null"]``) becomes ``object``; any other type is refused (keyword ``type``).
+- ``$schema`` and ``$id`` at the top are dropped (metadata only; some endpoints refuse unknown
+  keys), and an object without ``properties`` gets ``"properties": {}``.
+
+A refused tool is not offered; :class:`SchemaRefused` names the tool, the keyword and why, and
+the tool workers log it at startup and publish it with the server's catalog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agentstream.errors import ConfigError
+from agentstream.app.tool_schemas import RecursiveSchemaError, UninlinableSchema, inline_refs
+
+_TOP_COMBINATORS = ("anyOf", "oneOf", "allOf", "not", "enum", "const")
+
+
+class SchemaRefused(ConfigError):
+    """A tool's input schema cannot be made fit for the model endpoints.
+
+    Attributes:
+        tool: the tool's name.
+        keyword: the JSON Schema keyword at fault (``$ref``, ``anyOf``, ``type``, ...).
+        reason: what is wrong, for a person.
+    """
+
+    def __init__(self, tool: str, keyword: str, reason: str):
+        super().__init__(f"tool {tool!r} is refused: its input schema {reason} (keyword {keyword!r})")
+        self.tool = tool
+        self.keyword = keyword
+        self.reason = reason
+
+
+def normalise_input_schema(tool: str, schema: Any) -> dict[str, Any]:
+    """A copy of ``schema`` that the model endpoints accept (see the module docstring).
+
+    Args:
+        tool: the tool's name (for the error).
+        schema: the ``inputSchema`` the server listed.
+
+    Returns:
+        A new dict: references inlined, ``type: object`` at the top.
+
+    Raises:
+        SchemaRefused: the schema is not an object, has a combinator at the top, or has a
+            recursive or remote reference.
+    """
+    if not isinstance(schema, Mapping):
+        raise SchemaRefused(tool, "inputSchema", f"is a {type(schema).__name__}, not a JSON object")
+    try:
+        root = inline_refs(dict(schema), tool=tool)
+    except RecursiveSchemaError as exc:
+        raise SchemaRefused(tool, "$ref", f"{exc.reason}, so it cannot be inlined") from None
+    except UninlinableSchema as exc:
+        raise SchemaRefused(tool, "$ref", exc.reason) from None
+    for meta in ("$schema", "$id"):
+        root.pop(meta, None)
+    for keyword in _TOP_COMBINATORS:
+        if keyword in root:
+            raise SchemaRefused(tool, keyword, f"has {keyword!r} at the top; the endpoints take one object schema there")
+    kind = root.get("type")
+    if kind is None:
+        structural = {"items", "prefixItems", "minimum", "maximum", "pattern", "minLength", "maxLength", "format"}
+        if structural & set(root):
+            raise SchemaRefused(tool, "type", "has no 'type' and does not describe an object")
+        root = {"type": "object", **root}
+    elif isinstance(kind, list):
+        others = [k for k in kind if k != "null"]
+        if others != ["object"]:
+            raise SchemaRefused(tool, "type", f"has type {kind!r}; the endpoints take an object")
+        root["type"] = "object"
+    elif kind != "object":
+        raise SchemaRefused(tool, "type", f"has type {kind!r}; the endpoints take an object")
+    root.setdefault("properties", {})
+    if not isinstance(root["properties"], Mapping):
+        raise SchemaRefused(tool, "properties", "has 'properties' that is not a JSON object")
+    return root

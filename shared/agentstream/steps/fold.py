@@ -1,0 +1,391 @@
+"""A trace folded event by event: what a worker keeps so that a step costs what was added.
+
+The agent loop decides a trace's next step and builds its model calls from the trace. Reading
+and decoding the whole trace at every step makes a step's cost grow with the conversation (and a
+conversation's total cost quadratic in its length). A :class:`TraceFold` instead keeps, for one
+trace, the entry id it has read up to, the decoded events, the inputs of the next decision (the
+running turn and that turn's outputs, results and cancel: a :class:`~agentstream.steps.decision.TurnView`),
+each turn's ending, and one context fold (:class:`~agentstream.context.state.TraceState`) per
+agent that has answered in it. A step reads only the entries after :attr:`TraceFold.last_id` and
+feeds them here; the decision and the request come out equal, byte for byte, to the ones made
+from the whole trace (the property tests in ``tests/property/test_fold.py`` check it).
+
+A trace is append-only, but it can be deleted (retention) and started again under the same id:
+the first entry id then differs (:meth:`TraceFold.same_trace`), and the fold is dropped.
+
+:class:`FoldCache` bounds the folds one process keeps by the stored bytes of their events
+(least recently used dropped first); a trace whose fold was dropped is folded again from its
+first entry on its next step.
+
+Pure: no Redis, no asyncio, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentstream.app.base import Agent
+from agentstream.context import BuiltContext, reopen_result
+from agentstream.context.builder import build_from_state, new_state, settings_of
+from agentstream.context.elements import Numbering
+from agentstream.context.render import EventFilter
+from agentstream.context.state import TraceState
+from agentstream.wire.events import (
+    CancelRequested,
+    Compaction,
+    CompactionFailed,
+    Event,
+    ModelOutput,
+    ToolCall,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    ToolsOffered,
+    TaskInput,
+    TurnInput,
+)
+from agentstream.models.endpoints import ModelEndpoint
+from agentstream.steps.decision import Decision, TurnView, decide_view
+
+__all__ = ["FoldCache", "TraceFold", "TurnRecord", "entry_key"]
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ``"<ms>-<seq>"`` → ``(ms, seq)``, which orders ids as Redis does.
+
+    Raises:
+        ValueError: ``entry_id`` is not of that form.
+    """
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass
+class TurnRecord:
+    """One turn's events as they were folded (the inputs of its decisions)."""
+
+    turn: TurnInput | None = None
+    cancel: CancelRequested | None = None
+    outputs: list[ModelOutput] = field(default_factory=list)
+    results: list[ToolOutput] = field(default_factory=list)
+    ending: TurnEnded | TurnFailed | None = None
+
+
+@dataclass
+class _Context:
+    agent: Agent
+    settings: tuple[Any, Any]
+    state: TraceState
+
+
+class TraceFold:
+    """Everything one worker knows about one trace, folded from its entries in order.
+
+    Args:
+        trace_id: the trace.
+
+    Attributes:
+        events: the decoded events, oldest first.
+        first_id: the id of the trace's first entry (None while empty).
+        last_id: the id of the last entry folded (None while empty).
+        nbytes: the stored bytes of the folded events (what :class:`FoldCache` counts).
+        turns: the record of every turn id the trace names, by turn id.
+        order: the turn ids of the trace's turn inputs, in trace order.
+        unconfirmed: turn ids whose ending was folded and whose reply this worker has not yet
+            seen marked as sent (the agent loop checks them with one read, then clears them).
+        notes: the worker's own notes about the trace (for example which steps' tool jobs it
+            published); dropped with the fold.
+    """
+
+    def __init__(self, trace_id: str):
+        self.trace_id = trace_id
+        self.events: list[Event] = []
+        self.first_id: str | None = None
+        self.last_id: str | None = None
+        self._last_key: tuple[int, int] = (-1, -1)
+        self.nbytes = 0
+        self.turns: dict[str, TurnRecord] = {}
+        self.order: list[str] = []
+        self._active = 0  # every turn before order[_active] has ended
+        self.has_compaction = False
+        self.compactions: dict[tuple[str, str], Compaction | CompactionFailed] = {}
+        self.unconfirmed: dict[str, None] = {}
+        self.turn_entries: dict[str, str] = {}  # turn id → the entry id of its input
+        self.offers: dict[str, ToolsOffered] = {}  # agent name → its latest MCP tool offer
+        self.call_ids: set[str] = set()  # every tool call id a model output of the trace holds
+        self.agents: set[str] = set()  # the agents the trace's turns name (timeline.trace_agents)
+        self.root_trace_id: str | None = None  # the root a child trace's task names (timeline.root_of)
+        self._numbering = Numbering()
+        self._numbered = 0  # events added to _numbering
+        self.notes: dict[Any, Any] = {}
+        self._contexts: dict[str, _Context] = {}  # by agent name: one context per agent (a turn's settings replace it)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    # --- folding ------------------------------------------------------------------------------
+
+    def same_trace(self, first_id: str | None) -> bool:
+        """Whether a trace whose first entry is ``first_id`` is the one folded here (a trace
+        deleted by retention and started again has another first entry)."""
+        return self.first_id is None or first_id == self.first_id
+
+    def feed(self, entries: Iterable[tuple[str, Event]], sizes: Iterable[int] | None = None) -> int:
+        """Fold entries read from the trace → how many were new.
+
+        Entries at or before :attr:`last_id` are skipped (two readers of one trace may read the
+        same entries), so feeding is idempotent.
+
+        Args:
+            entries: ``(entry id, event)`` pairs in stream order.
+            sizes: the stored size in bytes of each entry's event (for :attr:`nbytes`).
+        """
+        sizes_iter = iter(sizes) if sizes is not None else None
+        fed = 0
+        for entry_id, event in entries:
+            size = next(sizes_iter, 0) if sizes_iter is not None else 0
+            key = entry_key(entry_id)
+            if key <= self._last_key:
+                continue
+            if self.first_id is None:
+                self.first_id = entry_id
+            self._last_key = key
+            self.last_id = entry_id
+            self.nbytes += size
+            self.events.append(event)
+            if isinstance(event, TurnInput) and event.turn_id not in self.turn_entries:
+                self.turn_entries[event.turn_id] = entry_id
+            self._fold(event)
+            fed += 1
+        return fed
+
+    def _record(self, turn_id: str) -> TurnRecord:
+        record = self.turns.get(turn_id)
+        if record is None:
+            record = self.turns[turn_id] = TurnRecord()
+        return record
+
+    def _fold(self, event: Event) -> None:
+        match event:
+            case TurnInput(turn_id=turn_id):  # a TaskInput too
+                self.agents.add(event.agent)
+                if self.root_trace_id is None and isinstance(event, TaskInput) and event.root_trace_id:
+                    self.root_trace_id = event.root_trace_id
+                record = self._record(turn_id)
+                if record.turn is None:
+                    record.turn = event
+                    self.order.append(turn_id)
+            case ModelOutput(turn_id=turn_id):
+                self._record(turn_id).outputs.append(event)
+                for call in event.tool_calls:
+                    self.call_ids.add(call.id)
+            case ToolOutput(turn_id=turn_id):
+                self._record(turn_id).results.append(event)
+            case TurnEnded(turn_id=turn_id) | TurnFailed(turn_id=turn_id):
+                record = self._record(turn_id)
+                if record.ending is None:
+                    record.ending = event
+                    self.unconfirmed[turn_id] = None
+            case CancelRequested(turn_id=turn_id):
+                record = self._record(turn_id)
+                if record.cancel is None:
+                    record.cancel = event
+            case Compaction(turn_id=turn_id, kept_from_turn=kept):
+                self.has_compaction = True
+                self.compactions.setdefault((turn_id, kept), event)
+            case CompactionFailed(turn_id=turn_id, kept_from_turn=kept):
+                self.compactions.setdefault((turn_id, kept), event)
+            case ToolsOffered(agent=agent_name):
+                self.offers[agent_name] = event
+        order = self.order
+        while self._active < len(order) and self.turns[order[self._active]].ending is not None:
+            self._active += 1
+
+    # --- what decisions read ------------------------------------------------------------------
+
+    def active_turn(self) -> TurnInput | None:
+        """The oldest turn without an ending (as :func:`agentstream.steps.decision.active_turn`)."""
+        if self._active >= len(self.order):
+            return None
+        return self.turns[self.order[self._active]].turn
+
+    def ending(self, turn_id: str) -> TurnEnded | TurnFailed | None:
+        """The turn's ending, or None."""
+        record = self.turns.get(turn_id)
+        return record.ending if record is not None else None
+
+    def turn_input(self, turn_id: str) -> TurnInput | None:
+        """The turn's input, or None when the trace has none."""
+        record = self.turns.get(turn_id)
+        return record.turn if record is not None else None
+
+    def final_stop_reason(self, turn_id: str) -> str | None:
+        """As :func:`agentstream.steps.decision.final_stop_reason`."""
+        record = self.turns.get(turn_id)
+        last = record.outputs[-1] if record is not None and record.outputs else None
+        return last.stop_reason if last is not None and not last.stopped_normally else None
+
+    def turn_entry(self, turn_id: str) -> list[tuple[str, Event]]:
+        """The turn's input with its entry id, as a one-entry list (empty when the trace has none)."""
+        record = self.turns.get(turn_id)
+        entry_id = self.turn_entries.get(turn_id)
+        return [(entry_id, record.turn)] if record is not None and record.turn is not None and entry_id else []
+
+    def offers_of(self, agent_name: str) -> list[ToolsOffered]:
+        """The agent's latest MCP tool offer as a one-event list (what
+        :func:`agentstream.mcp_tools.offers.latest_offer` finds in the whole trace), or empty."""
+        offer = self.offers.get(agent_name)
+        return [offer] if offer is not None else []
+
+    def view(self) -> TurnView:
+        """The inputs of the next decision (equal to :func:`agentstream.steps.decision.turn_view` of
+        :attr:`events`)."""
+        turn = self.active_turn()
+        if turn is None:
+            return TurnView(None)
+        record = self.turns[turn.turn_id]
+        tid = turn.turn_id
+        return TurnView(
+            turn, record.cancel, tuple(record.outputs), tuple(record.results),
+            reopen=lambda agent, call: self._reopen(agent, tid, call),
+            offer_of=self.offers.get,
+            numbering=self.numbering,
+        )
+
+    def numbering(self) -> Numbering:
+        """The trace's element numbering (as :func:`agentstream.delegation.handoff.numbering_of` of
+        :attr:`events`), numbering only the events added since it was last asked for."""
+        events = self.events
+        if self._numbered < len(events):
+            numbering = self._numbering
+            for event in events[self._numbered :]:
+                numbering.add_event(event)
+            self._numbered = len(events)
+        return self._numbering
+
+    def _reopen(self, agent: Agent, turn_id: str, call: ToolCall) -> ToolOutput | None:
+        return reopen_result(self.events, agent, turn_id, call)  # only when a model calls the reopen tool
+
+    def decide(self, agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None = None) -> Decision:
+        """The next step (equal to :func:`agentstream.steps.decision.decide` of :attr:`events`)."""
+        return decide_view(self.view(), agent_of, endpoints)
+
+    def compaction_outcome(self, turn_id: str, kept_from_turn: str) -> Compaction | CompactionFailed | None:
+        """As :func:`agentstream.steps.summarising.outcome_of` of :attr:`events`."""
+        return self.compactions.get((turn_id, kept_from_turn))
+
+    # --- contexts -----------------------------------------------------------------------------
+
+    def build(self, agent: Agent, *, turn_id: str | None, step: int) -> BuiltContext:
+        """The context of the next model call, as :func:`agentstream.context.build_context` of
+        :attr:`events` gives it, folding only what the agent's context has not seen yet.
+
+        A selection that is not :func:`agentstream.context.only` is applied to the whole trace
+        at every call (it cannot be folded).
+
+        Raises:
+            UnrenderedEventError, ShortenError, ValueError: see
+                :func:`agentstream.context.builder.build_context`.
+        """
+        return build_from_state(self.context_state(agent), turn_id=turn_id, step=step)
+
+    def context_state(self, agent: Agent) -> TraceState:
+        """The agent's context fold (:func:`agentstream.context.builder.new_state` of :attr:`events`),
+        fed only what it has not seen yet: what :meth:`build` lays a request out from.
+
+        Raises:
+            UnrenderedEventError, ShortenError, ValueError: see :meth:`build`.
+        """
+        settings = settings_of(agent)
+        config, limits = settings
+        if config.select is not None and not isinstance(config.select, EventFilter):
+            return new_state(self.events, agent, config, limits)
+        context = self._contexts.get(agent.name)
+        if context is not None and (
+            context.agent is not agent or context.settings[0] is not config or context.settings[1] != limits
+        ):
+            context = None
+        if context is None:
+            context = _Context(agent, settings, new_state(self.events, agent, config, limits))
+            self._contexts[agent.name] = context
+        else:
+            state = context.state
+            if state.count < len(self.events):
+                try:
+                    state.feed(self.events[state.count :])
+                except BaseException:
+                    self._contexts.pop(agent.name, None)
+                    raise
+        return context.state
+
+
+class FoldCache:
+    """Folded traces by trace id, bounded by the stored bytes of their events.
+
+    Args:
+        max_bytes: the most event bytes kept over all folds (a fold's memory is a small multiple
+            of its events' stored bytes); the least recently used folds are dropped first. The
+            fold just used is always kept, however large.
+
+    Attributes:
+        hits: lookups that found a fold.
+        misses: lookups that did not (the trace is folded from its first entry).
+        evictions: folds dropped to stay under ``max_bytes``.
+    """
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be at least 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._folds: OrderedDict[str, TraceFold] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._folds)
+
+    def __contains__(self, trace_id: str) -> bool:
+        return trace_id in self._folds
+
+    def get(self, trace_id: str) -> TraceFold | None:
+        """The trace's fold (now the most recently used), or None."""
+        fold = self._folds.get(trace_id)
+        if fold is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._folds.move_to_end(trace_id)
+        return fold
+
+    def put(self, fold: TraceFold) -> None:
+        """Keep (or account again for) a fold after it was fed, dropping the least recently used
+        others while the total is over ``max_bytes``."""
+        trace_id = fold.trace_id
+        if self._folds.get(trace_id) is not fold:
+            self.forget(trace_id)
+            self._folds[trace_id] = fold
+        self._folds.move_to_end(trace_id)
+        self.nbytes += fold.nbytes - self._sizes.get(trace_id, 0)
+        self._sizes[trace_id] = fold.nbytes
+        while self.nbytes > self.max_bytes and len(self._folds) > 1:
+            oldest = next(iter(self._folds))
+            self.forget(oldest)
+            self.evictions += 1
+
+    def forget(self, trace_id: str) -> None:
+        """Drop a trace's fold (its next step folds it again from its first entry)."""
+        if self._folds.pop(trace_id, None) is not None:
+            self.nbytes -= self._sizes.pop(trace_id, 0)
+
+
+def fold_events(trace_id: str, entries: Sequence[tuple[str, Event]]) -> TraceFold:
+    """A new fold of ``entries`` (for tests and tools)."""
+    fold = TraceFold(trace_id)
+    fold.feed(entries)
+    return fold

@@ -1,0 +1,316 @@
+"""What a step costs, on real Redis (issue 12): folded traces, round trips, lease hand-over.
+
+The agent loop folds each trace it serves and reads only what was appended since; these tests
+check what that must never change: a trace deleted by retention and started again under the same
+id is not mixed with its old history; two agent loops that take turns on one conversation each
+see what the other appended; a quick next turn does not wait for a lease; and the Redis commands
+of a turn do not grow with the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio.client import Pipeline, Redis
+
+from agentstream.wire import codec
+from agentstream.wire.keys import JOB_FIELD
+from agentstream.steps.replay import rebuild_calls
+from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, TurnInput
+from tests.integration.test_agent_loop_delivery import model, services  # noqa: F401 (fixtures)
+from tests.support import apps
+from tests.support.inprocess import events_of, publish, wait_for, wait_reply
+
+pytestmark = pytest.mark.integration
+
+
+def _verify(proc, events) -> None:
+    calls = rebuild_calls(events, apps.app.agent, endpoints=proc.loop.endpoints)
+    assert calls and all(c.matches for c in calls), [(c.turn_id, c.step) for c in calls if not c.matches]
+
+
+async def test_a_trace_deleted_by_retention_and_started_again_is_folded_anew(redis, keys, services, store):  # noqa: F811
+    proc = await services.start("p1", "agent-loop", "tool-worker")
+    await publish(redis, keys, trace_id="r1", turn_id="t1", agent="plan", text="do: work(1) record(old)")
+    assert (await wait_reply(redis, keys, "t1")).status == "ended"
+    assert "r1" in proc.loop.folds
+    # retention deletes the whole conversation; a backend then starts one with the same id
+    await redis.delete(keys.trace("r1"), keys.trace_keys("r1"))
+    await publish(redis, keys, trace_id="r1", turn_id="t2", agent="plan", text="do: work(2)")
+    reply = await wait_reply(redis, keys, "t2")
+    assert reply.status == "ended" and reply.answer == "Results: worked 2 ms"
+    events = await events_of(store, "r1")
+    assert {getattr(e, "turn_id", None) for e in events} == {"t2"}
+    _verify(proc, events)  # the call sent saw the new trace only: its request rebuilds from it
+    assert proc.loop.folds.get("r1").first_id == (await store.read("r1"))[0][0]
+
+
+async def test_two_agent_loops_taking_turns_on_one_conversation_see_each_others_appends(redis, keys, services, store):  # noqa: F811
+    first = await services.start("p1", "agent-loop", "tool-worker")
+    second = await services.start("p2", "agent-loop")
+    for n in range(6):
+        await publish(redis, keys, trace_id="r2", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) record(k{n})")
+        reply = await wait_reply(redis, keys, f"t{n}")
+        assert reply.status == "ended" and reply.answer == f"Results: worked {n} ms | recorded k{n}"
+    events = await events_of(store, "r2")
+    assert [e.turn_id for e in events if isinstance(e, TurnInput)] == [f"t{n}" for n in range(6)]
+    _verify(first, events)
+    served = [p for p in (first, second) if "r2" in p.loop.folds]
+    assert served, "no agent loop folded the conversation"
+
+
+async def test_a_turn_published_as_soon_as_the_reply_came_does_not_wait_for_the_lease(redis, keys, services, store):  # noqa: F811
+    services.env["AGENTSTREAM_LEASE_TTL_MS"] = "120000"  # a wait for the lease would outlast the test
+    await services.start("p1", "agent-loop", "tool-worker")
+    for n in range(4):
+        await publish(redis, keys, trace_id="r3", turn_id=f"t{n}", agent="plan", text=f"do: work({n})")
+        reply = await wait_reply(redis, keys, f"t{n}", timeout_s=60)
+        assert reply.status == "ended"
+    assert not await redis.exists(keys.lease("r3"))  # given back with the last reply
+
+
+class _Recorder:
+    """Records the commands an asyncio Redis client sends (pipelined ones one by one); blocking
+    reads that came back empty (idle polling, which depends on time, not on work) go to ``idle``."""
+
+    def __init__(self, client: Redis):
+        self.commands: list[tuple] = []
+        self.idle: list[tuple] = []
+        original = client.execute_command
+        recorder = self
+
+        async def execute_command(*args, **options):
+            reply = await original(*args, **options)
+            if str(args[0]).upper() in ("XREADGROUP", "XREAD") and not reply:
+                recorder.idle.append(args)
+            else:
+                recorder.commands.append(args)
+            return reply
+
+        client.execute_command = execute_command
+        original_pipe = Pipeline.execute
+
+        async def pipe_execute(pipe, raise_on_error: bool = True):
+            if pipe.connection_pool is client.connection_pool:
+                recorder.commands += [c[0] for c in pipe.command_stack]
+            return await original_pipe(pipe, raise_on_error)
+
+        self._original_pipe = original_pipe
+        Pipeline.execute = pipe_execute
+        # a Redis Cluster client's pipelines (the cluster pass) are of another class
+        from redis.asyncio.cluster import ClusterPipeline
+
+        original_cluster_pipe = ClusterPipeline.execute
+
+        async def cluster_pipe_execute(pipe, raise_on_error: bool = True, allow_redirections: bool = True):
+            if pipe.cluster_client is client:
+                recorder.commands += [c.args for c in pipe._execution_strategy._command_queue]
+            return await original_cluster_pipe(pipe, raise_on_error, allow_redirections)
+
+        self._original_cluster_pipe = original_cluster_pipe
+        ClusterPipeline.execute = cluster_pipe_execute
+
+    def close(self) -> None:
+        from redis.asyncio.cluster import ClusterPipeline
+
+        Pipeline.execute = self._original_pipe
+        ClusterPipeline.execute = self._original_cluster_pipe
+
+
+def _whole_reads(commands: list[tuple], trace_key: str) -> int:
+    """XRANGEs of the trace from its first entry without a count (a read of the whole trace)."""
+    def text(value) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return sum(
+        1 for c in commands
+        if text(c[0]).upper() == "XRANGE" and text(c[1]) == trace_key and text(c[2]) == "-" and "COUNT" not in map(text, c[3:])
+    )
+
+
+async def test_no_step_of_the_agent_loop_reads_the_whole_trace_once_it_is_folded(redis, keys, services, store):  # noqa: F811
+    proc = await services.start("p1", "agent-loop")
+    await services.start("p2", "tool-worker")
+    recorder = _Recorder(proc.redis)
+    try:
+        for n in range(8):
+            if n == 1:
+                recorder.commands.clear()  # the first turn folded the trace (a new one: nothing to read)
+            await publish(redis, keys, trace_id="r4", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) record(v{n})")
+            assert (await wait_reply(redis, keys, f"t{n}")).status == "ended"
+    finally:
+        recorder.close()
+    assert recorder.commands, "nothing was recorded"
+    assert _whole_reads(recorder.commands, keys.trace("r4")) == 0
+    assert not any(str(c[0]).upper() == "INCR" for c in recorder.commands)  # fencing tokens: a counter per trace
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# Commands a service sends on a timer, not per turn: claiming idle entries, renewing the claims of
+# entries in hand, trimming, pruning idle consumers, the watchdog's look at waiting traces.
+_HOUSEKEEPING_SCRIPTS = ("local kept = {}", "XINFO", "MINID")
+_HOUSEKEEPING = {"XAUTOCLAIM", "XPENDING", "XINFO", "XTRIM", "ZRANGEBYSCORE", "INFO"}
+
+
+def _per_turn(recorders: dict[str, _Recorder], sources: dict[str, str], deltas: str, turns: int) -> dict[str, dict[str, float]]:
+    """Commands per turn by service and command (a script by its first words), housekeeping and
+    the token-delta stream apart."""
+    out: dict[str, dict[str, float]] = {}
+    for service, recorder in recorders.items():
+        counts: dict[str, float] = {}
+        for command in recorder.commands:
+            name = _text(command[0]).upper()
+            if name in _HOUSEKEEPING:
+                continue
+            if name in ("EVALSHA", "EVAL"):
+                script, body = sources.get(_text(command[1]), ("?", _text(command[1])))
+                if any(word in body for word in _HOUSEKEEPING_SCRIPTS):
+                    continue
+                name = f"{name} {script}"
+            elif len(command) > 1 and _text(command[1]) == deltas:
+                continue  # one per streamed piece of the model's output (the bench's model streams none)
+            else:
+                name = f"{name} {_text(command[1]).rsplit(':', 1)[-1]}" if len(command) > 1 else name
+            counts[name] = counts.get(name, 0) + 1 / turns
+        out[service] = counts
+    return out
+
+
+def _script_sources() -> dict[str, tuple[str, str]]:
+    """``(name, Lua)`` of every script the runtime runs, by SHA-1 (to name EVALSHA calls)."""
+    import hashlib
+
+    from agentstream.runtime import claims, consumer, conversations, store, retention as trimming
+    from agentstream.runtime import watchdog
+    from agentstream.runtime import call_runs as calls
+
+    out = {}
+    for module in (store, consumer, claims, conversations, trimming, watchdog, calls):
+        for name, value in vars(module).items():
+            if isinstance(value, str) and "redis.call" in value:
+                out[hashlib.sha1(value.encode()).hexdigest()] = (f"{module.__name__.rsplit('.', 1)[-1]}.{name}", value)
+    for script in ("_START_LUA", "_COUNT_LUA"):  # as EVAL: by their text
+        value = getattr(claims, script)
+        out[value] = (f"claims.{script}", value)
+    return out
+
+
+COMMANDS_PER_TURN = 20
+"""Issue 12's bound: the Redis commands of one tool-using turn (1 tool round and an answer), all
+services together, housekeeping on timers and token deltas apart."""
+
+
+async def test_a_tool_using_turn_costs_at_most_20_redis_commands_whatever_the_conversation_length(
+    redis, keys, services, store  # noqa: F811
+):
+    services.env["AGENTSTREAM_BLOCK_MS"] = "5000"  # few idle polls (they are set apart anyway)
+    loop = await services.start("p1", "agent-loop")
+    worker = await services.start("p2", "tool-worker")
+    for n in range(3):  # the conversation is folded, the groups exist
+        await publish(redis, keys, trace_id="r5", turn_id=f"w{n}", agent="plan", text=f"do: work({n})")
+        assert (await wait_reply(redis, keys, f"w{n}")).status == "ended"
+    sources = _script_sources()
+    rounds: list[dict[str, dict[str, float]]] = []
+    turns = 8
+    for round_ in range(2):  # a short conversation, then the same one 20 turns longer
+        recorders = {"agent loop": _Recorder(loop.redis), "tool worker": _Recorder(worker.redis)}
+        try:
+            for n in range(turns):
+                await publish(redis, keys, trace_id="r5", turn_id=f"t{round_}-{n}", agent="plan", text=f"do: work({n})")
+                assert (await wait_reply(redis, keys, f"t{round_}-{n}")).status == "ended"
+        finally:
+            for recorder in recorders.values():
+                recorder.close()
+        rounds.append(_per_turn(recorders, sources, keys.deltas("r5"), turns))
+        for n in range(20 if round_ == 0 else 0):
+            await publish(redis, keys, trace_id="r5", turn_id=f"long-{n}", agent="plan", text=f"do: work({n})")
+            assert (await wait_reply(redis, keys, f"long-{n}")).status == "ended"
+    for per_turn in rounds:
+        total = sum(sum(c.values()) for c in per_turn.values())
+        breakdown = {s: {k: round(v, 2) for k, v in sorted(c.items(), key=lambda kv: -kv[1])} for s, c in per_turn.items()}
+        print(f"commands per tool-using turn: {total:.2f}", breakdown)
+        assert total <= COMMANDS_PER_TURN, breakdown
+        assert not any(k.startswith(("XRANGE", "XREVRANGE")) for c in per_turn.values() for k in c), breakdown
+    first, later = (sum(sum(c.values()) for c in r.values()) for r in rounds)
+    assert later <= first + 0.5  # no command more for a longer conversation
+
+
+async def test_a_tool_job_reads_no_event_of_its_trace(redis, keys, services, store):  # noqa: F811
+    await services.start("p1", "agent-loop")
+    worker = await services.start("p2", "tool-worker")
+    for n in range(6):  # a conversation with some history
+        await publish(redis, keys, trace_id="r6", turn_id=f"w{n}", agent="plan", text=f"do: work({n}) record(k{n})")
+        assert (await wait_reply(redis, keys, f"w{n}")).status == "ended"
+    recorder = _Recorder(worker.redis)
+    try:
+        await publish(redis, keys, trace_id="r6", turn_id="t1", agent="plan", text="do: work(3) record(last)")
+        reply = await wait_reply(redis, keys, "t1")
+    finally:
+        recorder.close()
+    assert reply.status == "ended" and reply.answer == "Results: worked 3 ms | recorded last"
+    trace = keys.trace("r6")
+    reads = [c for c in recorder.commands if _text(c[0]).upper() in ("XRANGE", "XREVRANGE", "XREAD") and trace in map(_text, c)]
+    assert reads == []  # the call was checked, claimed and its run key taken by one script
+
+
+async def test_a_job_for_a_call_recorded_without_its_marker_reads_only_its_turn(redis, keys, services, store):  # noqa: F811
+    # a model output appended by a version that did not mark its calls: the job is checked by
+    # reading its turn, from the turn's input on, and still runs once
+    await services.start("p1", "agent-loop")
+    for n in range(4):
+        await publish(redis, keys, trace_id="r7", turn_id=f"w{n}", agent="plan", text="say: hello")
+        assert (await wait_reply(redis, keys, f"w{n}")).status == "ended"
+    turn = TurnInput(turn_id="t1", agent="plan", text="do: work(1)")
+    await store.append("r7", turn)
+    output = ModelOutput(turn_id="t1", step=0, stop_reason="tool_calls",
+                         tool_calls=(ToolCall(id="old-call", name="work", arguments='{"ms": 1}'),))
+    await store.append("r7", output)
+    await redis.hdel(keys.trace_keys("r7"), "call:old-call")  # as an older version wrote it
+    worker = await services.start("p2", "tool-worker")
+    recorder = _Recorder(worker.redis)
+    try:
+        job = ToolJob(trace_id="r7", turn_id="t1", call_id="old-call", name="work", arguments='{"ms": 1}')
+        await redis.xadd(keys.tools("default"), {JOB_FIELD: codec.encode(job)})
+        await wait_for(lambda: store.has_key("r7", "result:old-call"), 15, "the call's result")
+    finally:
+        recorder.close()
+    turn_entry = _text(await redis.hget(keys.trace_keys("r7"), "turn:t1"))
+    reads = [c for c in recorder.commands if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == keys.trace("r7")]
+    assert [_text(c[2]) for c in reads] == [turn_entry]  # from the turn's input, not from the first entry
+    results = [e for e in await events_of(store, "r7") if isinstance(e, ToolOutput) and e.call_id == "old-call"]
+    assert len(results) == 1 and results[0].error is None
+
+
+async def test_a_service_client_holds_more_commands_in_flight_than_redis_py_s_default_pool(redis_url, keys):
+    # redis-py 8 caps a pool at 100 connections; a busy agent loop has more handlers and blocking
+    # reads in flight than that (64 conversations: "Too many connections" on every other step)
+    from agentstream.runtime.connection import connect
+
+    client = connect(redis_url, block_ms=1000)
+    try:
+        stream = f"{keys.namespace}:idle"
+        replies = await asyncio.gather(*(client.xread({stream: "$"}, block=300) for _ in range(150)))
+        assert replies == [[]] * 150 or all(not r for r in replies)
+    finally:
+        await client.aclose()
+
+
+async def test_conversations_whose_folds_are_evicted_by_the_byte_bound_fold_again_correctly(redis, keys, services, store):  # noqa: F811
+    # a cache too small for two conversations: each step of one evicts the other's fold, whose
+    # next step folds it again from its first entry; answers and requests are as from scratch
+    services.env["AGENTSTREAM_FOLD_CACHE_BYTES"] = "1"
+    proc = await services.start("p1", "agent-loop", "tool-worker")
+    for n in range(4):
+        for trace in ("e1", "e2"):
+            await publish(redis, keys, trace_id=trace, turn_id=f"{trace}-t{n}", agent="plan", text=f"do: work({n}) record({trace}{n})")
+            reply = await wait_reply(redis, keys, f"{trace}-t{n}")
+            assert reply.status == "ended" and reply.answer == f"Results: worked {n} ms | recorded {trace}{n}"
+    assert proc.loop.folds.evictions >= 6 and len(proc.loop.folds) == 1
+    for trace in ("e1", "e2"):
+        events = await events_of(store, trace)
+        assert [e.turn_id for e in events if isinstance(e, TurnInput)] == [f"{trace}-t{n}" for n in range(4)]
+        _verify(proc, events)  # every model call's request rebuilds, byte for byte, from the trace

@@ -1,0 +1,188 @@
+"""agentstream.app.testing: the model doubles and the in-process test bed, on a real Redis, with the
+README's app and its example tests run as written."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+from agentstream import Agent, App, tool
+from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded
+from agentstream.app.testing import FunctionModel, RealModelCallBlocked, ScriptedModel, TestBed, TestModel, UnexpectedModelCall, call
+
+pytestmark = pytest.mark.integration
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_blocks(after_heading: str) -> list[str]:
+    text = README.read_text()
+    section = text[text.index(after_heading):]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def readme_app(*, model_answers: bool = True) -> App:
+    """The README's first app; with ``model_answers`` its agent answers from the tool's result
+    itself (without ``result_as_answer``), so a model double is called after the tool."""
+    (code, *_) = readme_blocks("## Your app")
+    module = types.ModuleType("readme_app")
+    exec(compile(code, "README.md (Your app)", "exec"), module.__dict__)
+    if not model_answers:
+        return module.app
+    return App(agents=[dataclasses.replace(a, result_as_answer=()) for a in module.app.agents])
+
+
+async def test_the_readme_app_example_tests_pass_as_written(redis_url):
+    app = readme_app(model_answers=False)
+    tests_code = readme_blocks("### Testing your app")[0]
+    module = types.ModuleType("readme_tests")
+    module.app = app
+    exec(compile(tests_code.replace("TestBed(app,", f"TestBed(app, redis_url={redis_url!r},"), "README.md (Testing your app)", "exec"), module.__dict__)
+    tests = [v for k, v in vars(module).items() if k.startswith("test_")]
+    assert len(tests) == 2
+    for test in tests:
+        await test()
+
+
+async def test_test_model_calls_every_tool_once_then_answers_with_the_results(redis_url):
+    app = readme_app()
+    model = TestModel()
+    async with TestBed(app, model=model, redis_url=redis_url) as bed:
+        reply = await bed.ask("Weather?")
+        events = await bed.trace(reply.trace_id)
+    assert reply.status == "ended" and reply.answer == '{"get_weather": "18C, cloudy in a"}'
+    outputs = [e for e in events if isinstance(e, ModelOutput)]
+    assert [len(o.tool_calls) for o in outputs] == [1, 0]
+    assert outputs[0].tool_calls[0].name == "get_weather" and outputs[0].tool_calls[0].arguments == '{"city": "a"}'
+    assert len(model.requests) == 2 and [t.name for t in model.requests[0].tools] == ["get_weather"]
+
+
+async def test_a_second_turn_continues_the_conversation(redis_url):
+    app = readme_app()
+    async with TestBed(app, model=TestModel(answer="ok"), redis_url=redis_url) as bed:
+        first = await bed.ask("one")
+        second = await bed.ask("two", trace_id=first.trace_id)
+        events = await bed.trace(first.trace_id)
+    assert second.answer == "ok"
+    assert sum(isinstance(e, TurnEnded) for e in events) == 2
+
+
+async def test_function_model_follows_a_rule_and_sees_the_results(redis_url):
+    app = readme_app()
+
+    def rule(request, info):
+        if not info.results:
+            return call("get_weather", {"city": info.user_text.split()[-1].rstrip("?"), "unit": "F"})
+        return f"the tool said: {info.results[0].text}"
+
+    async with TestBed(app, model=FunctionModel(rule), redis_url=redis_url) as bed:
+        reply = await bed.ask("Weather in Oslo?")
+    assert reply.answer == "the tool said: 18F, cloudy in Oslo"
+
+
+async def test_scripted_model_fails_the_test_on_an_unexpected_call(redis_url):
+    app = readme_app()
+    script = ScriptedModel([call("get_weather", {"city": "Rome"})])  # no reply for the second call
+    with pytest.raises(UnexpectedModelCall, match="past the end of the script"):
+        async with TestBed(app, model=script, redis_url=redis_url) as bed:
+            await bed.ask("Weather in Rome?")
+
+
+async def test_scripted_model_fails_the_test_on_unconsumed_replies(redis_url):
+    app = readme_app()
+    script = ScriptedModel(["first answer", "never asked"])
+    with pytest.raises(UnexpectedModelCall, match="1 scripted reply was never asked for"):
+        async with TestBed(app, model=script, redis_url=redis_url) as bed:
+            reply = await bed.ask("hello")
+            assert reply.answer == "first answer"
+
+
+async def test_bad_arguments_from_a_double_reach_the_model_as_an_error_result(redis_url):
+    app = readme_app()
+    script = ScriptedModel([call("get_weather", "{not json"), lambda request, info: f"saw: {info.results[0].text[:40]}"])
+    async with TestBed(app, model=script, redis_url=redis_url) as bed:
+        reply = await bed.ask("Weather?")
+        events = await bed.trace(reply.trace_id)
+    (result,) = [e for e in events if isinstance(e, ToolOutput)]
+    assert result.error and reply.answer.startswith("saw: ")
+
+
+async def test_real_model_calls_are_impossible_unless_opted_in(redis_url, monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_MODEL", "real-model")
+    app = readme_app()
+    async with TestBed(app, redis_url=redis_url) as bed:  # no double given: TestModel, never HTTP
+        reply = await bed.ask("Weather?")
+        assert reply.status == "ended"
+        assert isinstance(bed.doubles["default"], TestModel)
+        with pytest.raises(RealModelCallBlocked, match="real model calls are off"):
+            await bed._http.post("https://api.openai.com/v1/chat/completions")
+    async with TestBed(app, redis_url=redis_url, allow_model_requests=True, settings={"model_retries": 0}) as bed:
+        reply = await bed.ask("Weather?")  # the configured endpoint, for real: nothing listens there
+    assert reply.status == "failed" and reply.code == "model_error"
+
+
+async def test_a_tool_that_raises_and_a_slow_tool_are_run_by_the_workers(redis_url):
+    import asyncio
+
+    @tool(timeout_s=5)
+    async def slow(seconds: float = 0.3) -> str:
+        """Sleeps."""
+        await asyncio.sleep(seconds)
+        return "slept"
+
+    @tool
+    def broken() -> str:
+        """Fails."""
+        raise RuntimeError("kaput")
+
+    app = App(agents=[Agent(name="a", system_prompt="s", tools=[slow, broken], max_passes=3)])
+    async with TestBed(app, model=TestModel(), redis_url=redis_url) as bed:
+        reply = await bed.ask("go")
+        results = {e.name: e for e in await bed.trace(reply.trace_id) if isinstance(e, ToolOutput)}
+    assert results["slow"].text == "slept" and not results["slow"].error
+    assert results["broken"].error and "kaput" in results["broken"].text
+    assert reply.status == "ended"
+
+
+async def test_the_bed_runs_on_the_embedded_redis_without_a_url(monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    app = readme_app()
+    async with TestBed(app, model=TestModel(answer="hi")) as bed:
+        assert bed.redis_url.startswith("unix://")
+        assert (await bed.ask("hello")).answer == "hi"
+
+
+async def test_an_app_with_several_agents_needs_the_agent_named(redis_url):
+    app = App(agents=[Agent(name="x", system_prompt="s"), Agent(name="y", system_prompt="s")])
+    async with TestBed(app, model=TestModel(answer="fine"), redis_url=redis_url) as bed:
+        with pytest.raises(ValueError, match="name one with agent="):
+            await bed.ask("hi")
+        assert (await bed.ask("hi", agent="y")).answer == "fine"
+
+
+async def test_the_bed_asks_with_a_typed_input(redis_url):
+    from agentstream import ChatTurnInput, ToolDeclaration
+
+    @tool
+    def forecast(city: str) -> str:
+        """The forecast."""
+        return f"sun in {city}"
+
+    seen = []
+
+    def rule(request, info):
+        seen.append(([t.name for t in request.tools], request.messages[-1].text))
+        return "ok"
+
+    app = App(agents=[Agent(name="w", system_prompt="S", input=ChatTurnInput, tools=[forecast],
+                            declared=[ToolDeclaration(name="forecast", default="off")])])
+    async with TestBed(app, model=FunctionModel(rule), redis_url=redis_url) as bed:
+        assert (await bed.ask("Hi")).answer == "ok"
+        assert (await bed.ask(input={"text": "Oslo?", "tools": {"forecast": "required"}})).answer == "ok"
+    assert seen == [([], "Hi"), (["forecast"], "Oslo?\n\nUse the forecast tool for this message.")]

@@ -1,0 +1,81 @@
+"""The README's Redis ACL for a backend, exercised as written (issue 11): a backend user that may
+only XADD to the turns and cancel streams and read its own replies stream gets its answer, and
+is refused everything else. A Redis 7 server of its own (ACL rules change server state)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import NoPermissionError, ResponseError
+
+from agentstream.wire import codec
+from agentstream.wire.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
+from tests.support import apps
+from tests.support.inprocess import InProcess, wait_for
+
+pytestmark = pytest.mark.integration
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_acl(namespace: str) -> list[str]:
+    """The ACL SETUSER line of the README, with the namespace put in for `agentstream`."""
+    match = re.search(r"^ACL SETUSER backend-7 .*$", README.read_text(), re.M)
+    assert match, "the README's Security section shows no ACL SETUSER backend-7 line"
+    return match.group(0).replace("agentstream:", f"{namespace}:").split()[2:]
+
+
+async def test_the_readme_acl_confines_a_backend_to_turns_cancels_and_its_replies(redis7_url, namespace, scripted_model):
+    keys = Keys(namespace)
+    admin = aioredis.Redis.from_url(redis7_url)
+    rules = readme_acl(namespace)
+    user = f"backend-{namespace}"
+    password = next(r[1:] for r in rules if r.startswith(">"))
+    await admin.execute_command("ACL", "SETUSER", user, *rules[1:])
+    host_port = redis7_url.split("://", 1)[1]
+    backend = aioredis.Redis.from_url(f"redis://{user}:{password}@{host_port}")
+    services = InProcess(apps.app, redis7_url, namespace, scripted_model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+    mine = f"{keys.replies}:backend-7"
+    try:
+        await services.start("p1", "agent-loop", "tool-worker")
+        turn = {"trace_id": "conv-acl", "turn_id": "t1", "agent": "calc", "text": "What is 6 * 7?", "reply_to": mine}
+        await backend.xadd(keys.turns, {TURN_FIELD: json.dumps(turn)})
+
+        async def my_reply():
+            got = await backend.xread({mine: "0"}, count=10, block=100)
+            return got[0][1] if got else None
+
+        ((_, fields),) = await wait_for(my_reply, what="the backend's reply")
+        reply = codec.decode_reply(fields[REPLY_FIELD])
+        assert reply.status == "ended" and reply.answer == "The answer is 42.", reply
+        await backend.xadd(keys.cancel, {CANCEL_FIELD: json.dumps({"trace_id": "conv-acl"})})
+        assert await backend.ping()
+
+        refused = [
+            backend.xadd(keys.wake, {WAKE_FIELD: b'{"trace_id":"conv-acl"}'}),  # another work stream
+            backend.xadd(keys.tools("default"), {b"job": b"{}"}),
+            backend.xadd(mine, {REPLY_FIELD: b"{}"}),  # forge a reply
+            backend.xadd(keys.trace("conv-acl"), {b"e": b"{}"}),  # write a trace
+            backend.xrange(keys.trace("conv-acl")),  # read a conversation
+            backend.xrange(keys.replies),  # read others' replies
+            backend.xrange(f"{keys.replies}:backend-8"),
+            backend.xrange(keys.turns),  # read others' turns
+            backend.delete(keys.turns),
+            backend.hgetall(keys.trace_keys("conv-acl")),
+            backend.eval("return 1", 0),
+            backend.keys("*"),
+            backend.flushdb(),
+        ]
+        for attempt in refused:
+            with pytest.raises((NoPermissionError, ResponseError)) as caught:
+                await attempt
+            assert "NOPERM" in str(caught.value) or "permission" in str(caught.value).lower(), caught.value
+    finally:
+        await services.stop_all()
+        await backend.aclose()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
