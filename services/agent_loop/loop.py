@@ -292,7 +292,7 @@ class AgentLoop:
             turn_id=message.turn_id, agent=message.agent, text=message.text or "", metadata=message.metadata, reply_to=message.reply_to
         )
         if first_entry == entry_id or absorbed:
-            await self._ensure_reply(message.trace_id, turn, ending, fold)
+            await self._ensure_reply_unheld(message.trace_id, turn, ending, fold)
             return
         if isinstance(original, TaskInput):
             log.info("turn %s of trace %s is a delegated task that ended; its parent has its result", message.turn_id, message.trace_id)
@@ -309,7 +309,7 @@ class AgentLoop:
         fold = await self._current_fold(turn.trace_id)
         ending = fold.ending(turn.turn_id)
         if ending is not None:  # rejected before (a re-delivery)
-            await self._ensure_reply(turn.trace_id, routing, ending, fold)
+            await self._ensure_reply_unheld(turn.trace_id, routing, ending, fold)
             return False
         running = fold.active_turn()
         if running is None:
@@ -866,11 +866,21 @@ class AgentLoop:
         for turn_id, step, step_jobs in jobs:  # their marker in the key hash: a step's jobs go out once
             entries.extend((stream, {field: payload}) for _call_id, stream, field, payload in step_jobs)
             marks.append(_jobs_marker(turn_id, step))
-        outcome, entry_ids = await self.store.publish_and_release(trace_id, token, entries, marks=marks)
+        # The fold is this process's, shared with the next task here that takes the lease; once
+        # Redis has run the release, such a task (a cancel's or a wake-up's hint) may take the
+        # lease before this one has the answer (on a cluster the pipeline also waits on the other
+        # nodes), and must find what went out already noted, or it publishes it again: noted
+        # first, and undone when the release failed.
         self._confirm(fold, marks)
+        for turn_id, step, _step_jobs in jobs:
+            fold.notes[("jobs", turn_id, step)] = True
+        try:
+            outcome, entry_ids = await self.store.publish_and_release(trace_id, token, entries, marks=marks)
+        except BaseException:
+            _unconfirm(fold, marks)
+            raise
         ids = iter(entry_ids[first:])
         for turn_id, step, step_jobs in jobs:
-            fold.notes[("jobs", turn_id, step)] = True
             # where each job went, for the watchdog of waiting turns
             sent = [(call_id, stream, next(ids)) for call_id, stream, _, _ in step_jobs]
             await record_jobs(self.redis, self.keys, trace_id, turn_id, sent)
@@ -920,6 +930,22 @@ class AgentLoop:
         if fold is not None:
             self._confirm(fold, [marker])
 
+    async def _ensure_reply_unheld(self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, fold: TraceFold) -> None:
+        """:meth:`_ensure_reply` for a handler that does not hold the trace's lease.
+
+        The step loop publishes the replies its own endings owe without asking Redis first (it
+        wrote them; nobody else publishes under its lease), so a reply published here outside the
+        lease, between an ending and the holder's release, went out twice. The marker is read
+        first (the common case: sent long ago); when it is missing the reply goes out under the
+        lease, or, when the lease is held (its holder publishes the reply), this raises
+        :class:`~agentstream.errors.Deferred` and the entry comes back once that lease would
+        have expired.
+        """
+        if await self.store.has_key(trace_id, f"reply:{ending.turn_id}"):
+            return
+        async with self._lease(trace_id):
+            await self._ensure_reply(trace_id, turn, ending, fold)
+
     def _reply_stream(self, turn: TurnInput | None) -> str:
         """Where a turn's reply goes: its ``reply_to`` when the wire's rules allow it (checked again
         here, for turns stored before a rule changed), else the default replies stream."""
@@ -927,6 +953,19 @@ class AgentLoop:
         if wanted and wire.reply_stream_refusal(wanted, self.keys, self.limits) is None:
             return wanted
         return self.keys.replies
+
+
+def _unconfirm(fold: TraceFold, marks: list[str]) -> None:
+    """Undo what :meth:`AgentLoop._confirm` and the release noted in ``fold`` for ``marks`` whose
+    writes failed: a turn's reply is owed again (checked in Redis before it goes out), a step's
+    jobs unknown (checked in Redis before they are published)."""
+    for mark in marks:
+        kind, _, rest = mark.partition(":")
+        if kind == "reply":
+            fold.unconfirmed[rest] = None
+        elif kind == "jobs":
+            turn_id, _, step = rest.rpartition(":")
+            fold.notes.pop(("jobs", turn_id, int(step)), None)
 
 
 def _turn_time_left_s(entries, turn_id: str, deadline_s: float | None) -> float | None:

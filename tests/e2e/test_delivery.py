@@ -123,6 +123,8 @@ def test_agentstream_cancel_stops_a_turn_and_waits_for_its_end(client, keys, ser
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "turn failed (cancelled)" in proc.stdout and "no longer needed" in proc.stdout
+    wait_replies(client, keys, 1)
+    time.sleep(0.5)  # a second reply (the cancel's hint racing the step loop's release) would be here by now
     (reply,) = wait_replies(client, keys, 1)
     assert reply.code == "cancelled"
 
