@@ -439,3 +439,28 @@ async def _not_awaiting(redis, keys, trace_id):
     from agentstream.runtime.watchdog import awaiting_key
 
     return await redis.zscore(awaiting_key(keys, keys.partition(trace_id)), trace_id) is None
+
+
+async def test_the_watchdog_still_reads_the_per_call_records_of_an_older_version(redis, keys):
+    # Before the ``awaited`` record, each call's job had its own ``job:<call id>`` field; a trace
+    # left waiting by that version across an upgrade is still watched.
+    import json
+    import time
+
+    from agentstream.runtime.watchdog import Watchdog, awaiting_key
+
+    ended = []
+
+    async def end_turn(trace_id, turn_id, vanished):
+        ended.append((trace_id, turn_id, [v.call_id for v in vanished]))
+
+    stream = keys.tools_for("default", "w9")
+    kept = (await redis.xadd(stream, {b"job": b"x"})).decode()  # still waits (no group has read it)
+    await redis.hset(keys.trace_keys("w9"), mapping={
+        "job:c1": json.dumps(["t1", stream, "1-1"]),  # its entry is gone
+        "job:c2": json.dumps(["t1", stream, kept]),
+        "job:c3": json.dumps(["t0", stream, "1-2"]), "end:t0": "1",  # an ended turn's: not looked at
+    })
+    await redis.zadd(awaiting_key(keys, keys.partition("w9")), {"w9": int(time.time() * 1000) - 60_000})
+    assert await Watchdog(redis, keys, end_turn, interval_s=1.0, partition=keys.partition("w9")).check_once() == 1
+    assert ended == [("w9", "t1", ["c1"])]

@@ -314,3 +314,28 @@ async def test_conversations_whose_folds_are_evicted_by_the_byte_bound_fold_agai
         events = await events_of(store, trace)
         assert [e.turn_id for e in events if isinstance(e, TurnInput)] == [f"{trace}-t{n}" for n in range(4)]
         _verify(proc, events)  # every model call's request rebuilds, byte for byte, from the trace
+
+
+async def test_the_watchdogs_look_at_a_waiting_trace_reads_only_its_latest_step(redis, keys, services, store):  # noqa: F811
+    # A long conversation's key hash holds markers of every turn and call; the watchdog looks at
+    # each trace that waits on slow tools every interval, so it reads only the waiting step's.
+    services.env["AGENTSTREAM_WATCHDOG_INTERVAL_MS"] = "200"
+    proc = await services.start("p1", "agent-loop")  # no tool worker: the job waits
+    old = {f"{kind}:old-{n}": b"1" for n in range(3000) for kind in ("result", "reply", "jobs")}
+    await redis.hset(keys.trace_keys("r6"), mapping=old)  # as 3,000 earlier turns would leave it
+    recorder = _Recorder(proc.redis)
+    try:
+        await publish(redis, keys, trace_id="r6", turn_id="t1", agent="plan", text="do: work(1) work(2)")
+        await wait_for(lambda: store.has_key("r6", "jobs:t1:0"), 10, "the jobs published")
+        (first, _second) = [eid for eid, _ in await redis.xrange(keys.tools_for("default", "r6"))]
+        await asyncio.sleep(0.6)  # rounds of the watchdog while both jobs only wait for a worker
+        assert not await store.has_key("r6", "end:t1")
+        await redis.xdel(keys.tools_for("default", "r6"), first)  # one job vanishes
+        reply = await wait_reply(redis, keys, "t1", timeout_s=15)
+    finally:
+        recorder.close()
+    assert reply.status == "failed" and reply.code == "lost_work" and "vanished" in reply.reason
+    whole = [c for c in recorder.commands if _text(c[0]).upper() in ("HGETALL", "HKEYS", "HVALS", "HSCAN")]
+    assert not whole, whole[:3]
+    reads = [c for c in recorder.commands if _text(c[0]).upper() == "HMGET" and _text(c[1]) == keys.trace_keys("r6")]
+    assert reads and max(len(c) for c in reads) <= 2 + 2 * 2 + 2  # the record; each call's and the turn's markers

@@ -5,9 +5,12 @@ results wake it. If a job vanishes without a result (its entry deleted or trimme
 pending, acknowledged without a result by hand or by a bug, its stream flushed), nothing would
 ever wake the turn, and every later turn of the conversation would queue behind it. So:
 
-- When the agent loop publishes a step's jobs it records, per call, where its job went
-  (``job:<call id>`` in the trace's key hash: turn, stream, entry id) and puts the trace in the
-  namespace's *awaiting* set (a sorted set scored by publish time), see :func:`record_jobs`.
+- When the agent loop publishes a step's jobs it records where each call's job went
+  (``awaited`` in the trace's key hash: turn, call id, stream and entry id of each call of that
+  step; the next step's record replaces it, since a turn only ever waits on its latest step) and
+  puts the trace in the namespace's *awaiting* set (a sorted set scored by publish time), see
+  :func:`record_jobs`. A look at a trace reads that record and the markers of its calls (two
+  HMGETs), never the whole key hash, which grows with the conversation.
 - Every agent-loop process runs a :class:`Watchdog`: every ``interval_s`` it looks at the traces
   in that set that have waited at least that long. A call without a result whose job is still
   alive (its entry not yet delivered to a group, pending in one, or its call held by a running
@@ -20,7 +23,7 @@ ever wake the turn, and every later turn of the conversation would queue behind 
 Delegation jobs are not watched here: a delegated call's work is its child trace, which the
 delegation service's supervisor ends at its deadline.
 
-Redis references: XINFO GROUPS, XPENDING, XRANGE, ZRANGEBYSCORE.
+Redis references: HMGET, XINFO GROUPS, XPENDING, XRANGE, ZRANGEBYSCORE.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ log = logging.getLogger("agentstream.runtime.watchdog")
 LOST_WORK_CODE = "lost_work"
 """The TurnFailed code of a turn whose awaited work vanished."""
 
-_JOB_PREFIX = "job:"
+AWAITED_FIELD = "awaited"
+"""The key-hash field that records the jobs of a trace's latest step (see :func:`record_jobs`)."""
+
+_JOB_PREFIX = "job:"  # per call, as versions before AWAITED_FIELD recorded them (still read)
 
 # KEYS: awaiting set. ARGV: member, score seen. Removes the member only if its score is still
 # the one seen (a newer publish re-scored it meanwhile: it stays).
@@ -65,12 +71,14 @@ def awaiting_key(keys: Keys, partition: int = 0) -> str:
 
 async def record_jobs(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, jobs: Sequence[tuple[str, str, str]]) -> None:
     """Record where each job of a step went, ``jobs`` = ``[(call id, stream, entry id)]``, and
-    put the trace in the awaiting set (see the module docstring)."""
+    put the trace in the awaiting set (see the module docstring): ``HSET awaited`` with the JSON
+    list ``[[turn id, call id, stream, entry id], ...]`` (replacing the previous step's), and
+    ``ZADD`` of the trace scored by the time in milliseconds; one round trip."""
     if not jobs:
         return
-    mapping = {f"{_JOB_PREFIX}{call_id}": json.dumps([turn_id, stream, entry_id]) for call_id, stream, entry_id in jobs}
+    record = json.dumps([[turn_id, call_id, stream, entry_id] for call_id, stream, entry_id in jobs])
     pipe = redis.pipeline(transaction=False)
-    pipe.hset(keys.trace_keys(trace_id), mapping=mapping)
+    pipe.hset(keys.trace_keys(trace_id), AWAITED_FIELD, record)
     pipe.zadd(awaiting_key(keys, keys.partition(trace_id)), {trace_id: int(time.time() * 1000)})
     await pipe.execute()
 
@@ -151,17 +159,36 @@ class Watchdog:
                 log.exception("the watchdog could not check trace %s", trace_id)
         return ended
 
-    async def _check(self, trace_id: str, score: float) -> int:
-        hashed = {_s(k): _s(v) for k, v in (await self.redis.hgetall(self.keys.trace_keys(trace_id))).items()}
-        waiting: dict[str, tuple[str, str, str]] = {}
-        for key, value in hashed.items():
-            if not key.startswith(_JOB_PREFIX):
-                continue
-            call_id = key[len(_JOB_PREFIX):]
+    async def _recorded(self, trace_id: str) -> dict[str, tuple[str, str, str]]:
+        """The calls recorded for the trace's latest step → ``{call id: (turn id, stream, entry
+        id)}`` (one HMGET; a trace recorded by an older version: its ``job:`` fields, by HSCAN)."""
+        key = self.keys.trace_keys(trace_id)
+        (record,) = await self.redis.hmget(key, [AWAITED_FIELD])
+        recorded: dict[str, tuple[str, str, str]] = {}
+        if record is not None:
+            try:
+                for turn_id, call_id, stream, entry_id in json.loads(record):
+                    recorded[str(call_id)] = (str(turn_id), str(stream), str(entry_id))
+            except (ValueError, TypeError):
+                log.warning("trace %s: unreadable %r record in its key hash; not watched", trace_id, AWAITED_FIELD)
+            return recorded
+        async for field, value in self.redis.hscan_iter(key, match=f"{_JOB_PREFIX}*", count=500):
             try:
                 turn_id, stream, entry_id = json.loads(value)
             except (ValueError, TypeError):
                 continue
+            recorded[_s(field)[len(_JOB_PREFIX):]] = (str(turn_id), str(stream), str(entry_id))
+        return recorded
+
+    async def _check(self, trace_id: str, score: float) -> int:
+        recorded = await self._recorded(trace_id)
+        turns = sorted({turn_id for turn_id, _, _ in recorded.values()})
+        fields = [f"{kind}:{call_id}" for call_id in recorded for kind in ("result", "claim")]
+        fields += [f"{kind}:{turn_id}" for turn_id in turns for kind in ("end", "cancel")]
+        values = await self.redis.hmget(self.keys.trace_keys(trace_id), fields) if fields else []
+        hashed = {field: _s(value) for field, value in zip(fields, values, strict=True) if value is not None}
+        waiting: dict[str, tuple[str, str, str]] = {}
+        for call_id, (turn_id, stream, entry_id) in recorded.items():
             if f"result:{call_id}" in hashed or f"end:{turn_id}" in hashed or f"cancel:{turn_id}" in hashed:
                 continue
             waiting[call_id] = (turn_id, stream, entry_id)
