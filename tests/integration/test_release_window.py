@@ -19,26 +19,10 @@ from agentstream.errors import Deferred
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, TurnMessage
 from agentstream.wire.keys import REPLY_FIELD, TURN_FIELD
-from tests.support import apps
-from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
-from tests.support.scripted_model import ScriptedModelServer, parallel_rule
+from tests.integration.test_agent_loop_delivery import model, services  # noqa: F401 (fixtures)
+from tests.support.inprocess import events_of, publish, wait_for, wait_reply
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer(parallel_rule) as server:
-        yield server
-
-
-@pytest.fixture
-async def services(redis_url, namespace, model, monkeypatch):
-    monkeypatch.setenv("REDIS_URL", redis_url)
-    monkeypatch.setenv("AGENTSTREAM_NAMESPACE", namespace)
-    s = InProcess(apps.app, redis_url, namespace, model.base_url)
-    yield s
-    await s.stop_all()
 
 
 def _hint_inside_the_window(loop, trace_id: str, taken_by_hint: list) -> None:
@@ -71,7 +55,7 @@ async def _replies_of(redis, keys, turn_id: str) -> list:
     return [r for r in (codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(keys.replies)) if r.turn_id == turn_id]
 
 
-async def test_a_hint_that_takes_the_lease_just_released_does_not_reply_again(redis, keys, services, store, model):
+async def test_a_hint_that_takes_the_lease_just_released_does_not_reply_again(redis, keys, services, store):  # noqa: F811
     proc = await services.start("p1", "agent-loop", "tool-worker")
     windows: list = []
     _hint_inside_the_window(proc.loop, "w1", windows)
@@ -83,7 +67,7 @@ async def test_a_hint_that_takes_the_lease_just_released_does_not_reply_again(re
     assert len(await _replies_of(redis, keys, "t1")) == 1
 
 
-async def test_a_hint_that_takes_the_lease_just_released_does_not_publish_the_jobs_again(redis, keys, services, store, model):
+async def test_a_hint_that_takes_the_lease_just_released_does_not_publish_the_jobs_again(redis, keys, services, store):  # noqa: F811
     proc = await services.start("p1", "agent-loop")  # no tool worker: the jobs stay on their stream
     windows: list = []
     _hint_inside_the_window(proc.loop, "w2", windows)
@@ -95,7 +79,7 @@ async def test_a_hint_that_takes_the_lease_just_released_does_not_publish_the_jo
     assert await redis.xlen(keys.tools_for("default", "w2")) == 2  # one job per call, not four
 
 
-async def test_the_turns_entry_handled_again_before_the_reply_went_out_does_not_reply_twice(redis, keys, services, store, model):
+async def test_the_turns_entry_handled_again_before_the_reply_went_out_does_not_reply_twice(redis, keys, services, store):  # noqa: F811
     # The turn has ended in the trace and its step loop is about to publish the reply when the
     # entry that brought the turn is handled again (its claim lapsed, or a copy deferred earlier
     # comes back): it must leave the reply to the lease's holder, not race it.
