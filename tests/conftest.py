@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -11,6 +12,14 @@ from agentstream.wire.keys import Keys
 from agentstream.runtime.connection import connect
 from agentstream.runtime.store import TraceStore
 from tests.support.redis_server import CLUSTER_PARTITIONS, cluster_mode, test_redis_url
+
+# A suite started in the background by a shell without job control (`./.ci/run &`, `nohup ... &`)
+# inherits SIGINT ignored, and so would every process it starts: the tests of what Ctrl-C does
+# (to `run`, to the embedded Redis's start, to pytest and scripts/test) would see nothing
+# happen. Python's own handler puts it back; the processes the tests start then get SIGINT's
+# default (a caught signal is reset on exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if cluster_mode():  # the cluster pass: the work streams partitioned too, in this process and the services it starts
     os.environ.setdefault("AGENTSTREAM_PARTITIONS", CLUSTER_PARTITIONS)
