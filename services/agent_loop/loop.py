@@ -478,29 +478,36 @@ class AgentLoop:
         log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
         metrics.TURNS_REJECTED.inc()
         if exc.trace_id and exc.turn_id:
-            if await self.store.has_key(exc.trace_id, f"turn:{exc.turn_id}"):
-                # a malformed copy of a turn the trace holds: reported; the real turn goes on
-                log.warning("turn entry %s is a malformed copy of turn %s of trace %s, which the trace holds: "
-                            "ignored, the turn goes on", entry_id, exc.turn_id, exc.trace_id)
-                await self._report(f"malformed copy of turn {exc.turn_id!r} of trace {exc.trace_id!r} (which the trace "
-                                   f"already holds; ignored): {exc.reason}", payload, source=stream or self.keys.turns_for(exc.trace_id), entry=entry_id)
-                return
-            failed = TurnFailed(turn_id=exc.turn_id, code=exc.code, reason=exc.reason)
-            # only the holder of the lease ends a turn; refusals of one trace arriving together
-            # each hold it for one append, so wait for it briefly rather than defer by a lease time
-            routing = TurnInput(turn_id=exc.turn_id, agent="", text="", metadata=exc.metadata, reply_to=exc.reply_to)
-            async with self._lease(exc.trace_id, wait_s=min(REJECT_LEASE_WAIT_S, self.lease_ttl_ms / 1000.0)) as token:
-                await self.store.append(exc.trace_id, failed, fence=token)
-                # The reply goes out and is marked sent while the lease is held: the step loop of
-                # any agent loop that takes the lease next folds this ending as owing a reply and
-                # publishes what is not marked, so a reply published after the lease went back was
-                # published twice whenever a step of the trace ran in between (its replies are
-                # published and marked only under the lease). Two refusals of one turn id are one
-                # reply for the same reason.
-                await self._ensure_reply(exc.trace_id, routing, failed)
+            # after the admissions of the trace this process started before it (a valid turn read
+            # just before a malformed copy of it enters first; the copy then finds it and is ignored)
+            async with self._admission_order(exc.trace_id):
+                await self._reject_turn(entry_id, payload, exc, stream=stream)
             return
         source = stream or (self.keys.turns_for(exc.trace_id) if exc.trace_id else self.keys.turns)
         await self._report(exc.reason, payload, source=source, entry=entry_id)
+
+    async def _reject_turn(self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None) -> None:
+        """:meth:`_reject` of a message that names its trace and turn (under the trace's admission order)."""
+        if await self.store.has_key(exc.trace_id, f"turn:{exc.turn_id}"):
+            # a malformed copy of a turn the trace holds: reported; the real turn goes on
+            log.warning("turn entry %s is a malformed copy of turn %s of trace %s, which the trace holds: "
+                        "ignored, the turn goes on", entry_id, exc.turn_id, exc.trace_id)
+            await self._report(f"malformed copy of turn {exc.turn_id!r} of trace {exc.trace_id!r} (which the trace "
+                               f"already holds; ignored): {exc.reason}", payload, source=stream or self.keys.turns_for(exc.trace_id), entry=entry_id)
+            return
+        failed = TurnFailed(turn_id=exc.turn_id, code=exc.code, reason=exc.reason)
+        # only the holder of the lease ends a turn; refusals of one trace arriving together
+        # each hold it for one append, so wait for it briefly rather than defer by a lease time
+        routing = TurnInput(turn_id=exc.turn_id, agent="", text="", metadata=exc.metadata, reply_to=exc.reply_to)
+        async with self._lease(exc.trace_id, wait_s=min(REJECT_LEASE_WAIT_S, self.lease_ttl_ms / 1000.0)) as token:
+            await self.store.append(exc.trace_id, failed, fence=token)
+            # The reply goes out and is marked sent while the lease is held: the step loop of
+            # any agent loop that takes the lease next folds this ending as owing a reply and
+            # publishes what is not marked, so a reply published after the lease went back was
+            # published twice whenever a step of the trace ran in between (its replies are
+            # published and marked only under the lease). Two refusals of one turn id are one
+            # reply for the same reason.
+            await self._ensure_reply(exc.trace_id, routing, failed)
 
     async def _report(self, error: str, payload: bytes | None, **extra: str) -> None:
         """One entry on the errors stream: a bounded excerpt of the payload, the stream capped."""

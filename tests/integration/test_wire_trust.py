@@ -105,6 +105,67 @@ async def test_answers_go_to_allowed_reply_streams_and_a_setting_widens_them(red
         await redis.delete(f"app:{namespace}:replies")
 
 
+async def test_a_reply_to_its_stream_refuses_goes_to_the_default_stream_and_the_conversation_goes_on(
+    redis_url, namespace, redis, keys, scripted_model
+):
+    # The trial: `SET <ns>:replies:str hello`, then a turn with that reply_to (it passes the
+    # pattern: only a write can tell it is no stream). Its reply's XADD failed with WRONGTYPE on
+    # every look, and as a trace's replies go out in order, every later turn of the conversation
+    # was dead-lettered behind it. The reply goes to the default stream, reported.
+    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
+                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+    bad = f"{keys.replies}:str"
+    try:
+        await redis.set(bad, "hello")
+        await services.start("p1", "agent-loop", "tool-worker")
+        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id="t1", reply_to=bad, metadata={"req": "r1"})})
+        first = await wait_for(lambda: _reply_of(redis, keys.replies, "t1"), what="t1's reply, redirected")
+        assert first.status == "ended" and first.answer == "The answer is 4." and first.metadata == {"req": "r1"}
+        errors = [f for _, f in await redis.xrange(keys.errors)]
+        assert any(bad.encode() in f[b"error"] and b"WRONGTYPE" in f[b"error"] and f.get(b"turn_id") == b"t1" for f in errors), errors
+        for n in (2, 3):  # the next turns of the conversation are answered at once
+            await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id=f"t{n}")})
+            reply = await wait_for(lambda n=n: _reply_of(redis, keys.replies, f"t{n}"), timeout_s=10, what=f"t{n}'s reply")
+            assert reply.status == "ended", reply
+        # a refused turn's failure reply, and an ended turn published again, are redirected alike
+        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG6", turn_id="r1", agent="nobody", reply_to=bad)})
+        refused = await wait_for(lambda: _reply_of(redis, keys.replies, "r1"), what="the refusal, redirected")
+        assert refused.code == "bad_turn"
+        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id="t1", reply_to=bad, metadata={"req": "r1"})})
+
+        async def twice():
+            got = [r for r in await replies_on(redis, keys.replies) if r.turn_id == "t1"]
+            return got if len(got) == 2 else None
+
+        again = await wait_for(twice, what="t1's reply again, redirected")
+        assert again[1] == again[0]
+        assert [r.turn_id for r in await replies_on(redis, keys.replies)].count("t2") == 1
+    finally:
+        await services.stop_all()
+
+
+async def test_a_malformed_copy_read_just_after_its_valid_turn_does_not_end_it(store, redis, keys):
+    # The trial: a valid turn and, 12 ms later, a malformed message with its ids, read in one
+    # batch. The refusal ran beside the admission, found no turn yet, and ended the turn
+    # `bad_turn` before its valid body entered; refusals now wait their turn as admissions do.
+    loop = AgentLoop(apps.app, store, {})
+    real = loop.store.admit_turn
+
+    async def slow_admission(*args, **kwargs):  # its round trip took a while (a loaded Redis, a new connection)
+        await asyncio.sleep(0.2)
+        return await real(*args, **kwargs)
+
+    loop.store.admit_turn = slow_admission
+    valid = {TURN_FIELD: turn_json(trace_id="hH2", turn_id="t1")}
+    malformed = {TURN_FIELD: json.dumps({"trace_id": "hH2", "turn_id": "t1", "agent": "calc", "txt": "bad copy"}).encode()}
+    await asyncio.gather(loop.on_turn("1-1", valid), loop.on_turn("1-2", malformed))
+    events = await events_of(store, "hH2")
+    assert isinstance(events[0], TurnInput) and events[0].text == "What is 2 + 2?"
+    assert not any(isinstance(e, TurnFailed) and e.code == "bad_turn" for e in events), events
+    (error,) = await redis.xrange(keys.errors)
+    assert b"malformed copy" in error[1][b"error"] and b"txt" in error[1][b"error"]
+
+
 async def _reply_of(redis, stream, turn_id):
     return next((r for r in await replies_on(redis, stream) if r.turn_id == turn_id), None)
 

@@ -24,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from agentstream.wire import codec
+from agentstream.wire.checks import DEFAULT_LIMITS, error_fields
 from agentstream.wire.events import CancelMessage, Reply, Wake
 from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, REPLY_FIELD, WAKE_FIELD, Keys
 
@@ -78,11 +80,66 @@ async def lease_left_ms(redis: aioredis.Redis, keys: Keys, trace_id: str) -> int
     return int(await redis.pttl(keys.lease(trace_id)))
 
 
+REFUSING_REPLY_STREAM = ("WRONGTYPE", "NOPERM")
+"""The Redis errors of an XADD that say the ``reply_to`` stream itself cannot take a reply (its key
+holds another type; the client's ACL user may not write it): the reply goes to the default
+replies stream instead (:func:`redirect_refused_replies`). Any other error is raised as it is."""
+
+
+def _refuses_replies(answer: object) -> bool:
+    return isinstance(answer, ResponseError) and str(answer).startswith(REFUSING_REPLY_STREAM)
+
+
+async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: Sequence[Entry], answers: Sequence[object]) -> list:
+    """Send again to ``<ns>:replies`` each reply that its own stream refused, and report each.
+
+    ``answers`` are a pipeline's answers to the XADDs of ``entries``, in order. A reply (an entry
+    with the ``reply`` field) whose XADD to a stream other than ``<ns>:replies`` failed with
+    WRONGTYPE or NOPERM (a key of that name that is not a stream, created after the turn's
+    ``reply_to`` was checked; an ACL that does not let this client write it) would otherwise
+    never go out, and the trace's replies are published in order, so every later turn of the
+    conversation would fail behind it. It is written to ``<ns>:replies`` instead, and the errors
+    stream says which turn, which stream and why (one more round trip, only then).
+
+    Returns:
+        ``answers`` with each redirected reply's failure replaced by the answer of its new XADD
+        (its entry id, or the error if that failed too).
+    """
+    redirected = [
+        i for i, ((stream, fields), answer) in enumerate(zip(entries, answers, strict=True))
+        if REPLY_FIELD in fields and stream != keys.replies and _refuses_replies(answer)
+    ]
+    out = list(answers)
+    if not redirected:
+        return out
+    pipe = redis.pipeline(transaction=False)
+    for i in redirected:
+        pipe.xadd(keys.replies, dict(entries[i][1]))
+    for i in redirected:
+        stream, fields = entries[i]
+        reply = codec.decode_reply(fields[REPLY_FIELD])
+        error = (f"the reply of turn {reply.turn_id!r} of trace {reply.trace_id!r} could not be written to its reply_to "
+                 f"{stream!r} ({str(answers[i]).split(' ', 1)[0]}: {answers[i]}); it was written to {keys.replies!r} instead")
+        report = error_fields(error, None, DEFAULT_LIMITS, trace_id=reply.trace_id, turn_id=reply.turn_id, source=stream)
+        pipe.xadd(keys.errors, report, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
+    again = await pipe.execute(raise_on_error=False)
+    for i, answer in zip(redirected, again, strict=False):
+        out[i] = answer
+    return out
+
+
 async def send_reply(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, stream: str, reply: Reply) -> None:
     """Publish a turn's reply and mark it sent: XADD the :class:`Reply` to ``stream`` (the
     turn's checked ``reply_to`` or ``<ns>:replies``), then ``HSET reply:<turn id>``. The mark is
-    written only after the XADD succeeded (a failed write leaves it unsent, to be sent again)."""
-    await redis.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
+    written only after the XADD succeeded (a failed write leaves it unsent, to be sent again). A
+    ``stream`` that refuses it gets it redirected (:func:`redirect_refused_replies`)."""
+    entry = (stream, {REPLY_FIELD: codec.encode(reply)})
+    try:
+        await redis.xadd(*entry)
+    except ResponseError as exc:
+        (answer,) = await redirect_refused_replies(redis, keys, [entry], [exc])
+        if isinstance(answer, Exception):
+            raise answer from None
     await mark_reply_sent(redis, keys, trace_id, turn_id)
 
 
@@ -109,7 +166,12 @@ async def publish_turn_end(redis: aioredis.Redis, keys: Keys, trace_id: str, tur
     pipe = redis.pipeline(transaction=False)
     for stream, fields in entries:
         pipe.xadd(stream, fields)
-    await pipe.execute()  # raises if any write failed: not marked, retried
+    answers = await pipe.execute(raise_on_error=False)
+    if any(isinstance(a, Exception) for a in answers):
+        answers = await redirect_refused_replies(redis, keys, entries, answers)
+    failed = next((a for a in answers if isinstance(a, Exception)), None)
+    if failed is not None:  # not marked: sent again on the next look
+        raise failed
     await mark_reply_sent(redis, keys, trace_id, turn_id)
 
 
@@ -135,6 +197,8 @@ async def publish_replies(redis: aioredis.Redis, keys: Keys, trace_id: str, entr
     for mark in marks:  # after the XADDs: marked only once written
         pipe.hset(keys.trace_keys(trace_id), mark, b"1")
     results = await pipe.execute(raise_on_error=False)
+    if any(isinstance(r, Exception) for r in results[: len(entries)]):
+        results[: len(entries)] = await redirect_refused_replies(redis, keys, entries, results[: len(entries)])
     failed = next((r for r in results if isinstance(r, Exception)), None)
     if failed is not None:
         await redis.hdel(keys.trace_keys(trace_id), *marks)

@@ -47,7 +47,7 @@ from agentstream.wire.events import (
 )
 from agentstream.wire.keys import Keys
 from agentstream.runtime.entries import entry_fields, keep_doubled_fields
-from agentstream.runtime.operations import Entry
+from agentstream.runtime.operations import Entry, redirect_refused_replies
 
 # The fencing token of a new lease: a counter per trace in its key hash (no global hot key). A new
 # counter (a new trace, or one deleted by retention and started again) starts at the server's
@@ -819,6 +819,7 @@ class TraceStore:
         marks: Sequence[str] = (),
         pipe: Pipeline | None = None,
         results: list | None = None,
+        repair=None,
     ) -> str:
         """Give the lease back, unless a hint came while it was held.
 
@@ -831,6 +832,10 @@ class TraceStore:
                 executed with the release at its end, in one round trip.
             results: a list that receives the replies of ``pipe``'s own commands (an XADD's
                 entry id...), in their order, when they all succeeded.
+            repair: ``await repair(answers)`` → the answers of ``pipe``'s own commands after
+                whatever it could redo of those that failed (a reply that its stream refused,
+                sent to the default one: :func:`agentstream.runtime.operations.redirect_refused_replies`);
+                called only when one failed.
 
         Returns:
             ``"released"``; or ``"dirty"`` when a hint arrived meanwhile (the mark is cleared,
@@ -852,6 +857,8 @@ class TraceStore:
             # pipeline refuses its evalsha method (the command itself routes by its keys' slot).
             pipe.execute_command("EVALSHA", self._release_script.sha, len(keys), *keys, *args)
             replies = await pipe.execute(raise_on_error=False)
+            if repair is not None and any(isinstance(r, Exception) for r in replies[:-1]):
+                replies[:-1] = await repair(replies[:-1])
             failed = next((r for r in replies[:-1] if isinstance(r, Exception)), None)
             if failed is not None:
                 if marks:
@@ -897,7 +904,11 @@ class TraceStore:
         for stream, fields in entries:
             pipe.xadd(stream, fields)
         results: list = []
-        outcome = await self.release_lease(trace_id, token, marks=marks, pipe=pipe, results=results)
+
+        async def repair(answers: list) -> list:  # a reply its reply_to refused goes to the default stream
+            return await redirect_refused_replies(self.redis, self.keys, entries, answers)
+
+        outcome = await self.release_lease(trace_id, token, marks=marks, pipe=pipe, results=results, repair=repair)
         return outcome, [r.decode() if isinstance(r, bytes) else r for r in results]
 
     async def mark_dirty(self, trace_id: str, *, ttl_ms: int) -> None:
