@@ -92,12 +92,13 @@ async def test_verify_uses_the_recorded_settings_only_when_none_are_given(redis_
 UNREACHABLE = [
     ("redis://:hunter2@127.0.0.1:1/0", "cannot reach Redis at redis://:***@127.0.0.1:1/0 (REDIS_URL)"),
     ("not-a-url", "REDIS_URL 'not-a-url' is not a Redis URL"),
+    ("notaurl", "must specify one of the following schemes"),  # no scheme: said so, not "database 'notaurl'"
     # redis-py would ignore the path and connect to database 0 (perhaps another deployment's)
     ("redis://127.0.0.1:1/abc", "its database 'abc' is not a number"),
 ]
 
 
-@pytest.mark.parametrize("url, says", UNREACHABLE, ids=["unreachable", "malformed", "database"])
+@pytest.mark.parametrize("url, says", UNREACHABLE, ids=["unreachable", "malformed", "no scheme", "database"])
 @pytest.mark.parametrize("command", [["cancel", "c1"], ["ask", "hi"], ["run", "hi", *APP, "--agent", "calc"], ["dev", *APP]])
 def test_a_bad_redis_url_is_one_line_and_exit_2_before_anything_starts(command, url, says, tmp_path):
     proc = agentstream(*command, env=clean_env(REDIS_URL=url, XDG_CACHE_HOME=str(tmp_path)), timeout_s=60)

@@ -193,6 +193,8 @@ def _check_database(url: str) -> None:
     from urllib.parse import parse_qs, unquote, urlsplit
 
     parts = urlsplit(url)
+    if parts.scheme.lower() not in ("redis", "rediss", "unix"):  # redis-py's own message then (parse_url)
+        return
     if parts.scheme == "unix":
         candidates = parse_qs(parts.query).get("db", [])
     else:

@@ -610,9 +610,11 @@ class StreamConsumer:
         except (Exception, SystemExit) as exc:  # any failure of any kind counts toward the dead letter
             self.failed += 1
             delay = self._retry_delay(attempts)
+            then = (f"retrying in {delay:.1f} s" if attempts < self.config.max_deliveries
+                    else f"the last: it moves to the dead-letter stream in {delay:.1f} s")
             log.exception(
-                "handler failed on %s entry %s (attempt %d of %d); retrying in %.1f s",
-                self.stream, entry_id, attempts, self.config.max_deliveries, delay,
+                "handler failed on %s entry %s (attempt %d of %d); %s",
+                self.stream, entry_id, attempts, self.config.max_deliveries, then,
             )
             self._wait(entry_id, fields, delay)
             with contextlib.suppress(Exception):
