@@ -20,6 +20,8 @@ import pytest
 from redis.exceptions import ResponseError
 
 from agentstream.runtime import operations
+from agentstream.wire import codec
+from agentstream.wire.events import Reply
 from agentstream.wire.keys import JOB_FIELD, REPLY_FIELD
 
 pytestmark = pytest.mark.integration
@@ -44,7 +46,8 @@ async def test_a_turn_end_is_marked_sent_only_after_its_writes(redis, keys, stor
 async def test_owed_replies_are_unmarked_again_when_a_write_failed(redis, keys, store):
     bad = f"{keys.namespace}:elsewhere"
     await redis.set(bad, b"not a stream")
-    entries = [(keys.replies, {REPLY_FIELD: b"r1"}), (bad, {REPLY_FIELD: b"r2"})]
+    # what a turn's end tells another stream (not a reply: nowhere else to send it) fails
+    entries = [(keys.replies, {REPLY_FIELD: b"r1"}), (bad, {b"cancel": b"c2"})]
     with pytest.raises(ResponseError, match="WRONGTYPE"):
         await operations.publish_replies(redis, keys, "tr", entries, ["reply:t1", "reply:t2"])
     assert await operations.replies_sent(redis, keys, "tr", ["t1", "t2"]) == [False, False]
@@ -55,6 +58,28 @@ async def test_owed_replies_are_unmarked_again_when_a_write_failed(redis, keys, 
     unused = f"{keys.namespace}:unused"
     await operations.publish_replies(redis, keys, "tr", [(unused, {REPLY_FIELD: b"x"})], [])
     assert not await redis.exists(unused)
+
+
+async def test_a_reply_its_own_stream_refuses_goes_to_the_default_stream_and_is_reported(redis, keys, store):
+    mine = f"{keys.replies}:backend-3"
+    await redis.set(mine, b"not a stream")  # passes the reply_to check; only the write tells
+    reply = codec.encode(Reply(trace_id="tr", turn_id="t1", status="ended", answer="42"))
+    await operations.publish_replies(redis, keys, "tr", [(mine, {REPLY_FIELD: reply})], ["reply:t1"])
+    assert await operations.replies_sent(redis, keys, "tr", ["t1"]) == [True]
+    assert [f for _, f in await redis.xrange(keys.replies)] == [{REPLY_FIELD: reply}]
+    ((_, report),) = await redis.xrange(keys.errors)
+    assert mine.encode() in report[b"error"] and b"WRONGTYPE" in report[b"error"] and report[b"turn_id"] == b"t1"
+    # the same on the other paths: a turn's end, and a reply sent again
+    await operations.publish_turn_end(redis, keys, "tr", "t2", [(mine, {REPLY_FIELD: reply})])
+    await operations.send_reply(redis, keys, "tr", "t3", mine, Reply(trace_id="tr", turn_id="t3", status="ended", answer="7"))
+    assert await operations.replies_sent(redis, keys, "tr", ["t2", "t3"]) == [True, True]
+    assert await redis.xlen(keys.replies) == 3 and await redis.xlen(keys.errors) == 3
+    # a reply whose default stream itself refuses has nowhere else to go: raised, not marked
+    await redis.delete(keys.replies)
+    await redis.set(keys.replies, b"not a stream either")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await operations.publish_replies(redis, keys, "tr", [(mine, {REPLY_FIELD: reply})], ["reply:t4"])
+    assert await operations.replies_sent(redis, keys, "tr", ["t4"]) == [False]
 
 
 async def test_a_steps_entries_go_out_with_the_release_and_their_ids_come_back(redis, keys, store):

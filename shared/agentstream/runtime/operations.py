@@ -117,10 +117,14 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
         pipe.xadd(keys.replies, dict(entries[i][1]))
     for i in redirected:
         stream, fields = entries[i]
-        reply = codec.decode_reply(fields[REPLY_FIELD])
-        error = (f"the reply of turn {reply.turn_id!r} of trace {reply.trace_id!r} could not be written to its reply_to "
-                 f"{stream!r} ({str(answers[i]).split(' ', 1)[0]}: {answers[i]}); it was written to {keys.replies!r} instead")
-        report = error_fields(error, None, DEFAULT_LIMITS, trace_id=reply.trace_id, turn_id=reply.turn_id, source=stream)
+        try:
+            reply = codec.decode_reply(fields[REPLY_FIELD])
+            trace_id, turn_id = reply.trace_id, reply.turn_id
+        except Exception:  # ours to write, so always a Reply; the report must not fail on it
+            trace_id, turn_id = "?", "?"
+        error = (f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be written to its reply_to "
+                 f"{stream!r} ({answers[i]}); it was written to {keys.replies!r} instead")
+        report = error_fields(error, None, DEFAULT_LIMITS, trace_id=trace_id, turn_id=turn_id, source=stream)
         pipe.xadd(keys.errors, report, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
     again = await pipe.execute(raise_on_error=False)
     for i, answer in zip(redirected, again, strict=False):
