@@ -79,3 +79,34 @@ async def test_the_readme_acl_confines_a_backend_to_turns_cancels_and_its_replie
         await backend.aclose()
         await admin.execute_command("ACL", "DELUSER", user)
         await admin.aclose()
+
+
+async def test_a_reply_the_agent_loops_acl_may_not_write_goes_to_the_default_stream(redis7_url, namespace):
+    # README: a reply_to that passed the check but refuses the write (NOPERM: the agent loop's
+    # ACL user may not write it) gets the reply on the default replies stream, reported.
+    from agentstream.runtime import operations
+    from agentstream.wire.events import Reply
+
+    keys = Keys(namespace)
+    admin = aioredis.Redis.from_url(redis7_url)
+    user = f"loop-{namespace}"
+    # the agent loop's user may write the default replies, errors and trace keys, not other replies streams
+    await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "+@all",
+                                f"~{keys.replies}", f"~{keys.errors}", f"~{namespace}:trace:*")
+    host_port = redis7_url.split("://", 1)[1]
+    loop_client = aioredis.Redis.from_url(f"redis://{user}:pw@{host_port}")
+    locked = f"{keys.replies}:locked"
+    reply = codec.encode(Reply(trace_id="tr", turn_id="t1", status="ended", answer="42"))
+    try:
+        with pytest.raises(NoPermissionError):  # the premise: this user may not write there
+            await loop_client.xadd(locked, {REPLY_FIELD: reply})
+        await operations.publish_replies(loop_client, keys, "tr", [(locked, {REPLY_FIELD: reply})], ["reply:t1"])
+        assert await operations.replies_sent(admin, keys, "tr", ["t1"]) == [True]
+        assert [f for _, f in await admin.xrange(keys.replies)] == [{REPLY_FIELD: reply}]
+        ((_, report),) = await admin.xrange(keys.errors)
+        assert b"NOPERM" in report[b"error"] and locked.encode() in report[b"error"]
+        assert not await admin.exists(locked)
+    finally:
+        await loop_client.aclose()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()

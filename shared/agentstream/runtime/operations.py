@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, error_fields
@@ -86,8 +86,15 @@ holds another type; the client's ACL user may not write it): the reply goes to t
 replies stream instead (:func:`redirect_refused_replies`). Any other error is raised as it is."""
 
 
-def _refuses_replies(answer: object) -> bool:
-    return isinstance(answer, ResponseError) and str(answer).startswith(REFUSING_REPLY_STREAM)
+def _refusal_text(answer: object) -> str | None:
+    """The error of an XADD's answer when it says its stream refuses replies (see
+    :data:`REFUSING_REPLY_STREAM`), with its Redis error code → None for any other answer.
+    redis-py strips the code of the errors it has a class for (NOPERM: NoPermissionError)."""
+    if isinstance(answer, NoPermissionError):
+        return f"NOPERM {answer}"
+    if isinstance(answer, ResponseError) and str(answer).startswith(REFUSING_REPLY_STREAM):
+        return str(answer)
+    return None
 
 
 async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: Sequence[Entry], answers: Sequence[object]) -> list:
@@ -107,7 +114,7 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
     """
     redirected = [
         i for i, ((stream, fields), answer) in enumerate(zip(entries, answers, strict=True))
-        if REPLY_FIELD in fields and stream != keys.replies and _refuses_replies(answer)
+        if REPLY_FIELD in fields and stream != keys.replies and _refusal_text(answer) is not None
     ]
     out = list(answers)
     if not redirected:
@@ -123,7 +130,7 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
         except Exception:  # ours to write, so always a Reply; the report must not fail on it
             trace_id, turn_id = "?", "?"
         error = (f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be written to its reply_to "
-                 f"{stream!r} ({answers[i]}); it was written to {keys.replies!r} instead")
+                 f"{stream!r} ({_refusal_text(answers[i])}); it was written to {keys.replies!r} instead")
         report = error_fields(error, None, DEFAULT_LIMITS, trace_id=trace_id, turn_id=turn_id, source=stream)
         pipe.xadd(keys.errors, report, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
     again = await pipe.execute(raise_on_error=False)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -819,7 +819,7 @@ class TraceStore:
         marks: Sequence[str] = (),
         pipe: Pipeline | None = None,
         results: list | None = None,
-        repair=None,
+        repair: Callable[[list], Awaitable[list]] | None = None,
     ) -> str:
         """Give the lease back, unless a hint came while it was held.
 
