@@ -189,11 +189,15 @@ class ToolWorker:
 
     async def _record(self, job: ToolJob, result: ToolOutput, held) -> None:
         key = (job.trace_id, job.call_id)
+        # the wake-up goes in the append's round trip; one that failed is sent again (and raises) below
+        hints, unsent = [operations.wake_entry(self.keys, job.trace_id, f"result:{job.call_id}")], []
         try:
             if result.error == CANCELLED:  # the loop's own cancelled result may be first
-                await self.store.append(job.trace_id, result, release=held.release)
+                await self.store.append(job.trace_id, result, release=held.release, hints=hints, failed_hints=unsent)
             else:
-                _, late = await self.store.append_result(job.trace_id, result, self._events.get(key, ()), release=held.release)
+                _, late = await self.store.append_result(
+                    job.trace_id, result, self._events.get(key, ()), release=held.release, hints=hints, failed_hints=unsent,
+                )
                 if late:
                     self.late += 1
                     metrics.LATE_RESULTS.labels(tool=job.name).inc()
@@ -203,7 +207,8 @@ class ToolWorker:
             raise
         held.released = True
         self._events.pop(key, None)
-        await self._wake(job)
+        if unsent:
+            await self._wake(job)
 
     async def _run_tracked(self, job: ToolJob) -> ToolOutput:
         """Run the job where a cancel can reach it (its cancel flag, and its task for async tools)."""

@@ -77,6 +77,7 @@ class _Recorder:
     def __init__(self, client: Redis):
         self.commands: list[tuple] = []
         self.idle: list[tuple] = []
+        self.trips: list[list[tuple]] = []  # the commands of each round trip (a pipeline is one)
         original = client.execute_command
         recorder = self
 
@@ -86,6 +87,7 @@ class _Recorder:
                 recorder.idle.append(args)
             else:
                 recorder.commands.append(args)
+                recorder.trips.append([args])
             return reply
 
         client.execute_command = execute_command
@@ -94,6 +96,7 @@ class _Recorder:
         async def pipe_execute(pipe, raise_on_error: bool = True):
             if pipe.connection_pool is client.connection_pool:
                 recorder.commands += [c[0] for c in pipe.command_stack]
+                recorder.trips.append([c[0] for c in pipe.command_stack])
             return await original_pipe(pipe, raise_on_error)
 
         self._original_pipe = original_pipe
@@ -106,6 +109,7 @@ class _Recorder:
         async def cluster_pipe_execute(pipe, raise_on_error: bool = True, allow_redirections: bool = True):
             if pipe.cluster_client is client:
                 recorder.commands += [c.args for c in pipe._execution_strategy._command_queue]
+                recorder.trips.append([c.args for c in pipe._execution_strategy._command_queue])
             return await original_cluster_pipe(pipe, raise_on_error, allow_redirections)
 
         self._original_cluster_pipe = original_cluster_pipe
@@ -339,3 +343,31 @@ async def test_the_watchdogs_look_at_a_waiting_trace_reads_only_its_latest_step(
     assert not whole, whole[:3]
     reads = [c for c in recorder.commands if _text(c[0]).upper() == "HMGET" and _text(c[1]) == keys.trace_keys("r6")]
     assert reads and max(len(c) for c in reads) <= 2 + 2 * 2 + 2  # the record; each call's and the turn's markers
+
+
+async def test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip(redis, keys, services, store, redis_url):  # noqa: F811
+    """The tool worker's critical path: the result's append and the trace's wake-up share one
+    pipeline (on one Redis; on a cluster the wake-up follows the append, so it cannot overtake it)."""
+    from agentstream.runtime.connection import is_cluster_url
+
+    await services.start("p1", "agent-loop")
+    worker = await services.start("p2", "tool-worker")
+    await publish(redis, keys, trace_id="r9", turn_id="w0", agent="plan", text="do: work(0)")
+    assert (await wait_reply(redis, keys, "w0")).status == "ended"
+    recorder = _Recorder(worker.redis)
+    try:
+        for n in range(3):
+            await publish(redis, keys, trace_id="r9", turn_id=f"t{n}", agent="plan", text=f"do: work({n})")
+            assert (await wait_reply(redis, keys, f"t{n}")).status == "ended"
+    finally:
+        recorder.close()
+    wake = keys.wake_for("r9")
+    wakes = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == wake for c in trip)]
+    assert len(wakes) == 3, recorder.trips
+    for trip in wakes:
+        names = [_text(c[0]).upper() for c in trip]
+        if is_cluster_url(redis_url):
+            assert names == ["XADD"], trip
+        else:
+            assert names == ["EVALSHA", "XADD"], trip  # the append script, then the hint
+    assert len(await redis.xrange(wake)) >= 3

@@ -85,3 +85,46 @@ async def test_a_trace_that_mixes_schema_versions_reads_whole(store, redis, keys
     raw = await redis.xrange(keys.trace("mixed"))
     assert [f[b"v"] for _, f in raw] == [b"1", str(TRACE_SCHEMA_VERSION).encode(), str(TRACE_SCHEMA_VERSION).encode()]
     assert [e for _, e in await store.read("mixed")] == [old, TurnInput(turn_id="t2", agent="a", text="now"), offered]
+
+
+async def test_hints_go_out_after_the_append_in_its_round_trip(store, redis, keys):
+    from agentstream.runtime.operations import wake_entry
+
+    await store.append("h1", TurnInput(turn_id="t", agent="a", text="hi"))  # the script is loaded
+    result = ToolOutput(turn_id="t", call_id="c1", name="x", text="ok")
+    appended = await store.append(trace_id="h1", event=result, hints=[wake_entry(keys, "h1", "result:c1")])
+    assert appended.created
+    assert len(await redis.xrange(keys.wake_for("h1"))) == 1
+    # a repeat appends nothing and still sends its hint (a hint is never state)
+    again = await store.append(trace_id="h1", event=result, hints=[wake_entry(keys, "h1", "result:c1")])
+    assert not again.created and again.entry_id == appended.entry_id
+    assert len(await redis.xrange(keys.wake_for("h1"))) == 2
+
+
+async def test_a_hint_its_stream_refuses_does_not_undo_the_append(store, redis, keys):
+    from redis.exceptions import ResponseError
+
+    from agentstream.runtime.operations import wake_entry
+
+    await redis.set(keys.wake_for("h2"), "not a stream")  # a careless client
+    hint = wake_entry(keys, "h2", "result:c1")
+    unsent: list = []
+    first = ToolOutput(turn_id="t", call_id="c1", name="x", text="ok")
+    assert (await store.append("h2", first, hints=[hint], failed_hints=unsent)).created
+    assert unsent == [hint]
+    with pytest.raises(ResponseError, match="WRONGTYPE"):  # without a list to take it, the error is raised
+        await store.append("h2", ToolOutput(turn_id="t", call_id="c2", name="x", text="ok"), hints=[hint])
+    assert {e.call_id for _, e in await store.read("h2")} == {"c1", "c2"}  # both appended all the same
+
+
+async def test_an_append_with_hints_survives_a_server_that_lost_its_scripts(store, redis, keys):
+    from agentstream.runtime.operations import wake_entry
+
+    await store.append("h3", ToolOutput(turn_id="t", call_id="c0", name="x", text="ok"))
+    await redis.script_flush()
+    unsent: list = []
+    hint = wake_entry(keys, "h3", "result:c1")
+    appended = await store.append("h3", ToolOutput(turn_id="t", call_id="c1", name="x", text="ok"), hints=[hint],
+                                  failed_hints=unsent)
+    assert appended.created
+    assert unsent == [hint]  # it went out before the append ran: the caller sends it again

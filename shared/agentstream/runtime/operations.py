@@ -51,8 +51,15 @@ async def wake_trace(redis: aioredis.Redis, keys: Keys, trace_id: str, reason: s
 
     ``reason`` says what happened, for logs: ``result:<call id>`` (a tool result is in the trace),
     ``compaction``, ``child:<trace id>``, ``lost_work``..."""
-    entry_id = await redis.xadd(keys.wake_for(trace_id), {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason=reason))})
+    stream, fields = wake_entry(keys, trace_id, reason)
+    entry_id = await redis.xadd(stream, fields)
     return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+
+def wake_entry(keys: Keys, trace_id: str, reason: str) -> Entry:
+    """The entry :func:`wake_trace` adds, for a caller that sends it in a pipeline of its own
+    (:meth:`agentstream.runtime.store.TraceStore.append_and_read`'s ``hints``)."""
+    return keys.wake_for(trace_id), {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason=reason))}
 
 
 async def request_cancel(redis: aioredis.Redis, keys: Keys, message: CancelMessage) -> None:

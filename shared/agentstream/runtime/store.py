@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from agentstream.wire import codec
@@ -447,7 +448,7 @@ class TraceStore:
 
     async def append(
         self, trace_id: str, event: Event, *, key: str | None = None, fence: int | None = None,
-        release: tuple[str, str] | None = None,
+        release: tuple[str, str] | None = None, hints: Sequence[Entry] = (), failed_hints: list[Entry] | None = None,
     ) -> Appended:
         """Append one event once.
 
@@ -457,11 +458,13 @@ class TraceStore:
             key: the idempotency key; defaults to :func:`key_for` of the event.
             fence: the fencing token of the caller's lease, or None for an unfenced append.
             release: a run key to delete in the same step (see :meth:`append_and_read`).
+            hints, failed_hints: hints XADDed right after the append (see :meth:`append_and_read`).
 
         Raises:
             StaleLeaseError: ``fence`` is not the trace's current lease.
         """
-        (result,) = await self.append_many(trace_id, [event], keys=[key] if key else None, fence=fence, release=release)
+        (result,) = await self.append_many(trace_id, [event], keys=[key] if key else None, fence=fence, release=release,
+                                           hints=hints, failed_hints=failed_hints)
         return result
 
     async def append_many(
@@ -473,19 +476,23 @@ class TraceStore:
         fence: int | None = None,
         unless: str | None = None,
         release: tuple[str, str] | None = None,
+        hints: Sequence[Entry] = (),
+        failed_hints: list[Entry] | None = None,
     ) -> list[Appended]:
         """Append several events in order, each once, in one round trip and atomically.
 
         Args:
             unless: an idempotency key; when the trace already holds it, nothing is appended
                 and the result is empty.
+            hints, failed_hints: hints XADDed right after the append (see :meth:`append_and_read`).
 
         Raises:
             StaleLeaseError: ``fence`` is not the trace's current lease (nothing is appended).
         """
         if not events:
             return []
-        appended, _ = await self.append_and_read(trace_id, events, keys=keys, fence=fence, unless=unless, release=release)
+        appended, _ = await self.append_and_read(trace_id, events, keys=keys, fence=fence, unless=unless, release=release,
+                                                 hints=hints, failed_hints=failed_hints)
         return appended  # type: ignore[return-value]
 
     async def append_and_read(
@@ -500,6 +507,8 @@ class TraceStore:
         expire_ms: int | None = None,
         unless: str | None = None,
         release: tuple[str, str] | None = None,
+        hints: Sequence[Entry] = (),
+        failed_hints: list[Entry] | None = None,
     ) -> tuple[list[Appended | None], Read | None]:
         """Append ``events`` (each once, in order), then ``then`` if nothing else was appended
         since ``after``, and read back what came after ``after``: one round trip, atomically.
@@ -519,6 +528,15 @@ class TraceStore:
             release: ``(run key, holder)``: in the same step, delete that key (in the trace's
                 hash slot) if ``holder`` still holds it (a tool call's run key, see
                 :class:`agentstream.runtime.call_runs.CallRuns`).
+            hints: ``(stream, fields)`` entries XADDed just after the append, in the same round
+                trip (one pipeline without a transaction), whatever the append's outcome: wake-up
+                hints that what was appended is there (a hint is never state: one that finds
+                nothing new costs a look). On a Redis Cluster they are sent after the append's
+                own round trip instead (a cluster pipeline runs each node's commands at once, so a
+                hint could overtake the append): as if they had failed. Without ``failed_hints`` a
+                hint that fails raises its error after the append's outcome is known.
+            failed_hints: a list that receives the hints whose XADD failed, for the caller to
+                publish again (or report) once it has dealt with the append's outcome.
 
         Each model output's tool calls are marked in the key hash as it is appended
         (:func:`markers_for`).
@@ -551,7 +569,42 @@ class TraceStore:
             for field, value in markers:
                 argv += [field, value]
         script_keys = [*self._trace_keys(trace_id)[:3], release[0] if release else self.keys.trace(trace_id)]
-        raw_out, raw_first, raw_entries = await self._append_script(keys=script_keys, args=argv)
+        failed: list[Entry] = []
+        if hints and not isinstance(self.redis, RedisCluster):
+            raw_out, raw_first, raw_entries = await self._append_then_hint(script_keys, argv, hints, failed)
+        else:  # on a cluster a pipeline runs each node's part at once: a hint there must not overtake the append
+            raw_out, raw_first, raw_entries = await self._append_script(keys=script_keys, args=argv)
+            failed.extend(hints)
+        try:
+            appended = self._appended(trace_id, fence, after, raw_out, raw_first, raw_entries)
+        finally:
+            if failed_hints is not None:
+                failed_hints.extend(failed)
+        if failed_hints is None:
+            for stream, fields in failed:  # published again on their own: raises what refuses them
+                await self.redis.xadd(stream, fields)
+        return appended
+
+    async def _append_then_hint(self, script_keys: list, argv: list, hints: Sequence[Entry], failed: list[Entry]):
+        """The append script, then the XADD of each hint, in one pipeline → the script's answer;
+        the hints whose XADD failed go to ``failed``."""
+        pipe = self.redis.pipeline(transaction=False)
+        # EVALSHA queued as a plain command, as in release_lease
+        pipe.execute_command("EVALSHA", self._append_script.sha, len(script_keys), *script_keys, *argv)
+        for stream, fields in hints:
+            pipe.xadd(stream, fields)
+        answers = await pipe.execute(raise_on_error=False)
+        first = answers[0]
+        if isinstance(first, NoScriptError):  # the server lost its scripts: the hints ran too early
+            first = await self._append_script(keys=script_keys, args=argv)
+            failed.extend(hints)
+        elif isinstance(first, Exception):
+            raise first
+        else:
+            failed.extend(hint for hint, answer in zip(hints, answers[1:]) if isinstance(answer, Exception))
+        return first
+
+    def _appended(self, trace_id: str, fence: int | None, after: str | None, raw_out, raw_first, raw_entries):
         if raw_out and int(raw_out[0]) == -1:
             holder = _text(raw_out[1])
             raise StaleLeaseError(
@@ -659,7 +712,8 @@ class TraceStore:
         return ended is not None, _text(first) if first is not None else "", absorbed is not None, differs
 
     async def append_result(
-        self, trace_id: str, result: ToolOutput, events: Sequence[object] = (), *, release: tuple[str, str] | None = None
+        self, trace_id: str, result: ToolOutput, events: Sequence[object] = (), *, release: tuple[str, str] | None = None,
+        hints: Sequence[Entry] = (), failed_hints: list[Entry] | None = None,
     ) -> tuple[Appended, bool]:
         """Append a tool result once per call; one that finds the call answered is kept as late.
 
@@ -669,6 +723,8 @@ class TraceStore:
                 had no result yet: a late result's events are not recorded.
             release: the call's run key and its holder, deleted in the same step as the result
                 is recorded (see :meth:`append_and_read`).
+            hints, failed_hints: hints XADDed in the same round trip as the append (see
+                :meth:`append_and_read`); again after a late result's own append.
 
         Returns:
             ``(appended, late)``: ``late`` is True when the call already had a result (cancelled,
@@ -677,13 +733,16 @@ class TraceStore:
         if events:
             keys = [*(f"event:{result.call_id}:{n}" for n in range(len(events))), key_for(result)]
             done = await self.append_many(trace_id, [*events, result], keys=keys, unless=key_for(result),  # type: ignore[list-item]
-                                          release=release)
+                                          release=release, hints=hints, failed_hints=failed_hints)
             if done:
                 return done[-1], False
-        appended = await self.append(trace_id, result, release=release)
+            appended = await self.append(trace_id, result, release=release)  # the hints went out already
+        else:
+            appended = await self.append(trace_id, result, release=release, hints=hints, failed_hints=failed_hints)
         if appended.created:
             return appended, False
-        return await self.append(trace_id, msgspec.structs.replace(result, late=True)), True
+        late = await self.append(trace_id, msgspec.structs.replace(result, late=True), hints=hints, failed_hints=failed_hints)
+        return late, True
 
     async def begin_call(
         self,
