@@ -303,6 +303,47 @@ async def test_a_service_client_holds_more_commands_in_flight_than_redis_py_s_de
         await client.aclose()
 
 
+async def test_a_pooled_connection_left_with_an_unread_reply_is_not_handed_out_as_is(redis_url, keys):
+    """The lean pool skips redis-py's lock and metrics, not its check: a connection given back
+    with a reply still unread (a command cut short) is reconnected, so the next command never
+    reads the stale reply as its own."""
+    from agentstream.runtime.connection import LeanPool, connect
+    from agentstream.runtime.connection import is_cluster_url
+
+    if is_cluster_url(redis_url):
+        pytest.skip("a cluster client pools per node, with redis-py's own classes")
+    client = connect(redis_url, block_ms=1000)
+    try:
+        pool = client.connection_pool
+        assert isinstance(pool, LeanPool)
+        key = f"{keys.namespace}:lean"
+        await client.set(key, b"fresh")
+        connection = await pool.get_connection()
+        await connection.send_command("ECHO", b"stale")  # its reply is never read
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if await connection.can_read():
+                break
+        await pool.release(connection)
+        assert pool._available_connections == [connection]
+        assert await client.get(key) == b"fresh"
+        assert await client.echo(b"next") == b"next"
+        # a connection closed under the pool is connected again
+        await connection.disconnect()
+        assert await client.get(key) == b"fresh"
+        # the cap holds: past max_connections the pool refuses, as redis-py's does
+        from redis.exceptions import MaxConnectionsError
+
+        small = LeanPool.from_url(redis_url.split("?")[0], max_connections=1)
+        first = await small.get_connection()
+        with pytest.raises(MaxConnectionsError):
+            await small.get_connection()
+        await small.release(first)
+        await small.disconnect()
+    finally:
+        await client.aclose()
+
+
 async def test_conversations_whose_folds_are_evicted_by_the_byte_bound_fold_again_correctly(redis, keys, services, store):  # noqa: F811
     # a cache too small for two conversations: each step of one evicts the other's fold, whose
     # next step folds it again from its first entry; answers and requests are as from scratch
