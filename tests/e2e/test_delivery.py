@@ -143,6 +143,7 @@ def test_redis_restart_with_aof_every_turn_still_finishes(namespace, keys, model
                 publish_turn(client, keys, trace_id=trace, turn_id=turn, agent="plan", text=f"{turn} do: work(150) work(20)")
                 turns.append((trace, turn))
             wait_until(lambda: client.xlen(keys.replies) >= 4, what="the first replies")
+            in_flight = len(turns) - client.xlen(keys.replies)
             for _ in range(2):
                 server.kill()  # kill -9 while turns are in flight
                 time.sleep(1.0)
@@ -158,8 +159,9 @@ def test_redis_restart_with_aof_every_turn_still_finishes(namespace, keys, model
                 assert sorted(r.call_id for r in results) == sorted(calls)  # one result per call
                 endings = [e.turn_id for e in trace_events if isinstance(e, (TurnEnded, TurnFailed))]
                 assert len(endings) == len(set(endings)) == 3
-            logs = services.log("loop-1") + services.log("loop-2")
-            assert "reconnecting" in logs or "lost Redis" in logs
+            # the restarts hit work in flight (commands retry on connection errors, so the services
+            # may ride them out without a warning)
+            assert in_flight > 0
         finally:
             services.stop_all()
             client.close()

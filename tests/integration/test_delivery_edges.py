@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 
 from agentstream.wire import codec
 from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
-from agentstream.wire.events import ToolJob, ToolOutput, TurnFailed
+from agentstream.wire.events import ModelOutput, ToolJob, ToolOutput, TurnFailed
 from agentstream.wire.keys import JOB_FIELD, TOOL_WORKER_GROUP, TURN_FIELD
 from tests.support import apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
@@ -433,6 +433,32 @@ async def test_the_watchdog_leaves_a_turn_whose_job_only_waits_for_a_worker(redi
     await services.start("p2", "tool-worker")
     assert (await wait_reply(redis, keys, "t1", timeout_s=15)).status == "ended"
     await wait_for(lambda: _not_awaiting(redis, keys, "w2"), 10, "the trace leaves the awaiting set")
+
+
+async def test_a_turn_whose_results_are_in_but_whose_wake_up_never_came_is_woken_by_the_watchdog(redis, keys, services, store):
+    """A careless client makes the wake-up stream a string: the tool worker records the result
+    but every wake-up it sends is refused, until its job goes to the dead-letter stream. Once the
+    key is repaired, the watchdog wakes the turn (every result in, the turn not ended), instead of
+    leaving it to wait for the conversation's next turn."""
+    services.env["AGENTSTREAM_WATCHDOG_INTERVAL_MS"] = "300"
+    services.env["AGENTSTREAM_MAX_DELIVERIES"] = "2"
+    wake = keys.wake_for("w3")
+    await services.start("p1", "agent-loop", "tool-worker")
+    await publish(redis, keys, trace_id="w3", turn_id="t0", agent="plan", text="do: work(0)")  # the groups exist
+    assert (await wait_reply(redis, keys, "t0", timeout_s=15)).status == "ended"
+    await redis.delete(wake)
+    await redis.set(wake, "not a stream")
+    await publish(redis, keys, trace_id="w3", turn_id="t1", agent="plan", text="do: work(1)")
+    await wait_for(lambda: store.has_key("w3", "jobs:t1:0"), 10)
+    calls = [e.tool_calls[0].id for e in await events_of(store, "w3") if isinstance(e, ModelOutput) and e.turn_id == "t1"]
+    await wait_for(lambda: store.has_key("w3", f"result:{calls[0]}"), 15, "the result is recorded all the same")
+    await asyncio.sleep(1.0)  # the worker's wake-ups are refused meanwhile
+    assert not await store.has_key("w3", "end:t1")
+    await redis.delete(wake)  # repaired
+    reply = await wait_reply(redis, keys, "t1", timeout_s=20)
+    assert reply.status == "ended" and reply.answer == "Results: worked 1 ms"
+    results = [e for e in await events_of(store, "w3") if isinstance(e, ToolOutput) and e.turn_id == "t1"]
+    assert len(results) == 1 and not results[0].late
 
 
 async def _not_awaiting(redis, keys, trace_id):

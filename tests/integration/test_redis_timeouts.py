@@ -120,3 +120,30 @@ async def test_a_write_to_a_redis_that_stopped_reading_times_out_and_the_connect
             assert await client.get("small") == b"y"
         finally:
             await client.aclose()
+
+
+@single_node_only("it kills the client's connections by CLIENT KILL on one server")
+async def test_a_command_whose_connection_is_killed_is_retried_not_raised(redis_url, keys):
+    """connect() promises that commands retry on connection errors (a Redis restart is ridden
+    out). redis-py's sync Retry, given to an asyncio client, returns the command's coroutine
+    unawaited, so the error went straight to the caller; the asyncio Retry retries it."""
+    client = connect(redis_url, block_ms=2000)
+    admin = aioredis.Redis.from_url(redis_url)
+    stream = f"{keys.namespace}:killed"
+    try:
+        await client.client_setname("retry-probe")
+
+        async def kill_soon() -> None:
+            await asyncio.sleep(0.3)
+            for entry in await admin.client_list():
+                if entry.get("name") == "retry-probe":
+                    await admin.client_kill_filter(_id=entry["id"])
+
+        killer = asyncio.create_task(kill_soon())
+        reply = await client.xread({stream: "$"}, block=1000)  # killed mid-block, then read again
+        await killer
+        assert reply == [] or not reply
+        assert await client.ping()
+    finally:
+        await client.aclose()
+        await admin.aclose()

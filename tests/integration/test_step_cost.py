@@ -21,6 +21,7 @@ from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, 
 from tests.integration.test_agent_loop_delivery import model, services  # noqa: F401 (fixtures)
 from tests.support import apps
 from tests.support.inprocess import events_of, publish, wait_for, wait_reply
+from tests.support.redis_server import single_node_only
 
 pytestmark = pytest.mark.integration
 
@@ -303,15 +304,13 @@ async def test_a_service_client_holds_more_commands_in_flight_than_redis_py_s_de
         await client.aclose()
 
 
+@single_node_only("a cluster client pools per node, with redis-py's own classes")
 async def test_a_pooled_connection_left_with_an_unread_reply_is_not_handed_out_as_is(redis_url, keys):
     """The lean pool skips redis-py's lock and metrics, not its check: a connection given back
     with a reply still unread (a command cut short) is reconnected, so the next command never
     reads the stale reply as its own."""
     from agentstream.runtime.connection import LeanPool, connect
-    from agentstream.runtime.connection import is_cluster_url
 
-    if is_cluster_url(redis_url):
-        pytest.skip("a cluster client pools per node, with redis-py's own classes")
     client = connect(redis_url, block_ms=1000)
     try:
         pool = client.connection_pool

@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
+from redis.asyncio.retry import Retry  # the asyncio one: redis.retry's sync Retry returns the coroutine unawaited, so it never retried
 from redis.asyncio.connection import Connection as _Connection
 from redis.asyncio.connection import SSLConnection as _SSLConnection
 from redis.asyncio.connection import UnixDomainSocketConnection as _UnixConnection
@@ -148,10 +148,13 @@ class LeanPool(aioredis.ConnectionPool):
       per command, which agentstream does not enable) and no after-release event (what
       redis-py's streaming credential providers re-authenticate on, which agentstream does not
       use).
-    - A free connection with anything unread (a reply a cut-short command left, or the server's
-      end of the connection) is closed and connected again before it is handed out, so a stale
-      reply is never read as the next command's. redis-py 8.1's own check skips this whenever
-      maintenance notifications are ``"auto"``, its default (seen: the next GET read a stale ECHO's reply).
+    - A free connection with anything unread that has arrived (a late reply, or the server's end
+      of the connection) is closed and connected again before it is handed out, so such a reply
+      is not read as the next command's. redis-py 8.1's own check skips this whenever
+      maintenance notifications are ``"auto"``, its default (seen: the next GET read a stale
+      ECHO's reply). A reply still on its way when the connection is handed out is not seen
+      (by redis-py's pool either): what keeps it from happening is that redis-py closes the
+      connection of any command cut short, and nothing here sends a command without reading its reply.
     """
 
     async def get_connection(self, command_name=None, *keys, **options):  # type: ignore[override]

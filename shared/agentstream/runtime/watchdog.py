@@ -18,7 +18,10 @@ ever wake the turn, and every later turn of the conversation would queue behind 
   group without a result, has vanished. The running turn of such a trace is ended (under the
   trace's lease, like every ending) with code :data:`LOST_WORK_CODE`, its unanswered calls each
   getting an error result first; the reason names the calls and what happened to their jobs.
-- A trace none of whose recorded calls still lacks a result leaves the set.
+- A trace none of whose recorded calls still lacks a result leaves the set; if their turn has
+  not ended either, it is woken first (a wake-up hint, never state): the tool worker's own
+  wake-up may never have been delivered (its stream refused it on every attempt), and without
+  another hint the turn would wait for the conversation's next turn.
 
 Delegation jobs are not watched here: a delegated call's work is its child trace, which the
 delegation service's supervisor ends at its deadline.
@@ -40,6 +43,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from agentstream.wire.keys import Keys, partition_stream
+from agentstream.runtime.operations import wake_trace
 
 log = logging.getLogger("agentstream.runtime.watchdog")
 
@@ -193,6 +197,11 @@ class Watchdog:
                 continue
             waiting[call_id] = (turn_id, stream, entry_id)
         if not waiting:
+            stalled = sorted(t for t in turns if f"end:{t}" not in hashed and f"cancel:{t}" not in hashed)
+            if stalled:  # every result is in, yet the turn did not end: its wake-up may never have come
+                log.info("trace %s: every result of turn %s is in but the turn has not ended after %.0f s; waking it "
+                         "(its wake-up was lost, or its next step is still running)", trace_id, stalled[0], self.interval_s)
+                await wake_trace(self.redis, self.keys, trace_id, "watchdog")  # raises: it stays for the next round
             await self.redis.eval(_FORGET_LUA, 1, self.stream, trace_id, score)
             return 0
         vanished = []
