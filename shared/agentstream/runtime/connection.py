@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.backoff import ExponentialBackoff
-from redis.asyncio.retry import Retry  # the asyncio one: redis.retry's sync Retry returns the coroutine unawaited, so it never retried
+from redis.asyncio.retry import Retry as _AsyncRetry
 from redis.asyncio.connection import Connection as _Connection
 from redis.asyncio.connection import SSLConnection as _SSLConnection
 from redis.asyncio.connection import UnixDomainSocketConnection as _UnixConnection
@@ -134,6 +134,21 @@ class LeanUnixConnection(_LeanSend, _UnixConnection):
 
 
 _LEAN = {_Connection: LeanConnection, _SSLConnection: LeanSSLConnection, _UnixConnection: LeanUnixConnection}
+
+
+class Retry(_AsyncRetry):
+    """redis-py's asyncio Retry (redis-py's sync one, given to an asyncio client, returns the
+    command's coroutine unawaited, so it never retried), without retrying a refused login: an
+    ``AuthenticationError`` is a ``ConnectionError`` to redis-py, but a wrong password stays wrong,
+    and retrying it hid the server's WRONGPASS behind a timeout (the readiness probe's 2 s)."""
+
+    async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count: bool = False):  # type: ignore[override]
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, redis.exceptions.AuthenticationError):
+                return False
+            return is_retryable(error) if is_retryable is not None else True
+
+        return await super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
 class LeanPool(aioredis.ConnectionPool):
