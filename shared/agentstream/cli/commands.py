@@ -198,12 +198,12 @@ def _shown_url(url: str) -> str:
     return redact_url(url)
 
 
-def _connect(settings: Settings, *, retries: int = 1):
+def _connect(settings: Settings):
     """A client for REDIS_URL, or AgentStreamError with a one-line reason (unset, malformed)."""
     if not settings.redis_url:
         raise AgentStreamError("REDIS_URL is not set; point it at the Redis of the services (`agentstream dev` prints it)")
     try:
-        return connect(settings.redis_url, retries=retries, block_ms=settings.block_ms)
+        return connect(settings.redis_url, block_ms=settings.block_ms)
     except ValueError as exc:
         raise AgentStreamError(f"REDIS_URL {_shown_url(settings.redis_url)!r} is not a Redis URL: {exc}") from None
 
@@ -589,7 +589,7 @@ async def _ask(
 ) -> TurnEnded | TurnFailed | None:
     """Publish a turn and print its steps until it ends → its ending, or None after ``timeout_s``
     (then one line saying so, with ``hint``: what to check)."""
-    redis = _connect(settings, retries=6)
+    redis = _connect(settings)
     try:
         turn_id = uuid.uuid4().hex
         start = await last_entry_id(redis, settings.keys.trace(trace_id))  # "0-0": a new conversation

@@ -23,8 +23,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.backoff import ExponentialBackoff
-from redis.asyncio.retry import Retry as _AsyncRetry
+from redis.backoff import NoBackoff
+from redis.asyncio.retry import Retry
 from redis.asyncio.connection import Connection as _Connection
 from redis.asyncio.connection import SSLConnection as _SSLConnection
 from redis.asyncio.connection import UnixDomainSocketConnection as _UnixConnection
@@ -136,19 +136,10 @@ class LeanUnixConnection(_LeanSend, _UnixConnection):
 _LEAN = {_Connection: LeanConnection, _SSLConnection: LeanSSLConnection, _UnixConnection: LeanUnixConnection}
 
 
-class Retry(_AsyncRetry):
-    """redis-py's asyncio Retry (redis-py's sync one, given to an asyncio client, returns the
-    command's coroutine unawaited, so it never retried), without retrying a refused login: an
-    ``AuthenticationError`` is a ``ConnectionError`` to redis-py, but a wrong password stays wrong,
-    and retrying it hid the server's WRONGPASS behind a timeout (the readiness probe's 2 s)."""
-
-    async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count: bool = False):  # type: ignore[override]
-        def retryable(error: Exception) -> bool:
-            if isinstance(error, redis.exceptions.AuthenticationError):
-                return False
-            return is_retryable(error) if is_retryable is not None else True
-
-        return await super().call_with_retry(do, fail, retryable, with_failure_count)
+def no_retry() -> Retry:
+    """What a client does again on a connection error: nothing (see :func:`connect`); one
+    object per client (redis-py adds the errors a client names to its Retry)."""
+    return Retry(NoBackoff(), 0)
 
 
 class LeanPool(aioredis.ConnectionPool):
@@ -272,7 +263,7 @@ the rest ("Too many connections"). A ``max_connections`` in the URL's query wins
 Cluster the cap is per node."""
 
 
-def connect(url: str, *, retries: int = 6, block_ms: int = 2000, cluster: bool | None = None) -> aioredis.Redis:
+def connect(url: str, *, block_ms: int = 2000, cluster: bool | None = None) -> aioredis.Redis:
     """An asyncio client for ``url`` (``redis://``, ``rediss://`` or ``unix://``), bytes replies.
 
     A Redis Cluster (``redis+cluster://host:port`` naming any node, or a plain URL with
@@ -284,15 +275,21 @@ def connect(url: str, *, retries: int = 6, block_ms: int = 2000, cluster: bool |
     pipelines are never transactions. The returned object has the same command methods either way.
     Its stream reads keep a field an entry gives twice (:mod:`agentstream.runtime.entries`).
 
-    Commands retry on connection errors with exponential backoff (redis-py's Retry), so a
-    Redis restart is ridden out instead of failing every in-flight step. The socket timeout is
+    A command is sent once: one that fails on a connection error raises it (redis-py's
+    ``ConnectionError``, ``TimeoutError``), and the next command connects again. redis-py 8 would
+    otherwise retry each command, and each reconnect within it, three times (its default); a
+    command repeated beneath its caller can run twice (the server ran it, the reply was lost),
+    and a tool result appended again that way was recorded a second time, as late. The services'
+    consumers retry instead: a handler that lost Redis runs again after a delay, not counted as a
+    delivery, and its steps are idempotent (:mod:`agentstream.runtime.consumer`), so a Redis
+    restart costs a pause. (Until 2026-12 this passed redis-py's sync ``Retry``, which an asyncio
+    client cannot use: it returned the command's coroutine unawaited, so nothing was retried
+    either, though this said otherwise.) The socket timeout is
     always longer than the longest blocking read (see :func:`socket_timeout_s`): a read that
     blocks for ``block_ms`` ends with the server's empty reply, never with a socket timeout, a
     reconnect and a warning in between (where a cancel published meanwhile could be missed).
 
     Args:
-        retries: retries of a command on a connection error (a one-shot command line tool
-            takes fewer, so a wrong URL fails fast).
         block_ms: the longest blocking read (XREAD/XREADGROUP ``BLOCK``) made on this client,
             in milliseconds: ``AGENTSTREAM_BLOCK_MS`` for the services.
 
@@ -325,8 +322,7 @@ def connect(url: str, *, retries: int = 6, block_ms: int = 2000, cluster: bool |
             url,
             max_connections=int(options.get("max_connections") or MAX_CONNECTIONS),  # per node
             decode_responses=False,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+            retry=no_retry(),  # per command, and the cluster's own retry of a command after a node's failure
             health_check_interval=30,
             socket_timeout=timeout_s,
         ))
@@ -334,8 +330,7 @@ def connect(url: str, *, retries: int = 6, block_ms: int = 2000, cluster: bool |
         url,
         max_connections=MAX_CONNECTIONS,  # the URL's own max_connections, if any, wins
         decode_responses=False,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        retry=no_retry(),
         health_check_interval=30,
         socket_timeout=timeout_s,
     )

@@ -199,8 +199,9 @@ class Watchdog:
         if not waiting:
             stalled = sorted(t for t in turns if f"end:{t}" not in hashed and f"cancel:{t}" not in hashed)
             if stalled:  # every result is in, yet the turn did not end: its wake-up may never have come
-                log.info("trace %s: every result of turn %s is in but the turn has not ended after %.0f s; waking it "
-                         "(its wake-up was lost, or its next step is still running)", trace_id, stalled[0], self.interval_s)
+                log.info("trace %s: every result of turn %s is in but the turn has not ended (it has waited at least "
+                         "%.1f s); waking it (its wake-up was lost, or its next step is still running)",
+                         trace_id, stalled[0], self.interval_s)
                 await wake_trace(self.redis, self.keys, trace_id, "watchdog")  # raises: it stays for the next round
             await self.redis.eval(_FORGET_LUA, 1, self.stream, trace_id, score)
             return 0
