@@ -87,7 +87,9 @@ async def test_a_trace_that_mixes_schema_versions_reads_whole(store, redis, keys
     assert [e for _, e in await store.read("mixed")] == [old, TurnInput(turn_id="t2", agent="a", text="now"), offered]
 
 
-async def test_hints_go_out_after_the_append_in_its_round_trip(store, redis, keys):
+async def test_a_hint_goes_out_with_its_append_and_with_a_repeat_that_appends_nothing(store, redis, keys):
+    # the order (the script, then the hint, in one round trip) is checked by
+    # test_step_cost.py::test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip
     from agentstream.runtime.operations import wake_entry
 
     await store.append("h1", TurnInput(turn_id="t", agent="a", text="hi"))  # the script is loaded

@@ -168,7 +168,7 @@ class LeanPool(aioredis.ConnectionPool):
         try:
             try:
                 stale = connection.is_connected and await connection.can_read()
-            except (redis.exceptions.ConnectionError, OSError):  # it disconnected itself
+            except (RedisConnectionError, OSError):  # it disconnected itself
                 stale = True
             if stale:
                 await connection.disconnect()
