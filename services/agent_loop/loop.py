@@ -39,6 +39,7 @@ from agentstream.steps.summarising import failure_code
 from agentstream.steps.call_ids import scope_call_ids
 from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
 from agentstream.runtime.cancel import cancel_target, publish_cancel
+from agentstream.runtime.consumer import current_delivery
 from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
 from agentstream.wire.events import (
     CancelMessage,
@@ -76,7 +77,7 @@ from agentstream.runtime.store import Read, Taken, TraceStore
 from agentstream.steps.timeline import reply_of_ending
 from agentstream_services.agent_loop.children import Children
 from agentstream_services.agent_loop.compactions import Compactions
-from agentstream.runtime.watchdog import LOST_WORK_CODE, record_jobs
+from agentstream.runtime.watchdog import LOST_WORK_CODE, awaiting_key, record_jobs
 from agentstream_services.agent_loop.mcp_offers import McpOffers
 
 log = logging.getLogger("agentstream.agent_loop")
@@ -101,6 +102,8 @@ class _Outcome(enum.Enum):
     AGAIN = "again"  # the fold is current: decide again
     REFRESH = "refresh"  # something was written by another task: read what came, then decide
     WAIT = "wait"  # the trace waits (tools, a summary, nothing to do): publish, release
+    RELEASED = "released"  # published and released already (with the append of the step's output)
+    DIRTY = "dirty"  # published, the lease kept: a hint came meanwhile; read what came, then decide
 
 
 class AgentLoop:
@@ -162,6 +165,7 @@ class AgentLoop:
         self.busy_policy = busy_policy
         self.trace_retention_s = trace_retention_s
         self._expire_ms = int(trace_retention_s * 1000) if trace_retention_s else None
+        self._publishes_with_append = store.one_server  # a Redis Cluster: the step's publication goes after its append
         self._model_calls: dict[str, tuple[str, asyncio.Task]] = {}  # trace → (turn, model call)
         self._held: dict[str, int] = {}  # trace → the token of the lease this process holds on it
         self._deferred: dict[str, tuple[str, float]] = {}  # trace → (hint entry, until): one waits per trace
@@ -643,9 +647,11 @@ class AgentLoop:
                 outcome = await self._act(trace_id, token, fold, decision, jobs)
             if outcome is _Outcome.AGAIN:
                 continue
-            if outcome is _Outcome.REFRESH:
+            if outcome is _Outcome.REFRESH or outcome is _Outcome.DIRTY:
                 fold = await self._current_fold(trace_id)
                 continue
+            if outcome is _Outcome.RELEASED:
+                return False
             released = await self._release(trace_id, token, fold, jobs)
             jobs.clear()
             if released != "dirty":
@@ -754,12 +760,90 @@ class AgentLoop:
             then = [TurnFailed(turn_id=turn.turn_id, code=nxt.code, reason=nxt.reason)]
         elif isinstance(nxt, RecordResults):
             then = list(nxt.results)
+        if self._publishes_with_append and not fold.unconfirmed:
+            if isinstance(nxt, RunTools) and nxt.calls:
+                return await self._append_with_jobs(trace_id, token, fold, turn, output, nxt)
+            # after the ending the trace waits, unless another turn is queued behind this one
+            if isinstance(nxt, EndTurn) and not isinstance(turn, TaskInput) and not fold.others_unended(turn.turn_id):
+                return await self._append_with_reply(trace_id, token, fold, turn, output, then[0])
         appended = await self._append(trace_id, token, fold, [output], then=then)
         if appended[0] is not None and appended[0].created and output.tool_calls:
             fold.notes[("jobs", turn.turn_id, output.step)] = False  # a new output: nobody published its jobs
         if then and isinstance(then[-1], (TurnEnded, TurnFailed)) and appended[-1] is not None:
             self._ended(fold, turn, then[-1], appended[-1].created)
         return _Outcome.AGAIN
+
+    async def _append_with_jobs(
+        self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput, nxt: RunTools
+    ) -> _Outcome:
+        """Append a model output with tool calls, publish their jobs and give the lease back in
+        one script, when nothing came into the trace since the fold's last entry (one Redis
+        server: :meth:`TraceStore.append_publish_release`). The step after the append would
+        decide ``nxt`` (run these calls) and then wait: its publication and release go with the
+        append. Otherwise (the output was there already, another entry came first, a job stream
+        refused the XADD) the step loop goes on as after any append."""
+        with _step_span(trace_id, nxt):  # each job carries its step's span, as when the step loop builds it
+            jobs = self._jobs(trace_id, fold, turn, nxt.agent, nxt.calls)
+        noted = ("jobs", turn.turn_id, nxt.step)
+        # noted before Redis runs the release, for a task of this process that takes the lease next (see _release)
+        fold.notes[noted] = True
+        try:
+            appended, _outcome = await self._append_publishing(
+                trace_id, token, fold, [output], (), jobs, [_jobs_marker(turn.turn_id, nxt.step)]
+            )
+        except BaseException:
+            fold.notes.pop(noted, None)  # unknown: asked of Redis before the jobs are published
+            raise
+        if _outcome is None:  # not published: the step loop decides again from what it read
+            if appended[0] is not None and appended[0].created:
+                fold.notes[noted] = False  # a new output: nobody published its jobs
+            else:
+                fold.notes.pop(noted, None)
+            return _Outcome.AGAIN
+        return _Outcome.RELEASED if _outcome == "released" else _Outcome.DIRTY
+
+    async def _append_with_reply(
+        self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput, ending: TurnEnded
+    ) -> _Outcome:
+        """Append a model output that answers a root turn with the turn's ending, publish the
+        reply and give the lease back in one script (one Redis server), when nothing came into the
+        trace since the fold's last entry: the reply is the one :meth:`_release` would publish
+        next (the output is the turn's last, so its stop reason is the reply's). The caller
+        checked that no other turn waits behind this one (the next step would start it, not
+        release). Otherwise the step loop goes on as after any append, and publishes the reply
+        it owes."""
+        stop_reason = output.stop_reason if not output.stopped_normally else None
+        reply = _reply_of_ending(trace_id, turn, ending, stop_reason)
+        entries = [("", self._reply_stream(turn), REPLY_FIELD, codec.encode(reply))]
+        marker = f"reply:{ending.turn_id}"
+        appended, outcome = await self._append_publishing(trace_id, token, fold, [output], [ending], entries, [marker])
+        if appended[-1] is not None:
+            self._ended(fold, turn, ending, appended[-1].created)  # the reply is owed until confirmed
+        if outcome is None:
+            return _Outcome.AGAIN
+        _log_ending(trace_id, ending, reply.stop_reason)
+        self._confirm(fold, [marker])
+        return _Outcome.RELEASED if outcome == "released" else _Outcome.DIRTY
+
+    async def _append_publishing(
+        self, trace_id: str, token: int, fold: TraceFold, events: list, then: list, entries: list, marks: list[str]
+    ) -> tuple[list, str | None]:
+        """:meth:`TraceStore.append_publish_release` under the lease ``token``, the read folded →
+        (appended, ``"released"``, ``"dirty"`` or None when nothing was published).
+
+        The work entry being handled (a turn, a wake-up, a cancel) is acknowledged in the same
+        script when the lease is released: every handler's step loop is its last work, and a
+        release ends it (:func:`agentstream.runtime.consumer.current_delivery`)."""
+        delivery = current_delivery()
+        ack = delivery.ack_args() if delivery is not None and not delivery.acknowledged else None
+        appended, read, outcome, _ids = await self.store.append_publish_release(
+            trace_id, events, then=then, fence=token, after=fold.last_id, entries=entries, marks=marks,
+            awaiting_key=awaiting_key(self.keys, self.keys.partition(trace_id)), expire_ms=self._expire_ms, ack=ack,
+        )
+        if ack is not None and outcome == "released":
+            delivery.acknowledged = True
+        await self._fold_with(trace_id, fold, read)
+        return appended, outcome
 
     async def _end(
         self, trace_id: str, token: int, fold: TraceFold, ending: TurnEnded | TurnFailed, turn: TurnInput, *, before=()

@@ -614,3 +614,40 @@ async def test_an_entry_acknowledged_with_others_whose_handler_started_twice_has
     await run_for(c, 0.6)
     assert c.handled == 3 and (await redis.xpending(stream, "g"))["pending"] == 0
     assert not await redis.hgetall(c.attempts_key)  # the flaky one's count and error went with its ack
+
+
+async def test_a_handler_that_acknowledged_its_entry_itself_gets_no_second_acknowledgement(redis, keys):
+    """A handler whose last write acknowledged its entry (a script, see current_delivery) says
+    so; the consumer then sends nothing for it. Tasks the handler starts see no delivery."""
+    from agentstream.runtime.consumer import current_delivery
+
+    stream = f"{keys.namespace}:work"
+    seen: list = []
+
+    async def acknowledging(entry_id, fields):
+        delivery = current_delivery()
+        assert delivery is not None and delivery.ack_args() == (stream, "g", c.attempts_key, entry_id)
+        seen.append(await asyncio.create_task(_delivery_in_a_task()))
+        if fields[b"x"] == b"self":
+            await redis.xack(stream, "g", entry_id)
+            delivery.acknowledged = True
+
+    async def _delivery_in_a_task():
+        return current_delivery()
+
+    c = make(redis, keys, "w1", acknowledging)
+    await c.ensure_group()
+    sent: list = []
+    real = c._ack_ids
+
+    async def counted(ids):
+        sent.extend(ids)
+        await real(ids)
+
+    c._ack_ids = counted
+    own = (await redis.xadd(stream, {b"x": b"self"})).decode()
+    other = (await redis.xadd(stream, {b"x": b"consumer"})).decode()
+    await c.run_until_idle()
+    assert current_delivery() is None and seen == [None, None]
+    assert sent == [other] and own not in sent and c.handled == 2
+    assert (await redis.xpending(stream, "g"))["pending"] == 0

@@ -411,3 +411,60 @@ async def test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip(redis
         else:
             assert names == ["EVALSHA", "XADD"], trip  # the append script, then the hint
     assert len(await redis.xrange(wake)) >= 3
+
+
+async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_with_its_append(redis, keys, services, store, redis_url):  # noqa: F811
+    """The agent loop's critical path: on one Redis the append of a model output with tool calls
+    publishes their jobs, records them for the watchdog and releases the lease in the same
+    script (one round trip), and the append of the answer with the turn's ending publishes the
+    reply and releases the lease; each also acknowledges the entry its handler took (the turn,
+    the wake-up). On a cluster the publication and the release follow the append (one
+    pipeline), then the watchdog's record, then the acknowledgement."""
+    from agentstream.runtime.connection import is_cluster_url
+    from agentstream.runtime.watchdog import AWAITED_FIELD, awaiting_key
+
+    loop = await services.start("p1", "agent-loop")
+    await services.start("p2", "tool-worker")
+    await publish(redis, keys, trace_id="r10", turn_id="w0", agent="plan", text="do: work(0)")
+    assert (await wait_reply(redis, keys, "w0")).status == "ended"
+    recorder = _Recorder(loop.redis)
+    try:
+        for n in range(3):
+            await publish(redis, keys, trace_id="r10", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) work({n + 1})")
+            assert (await wait_reply(redis, keys, f"t{n}")).status == "ended"
+    finally:
+        recorder.close()
+    jobs = keys.tools_for("default", "r10")
+    names = [[_text(c[0]).upper() for c in trip] for trip in recorder.trips]
+    publishing = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == jobs for c in trip)]
+    scripts = [trip for trip in recorder.trips if len(trip) == 1 and _text(trip[0][0]).upper() == "EVALSHA" and jobs in map(_text, trip[0])]
+    if is_cluster_url(redis_url):
+        assert len(publishing) == 3 and not scripts, names
+    else:
+        assert not publishing and len(scripts) == 3, names  # no XADD of a job outside the append's script
+        assert not any(_text(c[0]).upper() == "HSET" and _text(c[2]) == AWAITED_FIELD for trip in recorder.trips for c in trip), names
+    # the answer's append carries the turn's ending, and on one Redis its reply and the release
+    replying = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == keys.replies for c in trip)]
+    with_reply = [trip for trip in recorder.trips if len(trip) == 1 and _text(trip[0][0]).upper() == "EVALSHA"
+                  and keys.replies in map(_text, trip[0])]
+    if is_cluster_url(redis_url):
+        assert len(replying) == 3 and not with_reply, names
+    else:
+        assert not replying and len(with_reply) == 3, names
+    # ... and acknowledges the turn's entry and the wake-up it handles when it releases the lease
+    import hashlib
+
+    from agentstream.runtime.consumer import _ACK_LUA
+
+    ack_sha = hashlib.sha1(_ACK_LUA.encode()).hexdigest()
+    acked = [_text(c[3]) for trip in recorder.trips for c in trip if _text(c[0]).upper() == "EVALSHA" and _text(c[1]) == ack_sha
+             for _entry in c[6:]]  # EVALSHA sha 2 stream counters group id...: one per entry acknowledged
+    # two results, two wake-ups a turn: the first one's step ends the turn, the second finds nothing to do
+    assert acked.count(keys.turns_for("r10")) == (3 if is_cluster_url(redis_url) else 0), acked
+    assert acked.count(keys.wake_for("r10")) == (6 if is_cluster_url(redis_url) else 3), acked
+    for stream in (keys.turns_for("r10"), keys.wake_for("r10")):
+        assert (await redis.xpending(stream, "agent-loop"))["pending"] == 0
+    assert await redis.xlen(jobs) == 1 + 2 * 3  # the first turn's job, then two a turn, each once
+    assert await redis.zscore(awaiting_key(keys, keys.partition("r10")), "r10") is not None
+    assert await redis.get(keys.lease("r10")) is None
+    _verify(loop, await events_of(store, "r10"))

@@ -3,9 +3,11 @@
 import asyncio
 
 import pytest
+from redis.exceptions import ResponseError
 
 from agentstream.errors import StaleLeaseError
 from agentstream.wire.events import ToolOutput, TurnEnded, TurnInput
+from tests.support.redis_server import single_node_only
 
 pytestmark = pytest.mark.integration
 
@@ -130,3 +132,206 @@ async def test_an_append_with_hints_survives_a_server_that_lost_its_scripts(stor
                                   failed_hints=unsent)
     assert appended.created
     assert unsent == [hint]  # it went out before the append ran: the caller sends it again
+
+
+# --- a model output's append with its jobs' publication and the release (one Redis server) -------
+
+
+_one_server = single_node_only("the publication writes keys of several hash slots in one script; a cluster publishes after the append")
+
+
+def _output(turn_id: str = "t1", calls: int = 2):
+    from agentstream.wire.events import ModelOutput, ToolCall
+
+    return ModelOutput(turn_id=turn_id, step=0, stop_reason="tool_calls", provider="openai", model="m", endpoint="default",
+                       tool_calls=tuple(ToolCall(id=f"{turn_id}-c{n}", name="f", arguments="{}") for n in range(calls)))
+
+
+async def _started(store, trace_id: str = "tp"):
+    """A trace with a turn, its lease taken → (token, the last entry id)."""
+    first = await store.append(trace_id, TurnInput(turn_id="t1", agent="a", text="hi"))
+    token = await store.acquire_lease(trace_id, ttl_ms=10_000)
+    return token, first.entry_id
+
+
+def _jobs(keys, output, trace_id: str = "tp"):
+    stream = keys.tools_for("default", trace_id)
+    return [(call.id, stream, b"job", f'{{"call_id":"{call.id}"}}'.encode()) for call in output.tool_calls]
+
+
+async def _publish(store, keys, output, token, after, trace_id: str = "tp", jobs=None, then=(), marks=("jobs:t1:0",)):
+    from agentstream.runtime.watchdog import awaiting_key
+
+    appended, read, outcome, entry_ids = await store.append_publish_release(
+        trace_id, [output], then=list(then), fence=token, after=after,
+        entries=jobs if jobs is not None else _jobs(keys, output, trace_id), marks=list(marks),
+        awaiting_key=awaiting_key(keys, keys.partition(trace_id)),
+    )
+    return (appended[0] if not then else appended), read, outcome, entry_ids
+
+
+async def _published(redis, keys, trace_id: str = "tp") -> tuple[list, bytes | None, bytes | None, float | None, bytes | None]:
+    """(the job entries, the jobs marker, the awaited record, the trace's awaiting score, the lease)."""
+    from agentstream.runtime.watchdog import awaiting_key
+
+    jobs = await redis.xrange(keys.tools_for("default", trace_id))
+    marker, awaited = await redis.hmget(keys.trace_keys(trace_id), ["jobs:t1:0", "awaited"])
+    score = await redis.zscore(awaiting_key(keys, keys.partition(trace_id)), trace_id)
+    return jobs, marker, awaited, score, await redis.get(keys.lease(trace_id))
+
+
+@_one_server
+async def test_an_output_its_jobs_their_watchdog_record_and_the_release_go_in_one_script(store, redis, keys):
+    import json
+
+    token, after = await _started(store)
+    output = _output()
+    appended, read, outcome, entry_ids = await _publish(store, keys, output, token, after)
+    assert appended.created and outcome == "released" and len(entry_ids) == 2
+    assert [e for _, e in read.entries] == [output]  # what came after `after`: the output
+    jobs, marker, awaited, score, lease = await _published(redis, keys)
+    assert [j[0].decode() for j in jobs] == entry_ids and [j[1] for j in jobs] == [{b"job": b'{"call_id":"t1-c0"}'},
+                                                                                    {b"job": b'{"call_id":"t1-c1"}'}]
+    # what record_jobs writes: [[turn, call, stream, entry id]], read by the watchdog
+    stream = keys.tools_for("default", "tp")
+    assert marker == b"1" and json.loads(awaited) == [["t1", "t1-c0", stream, entry_ids[0]], ["t1", "t1-c1", stream, entry_ids[1]]]
+    assert score is not None and lease is None
+    assert [e for _, e in await store.read("tp")][-1] == output
+
+
+@_one_server
+async def test_jobs_do_not_go_out_with_an_output_when_another_entry_came_first(store, redis, keys):
+    token, after = await _started(store)
+    await store.append("tp", TurnInput(turn_id="t2", agent="a", text="meanwhile"))  # a step decided without it
+    appended, read, outcome, entry_ids = await _publish(store, keys, _output(), token, after)
+    assert appended.created and outcome is None and entry_ids == []
+    assert len(read.entries) == 2  # the newcomer and the output: the step loop decides again from them
+    jobs, marker, awaited, score, lease = await _published(redis, keys)
+    assert jobs == [] and marker is None and awaited is None and score is None and int(lease) == token
+
+
+@_one_server
+async def test_jobs_do_not_go_out_with_an_output_that_was_there_already(store, redis, keys):
+    token, after = await _started(store)
+    output = _output()
+    again = await store.append("tp", output, fence=token)  # an earlier try appended it, then lost its answer
+    appended, _read, outcome, _ids = await _publish(store, keys, output, token, after)
+    assert not appended.created and appended.entry_id == again.entry_id and outcome is None
+    jobs, marker, _awaited, _score, lease = await _published(redis, keys)
+    assert jobs == [] and marker is None and int(lease) == token
+
+
+@_one_server
+async def test_a_fenced_off_step_neither_appends_nor_publishes(store, redis, keys):
+    token, after = await _started(store)
+    await redis.delete(keys.lease("tp"))
+    newer = await store.acquire_lease("tp", ttl_ms=10_000)  # the lease expired and another worker took it
+    with pytest.raises(StaleLeaseError):
+        await _publish(store, keys, _output(), token, after)
+    jobs, marker, _awaited, _score, lease = await _published(redis, keys)
+    assert jobs == [] and marker is None and int(lease) == newer
+    assert len(await store.read("tp")) == 1
+
+
+@_one_server
+async def test_a_hint_that_came_while_held_keeps_the_lease_after_the_jobs_went_out(store, redis, keys):
+    token, after = await _started(store)
+    await store.mark_dirty("tp", ttl_ms=10_000)
+    _appended, _read, outcome, entry_ids = await _publish(store, keys, _output(), token, after)
+    assert outcome == "dirty" and len(entry_ids) == 2
+    jobs, marker, _awaited, _score, lease = await _published(redis, keys)
+    assert len(jobs) == 2 and marker == b"1" and int(lease) == token  # kept: look again, then release
+    assert await redis.get(keys.dirty("tp")) is None
+    assert await store.release_lease("tp", token) == "released"
+
+
+@_one_server
+async def test_a_job_stream_that_is_no_stream_leaves_the_publication_to_the_step_loop(store, redis, keys):
+    token, after = await _started(store)
+    output = _output(calls=1)
+    await redis.set(keys.tools_for("default", "tp"), "hostile")  # a client wrote over the job stream
+    appended, _read, outcome, entry_ids = await _publish(store, keys, output, token, after)
+    assert appended.created and outcome is None and entry_ids == []
+    marker, awaited = await redis.hmget(keys.trace_keys("tp"), ["jobs:t1:0", "awaited"])
+    assert marker is None and awaited is None and int(await redis.get(keys.lease("tp"))) == token  # nothing of the release
+    assert [e for _, e in await store.read("tp")][-1] == output  # the output is in; the step loop publishes (and reports)
+
+
+def _answer():
+    from agentstream.wire.events import ModelOutput
+
+    return ModelOutput(turn_id="t1", step=1, content="done", provider="openai", model="m", endpoint="default")
+
+
+@_one_server
+async def test_an_answer_its_turns_ending_and_the_reply_go_in_one_script(store, redis, keys):
+    token, after = await _started(store)
+    ending = TurnEnded(turn_id="t1", answer="done")
+    reply = [("", keys.replies, b"reply", b'{"turn_id":"t1"}')]
+    appended, read, outcome, entry_ids = await _publish(store, keys, _answer(), token, after, jobs=reply, then=[ending],
+                                                        marks=["reply:t1"])
+    assert [a.created for a in appended] == [True, True] and outcome == "released"
+    assert [e for _, e in read.entries] == [_answer(), ending]
+    assert [(i.decode(), f) for i, f in await redis.xrange(keys.replies)] == [(entry_ids[0], {b"reply": b'{"turn_id":"t1"}'})]
+    marker, awaited = await redis.hmget(keys.trace_keys("tp"), ["reply:t1", "awaited"])
+    assert marker == b"1" and awaited is None  # a reply is no tool job: no watchdog record
+    assert await redis.get(keys.lease("tp")) is None
+
+
+@_one_server
+async def test_no_reply_goes_out_when_the_turns_ending_was_left_out(store, redis, keys):
+    token, after = await _started(store)
+    await store.append("tp", TurnInput(turn_id="t2", agent="a", text="meanwhile"))
+    reply = [("", keys.replies, b"reply", b'{"turn_id":"t1"}')]
+    appended, _read, outcome, _ids = await _publish(store, keys, _answer(), token, after, jobs=reply,
+                                                    then=[TurnEnded(turn_id="t1", answer="done")], marks=["reply:t1"])
+    assert appended[0].created and appended[1] is None and outcome is None  # the step decides again
+    assert await redis.xlen(keys.replies) == 0 and await redis.hget(keys.trace_keys("tp"), "reply:t1") is None
+    assert int(await redis.get(keys.lease("tp"))) == token
+
+
+async def _work_entry(redis, keys):
+    """A work entry read by a consumer of group g, with an attempts counter → its ack arguments."""
+    stream, attempts = f"{keys.namespace}:work", f"{{{keys.namespace}:work}}:attempts:g"
+    await redis.xgroup_create(stream, "g", id="0", mkstream=True)
+    entry_id = (await redis.xadd(stream, {b"x": b"1"})).decode()
+    await redis.xreadgroup("g", "w1", {stream: ">"})
+    await redis.hset(attempts, mapping={entry_id: 2, f"{entry_id}:error": "earlier"})
+    return stream, "g", attempts, entry_id
+
+
+@_one_server
+@pytest.mark.parametrize("dirty", [False, True])
+async def test_the_work_entry_is_acknowledged_with_a_release_not_with_a_kept_lease(store, redis, keys, dirty):
+    from agentstream.runtime.watchdog import awaiting_key
+
+    token, after = await _started(store)
+    ack = await _work_entry(redis, keys)
+    if dirty:
+        await store.mark_dirty("tp", ttl_ms=10_000)
+    output = _output()
+    _appended, _read, outcome, _ids = await store.append_publish_release(
+        "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
+        awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=ack,
+    )
+    pending = (await redis.xpending(ack[0], "g"))["pending"]
+    counters = await redis.hlen(ack[2])
+    if dirty:  # the step loop looks again: its work is not done
+        assert outcome == "dirty" and pending == 1 and counters == 2
+    else:
+        assert outcome == "released" and pending == 0 and counters == 0
+
+
+@_one_server
+async def test_the_work_entry_is_not_acknowledged_when_nothing_was_published(store, redis, keys):
+    from agentstream.runtime.watchdog import awaiting_key
+
+    token, after = await _started(store)
+    ack = await _work_entry(redis, keys)
+    await store.append("tp", TurnInput(turn_id="t2", agent="a", text="meanwhile"))
+    output = _output()
+    _appended, _read, outcome, _ids = await store.append_publish_release(
+        "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
+        awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=ack,
+    )
+    assert outcome is None and (await redis.xpending(ack[0], "g"))["pending"] == 1 and await redis.hlen(ack[2]) == 2

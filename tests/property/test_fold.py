@@ -196,3 +196,29 @@ def test_an_output_recorded_for_an_ended_turn_after_a_newer_turns_build_folds_as
     fold.build(newer.agent, turn_id=newer.turn.turn_id, step=newer.step)
     fold.feed(entries[before:])
     _check(fold, events)
+
+
+@settings(SETTINGS, max_examples=150)  # a queued turn behind an answer is rare among the traces drawn
+@given(hostile_traces())
+def test_after_an_answer_decided_ahead_the_trace_waits_unless_another_turn_is_queued(events):
+    """What the agent loop relies on to publish a reply and release the lease with the answer's
+    append: once the ending decided ahead is in, the next decision is Idle exactly when no other
+    turn lacks an ending (:meth:`TraceFold.others_unended`)."""
+    from agentstream.steps.decision import EndTurn, Idle
+    from agentstream.wire.events import TurnEnded
+
+    entries = _entries(events)
+    fold = TraceFold("tr")
+    for index, (entry_id, event) in enumerate(entries):
+        view = fold.view()
+        if isinstance(event, ModelOutput) and view.turn is not None and event.turn_id == view.turn.turn_id:
+            ahead = decide_view(view.with_output(event), AGENTS.get)
+            if isinstance(ahead, EndTurn):
+                ending = TurnEnded(turn_id=event.turn_id, answer=ahead.answer, citations=ahead.citations,
+                                   answer_call=ahead.answer_call)
+                after = decide([*events[: index + 1], ending], AGENTS.get)
+                if fold.others_unended(event.turn_id):
+                    assert not isinstance(after, Idle) and after.turn.turn_id != event.turn_id
+                else:
+                    assert isinstance(after, Idle), after
+        fold.feed([(entry_id, event)])

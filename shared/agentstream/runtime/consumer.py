@@ -4,7 +4,9 @@ A :class:`StreamConsumer` reads one work stream in one consumer group and calls 
 entry, several at a time. Its rules:
 
 - An entry is acknowledged (XACK) only after its handler returned: a handler that raises or a
-  process that dies leaves the entry pending (field cases C15, C20).
+  process that dies leaves the entry pending (field cases C15, C20). A handler whose last write
+  is a script may acknowledge its own entry in it, once nothing is left to do
+  (:func:`current_delivery`); the consumer then sends no acknowledgement of its own.
 - On start it first drains its own pending entries (XREADGROUP from ``0``), then reads new
   entries (``>``): a restarted process that keeps its consumer name finishes what it left.
 - Entries pending on any consumer for longer than ``min_idle_ms`` are claimed in batches
@@ -53,9 +55,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -90,9 +94,54 @@ DeadLetterHook = Callable[[str, Fields, str], Awaitable[None]]
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _FIRST_BACKOFF_S = 0.1
 _RECLAIM_CALLS = 20  # XAUTOCLAIM calls per reclaim round at most (each scans 10 x count entries)
-__all__ = ["ConsumerConfig", "Deferred", "IsolationGate", "StreamConsumer", "group_consumer", "partition_consumers"]
+__all__ = ["ConsumerConfig", "Deferred", "Delivery", "IsolationGate", "StreamConsumer", "current_delivery", "group_consumer",
+           "partition_consumers"]
 
 UNKNOWN_ERROR = "unknown: the handler never returned (its process died or was killed while handling the entry)"
+
+
+@dataclass
+class Delivery:
+    """The work entry a handler is handling, for a handler that acknowledges it in its own last
+    write (see :func:`current_delivery`).
+
+    Attributes:
+        stream: the work stream.
+        group: the consumer group.
+        attempts_key: the hash of its attempts counters (its fields ``<entry id>`` and
+            ``<entry id>:error`` go with the acknowledgement).
+        entry_id: the entry's id.
+        acknowledged: set by the handler once a write of its own acknowledged the entry (the
+            consumer then sends no acknowledgement).
+    """
+
+    stream: str
+    group: str
+    attempts_key: str
+    entry_id: str
+    acknowledged: bool = False
+    task: asyncio.Task | None = None
+
+    def ack_args(self) -> tuple[str, str, str, str]:
+        """``(stream, group, attempts key, entry id)``."""
+        return self.stream, self.group, self.attempts_key, self.entry_id
+
+
+_DELIVERY: contextvars.ContextVar[Delivery | None] = contextvars.ContextVar("agentstream_delivery", default=None)
+
+
+def current_delivery() -> Delivery | None:
+    """The entry the running handler handles, or None outside a handler's own task.
+
+    A handler may acknowledge it in a script that does its last write (the acknowledgement must
+    hold only if that write does: the work is then done, nothing after it can fail), then set
+    :attr:`Delivery.acknowledged`. Tasks the handler starts see None (they inherit its context
+    variables, not its entry): only the handler itself knows when its work is done.
+    """
+    delivery = _DELIVERY.get()
+    if delivery is None or delivery.task is not asyncio.current_task():
+        return None
+    return delivery
 
 
 class IsolationGate:
@@ -560,12 +609,16 @@ class StreamConsumer:
                     attempts = await self._begin(entry_id)
                     if not attempts:
                         return
-                outcome = await self._call_handler(entry_id, fields, attempts)
+                delivery = Delivery(self.stream, self.group, self.attempts_key, entry_id, task=asyncio.current_task())
+                outcome = await self._call_handler(entry_id, fields, attempts, delivery)
             finally:
                 await self._leave(suspect)
             if outcome:
                 self.handled += 1
-                await self._ack(entry_id)
+                if delivery.acknowledged:  # by the handler's last write
+                    self._unwritten.discard(entry_id)
+                else:
+                    await self._ack(entry_id)
         except asyncio.CancelledError:
             if attempts:
                 self._interrupted.add(entry_id)
@@ -586,14 +639,17 @@ class StreamConsumer:
         log.info("entry %s of %s is no longer pending on %s (claimed by another consumer, or acknowledged); "
                  "not started here", entry_id, self.stream, self.consumer)
 
-    async def _call_handler(self, entry_id: str, fields: Fields, attempts: int) -> bool:
-        """Run the handler → True when it succeeded (else the entry waits for a retry)."""
+    async def _call_handler(self, entry_id: str, fields: Fields, attempts: int, delivery: Delivery) -> bool:
+        """Run the handler → True when it succeeded (else the entry waits for a retry); it sees
+        ``delivery`` as :func:`current_delivery`."""
         in_flight = metrics.HANDLERS_IN_FLIGHT.labels(service=self.group, stream=self.stream)
         in_flight.inc()
+        bound = _DELIVERY.set(delivery)
         try:
             try:
                 await self.handler(entry_id, fields)
             finally:
+                _DELIVERY.reset(bound)
                 in_flight.dec()
         except Deferred as signal:
             self.deferred += 1

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +51,8 @@ from agentstream.wire.events import (
 from agentstream.wire.keys import Keys
 from agentstream.runtime.entries import entry_fields, keep_doubled_fields
 from agentstream.runtime.operations import Entry, redirect_refused_replies
+
+log = logging.getLogger("agentstream.runtime.store")
 
 # The fencing token of a new lease: a counter per trace in its key hash (no global hot key). A new
 # counter (a new trace, or one deleted by retention and started again) starts at the server's
@@ -87,7 +91,7 @@ end
 # Returns {{status, id, ...}, first id, entries}: status 1 = appended, 0 = already there (id of
 # the first append), 2 = not appended (the condition failed), -1 = fenced off, -2 = the guard
 # key is there (nothing appended).
-_APPEND_LUA = _READ_LUA + """
+_APPEND_HEAD_LUA = """
 if ARGV[1] ~= '' then
   local current = redis.call('GET', KEYS[3])
   if current ~= ARGV[1] then
@@ -101,7 +105,7 @@ if ARGV[7] ~= '' then
   end
 end
 local starts = {}
-local i = 9
+local i = first_event
 while i <= #ARGV do
   table.insert(starts, i)
   i = i + 3 + 2 * tonumber(ARGV[i + 2])
@@ -147,11 +151,85 @@ end
 if ARGV[8] ~= '' and redis.call('GET', KEYS[4]) == ARGV[8] then
   redis.call('DEL', KEYS[4])
 end
+"""
+
+_APPEND_LUA = _READ_LUA + "local first_event = 9\n" + _APPEND_HEAD_LUA + """
 if ARGV[3] == '' then
   return {out, '', {}}
 end
 local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
 return {out, first_id, entries}
+"""
+
+# An append, then, in the same script, the publication of what the step leaves waiting (tool
+# jobs, a reply), the markers that say it went out, the watchdog's record of the jobs and the
+# release of the lease (one server, not a cluster: the streams published to and the awaiting set
+# are other hash slots). KEYS: as _APPEND_LUA (the run key slot holds the trace), then the dirty
+# mark, the awaiting set, the work stream and the attempts counter of the entry the step handles
+# (acknowledged when the lease is released: the handler's work is done), and the stream of each
+# entry published. ARGV: as _APPEND_LUA, except that ARGV[9] is the count P of publication
+# arguments that follow it, the events starting after them: the trace id, the awaited time in ms
+# ('' = no watchdog record), the consumer group and the id of the entry to acknowledge ('' =
+# none), the count of markers and the markers, then per entry its call id ('' = not a tool job),
+# turn id, field and payload. The
+# entries go out only when every event was appended by this call and no entry came after `after`
+# before it (the step decided them from the trace up to `after`, under the lease checked first).
+# Returns the append's answer, then the outcome of the publication (0 = not published, 1 =
+# published and released, 2 = published and the lease kept: a hint came meanwhile, its mark
+# cleared; -3 = an XADD failed, with its error: no marker set, the lease held) and the entry ids.
+_APPEND_PUBLISH_LUA = _READ_LUA + """
+local first_event = 10 + tonumber(ARGV[9])
+local untouched = true
+do
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  local last_id = ''
+  if last[1] then last_id = last[1][1] end
+  untouched = (last_id == ARGV[3])
+end
+""" + _APPEND_HEAD_LUA + """
+local published = 0
+local entry_ids = {}
+local all_new = untouched and ARGV[1] ~= '' and #out > 0
+for n = 1, #out, 2 do
+  if out[n] ~= 1 then all_new = false end
+end
+if all_new then
+  local n_marks = tonumber(ARGV[14])
+  local record = {}
+  local a = 15 + n_marks
+  for j = 9, #KEYS do
+    local id = redis.pcall('XADD', KEYS[j], '*', ARGV[a + 2], ARGV[a + 3])
+    if type(id) == 'table' and id.err then
+      published = -3
+      entry_ids = {id.err}
+      break
+    end
+    table.insert(entry_ids, id)
+    if ARGV[a] ~= '' then table.insert(record, {ARGV[a + 1], ARGV[a], KEYS[j], id}) end
+    a = a + 4
+  end
+  if published == 0 then
+    for m = 15, 14 + n_marks do
+      redis.call('HSET', KEYS[2], ARGV[m], '1')
+    end
+    if ARGV[11] ~= '' and #record > 0 then
+      redis.call('HSET', KEYS[2], 'awaited', cjson.encode(record))
+      redis.call('ZADD', KEYS[6], ARGV[11], ARGV[10])
+    end
+    if redis.call('DEL', KEYS[5]) == 1 then
+      published = 2
+    else
+      redis.call('DEL', KEYS[3])
+      published = 1
+      if ARGV[13] ~= '' then
+        redis.call('XACK', KEYS[7], ARGV[12], ARGV[13])
+        redis.call('HDEL', KEYS[8], ARGV[13], ARGV[13] .. ':error')
+      end
+    end
+  end
+end
+local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
+return {out, first_id, entries, published, entry_ids}
 """
 
 # KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: lease ttl in ms, after ('' =
@@ -435,12 +513,19 @@ class TraceStore:
         self.codec = codec if codec is not None else _codec.DEFAULT_CODEC
         self.read_count = read_count
         self._append_script = redis.register_script(_APPEND_LUA)
+        self._append_publish_script = redis.register_script(_APPEND_PUBLISH_LUA)
         self._take_script = redis.register_script(_TAKE_ONLY_LUA)
         self._admit_script = redis.register_script(_ADMIT_LUA)
         self._acquire_script = redis.register_script(_FENCE_LUA + _ACQUIRE_LUA)
         self._release_script = redis.register_script(_RELEASE_LUA)
         self._begin_call_script = redis.register_script(_BEGIN_CALL_LUA)
         self._renew_script = redis.register_script(_RENEW_LUA)
+
+    @property
+    def one_server(self) -> bool:
+        """Whether the store talks to one Redis server (not a Redis Cluster): a script may then
+        write keys of several hash slots (:meth:`append_publish_release`)."""
+        return not isinstance(self.redis, RedisCluster)
 
     def _trace_keys(self, trace_id: str) -> list[str]:
         k = self.keys
@@ -549,25 +634,10 @@ class TraceStore:
             StaleLeaseError: ``fence`` is not the trace's current lease (nothing is appended).
             SchemaVersionError, EventDecodeError: an entry read back cannot be decoded.
         """
-        everything = [*events, *then]
-        idem = list(keys) if keys is not None else [key_for(e) for e in everything]
         if then and after is None:
             raise ValueError("conditional appends (then=) need after=: the id the step read up to")
-        argv: list[bytes | str | int] = [
-            "" if fence is None else str(fence),
-            codec._VERSION_BYTES,
-            after or "",
-            len(then),
-            "" if expire_ms is None else str(max(1, int(expire_ms))),
-            self.read_count,
-            unless or "",
-            release[1] if release else "",
-        ]
-        for k, event in zip(idem, everything, strict=True):
-            markers = markers_for(event)
-            argv += [k, codec.encode(event), len(markers)]
-            for field, value in markers:
-                argv += [field, value]
+        argv = self._append_args(then, fence=fence, after=after, expire_ms=expire_ms, unless=unless, release=release)
+        argv += self._event_args([*events, *then], keys)
         script_keys = [*self._trace_keys(trace_id)[:3], release[0] if release else self.keys.trace(trace_id)]
         failed: list[Entry] = []
         if hints and not isinstance(self.redis, RedisCluster):
@@ -584,6 +654,110 @@ class TraceStore:
             for stream, fields in failed:  # published again on their own: raises what refuses them
                 await self.redis.xadd(stream, fields)
         return appended
+
+    def _append_args(self, then, *, fence, after, expire_ms, unless, release) -> list:
+        """The first eight arguments of the append script (see _APPEND_LUA)."""
+        return [
+            "" if fence is None else str(fence),
+            codec._VERSION_BYTES,
+            after or "",
+            len(then),
+            "" if expire_ms is None else str(max(1, int(expire_ms))),
+            self.read_count,
+            unless or "",
+            release[1] if release else "",
+        ]
+
+    @staticmethod
+    def _event_args(everything: Sequence[Event], keys: Sequence[str] | None) -> list:
+        """Per event: its idempotency key, its bytes, its marker count and its markers."""
+        idem = list(keys) if keys is not None else [key_for(e) for e in everything]
+        argv: list = []
+        for k, event in zip(idem, everything, strict=True):
+            markers = markers_for(event)
+            argv += [k, codec.encode(event), len(markers)]
+            for field, value in markers:
+                argv += [field, value]
+        return argv
+
+    async def append_publish_release(
+        self,
+        trace_id: str,
+        events: Sequence[Event],
+        *,
+        then: Sequence[Event] = (),
+        fence: int,
+        after: str,
+        entries: Sequence[tuple[str, str, bytes, bytes]],
+        marks: Sequence[str],
+        awaiting_key: str,
+        expire_ms: int | None = None,
+        ack: tuple[str, str, str, str] | None = None,
+    ) -> tuple[list[Appended | None], Read, str | None, list[str]]:
+        """Append ``events`` (and ``then``, as :meth:`append_and_read`) and, when this call
+        appended all of them and nothing came into the trace since ``after``, publish what the
+        step leaves waiting and give the lease back: one script, one round trip. On one Redis
+        server only (:attr:`one_server`): the streams published to and the awaiting set are other
+        hash slots, so on a Redis Cluster use :meth:`append_and_read`, then
+        :meth:`publish_and_release` and :func:`agentstream.runtime.watchdog.record_jobs`.
+
+        The entries go out under the lease (checked first: a fenced-off step publishes nothing),
+        so a tool job never carries a call the trace does not hold and a reply never answers an
+        ending that was left out. What the publication writes is what those three calls write:
+        each entry's XADD, ``marks`` in the trace's key hash, for the tool jobs (entries with a
+        call id) the ``awaited`` record and the trace in ``awaiting_key`` scored by the time in
+        ms, then the release (kept when a hint came meanwhile, its dirty mark cleared).
+
+        Args:
+            events: appended in order, each once by its idempotency key (:func:`key_for`).
+            then: appended after them only when the trace's last entry is still ``after``.
+            fence: the lease's fencing token.
+            after: the id the step read the trace up to.
+            entries: ``[(call id or "", stream, field, payload)]`` to XADD in order; a call id
+                names a tool job, recorded for the watchdog.
+            marks: the key-hash markers that say the entries went out (a step's jobs marker,
+                ``reply:<turn id>``).
+            awaiting_key: the watchdog's sorted set of waiting traces for this trace.
+            expire_ms: as :meth:`append_and_read`.
+            ack: ``(stream, group, attempts key, entry id)``: the work entry the step handles,
+                acknowledged (and its attempts counter dropped, as
+                :class:`agentstream.runtime.consumer.StreamConsumer` does) when the lease is
+                released: the handler's work is then done. Not when the lease is kept.
+
+        Returns:
+            ``(appended, read, outcome, entry ids)``: as :meth:`append_and_read` (what came
+            after ``after``, the appended events included), then ``"released"`` or ``"dirty"``
+            with the entry ids when the entries went out, or None with ``[]`` when they did not:
+            an event was there already, one of ``then`` was left out, another entry came first,
+            or a stream refused its XADD (the entries before it may be out; no marker is set and
+            the lease is held). The step loop then publishes as after any append, and reports a
+            refusal as it always does.
+
+        Raises:
+            StaleLeaseError: ``fence`` is not the trace's current lease (nothing is written).
+            SchemaVersionError, EventDecodeError: an entry read back cannot be decoded.
+        """
+        if not entries:
+            raise ValueError("append_publish_release needs at least one entry to publish")
+        argv = self._append_args(then, fence=fence, after=after, expire_ms=expire_ms, unless=None, release=None)
+        jobs = any(call_id for call_id, _stream, _field, _payload in entries)
+        ack_stream, group, attempts, entry_id = ack if ack is not None else (self.keys.trace(trace_id), "", self.keys.trace(trace_id), "")
+        publish: list = [trace_id, int(time.time() * 1000) if jobs else "", group, entry_id, len(marks), *marks]
+        turn_ids = [e.turn_id for e in (*events, *then) if getattr(e, "turn_id", None)]
+        for call_id, _stream, field, payload in entries:
+            publish += [call_id, turn_ids[0] if turn_ids else "", field, payload]
+        argv += [len(publish), *publish, *self._event_args([*events, *then], None)]
+        script_keys = [*self._trace_keys(trace_id)[:3], self.keys.trace(trace_id), self.keys.dirty(trace_id), awaiting_key,
+                       ack_stream, attempts, *(stream for _call_id, stream, _field, _payload in entries)]
+        reply = await self._append_publish_script(keys=script_keys, args=argv)
+        appended, read = self._appended(trace_id, fence, after, *reply[:3])  # raises when fenced off (a short reply)
+        assert read is not None
+        code, raw_ids = int(reply[3]), reply[4]
+        if code == -3:
+            log.warning("trace %s: publishing with the append failed (%s); the step loop publishes again",
+                        trace_id, _text(raw_ids[0]))
+        outcome = {1: "released", 2: "dirty"}.get(code)
+        return appended, read, outcome, [_text(i) for i in raw_ids] if outcome else []
 
     async def _append_then_hint(self, script_keys: list, argv: list, hints: Sequence[Entry], failed: list[Entry]):
         """The append script, then the XADD of each hint, in one pipeline → the script's answer;

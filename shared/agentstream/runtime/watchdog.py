@@ -9,7 +9,9 @@ ever wake the turn, and every later turn of the conversation would queue behind 
   (``awaited`` in the trace's key hash: turn, call id, stream and entry id of each call of that
   step; the next step's record replaces it, since a turn only ever waits on its latest step) and
   puts the trace in the namespace's *awaiting* set (a sorted set scored by publish time), see
-  :func:`record_jobs`. A look at a trace reads that record and the markers of its calls (two
+  :func:`record_jobs` (on one Redis server the script that appends a model output and
+  publishes its jobs writes the same record:
+  :meth:`agentstream.runtime.store.TraceStore.append_publish_release`). A look at a trace reads that record and the markers of its calls (two
   HMGETs), never the whole key hash, which grows with the conversation.
 - Every agent-loop process runs a :class:`Watchdog`: every ``interval_s`` it looks at the traces
   in that set that have waited at least that long. A call without a result whose job is still

@@ -212,6 +212,11 @@ class TraceFold:
             return None
         return self.turns[self.order[self._active]].turn
 
+    def others_unended(self, turn_id: str) -> bool:
+        """Whether a turn other than ``turn_id`` has no ending yet (one queued behind it): the
+        decision after ``turn_id``'s ending acts on it instead of waiting."""
+        return any(other != turn_id and self.turns[other].ending is None for other in self.order[self._active:])
+
     def ending(self, turn_id: str) -> TurnEnded | TurnFailed | None:
         """The turn's ending, or None."""
         record = self.turns.get(turn_id)
