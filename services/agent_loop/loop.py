@@ -788,19 +788,19 @@ class AgentLoop:
         # noted before Redis runs the release, for a task of this process that takes the lease next (see _release)
         fold.notes[noted] = True
         try:
-            appended, _outcome = await self._append_publishing(
-                trace_id, token, fold, [output], (), jobs, [_jobs_marker(turn.turn_id, nxt.step)]
+            appended, outcome = await self._append_publishing(
+                trace_id, token, fold, [output], [], jobs, [_jobs_marker(turn.turn_id, nxt.step)]
             )
         except BaseException:
             fold.notes.pop(noted, None)  # unknown: asked of Redis before the jobs are published
             raise
-        if _outcome is None:  # not published: the step loop decides again from what it read
+        if outcome is None:  # not published: the step loop decides again from what it read
             if appended[0] is not None and appended[0].created:
                 fold.notes[noted] = False  # a new output: nobody published its jobs
             else:
                 fold.notes.pop(noted, None)
             return _Outcome.AGAIN
-        return _Outcome.RELEASED if _outcome == "released" else _Outcome.DIRTY
+        return _Outcome.RELEASED if outcome == "released" else _Outcome.DIRTY
 
     async def _append_with_reply(
         self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput, ending: TurnEnded
