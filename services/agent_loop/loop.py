@@ -836,11 +836,11 @@ class AgentLoop:
         release ends it (:func:`agentstream.runtime.consumer.current_delivery`)."""
         delivery = current_delivery()
         ack = delivery.ack_args() if delivery is not None and not delivery.acknowledged else None
-        appended, read, outcome, _ids = await self.store.append_publish_release(
+        appended, read, outcome, _ids, acknowledged = await self.store.append_publish_release(
             trace_id, events, then=then, fence=token, after=fold.last_id, entries=entries, marks=marks,
             awaiting_key=awaiting_key(self.keys, self.keys.partition(trace_id)), expire_ms=self._expire_ms, ack=ack,
         )
-        if ack is not None and outcome == "released":
+        if acknowledged:
             delivery.acknowledged = True
         await self._fold_with(trace_id, fold, read)
         return appended, outcome

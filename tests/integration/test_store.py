@@ -162,7 +162,7 @@ def _jobs(keys, output, trace_id: str = "tp"):
 async def _publish(store, keys, output, token, after, trace_id: str = "tp", jobs=None, then=(), marks=("jobs:t1:0",)):
     from agentstream.runtime.watchdog import awaiting_key
 
-    appended, read, outcome, entry_ids = await store.append_publish_release(
+    appended, read, outcome, entry_ids, _acked = await store.append_publish_release(
         trace_id, [output], then=list(then), fence=token, after=after,
         entries=jobs if jobs is not None else _jobs(keys, output, trace_id), marks=list(marks),
         awaiting_key=awaiting_key(keys, keys.partition(trace_id)),
@@ -246,15 +246,44 @@ async def test_a_hint_that_came_while_held_keeps_the_lease_after_the_jobs_went_o
 
 
 @_one_server
-async def test_a_job_stream_that_is_no_stream_leaves_the_publication_to_the_step_loop(store, redis, keys):
+@pytest.mark.parametrize("hostile", ["first job stream", "second job stream", "awaiting set"])
+async def test_a_key_of_another_type_leaves_the_whole_publication_to_the_step_loop(store, redis, keys, hostile):
+    """Every stream and the awaiting set are checked before the first XADD: a step whose second
+    queue refuses its job publishes none (the step loop's own publication then reports the
+    refusal), so no job goes out twice (trial: the first queue's job was published by the script
+    and again by the step loop)."""
+    from agentstream.runtime.watchdog import awaiting_key
+
     token, after = await _started(store)
-    output = _output(calls=1)
-    await redis.set(keys.tools_for("default", "tp"), "hostile")  # a client wrote over the job stream
-    appended, _read, outcome, entry_ids = await _publish(store, keys, output, token, after)
+    output = _output()
+    first, second = keys.tools_for("default", "tp"), keys.tools_for("other", "tp")
+    jobs = [("t1-c0", first, b"job", b"0"), ("t1-c1", second, b"job", b"1")]
+    target = {"first job stream": first, "second job stream": second,
+              "awaiting set": awaiting_key(keys, keys.partition("tp"))}[hostile]
+    await redis.set(target, "hostile")  # a client wrote over it
+    appended, _read, outcome, entry_ids = await _publish(store, keys, output, token, after, jobs=jobs)
     assert appended.created and outcome is None and entry_ids == []
+    for stream in (first, second):
+        if stream != target:
+            assert await redis.xlen(stream) == 0  # nothing published, to be published once by the step loop
     marker, awaited = await redis.hmget(keys.trace_keys("tp"), ["jobs:t1:0", "awaited"])
     assert marker is None and awaited is None and int(await redis.get(keys.lease("tp"))) == token  # nothing of the release
     assert [e for _, e in await store.read("tp")][-1] == output  # the output is in; the step loop publishes (and reports)
+
+
+@_one_server
+async def test_a_work_stream_of_another_type_is_left_to_the_consumer_to_acknowledge(store, redis, keys):
+    from agentstream.runtime.watchdog import awaiting_key
+
+    token, after = await _started(store)
+    stream = f"{keys.namespace}:work"
+    await redis.set(stream, "hostile")
+    output = _output()
+    _appended, _read, outcome, _ids, acked = await store.append_publish_release(
+        "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
+        awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=(stream, "g", f"{{{stream}}}:attempts:g", "1-0"),
+    )
+    assert outcome == "released" and not acked  # published and released; the consumer's own ack reports the stream
 
 
 def _answer():
@@ -310,10 +339,11 @@ async def test_the_work_entry_is_acknowledged_with_a_release_not_with_a_kept_lea
     if dirty:
         await store.mark_dirty("tp", ttl_ms=10_000)
     output = _output()
-    _appended, _read, outcome, _ids = await store.append_publish_release(
+    _appended, _read, outcome, _ids, acked = await store.append_publish_release(
         "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
         awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=ack,
     )
+    assert acked is (not dirty)
     pending = (await redis.xpending(ack[0], "g"))["pending"]
     counters = await redis.hlen(ack[2])
     if dirty:  # the step loop looks again: its work is not done
@@ -330,8 +360,8 @@ async def test_the_work_entry_is_not_acknowledged_when_nothing_was_published(sto
     ack = await _work_entry(redis, keys)
     await store.append("tp", TurnInput(turn_id="t2", agent="a", text="meanwhile"))
     output = _output()
-    _appended, _read, outcome, _ids = await store.append_publish_release(
+    _appended, _read, outcome, _ids, acked = await store.append_publish_release(
         "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
         awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=ack,
     )
-    assert outcome is None and (await redis.xpending(ack[0], "g"))["pending"] == 1 and await redis.hlen(ack[2]) == 2
+    assert outcome is None and not acked and (await redis.xpending(ack[0], "g"))["pending"] == 1 and await redis.hlen(ack[2]) == 2

@@ -176,7 +176,9 @@ return {out, first_id, entries}
 # before it (the step decided them from the trace up to `after`, under the lease checked first).
 # Returns the append's answer, then the outcome of the publication (0 = not published, 1 =
 # published and released, 2 = published and the lease kept: a hint came meanwhile, its mark
-# cleared; -3 = an XADD failed, with its error: no marker set, the lease held) and the entry ids.
+# cleared; -3 = a stream, or the awaiting set, holds another type, checked before any XADD, or
+# an XADD failed, with its error: no marker set, the lease held), the entry ids, and 1 when the
+# work entry was acknowledged (with a release, its stream a stream and its counters a hash).
 _APPEND_PUBLISH_LUA = _READ_LUA + """
 local first_event = 10 + tonumber(ARGV[9])
 local untouched = true
@@ -188,16 +190,32 @@ do
 end
 """ + _APPEND_HEAD_LUA + """
 local published = 0
+local acked = 0
 local entry_ids = {}
 local all_new = untouched and ARGV[1] ~= '' and #out > 0
 for n = 1, #out, 2 do
   if out[n] ~= 1 then all_new = false end
+end
+local function refuses(key, kind)
+  local t = redis.call('TYPE', key)['ok']
+  return t ~= 'none' and t ~= kind
 end
 if all_new then
   local n_marks = tonumber(ARGV[14])
   local record = {}
   local a = 15 + n_marks
   for j = 9, #KEYS do
+    if refuses(KEYS[j], 'stream') then
+      published = -3
+      entry_ids = {'WRONGTYPE ' .. KEYS[j] .. ' holds no stream'}
+    end
+  end
+  if ARGV[11] ~= '' and refuses(KEYS[6], 'zset') then
+    published = -3
+    entry_ids = {'WRONGTYPE ' .. KEYS[6] .. ' holds no sorted set'}
+  end
+  for j = 9, #KEYS do
+    if published ~= 0 then break end
     local id = redis.pcall('XADD', KEYS[j], '*', ARGV[a + 2], ARGV[a + 3])
     if type(id) == 'table' and id.err then
       published = -3
@@ -221,15 +239,16 @@ if all_new then
     else
       redis.call('DEL', KEYS[3])
       published = 1
-      if ARGV[13] ~= '' then
+      if ARGV[13] ~= '' and not refuses(KEYS[7], 'stream') and not refuses(KEYS[8], 'hash') then
         redis.call('XACK', KEYS[7], ARGV[12], ARGV[13])
         redis.call('HDEL', KEYS[8], ARGV[13], ARGV[13] .. ':error')
+        acked = 1
       end
     end
   end
 end
 local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
-return {out, first_id, entries, published, entry_ids}
+return {out, first_id, entries, published, entry_ids, acked}
 """
 
 # KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: lease ttl in ms, after ('' =
@@ -693,7 +712,7 @@ class TraceStore:
         awaiting_key: str,
         expire_ms: int | None = None,
         ack: tuple[str, str, str, str] | None = None,
-    ) -> tuple[list[Appended | None], Read, str | None, list[str]]:
+    ) -> tuple[list[Appended | None], Read, str | None, list[str], bool]:
         """Append ``events`` (and ``then``, as :meth:`append_and_read`) and, when this call
         appended all of them and nothing came into the trace since ``after``, publish what the
         step leaves waiting and give the lease back: one script, one round trip. On one Redis
@@ -722,16 +741,18 @@ class TraceStore:
             ack: ``(stream, group, attempts key, entry id)``: the work entry the step handles,
                 acknowledged (and its attempts counter dropped, as
                 :class:`agentstream.runtime.consumer.StreamConsumer` does) when the lease is
-                released: the handler's work is then done. Not when the lease is kept.
+                released: the handler's work is then done. Not when the lease is kept, nor when
+                the stream or its counters hold another type (the consumer then acknowledges).
 
         Returns:
-            ``(appended, read, outcome, entry ids)``: as :meth:`append_and_read` (what came
-            after ``after``, the appended events included), then ``"released"`` or ``"dirty"``
-            with the entry ids when the entries went out, or None with ``[]`` when they did not:
-            an event was there already, one of ``then`` was left out, another entry came first,
-            or a stream refused its XADD (the entries before it may be out; no marker is set and
-            the lease is held). The step loop then publishes as after any append, and reports a
-            refusal as it always does.
+            ``(appended, read, outcome, entry ids, acknowledged)``: as :meth:`append_and_read`
+            (what came after ``after``, the appended events included), then ``"released"`` or
+            ``"dirty"`` with the entry ids when the entries went out, or None with ``[]`` when
+            none did: an event was there already, one of ``then`` was left out, another entry
+            came first, or a stream (or the awaiting set) holds another type, as every one is
+            checked before the first XADD: nothing is published, no marker set, the lease held.
+            The step loop then publishes as after any append, and reports a refusal as it
+            always does. Last, whether ``ack``'s entry was acknowledged.
 
         Raises:
             StaleLeaseError: ``fence`` is not the trace's current lease (nothing is written).
@@ -752,12 +773,12 @@ class TraceStore:
         reply = await self._append_publish_script(keys=script_keys, args=argv)
         appended, read = self._appended(trace_id, fence, after, *reply[:3])  # raises when fenced off (a short reply)
         assert read is not None
-        code, raw_ids = int(reply[3]), reply[4]
+        code, raw_ids, acked = int(reply[3]), reply[4], bool(int(reply[5]))
         if code == -3:
-            log.warning("trace %s: publishing with the append failed (%s); the step loop publishes again",
+            log.warning("trace %s: nothing published with the append (%s); the step loop publishes again",
                         trace_id, _text(raw_ids[0]))
         outcome = {1: "released", 2: "dirty"}.get(code)
-        return appended, read, outcome, [_text(i) for i in raw_ids] if outcome else []
+        return appended, read, outcome, [_text(i) for i in raw_ids] if outcome else [], acked
 
     async def _append_then_hint(self, script_keys: list, argv: list, hints: Sequence[Entry], failed: list[Entry]):
         """The append script, then the XADD of each hint, in one pipeline → the script's answer;
