@@ -113,6 +113,7 @@ class Delivery:
         entry_id: the entry's id.
         acknowledged: set by the handler once a write of its own acknowledged the entry (the
             consumer then sends no acknowledgement).
+        task: the task that runs the handler (only it sees the delivery).
     """
 
     stream: str
@@ -896,15 +897,28 @@ class StreamConsumer:
 # KEYS: the stream, its attempts hash (same slot). ARGV: group, entry id.
 # KEYS: stream, attempts hash. ARGV: group, entry ids (at most ACK_BATCH). Acknowledges them
 # (one XACK) and drops their counters (one HDEL).
-_ACK_LUA = """
-local ids, fields = {}, {}
+ACK_FUNCTION_LUA = """
+local function ack_entries(stream, counters, group, ids)
+  local fields = {}
+  for _, id in ipairs(ids) do
+    fields[#fields + 1] = id
+    fields[#fields + 1] = id .. ':error'
+  end
+  redis.call('XACK', stream, group, unpack(ids))
+  redis.call('HDEL', counters, unpack(fields))
+end
+"""
+"""A Lua function, ``ack_entries(stream, counters, group, ids)``: the acknowledgement of handled
+entries as a consumer sends it (XACK, and HDEL of their attempts counters ``<id>`` and
+``<id>:error``), for a script that acknowledges a handler's entry with its last write
+(:func:`current_delivery`)."""
+
+_ACK_LUA = ACK_FUNCTION_LUA + """
+local ids = {}
 for i = 2, #ARGV do
   ids[#ids + 1] = ARGV[i]
-  fields[#fields + 1] = ARGV[i]
-  fields[#fields + 1] = ARGV[i] .. ':error'
 end
-redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
-redis.call('HDEL', KEYS[2], unpack(fields))
+ack_entries(KEYS[1], KEYS[2], ARGV[1], ids)
 return 0
 """
 

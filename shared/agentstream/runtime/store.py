@@ -50,6 +50,7 @@ from agentstream.wire.events import (
 )
 from agentstream.wire.keys import Keys
 from agentstream.runtime.entries import entry_fields, keep_doubled_fields
+from agentstream.runtime.consumer import ACK_FUNCTION_LUA
 from agentstream.runtime.operations import Entry, redirect_refused_replies
 
 log = logging.getLogger("agentstream.runtime.store")
@@ -66,6 +67,25 @@ local function next_fence(keys_hash)
     redis.call('HSET', keys_hash, 'fence', string.format('%d', n))
   end
   return n
+end
+"""
+
+# Giving a lease back: the markers first (whatever the lease's state: they record effects done
+# already), then 0 when the lease is not `token`'s, 2 when a hint came while it was held and it
+# is kept (the dirty mark cleared), else 1: released.
+_RELEASE_FUNCTION_LUA = """
+local function release(lease, dirty, keys_hash, token, keep_if_dirty, marks)
+  for _, mark in ipairs(marks) do
+    redis.call('HSET', keys_hash, mark, '1')
+  end
+  if redis.call('GET', lease) ~= token then
+    return 0
+  end
+  if keep_if_dirty and redis.call('DEL', dirty) == 1 then
+    return 2
+  end
+  redis.call('DEL', lease)
+  return 1
 end
 """
 
@@ -179,7 +199,7 @@ return {out, first_id, entries}
 # cleared; -3 = a stream, or the awaiting set, holds another type, checked before any XADD, or
 # an XADD failed, with its error: no marker set, the lease held), the entry ids, and 1 when the
 # work entry was acknowledged (with a release, its stream a stream and its counters a hash).
-_APPEND_PUBLISH_LUA = _READ_LUA + """
+_APPEND_PUBLISH_LUA = _READ_LUA + _RELEASE_FUNCTION_LUA + ACK_FUNCTION_LUA + """
 local first_event = 10 + tonumber(ARGV[9])
 local untouched = true
 do
@@ -227,23 +247,18 @@ if all_new then
     a = a + 4
   end
   if published == 0 then
-    for m = 15, 14 + n_marks do
-      redis.call('HSET', KEYS[2], ARGV[m], '1')
-    end
     if ARGV[11] ~= '' and #record > 0 then
       redis.call('HSET', KEYS[2], 'awaited', cjson.encode(record))
       redis.call('ZADD', KEYS[6], ARGV[11], ARGV[10])
     end
-    if redis.call('DEL', KEYS[5]) == 1 then
-      published = 2
-    else
-      redis.call('DEL', KEYS[3])
-      published = 1
-      if ARGV[13] ~= '' and not refuses(KEYS[7], 'stream') and not refuses(KEYS[8], 'hash') then
-        redis.call('XACK', KEYS[7], ARGV[12], ARGV[13])
-        redis.call('HDEL', KEYS[8], ARGV[13], ARGV[13] .. ':error')
-        acked = 1
-      end
+    local marks = {}
+    for m = 15, 14 + n_marks do
+      marks[#marks + 1] = ARGV[m]
+    end
+    published = release(KEYS[3], KEYS[5], KEYS[2], ARGV[1], true, marks)
+    if published == 1 and ARGV[13] ~= '' and not refuses(KEYS[7], 'stream') and not refuses(KEYS[8], 'hash') then
+      ack_entries(KEYS[7], KEYS[8], ARGV[12], {ARGV[13]})
+      acked = 1
     end
   end
 end
@@ -764,9 +779,8 @@ class TraceStore:
         jobs = any(call_id for call_id, _stream, _field, _payload in entries)
         ack_stream, group, attempts, entry_id = ack if ack is not None else (self.keys.trace(trace_id), "", self.keys.trace(trace_id), "")
         publish: list = [trace_id, int(time.time() * 1000) if jobs else "", group, entry_id, len(marks), *marks]
-        turn_ids = [e.turn_id for e in (*events, *then) if getattr(e, "turn_id", None)]
-        for call_id, _stream, field, payload in entries:
-            publish += [call_id, turn_ids[0] if turn_ids else "", field, payload]
+        for call_id, _stream, field, payload in entries:  # a job's turn: the appended output's
+            publish += [call_id, events[0].turn_id, field, payload]
         argv += [len(publish), *publish, *self._event_args([*events, *then], None)]
         script_keys = [*self._trace_keys(trace_id)[:3], self.keys.trace(trace_id), self.keys.dirty(trace_id), awaiting_key,
                        ack_stream, attempts, *(stream for _call_id, stream, _field, _payload in entries)]
@@ -1188,18 +1202,12 @@ return token
 
 # KEYS: lease, dirty mark, the trace's key hash. ARGV: token, keep if dirty ('1'/'0'), then
 # markers to set in the key hash (whatever the lease's state: they record effects done already).
-_RELEASE_LUA = """
+_RELEASE_LUA = _RELEASE_FUNCTION_LUA + """
+local marks = {}
 for i = 3, #ARGV do
-  redis.call('HSET', KEYS[3], ARGV[i], '1')
+  marks[#marks + 1] = ARGV[i]
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-if ARGV[2] == '1' and redis.call('DEL', KEYS[2]) == 1 then
-  return 2
-end
-redis.call('DEL', KEYS[1])
-return 1
+return release(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2] == '1', marks)
 """
 
 
