@@ -423,6 +423,7 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     from agentstream.runtime.connection import is_cluster_url
     from agentstream.runtime.watchdog import AWAITED_FIELD, awaiting_key
 
+    services.env["AGENTSTREAM_TRIM_INTERVAL_MS"] = "0"  # the job stream keeps every job (counted below)
     loop = await services.start("p1", "agent-loop")
     await services.start("p2", "tool-worker")
     await publish(redis, keys, trace_id="r10", turn_id="w0", agent="plan", text="do: work(0)")
