@@ -24,7 +24,8 @@ Figures:
 - Redis commands per turn: those the services send (MONITOR, by client name), and every
   command Redis ran, scripts' inner calls included (INFO commandstats);
 - growth: latency and agent-loop CPU per turn at turns 1, 50, 200, 500 and 1,000 of one
-  conversation (CPU from /proc/<pid>/task/*/schedstat, in ns).
+  conversation (CPU from /proc/<pid>/task/*/schedstat, in ns), each turn followed by one of a
+  short reference conversation, whose ratio to it takes the machine's drift out (see ``_growth``).
 
 With ``--cluster``, the sitting is instead agentstream alone on a private 3-node Redis Cluster
 (started on loopback ports, as the tests' cluster fixture does) and on one private Redis,
@@ -456,7 +457,21 @@ async def _count_commands(port: int, client, turns: int = 40) -> dict:
     return {"per_turn": per_turn, "idle_per_turn": idle_per_turn, "by_command": {k: v / turns for k, v in by_command.items()}}
 
 
-async def _growth(port: int, checkpoints: list[int], window: int = 10) -> dict:
+REFERENCE_TURNS = 50
+"""Turns of each reference conversation of the growth run before a new one starts (see :func:`_growth`)."""
+
+
+async def _growth(port: int, checkpoints: list[int], window: int = 20) -> dict:
+    """Latency (ms) and agent-loop CPU (ms, schedstat) per turn at each checkpoint turn of one
+    long conversation: the medians of the ``window`` turns before it.
+
+    Each turn of the long conversation is followed by a turn of a short reference conversation
+    (a new one every :data:`REFERENCE_TURNS` turns, so it stays between turns 1 and 50), measured
+    the same way: on a shared VM the machine's speed drifts by tens of percent within the run,
+    and the ratio of the two, taken turn by turn, cancels that drift. Rows: ``turn_ms``,
+    ``loop_cpu_ms``, ``ref_turn_ms``, ``ref_loop_cpu_ms``, ``relative_turn`` and ``relative_cpu``
+    (the medians of the long turn's figure over the reference turn's), ``events``.
+    """
     services = Services(port, 1, 1)
     driver = Driver(port, services.namespace)
     rows: dict[int, dict] = {}
@@ -464,19 +479,35 @@ async def _growth(port: int, checkpoints: list[int], window: int = 10) -> dict:
         await driver.start()
         await _ready(driver, services)
         loop_pid = services.pids("agent-loop")[0]
-        latencies: list[float] = []
-        cpus: list[float] = []
-        for n in range(1, max(checkpoints) + 1):
+
+        async def measured(trace_id: str, turn_id: str) -> tuple[float, float]:
             c0 = proc_cpu_ns(loop_pid)
             t0 = time.perf_counter()
-            await driver.turn("long", f"t{n}")
-            latencies.append(time.perf_counter() - t0)
-            cpus.append((proc_cpu_ns(loop_pid) - c0) / 1e6)
+            await driver.turn(trace_id, turn_id)
+            return time.perf_counter() - t0, (proc_cpu_ns(loop_pid) - c0) / 1e6
+
+        latencies: list[float] = []
+        cpus: list[float] = []
+        ref_latencies: list[float] = []
+        ref_cpus: list[float] = []
+        for n in range(1, max(checkpoints) + 1):
+            latency, cpu = await measured("long", f"t{n}")
+            latencies.append(latency)
+            cpus.append(cpu)
+            ref, ref_turn = divmod(n - 1, REFERENCE_TURNS)
+            latency, cpu = await measured(f"reference-{ref}", f"r{ref}-{ref_turn + 1}")
+            ref_latencies.append(latency)
+            ref_cpus.append(cpu)
         for point in checkpoints:
             lo = max(0, point - window)
             rows[point] = {
                 "turn_ms": statistics.median(latencies[lo:point]) * 1000,
                 "loop_cpu_ms": statistics.median(cpus[lo:point]),
+                "ref_turn_ms": statistics.median(ref_latencies[lo:point]) * 1000,
+                "ref_loop_cpu_ms": statistics.median(ref_cpus[lo:point]),
+                # turn by turn, each long turn against the reference turn just after it
+                "relative_turn": statistics.median(a / b for a, b in zip(latencies[lo:point], ref_latencies[lo:point])),
+                "relative_cpu": statistics.median(a / b for a, b in zip(cpus[lo:point], ref_cpus[lo:point]) if b > 0),
                 "events": point * 5,
             }
     finally:
@@ -642,15 +673,24 @@ def report(result: dict) -> str:
     lines.append("| turn of one conversation | " + " | ".join(f"{p:,}" for p in rows) + " |")
     lines.append("|---|" + "---|" * len(rows))
     lines.append("| events in the trace | " + " | ".join(f"{r['events']:,}" for r in rows.values()) + " |")
-    lines.append("| latency per turn (median of the 10 turns before) | " + " | ".join(f"{r['turn_ms']:.2f} ms" for r in rows.values()) + " |")
+    lines.append("| latency per turn (median of the 20 turns before) | " + " | ".join(f"{r['turn_ms']:.2f} ms" for r in rows.values()) + " |")
     lines.append("| agent-loop CPU per turn | " + " | ".join(f"{r['loop_cpu_ms']:.2f} ms" for r in rows.values()) + " |")
+    if all("ref_turn_ms" in r for r in rows.values()):
+        lines.append("| reference conversation (turns 1–50), interleaved: latency, CPU | "
+                     + " | ".join(f"{r['ref_turn_ms']:.2f}, {r['ref_loop_cpu_ms']:.2f} ms" for r in rows.values()) + " |")
+        lines.append("| long turn over reference turn: latency, CPU | "
+                     + " | ".join(f"{r['relative_turn']:.2f}×, {r['relative_cpu']:.2f}×" for r in rows.values()) + " |")
     fifty = rows.get(50)
     last = rows[max(rows)]
     lines.append("")
     if fifty:
-        lines.append(f"Turn {max(rows):,} against turn 50: latency {last['turn_ms'] / fifty['turn_ms']:.2f}×, "
-                     f"agent-loop CPU {last['loop_cpu_ms'] / fifty['loop_cpu_ms']:.2f}× (target ≤ 1.3×); "
-                     f"load average at the end of the growth run {result['growth_load']:.2f}.")
+        text = (f"Turn {max(rows):,} against turn 50: latency {last['turn_ms'] / fifty['turn_ms']:.2f}×, "
+                f"agent-loop CPU {last['loop_cpu_ms'] / fifty['loop_cpu_ms']:.2f}×")
+        if "relative_turn" in last and "relative_turn" in fifty:
+            text += (f"; each against its interleaved reference (the machine's drift taken out): latency "
+                     f"{last['relative_turn'] / fifty['relative_turn']:.2f}×, agent-loop CPU "
+                     f"{last['relative_cpu'] / fifty['relative_cpu']:.2f}×")
+        lines.append(text + f" (target ≤ 1.3×); load average at the end of the growth run {result['growth_load']:.2f}.")
     else:
         lines.append(f"Load average at the end of the growth run {result['growth_load']:.2f}.")
     return "\n".join(lines)
