@@ -6,7 +6,8 @@ reads no event (:meth:`TraceStore.begin_call`), so a job costs the same whatever
 its trace; the result is recorded and the run key given back in one more:
 
 - a job that names no call of its trace's running turn (a call the trace never made, whether
-  or not its turn has ended; a turn that is not running; a trace that does not exist) is
+  or not its turn has ended; a turn that is not running; a trace that does not exist; a real
+  call with another tool or other arguments than the call recorded) is
   acknowledged and reported on the errors stream; nothing is written into any trace (:func:`agentstream.runtime.call_runs.job_problem`);
 - a call already answered, or whose turn was cancelled or has ended, is skipped (a queued job of
   a cancelled turn never runs; the agent loop writes its cancelled result);
@@ -123,7 +124,8 @@ class ToolWorker:
         ref = f"{stream}/{entry_id}"
         run = self.runs.run(job.trace_id, job.call_id)
         # one step, no event read: the call checked against its markers, claimed, its run key taken
-        state = await self.store.begin_call(job.trace_id, job.turn_id, job.call_id, ref, name=job.name, run=run)
+        state = await self.store.begin_call(job.trace_id, job.turn_id, job.call_id, ref, name=job.name, arguments=job.arguments,
+                                            run=run)
         if state.unchecked:  # no marker of the call: read its turn (never the whole trace) to decide
             events = [e for _, e in await self.store.read(job.trace_id, from_id=state.turn_entry)]
             problem = job_problem(events, job)
@@ -282,6 +284,11 @@ class ToolWorker:
             value = await tool.invoke(job.arguments)
             value_text, data, error = value.text, value.data, value.error
             elements, events = tuple(value.elements), tuple(value.events)
+            unstorable = _unstorable(job.name, value_text, data, elements)
+            if unstorable is not None:  # recorded as an error result now, not retried on every delivery
+                value_text, data, error, elements, events = f"Error: {unstorable}", None, "invalid_result", (), ()
+                log.warning("tool %s call %s of trace %s returned an unstorable result: %s", job.name, job.call_id, job.trace_id,
+                            unstorable)
             if elements or events:
                 problem = self._invalid(job.name, elements, events)
                 if problem is not None:
@@ -329,6 +336,17 @@ class ToolWorker:
 
     async def _wake(self, job: ToolJob) -> None:
         await operations.wake_trace(self.redis, self.keys, job.trace_id, f"result:{job.call_id}")
+
+
+def _unstorable(name: str, text: str, data: object, elements: tuple) -> str | None:
+    """Why a tool's result cannot be stored in the trace as JSON (a lone UTF-16 surrogate in its
+    text, a value of a type JSON has no form for in its data), or None when it can."""
+    try:
+        codec.encode(ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, elements=elements))
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # UnicodeEncodeError is a ValueError
+        return (f"tool {name!r} returned a result that cannot be stored as JSON ({type(exc).__name__}: {exc}); "
+                "none of it was recorded")
+    return None
 
 
 def _span_attributes(job: ToolJob) -> dict[str, str]:

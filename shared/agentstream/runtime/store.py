@@ -360,12 +360,20 @@ def key_for(event: Event) -> str:
     raise TypeError(f"no idempotency key for event type {type(event).__name__}")
 
 
+def arguments_digest(arguments: str) -> str:
+    """A digest of a tool call's raw arguments text (hex, 32 characters of SHA-256 over its
+    UTF-8 bytes), kept in the call's marker so a job's arguments are checked against the
+    call's without reading the trace."""
+    return hashlib.sha256(arguments.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def markers_for(event: Event) -> list[tuple[str, str]]:
     """The markers set in the trace's key hash when ``event`` is appended (atomically with it):
-    ``call:<call id>`` → ``<turn id>\n<tool name>`` for each tool call of a model output, so
-    a tool job's call is checked in O(1) (:meth:`TraceStore.begin_call`)."""
+    ``call:<call id>`` → ``<turn id>\n<tool name>\n<arguments digest>`` for each tool call of a
+    model output, so a tool job's call is checked in O(1) (:meth:`TraceStore.begin_call`)."""
     if isinstance(event, ModelOutput) and event.tool_calls:
-        return [(f"call:{call.id}", f"{event.turn_id}\n{call.name}") for call in event.tool_calls]
+        return [(f"call:{call.id}", f"{event.turn_id}\n{call.name}\n{arguments_digest(call.arguments)}")
+                for call in event.tool_calls]
     return []
 
 
@@ -486,9 +494,12 @@ class CallState:
 
 # KEYS: the trace's key hash, the trace stream, the call's run key. ARGV: call id, turn id,
 # job ref, tool name, runner ('' = take no run key), run key ttl in ms, '1' when the caller
-# checked the call itself (no marker check). First the job must name a call that may run:
-# {'no_trace'}, {'no_turn'}, {'unchecked', turn entry} (no marker of the call), {'other',
-# marker} (the call is another turn's or tool's). A call of an ended turn needs no marker. Then
+# checked the call itself (no marker check), the digest of the job's arguments ('' = not
+# checked). First the job must name a call that may run: {'no_trace'}, {'no_turn'},
+# {'unchecked', turn entry} (no marker of the call), {'other', marker} (the call is another
+# turn's or tool's), {'arguments', marker} (the call was made with other arguments; a marker
+# written before markers had a digest, `<turn>\n<tool>`, answers 'unchecked' when the
+# arguments are to be checked: the caller reads the turn). Then
 # the call is claimed for the job unless it is answered, its turn is cancelled or over, or
 # another job holds it; and a claimed call's run key is taken for the runner unless another
 # runner holds it: {'ok', result, cancelled, ended, started, holder, run holder, ms left}.
@@ -502,9 +513,17 @@ if ARGV[7] ~= '1' then
   if not entry then return {'no_turn'} end
   local made = redis.call('HGET', h, 'call:' .. call)
   if not made then return {'unchecked', entry} end
+  local marker = made
   local want = turn .. '\\n' .. ARGV[4]
-  if ARGV[4] == '' then made, want = string.sub(made, 1, #turn + 1), turn .. '\\n' end
-  if made ~= want then return {'other', redis.call('HGET', h, 'call:' .. call)} end
+  if ARGV[4] == '' then
+    made, want = string.sub(made, 1, #turn + 1), turn .. '\\n'
+  elseif string.sub(made, 1, #want + 1) == want .. '\\n' then  -- the call's arguments digest follows
+    if ARGV[8] ~= '' and string.sub(made, #want + 2) ~= ARGV[8] then return {'arguments', marker} end
+    made = want
+  elseif made == want and ARGV[8] ~= '' then  -- no digest: its arguments are checked in the turn's events
+    return {'unchecked', entry}
+  end
+  if made ~= want then return {'other', marker} end
 end
 local result = redis.call('HEXISTS', h, 'result:' .. call)
 local cancelled = redis.call('HEXISTS', h, 'cancel:' .. turn)
@@ -961,6 +980,7 @@ class TraceStore:
         job: str,
         *,
         name: str = "",
+        arguments: str | None = None,
         run: tuple[str, str, int] | None = None,
         checked: bool = False,
     ) -> CallState:
@@ -977,6 +997,9 @@ class TraceStore:
 
         Args:
             name: the job's tool name (``""``: any tool, only the turn is checked).
+            arguments: the job's raw arguments, which must be the call's (:func:`arguments_digest`
+                in its marker; None: not checked). A job that carries other arguments names no
+                call that may run: a hint never says what a call does, the trace does.
             run: ``(run key, runner, ttl ms)``: take the call's run key (in the trace's hash slot)
                 for ``runner`` when the claim is this job's, unless another runner holds it.
             checked: the caller checked the call by reading the trace: skip the markers.
@@ -984,7 +1007,8 @@ class TraceStore:
         run_key, runner, ttl_ms = run if run is not None else (self.keys.trace(trace_id), "", 0)
         raw = await self._begin_call_script(
             keys=[self.keys.trace_keys(trace_id), self.keys.trace(trace_id), run_key],
-            args=[call_id, turn_id, job, name, runner, ttl_ms, "1" if checked else "0"],
+            args=[call_id, turn_id, job, name, runner, ttl_ms, "1" if checked else "0",
+                  "" if arguments is None else arguments_digest(arguments)],
         )
         code = _text(raw[0])
         if code != "ok":
@@ -995,6 +1019,10 @@ class TraceStore:
             if code == "unchecked":
                 return CallState(False, False, False, False, "", False, unchecked=True, turn_entry=_text(raw[1]))
             made_turn, _, made_name = _text(raw[1]).partition("\n")
+            made_name = made_name.partition("\n")[0]
+            if code == "arguments":
+                return _problem(f"call {call_id!r} of turn {turn_id!r} was made with other arguments than the job's "
+                                "(the trace records what a call runs; a job only says which call to run)")
             if made_turn != turn_id:
                 return _problem(f"turn {turn_id!r} of trace {trace_id!r} made no call {call_id!r} "
                                 f"(it is a call of turn {made_turn!r})")

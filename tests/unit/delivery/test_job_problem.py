@@ -13,8 +13,8 @@ TRACE = [
 ]
 
 
-def job(turn_id="t2", call_id="c2", name="work", trace_id="tr"):
-    return ToolJob(trace_id=trace_id, turn_id=turn_id, call_id=call_id, name=name, arguments="{}")
+def job(turn_id="t2", call_id="c2", name="work", trace_id="tr", arguments=""):
+    return ToolJob(trace_id=trace_id, turn_id=turn_id, call_id=call_id, name=name, arguments=arguments)
 
 
 def test_a_call_of_the_running_turn_may_run():
@@ -36,3 +36,4 @@ def test_jobs_for_anything_else_are_named_with_the_reason():
     assert "is not the running turn" in job_problem(TRACE, job(turn_id="t3"))
     assert "made no call 'forged'" in job_problem(TRACE, job(call_id="forged"))
     assert "not 'record'" in job_problem(TRACE, job(name="record"))
+    assert "other arguments than the job's" in job_problem(TRACE, job(arguments='{"ms": 1}'))

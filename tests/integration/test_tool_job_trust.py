@@ -1,0 +1,99 @@
+"""A tool job is a hint, a tool's result is the tool's: what the tool worker does with a job
+whose arguments are not the ones its call recorded, and with a result that cannot be stored.
+
+The trial of 2026-12-02: a job published by hand for a real call, with other arguments, ran
+those arguments (the trace said the call had its own); a tool that returned a lone UTF-16
+surrogate, or data JSON has no form for, failed its handler on every delivery, ran again each
+time and then dead-lettered (a tool with side effects got a false "outcome unknown"). Real
+Redis; the tool worker's own handler."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentstream import Agent, App, ToolResult, tool
+from agentstream.wire import codec
+from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, ToolStarted, TurnInput
+from agentstream.wire.keys import JOB_FIELD
+from agentstream_services.tool_worker.worker import ToolWorker
+from tests.support.inprocess import errors_of, events_of
+
+pytestmark = pytest.mark.integration
+
+RUNS: dict[str, int] = {}
+
+
+def _ran(name: str) -> None:
+    RUNS[name] = RUNS.get(name, 0) + 1
+
+
+@tool
+def lone_surrogate(key: str) -> str:
+    """Answers with text that is not Unicode (half of a surrogate pair)."""
+    _ran("lone_surrogate")
+    return "a\ud83db"
+
+
+@tool(side_effects=True)
+def odd_data(key: str) -> ToolResult:
+    """A tool with side effects whose data holds a value JSON has no form for."""
+    _ran("odd_data")
+    return ToolResult(text="done", data={"z": object()})
+
+
+@tool(side_effects=True)
+def record(key: str) -> str:
+    """A side effect: records its key."""
+    _ran(f"record:{key}")
+    return f"recorded {key}"
+
+
+APP = App(agents=[Agent(name="a", system_prompt="x", tools=[lone_surrogate, odd_data, record])])
+
+
+async def _call(store, trace_id: str, name: str, arguments: str) -> ToolJob:
+    """A running turn whose model output made one call → the job the agent loop would publish."""
+    await store.append(trace_id, TurnInput(turn_id="t1", agent="a", text="go"))
+    call = ToolCall(id="c1", name=name, arguments=arguments)
+    await store.append(trace_id, ModelOutput(turn_id="t1", step=0, tool_calls=(call,)))
+    return ToolJob(trace_id=trace_id, turn_id="t1", call_id="c1", name=name, arguments=arguments)
+
+
+@pytest.mark.parametrize("name", ["lone_surrogate", "odd_data"])
+async def test_a_result_that_cannot_be_stored_is_one_error_result_and_the_tool_runs_once(store, redis, keys, name):
+    RUNS.clear()
+    worker = ToolWorker(APP, store)
+    job = await _call(store, f"u-{name}", name, '{"key": "k"}')
+    fields = {JOB_FIELD: codec.encode(job)}
+    await worker.on_job("1-1", fields, stream=keys.tools("default"))  # no exception: the handler is done
+    await worker.on_job("1-1", fields, stream=keys.tools("default"))  # delivered again: answered already
+    results = [e for e in await events_of(store, f"u-{name}") if isinstance(e, ToolOutput)]
+    (result,) = results
+    assert result.error == "invalid_result" and not result.late
+    assert "cannot be stored as JSON" in result.text and name in result.text
+    assert RUNS == {name: 1}
+    assert worker.outcomes_unknown == 0
+    if name == "odd_data":  # a tool with side effects: started once, no false "outcome unknown"
+        assert sum(isinstance(e, ToolStarted) for e in await events_of(store, f"u-{name}")) == 1
+
+
+@pytest.mark.parametrize("marker", ["with digest", "none (read the turn)", "without digest (older version)"])
+async def test_a_job_whose_arguments_are_not_its_calls_runs_nothing_and_is_reported(store, redis, keys, marker):
+    RUNS.clear()
+    worker = ToolWorker(APP, store)
+    trace_id = f"forge-{marker.split()[0]}"
+    job = await _call(store, trace_id, "record", '{"key": "orig"}')
+    if marker.startswith("none"):  # a call appended without markers: the worker reads the turn instead
+        await redis.hdel(keys.trace_keys(trace_id), "call:c1")
+    elif marker.startswith("without"):  # `<turn>\n<tool>`, as before markers carried the digest: the turn is read
+        await redis.hset(keys.trace_keys(trace_id), "call:c1", "t1\nrecord")
+    forged = ToolJob(trace_id=trace_id, turn_id="t1", call_id="c1", name="record", arguments='{"key": "forged"}')
+    await worker.on_job("1-1", {JOB_FIELD: codec.encode(forged)}, stream=keys.tools("default"))
+    assert RUNS == {} and worker.strays == 1
+    assert not [e for e in await events_of(store, trace_id) if isinstance(e, (ToolOutput, ToolStarted))]
+    (error,) = await errors_of(redis, keys)
+    assert "was made with other arguments than the job's" in error["error"] and error["entry"] == "1-1"
+    await worker.on_job("1-2", {JOB_FIELD: codec.encode(job)}, stream=keys.tools("default"))  # the real job still runs
+    assert RUNS == {"record:orig": 1}
+    (result,) = [e for e in await events_of(store, trace_id) if isinstance(e, ToolOutput)]
+    assert result.text == "recorded orig" and result.error is None
