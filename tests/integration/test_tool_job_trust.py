@@ -4,19 +4,24 @@ whose arguments are not the ones its call recorded, and with a result that canno
 The trial of 2026-12-02: a job published by hand for a real call, with other arguments, ran
 those arguments (the trace said the call had its own); a tool that returned a lone UTF-16
 surrogate, or data JSON has no form for, failed its handler on every delivery, ran again each
-time and then dead-lettered (a tool with side effects got a false "outcome unknown"). Real
-Redis; the tool worker's own handler."""
+time and then dead-lettered (a tool with side effects got a false "outcome unknown"); a model
+output that cannot be stored did the same to the agent loop. Real Redis; the services' own
+handlers."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from agentstream import Agent, App, ToolResult, tool
+from agentstream.app.testing import ScriptedModel, call
 from agentstream.wire import codec
-from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, ToolStarted, TurnInput
-from agentstream.wire.keys import JOB_FIELD
+from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, ToolStarted, TurnFailed, TurnInput
+from agentstream.wire.keys import JOB_FIELD, TURN_FIELD
+from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.tool_worker.worker import ToolWorker
-from tests.support.inprocess import errors_of, events_of
+from tests.support.inprocess import errors_of, events_of, replies_on
 
 pytestmark = pytest.mark.integration
 
@@ -97,3 +102,23 @@ async def test_a_job_whose_arguments_are_not_its_calls_runs_nothing_and_is_repor
     assert RUNS == {"record:orig": 1}
     (result,) = [e for e in await events_of(store, trace_id) if isinstance(e, ToolOutput)]
     assert result.text == "recorded orig" and result.error is None
+
+
+@pytest.mark.parametrize("output", ["text", "tool call arguments"])
+async def test_a_model_output_that_cannot_be_stored_fails_its_turn_once(store, redis, keys, output):
+    """The same kind on the agent loop's side: a model (an app's own adapter, a double) that
+    returns a lone surrogate. Before, the append failed the handler, and every delivery called
+    the model again until the turn's entry was dead-lettered."""
+    reply = "a\ud83db" if output == "text" else call("record", '{"key": "\ud83d"}')
+    model = ScriptedModel([reply])
+    loop = AgentLoop(APP, store, {"default": model})
+    trace_id = f"m-{output.split()[0]}"
+    turn = json.dumps({"trace_id": trace_id, "turn_id": "t1", "agent": "a", "text": "go"})
+    await loop.on_turn("1-1", {TURN_FIELD: turn.encode()})  # no exception: the handler is done
+    events = await events_of(store, trace_id)
+    (failed,) = [e for e in events if isinstance(e, TurnFailed)]
+    assert failed.code == "model_error" and "cannot be stored as JSON" in failed.reason and "UnicodeEncodeError" in failed.reason
+    assert not [e for e in events if isinstance(e, ModelOutput)]
+    (sent,) = [r for r in await replies_on(redis, keys.replies) if r.turn_id == "t1"]
+    assert sent.status == "failed" and sent.code == "model_error"
+    assert len(model.requests) == 1 and not model.errors
