@@ -713,7 +713,7 @@ class AgentLoop:
                     code = DEADLINE_CODE if isinstance(exc, ModelDeadlineExceeded) else "model_error"
                     failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=f"model call {step} failed: {exc}")
                     return await self._end(trace_id, token, fold, failed, turn)
-                unstorable = _unstorable(output)
+                unstorable = codec.unstorable(output)
                 if unstorable is not None:  # the turn's failure, not a handler failure that calls the model again
                     failed = TurnFailed(turn_id=turn.turn_id, code="model_error",
                                         reason=f"model call {step} returned an output that cannot be stored as JSON: {unstorable}")
@@ -1122,13 +1122,3 @@ def _step_span(trace_id: str, decision):
     }
     return tracing.span("agentstream.step", parent=turn.metadata, attributes=attributes)
 
-
-def _unstorable(output: ModelOutput) -> str | None:
-    """Why a model output cannot be stored in the trace as JSON (text with a lone UTF-16
-    surrogate, which a model's own adapter let through; a value of a type JSON has no form for),
-    or None when it can."""
-    try:
-        codec.encode(output)
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # UnicodeEncodeError is a ValueError
-        return f"{type(exc).__name__}: {exc}"
-    return None

@@ -341,12 +341,8 @@ class ToolWorker:
 def _unstorable(name: str, text: str, data: object, elements: tuple) -> str | None:
     """Why a tool's result cannot be stored in the trace as JSON (a lone UTF-16 surrogate in its
     text, a value of a type JSON has no form for in its data), or None when it can."""
-    try:
-        codec.encode(ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, elements=elements))
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # UnicodeEncodeError is a ValueError
-        return (f"tool {name!r} returned a result that cannot be stored as JSON ({type(exc).__name__}: {exc}); "
-                "none of it was recorded")
-    return None
+    problem = codec.unstorable(ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, elements=elements))
+    return None if problem is None else f"tool {name!r} returned a result that cannot be stored as JSON ({problem}); none of it was recorded"
 
 
 def _span_attributes(job: ToolJob) -> dict[str, str]:

@@ -97,6 +97,15 @@ async def test_an_empty_summary_is_a_compaction_error(store):
     assert isinstance(outcome, CompactionFailed) and outcome.code == COMPACTION_ERROR and "empty summary" in outcome.reason
 
 
+async def test_a_summary_that_cannot_be_stored_is_a_compaction_error_not_a_handler_failure(store):
+    # a lone surrogate (an app's own model adapter let it through): before, the append failed the
+    # handler, and every delivery of the job called the summary model again
+    outcome = await Compactor(app, store, {"default": FakeModel(lambda request: "a\ud83db")}).compact(await conversation(store, "s", 4))
+    assert isinstance(outcome, CompactionFailed) and outcome.code == COMPACTION_ERROR
+    assert "cannot be stored as JSON" in outcome.reason and "UnicodeEncodeError" in outcome.reason
+    assert [e for e in await events(store, "s") if isinstance(e, CompactionFailed)] == [outcome]
+
+
 async def test_an_unconfigured_summary_model_is_a_failed_summary(store):
     compactor = Compactor(app, store, {"default": FakeModel(lambda r: "x")}, summary_model="cheap")
     outcome = await compactor.compact(await conversation(store, "u", 4))

@@ -63,6 +63,19 @@ def encode(obj: Any) -> bytes:
     return _event_encoder.encode(obj)
 
 
+def unstorable(obj: Any) -> str | None:
+    """Why ``obj`` cannot be encoded as JSON → ``"<error type>: <message>"`` (a string holding a
+    lone UTF-16 surrogate, which UTF-8 cannot encode: RFC 3629 §3; a value of a type JSON has no
+    form for), or None when it can. What a service checks before it appends what a tool or a
+    model returned, so such a value becomes an error result or a failure, not a handler that
+    fails on every delivery."""
+    try:
+        _event_encoder.encode(obj)
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # UnicodeEncodeError is a ValueError
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def encode_entry(event: Event) -> dict[bytes, bytes]:
     """An event → the fields of its trace stream entry."""
     return {VERSION_FIELD: _VERSION_BYTES, EVENT_FIELD: _event_encoder.encode(event)}
