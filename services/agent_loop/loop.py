@@ -713,10 +713,10 @@ class AgentLoop:
                     code = DEADLINE_CODE if isinstance(exc, ModelDeadlineExceeded) else "model_error"
                     failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=f"model call {step} failed: {exc}")
                     return await self._end(trace_id, token, fold, failed, turn)
-                unstorable = codec.unstorable(output)
+                unstorable = self.store.codec.unstorable(output)
                 if unstorable is not None:  # the turn's failure, not a handler failure that calls the model again
                     failed = TurnFailed(turn_id=turn.turn_id, code="model_error",
-                                        reason=f"model call {step} returned an output that cannot be stored as JSON: {unstorable}")
+                                        reason=f"model call {step} returned an output that cannot be stored: {unstorable}")
                     return await self._end(trace_id, token, fold, failed, turn)
                 metrics.record_usage(agent.model, output)
                 self._check_usage(agent, request, output)

@@ -131,9 +131,9 @@ class Compactor:
             if model is None:
                 raise ModelError(f"the summary model {model_id!r} is not configured")
             outcome = await self._summarise(state, plan, model, job.step)
-            unstorable = codec.unstorable(outcome)
+            unstorable = self.store.codec.unstorable(outcome)
             if unstorable is not None:
-                raise CompactionError(f"turn {plan.turn_id}: the summary cannot be stored as JSON ({unstorable}); nothing was compacted")
+                raise CompactionError(f"turn {plan.turn_id}: the summary cannot be stored ({unstorable}); nothing was compacted")
             after = build_context([*events, outcome], agent, turn_id=turn.turn_id, step=job.step)
             if after.request == built.request:
                 raise CompactionError(f"turn {plan.turn_id}: the summary would replace nothing (the next context is unchanged)")

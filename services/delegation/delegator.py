@@ -42,6 +42,7 @@ from agentstream.wire.events import CancelMessage, ToolCall, ToolJob, ToolOutput
 from agentstream.steps.fold import FoldCache, TraceFold
 from agentstream.runtime.folding import FoldReader
 from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD, Keys
+from agentstream.runtime.call_runs import job_problem
 from agentstream.runtime.reports import report_error
 from agentstream.runtime.store import TraceStore
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_result_refusal
@@ -87,7 +88,7 @@ class Delegator:
         with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id, call_id=job.call_id), tracing.span(
             "agentstream.delegation", parent=job.trace_context, kind="consumer", attributes=attributes
         ):  # a child of the step that published the job (OpenTelemetry)
-            await self.open(job)
+            await self.open(job, entry_id=entry_id, source=stream or self.keys.delegations)
 
     async def on_child_ended(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
         """A child ending: hand the child's result back to its parent."""
@@ -120,8 +121,14 @@ class Delegator:
 
     # --- hand-off -----------------------------------------------------------------------------
 
-    async def open(self, job: ToolJob) -> None:
-        """Open the child of a delegation call once (or record why it gets none)."""
+    async def open(self, job: ToolJob, *, entry_id: str = "", source: str = "") -> None:
+        """Open the child of a delegation call once (or record why it gets none).
+
+        A job that names no call of its parent's running turn (no such trace or turn, a call the
+        turn never made, a call of another tool or with other arguments: the job is a hint, the
+        parent's trace says what was called) opens nothing and writes nothing; it is reported on
+        the errors stream (``entry_id`` and ``source``: the job's entry and stream, named there).
+        """
         parent = job.trace_id
         if await self.store.has_key(parent, f"result:{job.call_id}"):
             await self._wake(parent, f"result:{job.call_id}")
@@ -129,6 +136,14 @@ class Delegator:
         fold = await self.folds.current(parent)  # what came since this process last looked at the parent
         if fold.ending(job.turn_id) is not None:
             log.info("delegation %s of trace %s: the parent's turn already ended; no child opened", job.call_id, parent)
+            return
+        problem = job_problem(fold.events, job)
+        if problem:
+            if not fold.events:
+                self.folds.folds.forget(parent)  # no such trace: keep no fold of it
+            log.warning("dropping delegation job %s (delegation %s, call %s): %s", entry_id or "?", job.name, job.call_id, problem)
+            await report_error(self.redis, self.keys, f"delegation job {entry_id or '?'} names no call that may run: {problem}",
+                               codec.encode(job), self.limits, source=source or self.keys.delegations, entry=entry_id)
             return
         delegation = self.delegations.get(job.name)
         call = _call(fold, job)

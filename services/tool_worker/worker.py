@@ -284,7 +284,7 @@ class ToolWorker:
             value = await tool.invoke(job.arguments)
             value_text, data, error = value.text, value.data, value.error
             elements, events = tuple(value.elements), tuple(value.events)
-            unstorable = _unstorable(job.name, value_text, data, elements)
+            unstorable = self._unstorable(job.name, value_text, data, value.error, elements)
             if unstorable is not None:  # recorded as an error result now, not retried on every delivery
                 value_text, data, error, elements, events = f"Error: {unstorable}", None, "invalid_result", (), ()
                 log.warning("tool %s call %s of trace %s returned an unstorable result: %s", job.name, job.call_id, job.trace_id,
@@ -317,6 +317,13 @@ class ToolWorker:
             elements=elements,
         )
 
+    def _unstorable(self, name: str, text: str, data: object, error: object, elements: tuple) -> str | None:
+        """Why a tool's result cannot be stored in the trace and read back (a lone UTF-16
+        surrogate in its text or error, a value JSON has no form for in its data), or None."""
+        problem = self.store.codec.unstorable(
+            ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, error=error, elements=elements))  # type: ignore[arg-type]
+        return None if problem is None else f"tool {name!r} returned a result that cannot be stored ({problem}); none of it was recorded"
+
     def _invalid(self, name: str, elements: tuple, events: tuple) -> str | None:
         """What is wrong with the elements and events a tool returned, or None (see agentstream.wire.registry)."""
         try:
@@ -328,21 +335,13 @@ class ToolWorker:
                 names = ", ".join(c.__name__ for c in self.app.types.event_types) or "none"
                 return (f"tool {name!r} returned event {index}, a {type(event).__name__}, which is not one of the app's own "
                         f"event types (registered: {names}; add it to App(event_types=...))")
-            try:
-                codec.encode(event)
-            except (TypeError, msgspec.EncodeError) as exc:
-                return f"tool {name!r} returned event {index} ({type(event).__name__}), which cannot be stored as JSON: {exc}"
+            problem = self.store.codec.unstorable(event)
+            if problem is not None:
+                return f"tool {name!r} returned event {index} ({type(event).__name__}), which cannot be stored: {problem}"
         return None
 
     async def _wake(self, job: ToolJob) -> None:
         await operations.wake_trace(self.redis, self.keys, job.trace_id, f"result:{job.call_id}")
-
-
-def _unstorable(name: str, text: str, data: object, elements: tuple) -> str | None:
-    """Why a tool's result cannot be stored in the trace as JSON (a lone UTF-16 surrogate in its
-    text, a value of a type JSON has no form for in its data), or None when it can."""
-    problem = codec.unstorable(ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, elements=elements))
-    return None if problem is None else f"tool {name!r} returned a result that cannot be stored as JSON ({problem}); none of it was recorded"
 
 
 def _span_attributes(job: ToolJob) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
@@ -139,3 +140,27 @@ async def test_a_childs_answer_is_held_to_the_tool_result_limit(store):
     assert len(codec.encode(big)) < 1000 and big.data is None
     assert results["call_B"].error is None and results["call_B"].text == "b" * 900
     assert [e.answer for e in await events(store, child_trace_id("p", "call_A")) if isinstance(e, TurnEnded)] == ["a" * 5000]
+
+
+async def test_a_delegation_job_for_no_call_of_its_parent_opens_nothing_and_is_reported(store, keys):
+    # the second trial: hand-published delegation jobs opened children for calls never made,
+    # for traces and turns that do not exist, and for a real call of another tool
+    delegator = Delegator(app, store)
+    (job,) = await parent_with_calls(store, "p", "A")
+    forged = [
+        msgspec.structs.replace(job, call_id="never"),
+        msgspec.structs.replace(job, trace_id="ghost"),
+        msgspec.structs.replace(job, turn_id="t9"),
+        msgspec.structs.replace(job, name="other"),
+        msgspec.structs.replace(job, arguments=json.dumps({"topic": "B"})),
+    ]
+    for n, bad in enumerate(forged):
+        await delegator.on_delegation(f"1-{n}", {JOB_FIELD: codec.encode(bad)}, stream=keys.delegations)
+    assert not [k async for k in store.redis.scan_iter(f"{keys.namespace}:trace:{{p/*")]  # no child of p
+    assert not await store.exists("ghost") and not await store.exists(child_trace_id("ghost", "call_A"))
+    assert [type(e).__name__ for e in await events(store, "p")] == ["TurnInput", "ModelOutput"]  # nothing written
+    errors = [f for _, f in await store.redis.xrange(keys.errors)]
+    assert [f[b"entry"] for f in errors] == [f"1-{n}".encode() for n in range(len(forged))]
+    assert all(b"names no call that may run" in f[b"error"] for f in errors)
+    await delegator.on_delegation("2-0", {JOB_FIELD: codec.encode(job)})  # the real job still opens its child
+    assert isinstance((await events(store, child_trace_id("p", "call_A")))[0], TaskInput)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from agentstream import Agent, App, ToolResult, tool
@@ -20,6 +21,7 @@ from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, ToolStarted, TurnFailed, TurnInput
 from agentstream.wire.keys import JOB_FIELD, TURN_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
+from agentstream.runtime.store import TraceStore
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support.inprocess import errors_of, events_of, replies_on
 
@@ -53,7 +55,34 @@ def record(key: str) -> str:
     return f"recorded {key}"
 
 
-APP = App(agents=[Agent(name="a", system_prompt="x", tools=[lone_surrogate, odd_data, record])])
+class Score(msgspec.Struct, frozen=True, kw_only=True, tag="score"):
+    """An app's own event with a typed float."""
+
+    turn_id: str
+    value: float
+
+
+def _deep(levels: int) -> dict:
+    data: dict = {}
+    for _ in range(levels):
+        data = {"d": data}
+    return data
+
+
+@tool(side_effects=True)
+def odd(kind: str) -> object:
+    """Returns, by ``kind``, a value that does not store as it is."""
+    _ran(f"odd:{kind}")
+    if kind == "dict":  # a plain value holding a lone surrogate: stored as its repr
+        return {"echo": "\ud83d"}
+    if kind == "event":
+        return ToolResult(text="ok", events=[Score(turn_id="t1", value=0.5), Score(turn_id="t1", value=float("nan"))])
+    if kind == "error":
+        return ToolResult(text="failed", error="bad \ud83d")
+    return ToolResult(text="deep", data=_deep(5000))
+
+
+APP = App(agents=[Agent(name="a", system_prompt="x", tools=[lone_surrogate, odd_data, record, odd])], event_types=[Score])
 
 
 async def _call(store, trace_id: str, name: str, arguments: str) -> ToolJob:
@@ -75,7 +104,7 @@ async def test_a_result_that_cannot_be_stored_is_one_error_result_and_the_tool_r
     results = [e for e in await events_of(store, f"u-{name}") if isinstance(e, ToolOutput)]
     (result,) = results
     assert result.error == "invalid_result" and not result.late
-    assert "cannot be stored as JSON" in result.text and name in result.text
+    assert "cannot be stored" in result.text and name in result.text
     assert RUNS == {name: 1}
     assert worker.outcomes_unknown == 0
     if name == "odd_data":  # a tool with side effects: started once, no false "outcome unknown"
@@ -117,8 +146,58 @@ async def test_a_model_output_that_cannot_be_stored_fails_its_turn_once(store, r
     await loop.on_turn("1-1", {TURN_FIELD: turn.encode()})  # no exception: the handler is done
     events = await events_of(store, trace_id)
     (failed,) = [e for e in events if isinstance(e, TurnFailed)]
-    assert failed.code == "model_error" and "cannot be stored as JSON" in failed.reason and "UnicodeEncodeError" in failed.reason
+    assert failed.code == "model_error" and "cannot be stored" in failed.reason and "UnicodeEncodeError" in failed.reason
     assert not [e for e in events if isinstance(e, ModelOutput)]
     (sent,) = [r for r in await replies_on(redis, keys.replies) if r.turn_id == "t1"]
     assert sent.status == "failed" and sent.code == "model_error"
     assert len(model.requests) == 1 and not model.errors
+
+
+@pytest.mark.parametrize("kind", ["dict", "event", "error", "deep"])
+async def test_every_other_unstorable_result_is_recorded_once_and_the_tool_runs_once(redis, keys, kind):
+    """The second trial: a plain value with a lone surrogate, an app event whose float is NaN (it
+    encodes as null, which no read takes back), an error code with a lone surrogate, data nested
+    past the stack: each had escaped the first check and failed the handler on every delivery."""
+    RUNS.clear()
+    store = TraceStore(redis, keys, codec=APP.codec)
+    worker = ToolWorker(APP, store)
+    trace_id = f"o-{kind}"
+    job = await _call(store, trace_id, "odd", json.dumps({"kind": kind}))
+    fields = {JOB_FIELD: codec.encode(job)}
+    await worker.on_job("1-1", fields, stream=keys.tools("default"))
+    await worker.on_job("1-1", fields, stream=keys.tools("default"))
+    events = await events_of(store, trace_id)  # every entry reads back
+    (result,) = [e for e in events if isinstance(e, ToolOutput)]
+    assert RUNS == {f"odd:{kind}": 1} and worker.outcomes_unknown == 0 and not result.late
+    assert not [e for e in events if isinstance(e, Score)]
+    if kind == "dict":
+        assert result.error is None and "\\ud83d" in result.text
+    else:
+        assert result.error == "invalid_result" and "cannot be stored" in result.text, result
+
+
+async def test_a_job_with_an_empty_tool_name_is_no_job_of_a_real_call(store, redis, keys):
+    RUNS.clear()
+    worker = ToolWorker(APP, store)
+    job = await _call(store, "empty-name", "record", '{"key": "orig"}')
+    forged = ToolJob(trace_id="empty-name", turn_id="t1", call_id="c1", name="", arguments='{"key": "orig"}')
+    await worker.on_job("1-1", {JOB_FIELD: codec.encode(forged)}, stream=keys.tools("default"))
+    assert worker.strays == 1 and not [e for e in await events_of(store, "empty-name") if isinstance(e, ToolOutput)]
+    await worker.on_job("1-2", {JOB_FIELD: codec.encode(job)}, stream=keys.tools("default"))
+    assert RUNS == {"record:orig": 1}
+
+
+async def test_a_model_output_that_would_not_read_back_fails_its_turn(store, redis, keys):
+    def nan_latency(request, info):
+        from agentstream.wire.events import ModelOutput as Output
+
+        return Output(turn_id="t1", step=0, content="hi", latency_ms=float("nan"))
+
+    from agentstream.app.testing import FunctionModel
+
+    loop = AgentLoop(APP, store, {"default": FunctionModel(nan_latency)})
+    turn = json.dumps({"trace_id": "nan", "turn_id": "t1", "agent": "a", "text": "go"})
+    await loop.on_turn("1-1", {TURN_FIELD: turn.encode()})
+    events = await events_of(store, "nan")  # every entry reads back
+    (failed,) = [e for e in events if isinstance(e, TurnFailed)]
+    assert failed.code == "model_error" and "read back" in failed.reason

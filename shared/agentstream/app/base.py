@@ -41,6 +41,7 @@ import pydantic
 
 from agentstream.errors import ConfigError, PromptError, ToolArgumentsError, ToolCancelled, ToolTimeoutError
 from agentstream.wire.keys import check_queue_name
+from agentstream.wire.codec import ENCODE_ERRORS
 from agentstream.app.inputs import (
     RenderInput,
     Text,
@@ -246,7 +247,11 @@ class Tool:
                                    "it may have partly run.", error="cancelled")
         except Exception as exc:  # the tool's own failure becomes the model's error result
             return ToolResultValue(text=f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", error="tool_error")
-        return _as_result(value)
+        try:
+            return _as_result(value)
+        except Exception as exc:  # not even its str() (nesting past the stack, a failing __str__)
+            return ToolResultValue(text=f"Error: tool {self.name!r} returned a value that cannot be stored "
+                                   f"({type(exc).__name__}: {exc})", error="invalid_result")
 
 
 TOOL_THREAD_IDLE_S = 60.0
@@ -358,7 +363,7 @@ def _as_result(value: Any) -> ToolResult:
     try:
         data = msgspec.to_builtins(value)
         text = msgspec.json.encode(data).decode()
-    except (TypeError, msgspec.EncodeError):
+    except ENCODE_ERRORS:  # no JSON form (the tool worker checks that the text stores)
         return ToolResultValue(text=str(value))
     return ToolResultValue(text=text, data=data)
 

@@ -495,7 +495,7 @@ class CallState:
 # KEYS: the trace's key hash, the trace stream, the call's run key. ARGV: call id, turn id,
 # job ref, tool name, runner ('' = take no run key), run key ttl in ms, '1' when the caller
 # checked the call itself (no marker check), the digest of the job's arguments ('' = not
-# checked). First the job must name a call that may run: {'no_trace'}, {'no_turn'},
+# checked), '1' when any tool will do (the name is not checked; an empty name is a name). First the job must name a call that may run: {'no_trace'}, {'no_turn'},
 # {'unchecked', turn entry} (no marker of the call), {'other', marker} (the call is another
 # turn's or tool's), {'arguments', marker} (the call was made with other arguments; a marker
 # written before markers had a digest, `<turn>\n<tool>`, answers 'unchecked' when the
@@ -515,7 +515,7 @@ if ARGV[7] ~= '1' then
   if not made then return {'unchecked', entry} end
   local marker = made
   local want = turn .. '\\n' .. ARGV[4]
-  if ARGV[4] == '' then
+  if ARGV[9] == '1' then
     made, want = string.sub(made, 1, #turn + 1), turn .. '\\n'
   elseif string.sub(made, 1, #want + 1) == want .. '\\n' then  -- the call's arguments digest follows
     if ARGV[8] ~= '' and string.sub(made, #want + 2) ~= ARGV[8] then return {'arguments', marker} end
@@ -979,7 +979,7 @@ class TraceStore:
         call_id: str,
         job: str,
         *,
-        name: str = "",
+        name: str | None = None,
         arguments: str | None = None,
         run: tuple[str, str, int] | None = None,
         checked: bool = False,
@@ -996,7 +996,8 @@ class TraceStore:
         job finds it ``claimed``; a second job for the same call finds another ``holder``).
 
         Args:
-            name: the job's tool name (``""``: any tool, only the turn is checked).
+            name: the job's tool name, which must be the call's (None: any tool, only the turn
+                is checked; ``""`` is a name like any other, which no call has).
             arguments: the job's raw arguments, which must be the call's (:func:`arguments_digest`
                 in its marker; None: not checked). A job that carries other arguments names no
                 call that may run: a hint never says what a call does, the trace does.
@@ -1007,8 +1008,8 @@ class TraceStore:
         run_key, runner, ttl_ms = run if run is not None else (self.keys.trace(trace_id), "", 0)
         raw = await self._begin_call_script(
             keys=[self.keys.trace_keys(trace_id), self.keys.trace(trace_id), run_key],
-            args=[call_id, turn_id, job, name, runner, ttl_ms, "1" if checked else "0",
-                  "" if arguments is None else arguments_digest(arguments)],
+            args=[call_id, turn_id, job, name or "", runner, ttl_ms, "1" if checked else "0",
+                  "" if arguments is None else arguments_digest(arguments), "1" if name is None else "0"],
         )
         code = _text(raw[0])
         if code != "ok":

@@ -63,17 +63,16 @@ def encode(obj: Any) -> bytes:
     return _event_encoder.encode(obj)
 
 
+ENCODE_ERRORS = (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError)
+"""What encoding a value a tool or a model returned may raise: a value of a type JSON has no form
+for (TypeError), a string holding a lone UTF-16 surrogate, which UTF-8 cannot encode (RFC 3629
+§3: UnicodeEncodeError, a ValueError), an integer past msgspec's range, nesting past the stack."""
+
+
 def unstorable(obj: Any) -> str | None:
-    """Why ``obj`` cannot be encoded as JSON → ``"<error type>: <message>"`` (a string holding a
-    lone UTF-16 surrogate, which UTF-8 cannot encode: RFC 3629 §3; a value of a type JSON has no
-    form for), or None when it can. What a service checks before it appends what a tool or a
-    model returned, so such a value becomes an error result or a failure, not a handler that
-    fails on every delivery."""
-    try:
-        _event_encoder.encode(obj)
-    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # UnicodeEncodeError is a ValueError
-        return f"{type(exc).__name__}: {exc}"
-    return None
+    """Why ``obj`` cannot be stored in a trace → ``"<error type>: <message>"``, or None when it
+    can (:meth:`TraceCodec.unstorable` with the built-in types only)."""
+    return DEFAULT_CODEC.unstorable(obj)
 
 
 def encode_entry(event: Event) -> dict[bytes, bytes]:
@@ -103,6 +102,21 @@ class TraceCodec:
         self._decoder = _event_decoder if not self.types.event_types else msgspec.json.Decoder(self._events)
         self._event_tags = {tag_of(cls): cls for cls in self.types.events}
         self._element_kinds = {tag_of(cls) for cls in self.types.elements}
+
+    def unstorable(self, event: Any) -> str | None:
+        """Why ``event`` cannot be stored in a trace and read back as it is →
+        ``"<error type>: <message>"``, or None when it can: it must encode as JSON (see
+        :data:`ENCODE_ERRORS`) and that JSON must decode back (a NaN in a ``float`` field encodes
+        as ``null``, which the field refuses). What a service checks before it appends what a
+        tool or a model returned, so such a value becomes an error result or a failure, not an
+        append that fails on every delivery or an entry no step can read."""
+        try:
+            self.decode(_event_encoder.encode(event))
+        except ENCODE_ERRORS as exc:  # UnicodeEncodeError is a ValueError
+            return f"{type(exc).__name__}: {exc}"
+        except EventDecodeError as exc:
+            return f"it would not read back: {exc.__cause__ or exc}"
+        return None
 
     def decode(self, payload: bytes, *, trace_id: str = "?", entry_id: str = "?") -> Any:
         """An event's JSON → the event (a placeholder for an unregistered type).
