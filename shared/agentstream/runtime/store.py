@@ -495,12 +495,12 @@ class CallState:
 # KEYS: the trace's key hash, the trace stream, the call's run key. ARGV: call id, turn id,
 # job ref, tool name, runner ('' = take no run key), run key ttl in ms, '1' when the caller
 # checked the call itself (no marker check), the digest of the job's arguments ('' = not
-# checked), '1' when any tool will do (the name is not checked; an empty name is a name). First the job must name a call that may run: {'no_trace'}, {'no_turn'},
-# {'unchecked', turn entry} (no marker of the call), {'other', marker} (the call is another
-# turn's or tool's), {'arguments', marker} (the call was made with other arguments; a marker
-# written before markers had a digest, `<turn>\n<tool>`, answers 'unchecked' when the
-# arguments are to be checked: the caller reads the turn). Then
-# the call is claimed for the job unless it is answered, its turn is cancelled or over, or
+# checked), '1' when any tool will do (the name is not checked; an empty name is a name).
+# First the job must name a call that may run: {'no_trace'}, {'no_turn'}, {'unchecked', turn
+# entry} (no marker of the call), {'other', marker} (the call is another turn's or tool's),
+# {'arguments', marker} (the call was made with other arguments; a marker written before
+# markers had a digest, `<turn>\n<tool>`, answers 'unchecked' when the arguments are to be
+# checked: the caller reads the turn). Then the call is claimed for the job unless it is answered, its turn is cancelled or over, or
 # another job holds it; and a claimed call's run key is taken for the runner unless another
 # runner holds it: {'ok', result, cancelled, ended, started, holder, run holder, ms left}.
 _BEGIN_CALL_LUA = """

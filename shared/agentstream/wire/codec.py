@@ -69,12 +69,6 @@ for (TypeError), a string holding a lone UTF-16 surrogate, which UTF-8 cannot en
 §3: UnicodeEncodeError, a ValueError), an integer past msgspec's range, nesting past the stack."""
 
 
-def unstorable(obj: Any) -> str | None:
-    """Why ``obj`` cannot be stored in a trace → ``"<error type>: <message>"``, or None when it
-    can (:meth:`TraceCodec.unstorable` with the built-in types only)."""
-    return DEFAULT_CODEC.unstorable(obj)
-
-
 def encode_entry(event: Event) -> dict[bytes, bytes]:
     """An event → the fields of its trace stream entry."""
     return {VERSION_FIELD: _VERSION_BYTES, EVENT_FIELD: _event_encoder.encode(event)}
