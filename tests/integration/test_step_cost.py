@@ -14,6 +14,7 @@ import asyncio
 import pytest
 from redis.asyncio.client import Pipeline, Redis
 
+from agentstream import Agent, App, tool
 from agentstream.wire import codec
 from agentstream.wire.keys import JOB_FIELD
 from agentstream.steps.replay import rebuild_calls
@@ -26,8 +27,8 @@ from tests.support.redis_server import single_node_only
 pytestmark = pytest.mark.integration
 
 
-def _verify(proc, events) -> None:
-    calls = rebuild_calls(events, apps.app.agent, endpoints=proc.loop.endpoints)
+def _verify(proc, events, app=apps.app) -> None:
+    calls = rebuild_calls(events, app.agent, endpoints=proc.loop.endpoints)
     assert calls and all(c.matches for c in calls), [(c.turn_id, c.step) for c in calls if not c.matches]
 
 
@@ -413,6 +414,24 @@ async def test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip(redis
     assert len(await redis.xrange(wake)) >= 3
 
 
+async def _grew(redis: Redis, stream: str, length: int) -> bool:
+    return await redis.xlen(stream) > length
+
+
+_GATES: dict[str, asyncio.Event] = {}
+
+
+@tool(timeout_s=30)
+async def held(key: str) -> str:
+    """Answer once the test opens the gate ``key`` (an in-process tool worker's tool)."""
+    await _GATES.setdefault(key, asyncio.Event()).wait()
+    return f"held {key}"
+
+
+_GATED = App(agents=[Agent(name="plan", system_prompt="You run the plan in the user's message with tools.",
+                           tools=[apps.work, held], max_passes=4)])
+
+
 async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_with_its_append(redis, keys, services, store, redis_url):  # noqa: F811
     """The agent loop's critical path: on one Redis the append of a model output with tool calls
     publishes their jobs, records them for the watchdog and releases the lease in the same
@@ -424,17 +443,33 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     from agentstream.runtime.watchdog import AWAITED_FIELD, awaiting_key
 
     services.env["AGENTSTREAM_TRIM_INTERVAL_MS"] = "0"  # the job stream keeps every job (counted below)
+    services.app = _GATED  # each turn's second result is held until the first one's wake-up was handled
     loop = await services.start("p1", "agent-loop")
     await services.start("p2", "tool-worker")
     await publish(redis, keys, trace_id="r10", turn_id="w0", agent="plan", text="do: work(0)")
     assert (await wait_reply(redis, keys, "w0")).status == "ended"
+    wakes = keys.wake_for("r10")
+
+    async def first_wake_up_handled() -> bool:
+        # the wake-up of the first result was read, acknowledged and its step let the lease go
+        last = (await redis.xinfo_stream(wakes))["last-generated-id"]
+        group = next(g for g in await redis.xinfo_groups(wakes) if _text(g["name"]) == "agent-loop")
+        return (_text(group["last-delivered-id"]) == _text(last) and group["pending"] == 0
+                and await redis.get(keys.lease("r10")) is None)
+
     recorder = _Recorder(loop.redis)
     try:
         for n in range(3):
-            await publish(redis, keys, trace_id="r10", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) work({n + 1})")
+            wakes_before = await redis.xlen(wakes)
+            await publish(redis, keys, trace_id="r10", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) held(r10-t{n})")
+            await wait_for(lambda: _grew(redis, wakes, wakes_before), timeout_s=10, what="the first result's wake-up")
+            await wait_for(first_wake_up_handled, timeout_s=10, what="the first wake-up's step")
+            _GATES.setdefault(f"r10-t{n}", asyncio.Event()).set()
             assert (await wait_reply(redis, keys, f"t{n}")).status == "ended"
     finally:
         recorder.close()
+        for gate in _GATES.values():
+            gate.set()
     jobs = keys.tools_for("default", "r10")
     names = [[_text(c[0]).upper() for c in trip] for trip in recorder.trips]
     publishing = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == jobs for c in trip)]
@@ -460,7 +495,8 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     ack_sha = hashlib.sha1(_ACK_LUA.encode()).hexdigest()
     acked = [_text(c[3]) for trip in recorder.trips for c in trip if _text(c[0]).upper() == "EVALSHA" and _text(c[1]) == ack_sha
              for _entry in c[6:]]  # EVALSHA sha 2 stream counters group id...: one per entry acknowledged
-    # two results, two wake-ups a turn: the first one's step ends the turn, the second finds nothing to do
+    # two results, two wake-ups a turn: the first one's step finds a result missing and lets the
+    # lease go (the wake-up acknowledged on its own), the second one's append ends the turn
     assert acked.count(keys.turns_for("r10")) == (3 if is_cluster_url(redis_url) else 0), acked
     assert acked.count(keys.wake_for("r10")) == (6 if is_cluster_url(redis_url) else 3), acked
     for stream in (keys.turns_for("r10"), keys.wake_for("r10")):
@@ -468,4 +504,4 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     assert await redis.xlen(jobs) == 1 + 2 * 3  # the first turn's job, then two a turn, each once
     assert await redis.zscore(awaiting_key(keys, keys.partition("r10")), "r10") is not None
     assert await redis.get(keys.lease("r10")) is None
-    _verify(loop, await events_of(store, "r10"))
+    _verify(loop, await events_of(store, "r10"), _GATED)
