@@ -10,11 +10,12 @@ of a turn do not grow with the conversation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from redis.asyncio.client import Pipeline, Redis
 
-from agentstream import Agent, App, tool
+from agentstream import App, tool
 from agentstream.wire import codec
 from agentstream.wire.keys import JOB_FIELD
 from agentstream.steps.replay import rebuild_calls
@@ -428,8 +429,8 @@ async def held(key: str) -> str:
     return f"held {key}"
 
 
-_GATED = App(agents=[Agent(name="plan", system_prompt="You run the plan in the user's message with tools.",
-                           tools=[apps.work, held], max_passes=4)])
+# the delivery tests' "plan" agent with ``work`` and ``held`` as its tools
+_GATED = App(agents=[dataclasses.replace(next(a for a in apps.app.agents if a.name == "plan"), tools=[apps.work, held])])
 
 
 async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_with_its_append(redis, keys, services, store, redis_url):  # noqa: F811
@@ -470,6 +471,7 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
         recorder.close()
         for gate in _GATES.values():
             gate.set()
+        _GATES.clear()  # a gate already open would let a rerun in this process race again
     jobs = keys.tools_for("default", "r10")
     names = [[_text(c[0]).upper() for c in trip] for trip in recorder.trips]
     publishing = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == jobs for c in trip)]
