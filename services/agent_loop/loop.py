@@ -38,7 +38,7 @@ from agentstream.app.base import App
 from agentstream.steps.summarising import failure_code
 from agentstream.steps.call_ids import scope_call_ids
 from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
-from agentstream.runtime.cancel import cancel_target, publish_cancel
+from agentstream.runtime.cancel import CancelTarget, cancel_target, publish_cancel
 from agentstream.runtime.consumer import current_delivery
 from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
 from agentstream.wire.events import (
@@ -169,6 +169,7 @@ class AgentLoop:
         self._model_calls: dict[str, tuple[str, asyncio.Task]] = {}  # trace → (turn, model call)
         self._held: dict[str, int] = {}  # trace → the token of the lease this process holds on it
         self._deferred: dict[str, tuple[str, float]] = {}  # trace → (hint entry, until): one waits per trace
+        self.empty_hints = 0  # wake-ups (and other hints) that named a trace holding nothing
         self.limits = limits
         self.turn_deadline_s = turn_deadline_s
         self._usage_doubted: set[str] = set()  # endpoints whose under-reported usage was logged
@@ -363,13 +364,24 @@ class AgentLoop:
             shown = codec.entry_shown(fields, CANCEL_FIELD)
             await self._report(f"malformed cancel {entry_id}: {exc}", shown, source=self.keys.cancel, entry=entry_id)
             return
-        recorded = await self.request_cancel(message)
+        recorded, target = await self.request_cancel(message)
         if recorded is not None:
             self._abort_local(message.trace_id, recorded.turn_id)
             await self.advance(message.trace_id, entry_id=entry_id)
+        elif target.ending is None and message.by != "parent" and (message.turn_id or not target.any_turn):
+            # a cancel that can never take effect (not a race with the turn's end): its sender is told
+            if not target.any_turn:
+                why = f"trace {message.trace_id!r} holds no turn (no such conversation, or deleted by retention)"
+            else:
+                why = f"trace {message.trace_id!r} holds no turn {message.turn_id!r} (not yet admitted, or another conversation's)"
+            error = f"cancel {entry_id} of {self.keys.cancel} cancelled nothing: {why}"
+            log.warning("%s", error)
+            await self._report(error, codec.entry_shown(fields, CANCEL_FIELD), source=self.keys.cancel, entry=entry_id,
+                               trace_id=message.trace_id, turn_id=message.turn_id)
 
-    async def request_cancel(self, message: CancelMessage) -> CancelRequested | None:
-        """Write the cancel into the trace (once) → the event, or None when no turn is left to cancel.
+    async def request_cancel(self, message: CancelMessage) -> tuple[CancelRequested | None, CancelTarget]:
+        """Write the cancel into the trace (once) → (the event, or None when no turn is left to
+        cancel; the target, which says why not).
 
         A cancel names a turn of the trace that has not ended (or, without a turn id, the running
         one); one for a turn id the trace does not hold, or that ended, records nothing
@@ -379,10 +391,10 @@ class AgentLoop:
         target = cancel_target(fold.events, message.turn_id)
         if target.turn_id is None:
             log.info("cancel for trace %s: %s; nothing recorded", message.trace_id, target.reason)
-            return None
+            return None, target
         event = CancelRequested(turn_id=target.turn_id, by=message.by, reason=message.reason)
         await self.store.append(message.trace_id, event)
-        return event
+        return event, target
 
     async def on_cancel_broadcast(self, message: CancelMessage) -> None:
         """A cancel heard by this process: abort its in-flight model call for the turn, if any."""
@@ -581,6 +593,10 @@ class AgentLoop:
         while True:
             if taken.empty:
                 self.folds.forget(trace_id)
+                if entry_id is not None:  # a hint for a trace that is not there: deleted by retention, or a stray
+                    self.empty_hints += 1
+                    log.info("hint %s names trace %s, which holds nothing (deleted by retention, or never written); "
+                             "nothing to do", entry_id, trace_id)
                 return
             if taken.token is None:
                 self._held_elsewhere(trace_id, entry_id, taken)

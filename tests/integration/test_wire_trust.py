@@ -15,8 +15,8 @@ from agentstream import Agent, App, tool
 from agentstream.wire import codec, checks as wire
 from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
 from agentstream.errors import TurnRejected
-from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, TurnFailed, TurnInput
-from agentstream.wire.keys import JOB_FIELD, TURN_FIELD
+from agentstream.wire.events import CancelMessage, ModelOutput, ToolCall, ToolJob, ToolOutput, TurnEnded, TurnFailed, TurnInput, Wake
+from agentstream.wire.keys import CANCEL_FIELD, JOB_FIELD, TURN_FIELD, WAKE_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support import apps
@@ -142,6 +142,82 @@ async def test_a_reply_to_its_stream_refuses_goes_to_the_default_stream_and_the_
         assert [r.turn_id for r in await replies_on(redis, keys.replies)].count("t2") == 1
     finally:
         await services.stop_all()
+
+
+@pytest.mark.parametrize("squat", ["string", "hash"])
+async def test_a_default_replies_stream_that_refuses_replies_is_reported_and_the_replies_go_out_once_it_is_a_stream(
+    redis_url, namespace, redis, keys, scripted_model, squat
+):
+    # The trial: `SET <ns>:replies hello` (or a hash of that name), then turns. Every reply's XADD
+    # failed with WRONGTYPE and the turns were retried and dead-lettered with nothing on the errors
+    # stream. Each refusal is reported, naming the turn, the stream and the fix; once the key is a
+    # stream again, the replies owed go out, once each, and the conversation goes on.
+    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
+                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_MAX_DELIVERIES": "100",
+                              "AGENTSTREAM_MIN_IDLE_MS": "800"})
+    try:
+        if squat == "string":
+            await redis.set(keys.replies, "hello")
+        else:
+            await redis.hset(keys.replies, "x", "y")
+        await services.start("p1", "agent-loop", "tool-worker")
+        for trace_id in ("hR1", "hR2"):
+            await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id=trace_id, turn_id="t1")})
+
+        async def reported():
+            errors = [f for _, f in await redis.xrange(keys.errors)]
+            turns = {f.get(b"trace_id") for f in errors if keys.replies.encode() in f[b"error"] and b"WRONGTYPE" in f[b"error"]
+                     and b"delete or rename" in f[b"error"] and f.get(b"turn_id") == b"t1"}
+            return turns if turns == {b"hR1", b"hR2"} else None
+
+        await wait_for(reported, what="a report of each refused reply")
+        await redis.delete(keys.replies)
+
+        async def answered():
+            got = await replies_on(redis, keys.replies)
+            return got if {r.trace_id for r in got} == {"hR1", "hR2"} else None
+
+        first = await wait_for(answered, timeout_s=20, what="the replies owed, once the stream takes them")
+        assert all(r.status == "ended" and r.answer == "The answer is 4." for r in first), first
+        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hR1", turn_id="t2")})
+        second = await wait_for(lambda: _reply_of(redis, keys.replies, "t2"), timeout_s=10, what="the next turn's reply")
+        assert second.status == "ended"
+        replies = await replies_on(redis, keys.replies)
+        assert sorted((r.trace_id, r.turn_id) for r in replies) == [("hR1", "t1"), ("hR1", "t2"), ("hR2", "t1")], replies
+        for stream in (keys.turns, keys.wake):  # retried, not given up
+            assert not await redis.exists(keys.dead(stream)) or await redis.xlen(keys.dead(stream)) == 0
+    finally:
+        await services.stop_all()
+
+
+async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no_trace_is_counted(store, redis, keys, namespace):
+    # The trial: cancels and wake-ups naming traces (or turns) that do not exist, from a plain
+    # client. They were dropped with nothing on the errors stream: a backend that mistyped a
+    # conversation id never learned its cancel did nothing. A cancel that lost a race with its
+    # turn's end is not a mistake, and is not reported.
+    loop = AgentLoop(apps.app, store, {})
+    await store.append("hC1", TurnInput(turn_id="t1", agent="calc", text="hi"))
+    await store.append("hC1", TurnEnded(turn_id="t1", answer="hello"))
+
+    def cancel(**fields) -> dict:
+        return {CANCEL_FIELD: codec.encode(CancelMessage(**{"by": "backend", "reason": "stop", **fields}))}
+
+    await loop.on_cancel("5-1", cancel(trace_id="hNone", turn_id="t1"))  # no such conversation
+    await loop.on_cancel("5-2", cancel(trace_id="hNone2"))  # no such conversation, no turn named
+    await loop.on_cancel("5-3", cancel(trace_id="hC1", turn_id="t9"))  # no such turn
+    await loop.on_cancel("5-4", cancel(trace_id="hC1", turn_id="t1"))  # ended first: a race, not reported
+    await loop.on_cancel("5-5", cancel(trace_id="hC1"))  # nothing running: not reported
+    await loop.on_cancel("5-6", cancel(trace_id="hNone3", turn_id="c1", by="parent"))  # a parent's cancel of a child not yet begun
+    errors = {f[b"entry"]: f for _, f in await redis.xrange(keys.errors)}
+    assert sorted(errors) == [b"5-1", b"5-2", b"5-3"], errors
+    assert b"'hNone' holds no turn" in errors[b"5-1"][b"error"] and errors[b"5-1"][b"trace_id"] == b"hNone"
+    assert b"cancelled nothing" in errors[b"5-2"][b"error"] and keys.cancel.encode() in errors[b"5-2"][b"error"]
+    assert b"holds no turn 't9'" in errors[b"5-3"][b"error"] and errors[b"5-3"][b"turn_id"] == b"t9"
+    assert not await redis.exists(keys.trace("hNone"), keys.trace("hNone2"), keys.trace("hNone3"))  # nothing written
+    assert [type(e) for e in await events_of(store, "hC1")] == [TurnInput, TurnEnded]
+    await loop.on_wake("6-1", {WAKE_FIELD: codec.encode(Wake(trace_id="hGone", reason="result:c1"))})
+    assert loop.empty_hints == 1 and not await redis.exists(keys.trace("hGone"), keys.lease("hGone"))
+    assert await redis.xlen(keys.errors) == 3  # a hint is not state: one for a trace retention deleted is no error
 
 
 async def test_a_malformed_copy_read_just_after_its_valid_turn_does_not_end_it(store, redis, keys):

@@ -47,11 +47,13 @@ class CancelTarget:
         turn_id: the turn to cancel; None when there is none.
         ending: the turn's ending, when the named turn already ended.
         reason: why there is nothing to cancel ("" when there is a turn).
+        any_turn: whether the trace holds any turn at all (False: no such trace, or an empty one).
     """
 
     turn_id: str | None
     ending: TurnEnded | TurnFailed | None = None
     reason: str = ""
+    any_turn: bool = True
 
 
 def cancel_target(events: Sequence[Event], turn_id: str = "") -> CancelTarget:
@@ -63,6 +65,8 @@ def cancel_target(events: Sequence[Event], turn_id: str = "") -> CancelTarget:
     """
     endings = {e.turn_id: e for e in events if isinstance(e, (TurnEnded, TurnFailed))}
     turns = [e.turn_id for e in events if isinstance(e, TurnInput)]
+    if not turns:
+        return CancelTarget(None, reason="no such running turn: the trace holds no turn", any_turn=False)
     if not turn_id:
         running = next((t for t in turns if t not in endings), None)
         return CancelTarget(running, reason="" if running else "no turn is running")

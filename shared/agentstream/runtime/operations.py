@@ -21,6 +21,7 @@ children) is handed over as :data:`Entry` values, in the order they are to be ad
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
@@ -34,6 +35,8 @@ from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, REPLY_FIELD, W
 Entry = tuple[str, Mapping[bytes | str, bytes]]
 """An entry to add to a stream, one XADD: ``(stream key, {field: encoded value})``; say a reply
 ``(<ns>:replies, {b"reply": <encoded Reply>})`` or a tool job ``(<tool stream>, {b"job": ...})``."""
+
+log = logging.getLogger("agentstream.runtime.operations")
 
 # KEYS: the root trace's descendants set. ARGV: the child trace id, the limit.
 # 1 = admitted (now, or before), 0 = the root already has ``limit`` descendants.
@@ -113,37 +116,64 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
     ``reply_to`` was checked; an ACL that does not let this client write it) would otherwise
     never go out, and the trace's replies are published in order, so every later turn of the
     conversation would fail behind it. It is written to ``<ns>:replies`` instead, and the errors
-    stream says which turn, which stream and why (one more round trip, only then).
+    stream says which turn, which stream and why (two more round trips, only then).
+
+    A reply that ``<ns>:replies`` itself refuses (a client wrote a string or a hash under that
+    name, or the ACL user may not write it: no reply of the namespace can go out) has nowhere
+    else to go: it stays unsent, its answer stays the error (the caller's work entry is retried,
+    and the trace publishes it at its next look once the key is a stream again), and the errors
+    stream says which turn, which stream, the Redis error and what to do, each time. A report the
+    errors stream refuses too is logged.
 
     Returns:
         ``answers`` with each redirected reply's failure replaced by the answer of its new XADD
         (its entry id, or the error if that failed too).
     """
-    redirected = [
+    refused = [
         i for i, ((stream, fields), answer) in enumerate(zip(entries, answers, strict=True))
-        if REPLY_FIELD in fields and stream != keys.replies and _refusal_text(answer) is not None
+        if REPLY_FIELD in fields and _refusal_text(answer) is not None
     ]
     out = list(answers)
-    if not redirected:
+    if not refused:
         return out
-    pipe = redis.pipeline(transaction=False)
-    for i in redirected:
-        pipe.xadd(keys.replies, dict(entries[i][1]))
-    for i in redirected:
+    redirected = [i for i in refused if entries[i][0] != keys.replies]
+    if redirected:
+        pipe = redis.pipeline(transaction=False)
+        for i in redirected:
+            pipe.xadd(keys.replies, dict(entries[i][1]))
+        for i, answer in zip(redirected, await pipe.execute(raise_on_error=False), strict=True):
+            out[i] = answer
+    reports = redis.pipeline(transaction=False)
+    for i in refused:
         stream, fields = entries[i]
-        try:
-            reply = codec.decode_reply(fields[REPLY_FIELD])
-            trace_id, turn_id = reply.trace_id, reply.turn_id
-        except Exception:  # ours to write, so always a Reply; the report must not fail on it
-            trace_id, turn_id = "?", "?"
-        error = (f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be written to its reply_to "
-                 f"{stream!r} ({_refusal_text(answers[i])}); it was written to {keys.replies!r} instead")
+        trace_id, turn_id = _reply_ids(fields[REPLY_FIELD])
+        whose = f"the reply of turn {turn_id!r} of trace {trace_id!r}"
+        if stream != keys.replies and not isinstance(out[i], Exception):
+            error = (f"{whose} could not be written to its reply_to {stream!r} ({_refusal_text(answers[i])}); "
+                     f"it was written to {keys.replies!r} instead")
+        else:
+            why = _refusal_text(out[i]) or f"{type(out[i]).__name__}: {out[i]}"
+            tried = f"its reply_to {stream!r} ({_refusal_text(answers[i])}) and then " if stream != keys.replies else ""
+            error = (f"{whose} could not be published: {tried}the default replies stream {keys.replies!r} refused it ({why}). "
+                     f"No reply of this namespace can go out until {keys.replies!r} is a stream this client may write: "
+                     "delete or rename that key (or fix the ACL); the reply is retried with its work entry, and sent at "
+                     "the trace's next look once the stream takes it")
+        log.error("%s", error)
         report = error_fields(error, None, DEFAULT_LIMITS, trace_id=trace_id, turn_id=turn_id, source=stream)
-        pipe.xadd(keys.errors, report, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
-    again = await pipe.execute(raise_on_error=False)
-    for i, answer in zip(redirected, again, strict=False):
-        out[i] = answer
+        reports.xadd(keys.errors, report, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
+    for answer in await reports.execute(raise_on_error=False):
+        if isinstance(answer, Exception):
+            log.error("the errors stream %r refused a report too (%s)", keys.errors, answer)
     return out
+
+
+def _reply_ids(payload: bytes) -> tuple[str, str]:
+    """The trace and turn ids of an encoded reply, for a report (``"?"`` when it does not decode)."""
+    try:
+        reply = codec.decode_reply(payload)
+    except Exception:  # ours to write, so always a Reply; the report must not fail on it
+        return "?", "?"
+    return reply.trace_id, reply.turn_id
 
 
 async def send_reply(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, stream: str, reply: Reply) -> None:
