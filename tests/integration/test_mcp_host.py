@@ -76,7 +76,19 @@ async def test_hostile_arguments_never_reach_the_server(redis, keys, tmp_path):
                            ('{"a": 1, "b": "x", "c": 3}', "b: 'x' is not of type 'number'"), ("\x00\xff", "not valid JSON")]:
             value = await add.invoke(raw)
             assert value.error == "invalid_arguments" and words in value.text, value.text
-        assert not (tmp_path / "calls").exists()
+        # a lone surrogate escape (high, low, in a key, a raw one) was sent and the SDK's transport
+        # failed to write it: the session dropped, with its other calls, "may have partly run"
+        fail = host.tool("fail")
+        for raw, words in [('{"reason": "x\\ud800y"}', "lone high UTF-16 surrogate"),
+                           ('{"reason": "\\udfff"}', "lone low UTF-16 surrogate"),
+                           ('{"re\\ud83dson": "a"}', "lone high UTF-16 surrogate"),
+                           ('{"reason": "\ud800"}', "not UTF-8")]:
+            value = await fail.invoke(raw)
+            assert value.error == "invalid_arguments" and words in value.text and "'fail'" in value.text, value.text
+        assert host.connections[0].sessions == 1  # the session lives on
+        assert (await add.invoke('{"a": 1, "b": 2}', timeout_s=20)).text == "3"
+        assert host.connections[0].sessions == 1
+        assert [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()] == ["add"]  # only the good call ran
         unknown = await host.connections[0].call("nope", {}, call_id="c1")
         assert unknown.error == "unknown_tool" and "add" in unknown.text
     finally:

@@ -41,6 +41,7 @@ import pydantic
 
 from agentstream.errors import ConfigError, PromptError, ToolArgumentsError, ToolCancelled, ToolTimeoutError
 from agentstream.wire.keys import check_queue_name
+from agentstream.wire.jsontext import arguments_unicode_refusal
 from agentstream.wire.codec import ENCODE_ERRORS
 from agentstream.app.inputs import (
     RenderInput,
@@ -192,10 +193,14 @@ class Tool:
         parameters).
 
         Raises:
-            ToolArgumentsError: the text is not a JSON object or does not match the schema; the
-                message says what and where, for the model to correct.
+            ToolArgumentsError: the text is not a JSON object, is not Unicode (a lone surrogate
+                escape: :func:`agentstream.wire.jsontext.arguments_unicode_refusal`) or does not
+                match the schema; the message says what and where, for the model to correct.
         """
         text = raw.strip()
+        refusal = arguments_unicode_refusal(self.name, text)
+        if refusal is not None:
+            raise ToolArgumentsError(refusal)
         if not text:
             obj: Any = {}
         else:

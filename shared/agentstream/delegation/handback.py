@@ -17,6 +17,7 @@ from agentstream.context.elements import Numbering
 from agentstream.delegation.handoff import numbering_of
 from agentstream.delegation.tool import Delegation, default_result
 from agentstream.wire.events import AnyElement, Event, ModelOutput, Source, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.jsontext import unicode_problem
 
 TIMED_OUT = "timed_out"
 """The TurnFailed code the supervisor gives a child that passed its deadline."""
@@ -107,6 +108,10 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
 
     if task.expects is not None:
         if isinstance(value, str):
+            problem = unicode_problem(_unfence(value))  # json.loads would make a lone surrogate the trace cannot store
+            if problem is not None:
+                return result(f"Error: {who}'s result is not the JSON the task asked for: it is not Unicode text "
+                              f"({problem}). Its result was:\n{value}", error="schema_mismatch")
             try:
                 value = json.loads(_unfence(value))
             except json.JSONDecodeError as exc:

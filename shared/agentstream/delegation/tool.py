@@ -18,6 +18,7 @@ from agentstream.app.base import App, Tool, ToolResultValue
 from agentstream.context.elements import Numbering
 from agentstream.errors import ConfigError, ToolArgumentsError
 from agentstream.wire.events import AnyElement, Element, Event, TurnEnded
+from agentstream.wire.jsontext import arguments_unicode_refusal
 
 DEFAULT_MAX_DEPTH = 2
 """The deepest child a delegation opens by default: a child of a root trace is at depth 1."""
@@ -182,10 +183,13 @@ class Delegation(Tool):
             data, with each element field holding the element's real id; the elements named.
 
         Raises:
-            ToolArgumentsError: the text is not a JSON object, does not validate, or names an
-                element number that the parent was not shown (or of another kind).
+            ToolArgumentsError: the text is not a JSON object, is not Unicode (a lone surrogate
+                escape), does not validate, or names an element number that the parent was not shown (or of another kind).
         """
         text = raw.strip()
+        refusal = arguments_unicode_refusal(self.name, text)  # a lone surrogate: the child's task could not be stored
+        if refusal is not None:
+            raise ToolArgumentsError(refusal)
         try:
             obj = json.loads(text) if text else {}
         except json.JSONDecodeError as exc:

@@ -46,6 +46,7 @@ from agentstream.ops import metrics
 from agentstream.app.base import Tool, ToolResult
 from agentstream.errors import ConfigError, ToolArgumentsError
 from agentstream.wire.events import OfferedTool
+from agentstream.wire.jsontext import arguments_unicode_refusal
 from agentstream.wire.keys import Keys
 from agentstream.runtime.connection import RedisClient
 from agentstream.runtime.mcp_catalogs import publish_catalog
@@ -135,10 +136,14 @@ class McpTool(Tool):
         """Raw argument text → the arguments object (empty text means ``{}``).
 
         Raises:
-            ToolArgumentsError: not a JSON object, or it does not match the tool's input schema
-                (the message names each place, for the model to correct).
+            ToolArgumentsError: not a JSON object, not Unicode (a lone surrogate escape), or it
+                does not match the tool's input schema (the message names each place, for the
+                model to correct).
         """
         text = raw.strip()
+        refusal = arguments_unicode_refusal(self.name, text)  # the SDK's transport cannot write it: the session died
+        if refusal is not None:
+            raise ToolArgumentsError(refusal)
         try:
             value: Any = json.loads(text) if text else {}
         except json.JSONDecodeError as exc:

@@ -43,6 +43,7 @@ import pydantic
 from agentstream.context.request import AssistantMessage, ChatRequest, Message, UserMessage
 from agentstream.errors import ConfigError, InvalidModelOutput, ModelError
 from agentstream.wire.events import ModelOutput
+from agentstream.wire.jsontext import unicode_problem
 from agentstream.models.base import ChatModel
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.models.formats import CallOptions
@@ -235,6 +236,9 @@ class Generator:
             return value
         checker = _Checker(schema)
         if isinstance(value, str):
+            problem = unicode_problem(_json_text(value))  # json.loads would make a lone surrogate no writer can encode
+            if problem is not None:
+                raise InvalidModelOutput(f"the reply is not Unicode JSON: {problem}")
             try:
                 value = json.loads(_json_text(value))
             except ValueError as exc:

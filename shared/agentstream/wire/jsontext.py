@@ -106,6 +106,21 @@ def unicode_problem(payload: bytes | str) -> str | None:
     return None
 
 
+def arguments_unicode_refusal(tool: str, text: str) -> str | None:
+    """Why a tool call's argument text is not Unicode JSON (:func:`unicode_problem`), as the
+    sentence a model reads to correct the call, or None.
+
+    Python's ``json.loads`` turns ``"\\ud800"`` into a string holding a lone surrogate, which no
+    UTF-8 writer can encode: an MCP session's transport failed on it and dropped the session (its
+    other calls with it), and a Python tool that wrote it out would fail the same way. The call
+    is refused before it runs, with where the escape is.
+    """
+    problem = unicode_problem(text)
+    if problem is None:
+        return None
+    return f"arguments for tool {tool!r} are not Unicode text: {problem}"
+
+
 def _lone(data: bytes, offset: int, code: int, which: str, why: str) -> str:
     return (f"the escape \\u{code:04x} at byte {offset}{_in_key(data, offset)} is a lone {which} UTF-16 surrogate, {why}: "
             "a JSON string must be Unicode (RFC 8259 §8.2); send the character itself or both halves of its pair")

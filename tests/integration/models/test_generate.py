@@ -64,6 +64,7 @@ async def test_text_and_validated_values_and_the_record():
         (chat('{"steps": ["a", "b"', finish="length"), "cut off"),
         (chat("", finish="stop"), "empty"),
         (chat("Sure! Here is the plan: steps a, b."), "not JSON"),
+        (chat('{"steps": ["a\\ud800"], "risky": false}'), "not Unicode JSON.*lone high UTF-16 surrogate"),
         (chat('{"steps": "a", "risky": false}'), "does not match the schema"),
         (chat('{"steps": [], "risky": false, "extra": 1}'), "does not match the schema"),
         (chat('{"steps": []}', finish="eos"), "does not know"),

@@ -7,6 +7,7 @@ import json
 import pydantic
 
 from agentstream.context import ToolResultMessage, build_messages
+from agentstream.wire.codec import TraceCodec
 from agentstream.delegation import TIMED_OUT, Delegation, ending_of, hand_back, timed_out
 from agentstream.wire.events import (
     Document,
@@ -86,6 +87,10 @@ def test_a_result_that_does_not_fit_the_schema_is_an_error_the_model_sees():
     assert wrong.error == "schema_mismatch" and "verdict" in wrong.text and "maybe" in wrong.text
     prose = hand_back(typed, ended(answer="I think yes.", start=task("judge", SCHEMA)))
     assert prose.error == "schema_mismatch" and "not the JSON" in prose.text and "I think yes." in prose.text
+    # a lone surrogate escape: json.loads made a string the parent's trace could not store
+    lone = hand_back(typed, ended(answer='{"verdict": "y\\ud800"}', start=task("judge", SCHEMA)))
+    assert lone.error == "schema_mismatch" and "not Unicode" in lone.text and lone.data is None, lone
+    assert TraceCodec().unstorable(lone) is None  # the parent's trace stores it
 
 
 def test_a_result_function_that_raises_is_an_error_result():

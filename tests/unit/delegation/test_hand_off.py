@@ -108,6 +108,16 @@ def test_hand_off_of_arguments_that_do_not_fit_gives_an_error_result_and_no_chil
     assert "topic" in outcome.text and outcome.call_id == "call_1"
 
 
+def test_hand_off_of_arguments_that_are_not_unicode_gives_an_error_result_and_no_child():
+    # json.loads makes a lone surrogate of "\\ud800"; the child's task holding it could not be
+    # stored, and the delegation job failed on every delivery instead of telling the model
+    raw = ToolCall(id="call_1", name="research", arguments='{"topic": "A \\ud800 B"}')
+    events = [ROOT_TURN, ModelOutput(turn_id="t1", step=0, tool_calls=(raw,), stop_reason="tool_calls")]
+    outcome = hand_off(research, "conv", events, raw, "t1")
+    assert isinstance(outcome, ToolOutput) and outcome.error == "invalid_arguments", outcome
+    assert "lone high UTF-16 surrogate" in outcome.text and "`topic`" in outcome.text
+
+
 def test_the_task_names_the_schema_and_elements_come_from_the_parents_numbering():
     doc = Document(id="doc-1", title="D", text="whole")
     part = Passage(id="p-1", ref="doc-1", text="part")
