@@ -39,6 +39,7 @@ from agentstream.steps.summarising import failure_code
 from agentstream.steps.call_ids import scope_call_ids
 from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
 from agentstream.runtime.cancel import CancelTarget, cancel_target, publish_cancel
+from agentstream.delegation import child_trace_refusal
 from agentstream.runtime.consumer import current_delivery
 from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
 from agentstream.wire.events import (
@@ -201,6 +202,14 @@ class AgentLoop:
             await self._reject(entry_id, payload if payload is not None else codec.fields_json(fields), exc, stream=stream)
             return
         trace_id = turn.trace_id
+        if "/" in trace_id:  # the form of a child trace's id: <parent trace>/<call id>
+            refusal = await self._child_trace_refusal(trace_id, turn.turn_id)
+            if refusal is not None:  # nothing is written into that trace, not even the failure
+                log.warning("rejected turn entry %s: %s", entry_id, refusal)
+                metrics.TURNS_REJECTED.inc()
+                await self._report(f"entry {entry_id} of {where}: {refusal}", payload, source=where, entry=entry_id,
+                                   trace_id=trace_id, turn_id=turn.turn_id)
+                return
         with logs.bind(trace_id=trace_id):
             # turns of one trace enter it in the order this process started them (the order read):
             # concurrent admissions would race on separate connections (see _admission_order)
@@ -233,6 +242,15 @@ class AgentLoop:
                 await self._note_turn(trace_id, fold)  # the gateway's list of recent conversations
             assert admitted.taken is not None
             await self._advance_taken(trace_id, entry_id, admitted.taken, fold)
+
+    async def _child_trace_refusal(self, trace_id: str, turn_id: str) -> str | None:
+        """Why a published turn may not enter ``trace_id`` (an id with ``/``) → the reason, or
+        None (:func:`agentstream.delegation.child_trace_refusal`). Reads one entry of the trace
+        and, when it has none, whether the trace its id names as parent exists."""
+        first = await self.store.read(trace_id, count=1)
+        parent = trace_id.rsplit("/", 1)[0]
+        parent_exists = not first and bool(parent) and await self.store.exists(parent)
+        return child_trace_refusal(trace_id, turn_id, first[0][1] if first else None, parent_exists=parent_exists)
 
     @contextlib.asynccontextmanager
     async def _admission_order(self, trace_id: str):
@@ -493,6 +511,14 @@ class AgentLoop:
         without them, or when its turn id is an accepted turn's, it goes to the errors stream."""
         log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
         metrics.TURNS_REJECTED.inc()
+        if exc.trace_id and exc.turn_id and "/" in exc.trace_id:
+            # its failure would be written into a child trace, or begin one in a child's name
+            refusal = await self._child_trace_refusal(exc.trace_id, exc.turn_id)
+            if refusal is not None:
+                source = stream or self.keys.turns_for(exc.trace_id)
+                await self._report(f"entry {entry_id} of {source}: {exc.reason}; and {refusal}", payload, source=source,
+                                   entry=entry_id, trace_id=exc.trace_id, turn_id=exc.turn_id)
+                return
         if exc.trace_id and exc.turn_id:
             # after the admissions of the trace this process started before it (a valid turn read
             # just before a malformed copy of it enters first; the copy then finds it and is ignored)

@@ -38,7 +38,7 @@ from agentstream.delegation import (
     task_of,
     timed_out,
 )
-from agentstream.wire.events import CancelMessage, ToolCall, ToolJob, ToolOutput
+from agentstream.wire.events import CancelMessage, TaskInput, ToolCall, ToolJob, ToolOutput
 from agentstream.steps.fold import FoldCache, TraceFold
 from agentstream.runtime.folding import FoldReader
 from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD, Keys
@@ -164,13 +164,36 @@ class Delegator:
                                             self.max_descendants):
             await self._result(parent, descendants_refused(delegation, call, job.turn_id, self.max_descendants))
             return
-        await self._start(outcome, delegation)
+        if not await self._start(outcome, delegation, entry_id=entry_id, source=source):
+            return
         if await self.store.has_key(parent, f"end:{job.turn_id}"):
             # the parent ended while the child was being opened: the child must not run on
             await self._cancel(outcome.child_trace_id, outcome.task.turn_id, f"its parent turn {job.turn_id!r} ended")
 
-    async def _start(self, handoff: HandOff, delegation: Delegation) -> None:
+    async def _start(self, handoff: HandOff, delegation: Delegation, *, entry_id: str = "", source: str = "") -> bool:
+        """Open the child trace with its task and wake it → False when the child's id is taken.
+
+        A child trace's first event is its task. A trace of that id that begins otherwise was
+        begun by someone else (a client that published a root turn under ``<trace>/<call id>``
+        before the call came): its history would be the subagent's context and its first turn
+        would hide the task from the hand-back. The task is not added; the parent's call gets an
+        error result and the errors stream says which trace.
+        """
         child = handoff.child_trace_id
+        first = await self.store.read(child, count=1)
+        if first and not _opens(first[0][1], handoff.task):
+            error = (f"delegation {delegation.name!r} (call {handoff.task.call_id} of trace {handoff.task.parent_trace_id!r}) "
+                     f"could not open its child trace {child!r}: that trace already begins with a "
+                     f"{type(first[0][1]).__name__} that is not this task (entry {first[0][0]}); the task did not run")
+            log.warning("%s", error)
+            await report_error(self.redis, self.keys, error, None, self.limits, source=source or self.keys.delegations,
+                               entry=entry_id, trace_id=child)
+            await self._result(handoff.task.parent_trace_id, ToolOutput(
+                turn_id=handoff.task.parent_turn_id, call_id=handoff.task.call_id, name=delegation.name, error="child_trace_taken",
+                text=f"Error: {delegation.name!r} could not start: its child trace {child!r} is held by another "
+                     "conversation. The task did not run; try the call again (a new call opens a new child trace).",
+            ))
+            return False
         deadline_ms = int((time.time() + delegation.deadline_s) * 1000)
         await operations.set_child_deadline(self.redis, self.keys, child, deadline_ms)
         # the child's steps continue this delegation's OpenTelemetry trace (its metadata's traceparent)
@@ -181,6 +204,7 @@ class Delegator:
             log.info("opened child trace %s (depth %d) for call %s of trace %s", child, handoff.task.depth,
                      handoff.task.call_id, handoff.task.parent_trace_id)
         await self._wake(child, "task")
+        return True
 
     # --- hand-back ----------------------------------------------------------------------------
 
@@ -243,6 +267,12 @@ class Delegator:
     async def _cancel(self, trace_id: str, turn_id: str, reason: str) -> None:
         message = CancelMessage(trace_id=trace_id, turn_id=turn_id, by="parent", reason=reason)
         await operations.request_cancel(self.redis, self.keys, message)
+
+
+def _opens(first, task: TaskInput) -> bool:
+    """Whether a child trace's first event is ``task`` (the same call of the same parent)."""
+    return (isinstance(first, TaskInput) and first.call_id == task.call_id and first.parent_trace_id == task.parent_trace_id
+            and first.turn_id == task.turn_id)
 
 
 def _call(fold: TraceFold, job: ToolJob) -> ToolCall:

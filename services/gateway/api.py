@@ -34,6 +34,7 @@ from agentstream.ops import metrics
 from agentstream.ops.apikeys import ApiKey, KeyRing
 from agentstream.app.base import App
 from agentstream.runtime.cancel import cancel_target, publish_cancel
+from agentstream.delegation import child_trace_refusal
 from agentstream.runtime.deltas import follow
 from agentstream.errors import AgentStreamError, TurnRejected
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
@@ -200,6 +201,13 @@ def create_api(
         existing = await folds.current(turn.trace_id)  # what came since this gateway last looked
         if existing.events and not await may_see_fold(key, existing):
             raise HTTPException(403, f"API key {key.name!r} may not add turns to conversation {turn.trace_id!r}")
+        if "/" in turn.trace_id:  # a child trace's id: the agent loop would refuse it (and write nothing)
+            parent = turn.trace_id.rsplit("/", 1)[0]
+            parent_exists = not existing.events and bool(parent) and await store.exists(parent)
+            refusal = child_trace_refusal(turn.trace_id, turn.turn_id, existing.events[0] if existing.events else None,
+                                          parent_exists=parent_exists)
+            if refusal is not None:
+                raise HTTPException(422, refusal)
         entry_id = await conversations.publish_turn(store, turn)
         metrics.GATEWAY_TURNS.labels(key=key.name, agent=turn.agent).inc()
         base = f"/v1/traces/{turn.trace_id}"

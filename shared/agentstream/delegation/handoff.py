@@ -138,6 +138,40 @@ def child_trace_id(parent_trace_id: str, call_id: str) -> str:
     return f"{parent_trace_id}/{call_id.replace('{', '(').replace('}', ')')}"
 
 
+def child_trace_refusal(trace_id: str, turn_id: str, first: Event | None, *, parent_exists: bool) -> str | None:
+    """Why a published (root) turn may not enter ``trace_id`` → the reason, or None when it may.
+
+    Delegations open child traces (:func:`child_trace_id`: ``<parent trace>/<call id>``), whose
+    first event is their task. A turn published into one would run in a subagent's context and
+    read it back in its reply; one published before the child opens would make its history the
+    subagent's context and hide the task from the hand-back. So a turn may not enter a trace
+    that begins with a :class:`TaskInput`, nor begin a trace whose id is that of a child of an
+    existing trace. A conversation whose own id holds ``/`` (``org/conv-7`` where no trace
+    ``org`` exists) is a conversation like any other.
+
+    Args:
+        trace_id: the trace the turn names.
+        turn_id: the turn's id (for the reason).
+        first: the trace's first event, or None when it has none.
+        parent_exists: whether the trace named by ``trace_id`` up to its last ``/`` exists
+            (only read when ``first`` is None).
+    """
+    if "/" not in trace_id:
+        return None
+    if first is not None:
+        if not isinstance(first, TaskInput):
+            return None
+        return (f"turn {turn_id!r} names trace {trace_id!r}, a child trace (opened by delegation {first.delegation!r} "
+                f"of trace {first.parent_trace_id!r}): only its parent's delegation gives it work; the turn was not run "
+                "and nothing was written to that trace")
+    if parent_exists:
+        parent = trace_id.rsplit("/", 1)[0]
+        return (f"turn {turn_id!r} names trace {trace_id!r}, which has the form of a child trace of conversation "
+                f"{parent!r} (<trace id>/<call id>, opened by delegations only): the turn was not run and nothing was "
+                "written to that trace; give a conversation an id of its own")
+    return None
+
+
 def task_digest(agent: str, arguments: Any) -> str:
     """The fingerprint of a task: the agent and its arguments as canonical JSON (16 hex digits)."""
     canonical = json.dumps({"agent": agent, "arguments": arguments}, sort_keys=True, separators=(",", ":"))

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from agentstream.runtime import conversations, ratelimit
 from agentstream.runtime.store import TraceStore
 from agentstream.ops.apikeys import load_keys
-from agentstream.wire.events import TurnEnded, TurnInput
+from agentstream.wire.events import TaskInput, TurnEnded, TurnInput
 from agentstream.ops.settings import Settings
 from agentstream_services.gateway.api import create_api
 from agentstream_services.gateway.settings import GatewaySettings
@@ -94,6 +94,24 @@ async def test_a_turn_whose_input_its_agent_does_not_take_is_refused_at_the_gate
         accepted = await client.post("/v1/turns", json={"trace_id": "g-in", "turn_id": "t1", "agent": "calc", "input": {"text": "2+2"}},
                                      headers=auth(CALC_KEY))
         assert accepted.status_code == 202, accepted.text
+
+
+async def test_a_turn_for_a_child_trace_id_is_refused_at_the_gateway(store, keys):
+    # `<conversation>/<call id>` is a child trace's id: a key that may see the conversation could
+    # otherwise post into its subagent's context, or begin that child's trace before its call did
+    await store.append("g-p", TurnInput(turn_id="t1", agent="calc", text="hi"))
+    await store.append("g-p/call_1", TaskInput(turn_id="k1", agent="calc", text="sub", call_id="call_1",
+                                                parent_trace_id="g-p", parent_turn_id="t1", root_trace_id="g-p", delegation="d"))
+    async with _client(store, keys) as client:
+        for trace_id, why in [("g-p/call_1", "a child trace (opened by delegation 'd'"),
+                              ("g-p/call_2", "form of a child trace of conversation 'g-p'")]:
+            body = {"trace_id": trace_id, "turn_id": "x1", "agent": "calc", "text": "2+2"}
+            refused = await client.post("/v1/turns", json=body, headers=auth(CALC_KEY))
+            assert refused.status_code == 422 and why in refused.text, refused.text
+        own = await client.post("/v1/turns", json={"trace_id": "g-org/conv-7", "turn_id": "t1", "agent": "calc", "text": "2+2"},
+                                headers=auth(CALC_KEY))
+        assert own.status_code == 202, own.text
+    assert await store.redis.xlen(keys.turns) == 1
 
 
 async def test_the_reply_is_the_wires_own_with_its_citations_and_a_dead_letter_is_deadletters_own(store, redis, keys):
