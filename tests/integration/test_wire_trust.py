@@ -49,6 +49,9 @@ async def all_keys(redis, namespace: str) -> list[str]:
         "{ns}:delegations",
         "{ns}:errors",
         "{ns}:repliesX",
+        "{ns}:replies:*",  # a glob: it matched its own pattern
+        "{ns}:replies:b[1]",
+        "{ns}:replies:?",
         "other-namespace:replies",
         "somewhere-else",
     ],

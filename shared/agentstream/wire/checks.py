@@ -115,7 +115,9 @@ def reply_stream_refusal(reply_to: str, keys: Keys, limits: WireLimits = DEFAULT
     """Why a turn may not name ``reply_to`` as its reply stream → the reason, or None when it may.
 
     Allowed: a stream matching one of :meth:`WireLimits.reply_patterns` (glob, case-sensitive)
-    that is not one of the namespace's own keys other than its replies streams.
+    that is not one of the namespace's own keys other than its replies streams, and whose name
+    holds no glob character (``* ? [ ]``: ``<ns>:replies:*`` matched its own pattern and made a
+    stream of that name, which a consumer subscribing by pattern reads as every stream).
     """
     setting = LIMIT_SETTINGS["reply_streams"]
     if not reply_to:
@@ -128,6 +130,12 @@ def reply_stream_refusal(reply_to: str, keys: Keys, limits: WireLimits = DEFAULT
     control = control_character(reply_to)
     if control is not None:
         return f"turn message field `$.reply_to` holds {control}; a stream name may not hold control or invisible characters"
+    globbed = sorted(set(reply_to) & set("*?[]"))
+    if globbed:
+        return (
+            f"turn message field `$.reply_to` names {reply_to!r}, which holds the glob character(s) "
+            f"{' '.join(globbed)}: a reply goes to one stream, named exactly (patterns are for the setting {setting})"
+        )
     if reply_to.endswith(":") or "::" in reply_to:
         return (
             f"turn message field `$.reply_to` names {reply_to!r}, which has an empty part between its `:`s "
