@@ -490,3 +490,25 @@ async def test_the_watchdog_still_reads_the_per_call_records_of_an_older_version
     await redis.zadd(awaiting_key(keys, keys.partition("w9")), {"w9": int(time.time() * 1000) - 60_000})
     assert await Watchdog(redis, keys, end_turn, interval_s=1.0, partition=keys.partition("w9")).check_once() == 1
     assert ended == [("w9", "t1", ["c1"])]
+
+
+async def test_a_watchdog_whose_awaiting_set_is_squatted_logs_the_failure_once_not_every_round(redis, keys, caplog):
+    # The trial: `SET <awaiting set> x`. Every round (10 s) logged an ERROR with its traceback.
+    import logging
+
+    from agentstream.runtime.watchdog import REPEAT_LOG_ROUNDS, Watchdog, awaiting_key
+
+    async def end_turn(trace_id, turn_id, vanished):
+        raise AssertionError("nothing to end")
+
+    watchdog = Watchdog(redis, keys, end_turn, interval_s=1.0)
+    await redis.set(awaiting_key(keys, 0), "squatted")
+    with caplog.at_level(logging.INFO, logger="agentstream.runtime.watchdog"):
+        for _ in range(REPEAT_LOG_ROUNDS + 1):
+            await watchdog.round()
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 2 and errors[0].exc_info and "WRONGTYPE" in errors[1].getMessage(), [r.getMessage() for r in errors]
+        assert f"{REPEAT_LOG_ROUNDS} in a row" in errors[1].getMessage()
+        await redis.delete(awaiting_key(keys, 0))
+        await watchdog.round()
+        assert watchdog.failed_rounds == 0 and f"succeeded again after {REPEAT_LOG_ROUNDS + 1} failed rounds" in caplog.records[-1].getMessage()

@@ -111,6 +111,10 @@ def _s(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+REPEAT_LOG_ROUNDS = 30
+"""While the watchdog's rounds fail with the same error, one ERROR line per this many rounds."""
+
+
 class Watchdog:
     """Ends turns whose awaited tool work vanished (see the module docstring).
 
@@ -135,21 +139,45 @@ class Watchdog:
         self.interval_s = interval_s
         self.batch = batch
         self.ended = 0
+        self.failed_rounds = 0  # rounds in a row that failed with the same error
+        self._failure = ""
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Look every ``interval_s`` (jittered) until ``stop`` is set; errors are logged, never raised."""
+        """Look every ``interval_s`` (jittered) until ``stop`` is set; errors are logged, never raised.
+
+        A round that fails is logged with its traceback; while the next rounds fail with the same
+        error (a key of another type under the awaiting set's name stays until an operator deletes
+        it), one ERROR line every :data:`REPEAT_LOG_ROUNDS` rounds says so, and the first round that
+        succeeds again says how many failed.
+        """
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s * random.uniform(0.8, 1.2))
                 return
             except asyncio.TimeoutError:
                 pass
-            try:
-                await self.check_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
+            await self.round()
+
+    async def round(self) -> None:
+        """One round of :meth:`run`: :meth:`check_once`, its failure logged (not raised)."""
+        try:
+            await self.check_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            if text != self._failure:
+                self._failure, self.failed_rounds = text, 1
                 log.exception("the watchdog's round failed; trying again in %.1f s", self.interval_s)
+                return
+            self.failed_rounds += 1
+            if self.failed_rounds % REPEAT_LOG_ROUNDS == 0:
+                log.error("the watchdog's rounds still fail (%s): %d in a row; trying again every %.1f s",
+                          text, self.failed_rounds, self.interval_s)
+            return
+        if self._failure:
+            log.info("the watchdog's round succeeded again after %d failed rounds", self.failed_rounds)
+            self._failure, self.failed_rounds = "", 0
 
     async def check_once(self) -> int:
         """One round → how many turns it ended."""
