@@ -42,7 +42,6 @@ from agentstream.wire.events import CancelMessage, TaskInput, ToolCall, ToolJob,
 from agentstream.steps.fold import FoldCache, TraceFold
 from agentstream.runtime.folding import FoldReader
 from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD, Keys
-from agentstream.runtime.call_runs import job_problem
 from agentstream.runtime.reports import report_error
 from agentstream.runtime.store import TraceStore
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_result_refusal
@@ -137,7 +136,7 @@ class Delegator:
         if fold.ending(job.turn_id) is not None:
             log.info("delegation %s of trace %s: the parent's turn already ended; no child opened", job.call_id, parent)
             return
-        problem = job_problem(fold.events, job)
+        problem = fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments)  # O(the turn), not O(the trace)
         if problem:
             if not fold.events:
                 self.folds.folds.forget(parent)  # no such trace: keep no fold of it

@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 from agentstream.context import build_context
-from agentstream.wire.events import CancelRequested, Event, ModelOutput, ToolCall, TurnInput
+from agentstream.wire.events import CancelRequested, Event, ModelOutput, ToolCall, ToolJob, TurnInput
+from agentstream.runtime.call_runs import job_problem
 from agentstream.steps.fold import FoldCache, TraceFold, entry_key
 from agentstream.steps.timeline import reply_from_fold, reply_of, root_of, trace_agents
 from agentstream.steps.decision import CallModel, active_turn, decide, decide_view, final_stop_reason
@@ -79,6 +80,19 @@ def _check(fold: TraceFold, prefix: list[Any]) -> None:
     for turn_id in {e.turn_id for e in prefix if isinstance(e, TurnInput)}:
         assert fold.final_stop_reason(turn_id) == final_stop_reason(prefix, turn_id)
         assert reply_from_fold(fold, turn_id) == reply_of(fold.trace_id, prefix, turn_id)
+    # a job for each call the trace holds, and for calls it does not (another turn, tool, arguments, id)
+    calls = [(e.turn_id, c) for e in prefix if isinstance(e, ModelOutput) for c in e.tool_calls]
+    turns = sorted({e.turn_id for e in prefix if isinstance(e, TurnInput)} | {"t-none"})
+    for turn_id, call in calls[:6]:
+        for job in (ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name=call.name, arguments=call.arguments),
+                    ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name="other", arguments=call.arguments),
+                    ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name=call.name, arguments=call.arguments + " "),
+                    ToolJob(trace_id="tr", turn_id=turns[-1], call_id=call.id, name=call.name, arguments=call.arguments),
+                    ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id + "-x", name=call.name, arguments=call.arguments)):
+            assert fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments) == job_problem(prefix, job)
+    for turn_id in turns:
+        job = ToolJob(trace_id="tr", turn_id=turn_id, call_id="c-none", name="search", arguments="{}")
+        assert fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments) == job_problem(prefix, job)
     if isinstance(cold, CallModel):
         built_warm = fold.build(cold.agent, turn_id=cold.turn.turn_id, step=cold.step)
         built_cold = build_context(prefix, cold.agent, turn_id=cold.turn.turn_id, step=cold.step)

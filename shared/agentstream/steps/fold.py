@@ -217,6 +217,32 @@ class TraceFold:
         decision after ``turn_id``'s ending acts on it instead of waiting."""
         return any(other != turn_id and self.turns[other].ending is None for other in self.order[self._active:])
 
+    def job_problem(self, trace_id: str, turn_id: str, call_id: str, name: str, arguments: str) -> str:
+        """Why a job for call ``call_id`` of turn ``turn_id`` (tool ``name``, ``arguments``)
+        names no call that may run in this trace → a reason, or ``""`` when it does: what
+        :func:`agentstream.runtime.call_runs.job_problem` says from the whole event list, from
+        the fold's records (the turn's outputs only, not every event of the trace).
+        """
+        if not self.events:
+            return f"trace {trace_id!r} does not exist"
+        record = self.turns.get(turn_id)
+        if record is None or record.turn is None:
+            return f"trace {trace_id!r} has no turn {turn_id!r}"
+        if record.ending is None:
+            active = self.active_turn()
+            if active is None or active.turn_id != turn_id:
+                return f"turn {turn_id!r} of trace {trace_id!r} is not the running turn ({active.turn_id if active else None!r} runs)"
+        for output in record.outputs:
+            for call in output.tool_calls:
+                if call.id == call_id:
+                    if call.name != name:
+                        return f"call {call_id!r} of turn {turn_id!r} is a call of tool {call.name!r}, not {name!r}"
+                    if call.arguments != arguments:
+                        return (f"call {call_id!r} of turn {turn_id!r} was made with other arguments than the job's "
+                                "(the trace records what a call runs; a job only says which call to run)")
+                    return ""
+        return f"turn {turn_id!r} of trace {trace_id!r} made no call {call_id!r}"
+
     def ending(self, turn_id: str) -> TurnEnded | TurnFailed | None:
         """The turn's ending, or None."""
         record = self.turns.get(turn_id)
