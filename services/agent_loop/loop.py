@@ -39,7 +39,7 @@ from agentstream.steps.summarising import failure_code
 from agentstream.steps.call_ids import scope_call_ids
 from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
 from agentstream.runtime.cancel import CancelTarget, cancel_target, publish_cancel
-from agentstream.delegation import child_trace_refusal
+from agentstream.delegation import child_trace_refusal, parent_ids
 from agentstream.runtime.consumer import current_delivery
 from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
 from agentstream.wire.events import (
@@ -48,6 +48,7 @@ from agentstream.wire.events import (
     ModelOutput,
     TaskInput,
     ToolJob,
+    ToolOutput,
     TurnEnded,
     TurnFailed,
     TurnInput,
@@ -246,11 +247,10 @@ class AgentLoop:
     async def _child_trace_refusal(self, trace_id: str, turn_id: str) -> str | None:
         """Why a published turn may not enter ``trace_id`` (an id with ``/``) → the reason, or
         None (:func:`agentstream.delegation.child_trace_refusal`). Reads one entry of the trace
-        and, when it has none, whether the trace its id names as parent exists."""
+        and, when it has none, whether each trace its id could descend from exists (one round trip)."""
         first = await self.store.read(trace_id, count=1)
-        parent = trace_id.rsplit("/", 1)[0]
-        parent_exists = not first and bool(parent) and await self.store.exists(parent)
-        return child_trace_refusal(trace_id, turn_id, first[0][1] if first else None, parent_exists=parent_exists)
+        ancestor = None if first else await conversations.nearest_trace(self.store, parent_ids(trace_id))
+        return child_trace_refusal(trace_id, turn_id, first[0][1] if first else None, ancestor=ancestor)
 
     @contextlib.asynccontextmanager
     async def _admission_order(self, trace_id: str):
@@ -386,7 +386,7 @@ class AgentLoop:
         if recorded is not None:
             self._abort_local(message.trace_id, recorded.turn_id)
             await self.advance(message.trace_id, entry_id=entry_id)
-        elif target.ending is None and message.by != "parent" and (message.turn_id or not target.any_turn):
+        elif target.ending is None and (message.turn_id or not target.any_turn):
             # a cancel that can never take effect (not a race with the turn's end): its sender is told
             if not target.any_turn:
                 why = f"trace {message.trace_id!r} holds no turn (no such conversation, or deleted by retention)"
@@ -766,7 +766,7 @@ class AgentLoop:
                     output = msgspec.structs.replace(output, prompt_digest=agent.prompt_digest)
                 return await self._record_output(trace_id, token, fold, turn, output)
             case RecordResults(results=results):
-                await self._append(trace_id, token, fold, list(results))
+                await self._append(trace_id, token, fold, self._storable(results))
                 return _Outcome.AGAIN
             case RunTools(turn=turn, agent=agent, step=step, calls=calls):
                 published = fold.notes.get(("jobs", turn.turn_id, step))
@@ -784,6 +784,23 @@ class AgentLoop:
                 failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
                 return await self._end(trace_id, token, fold, failed, turn, before=results)
         raise AssertionError(f"unhandled decision {decision!r}")
+
+    def _storable(self, results) -> list:
+        """The results a decision records (an unknown tool's, a reopen's: built from what the model
+        wrote), each that the trace cannot store (a lone surrogate echoed from its arguments)
+        replaced by an error result saying so: it would fail the append on every delivery, and
+        the model would be called again each time."""
+        out = []
+        for result in results:
+            problem = self.store.codec.unstorable(result)
+            if problem is not None and isinstance(result, ToolOutput):
+                log.warning("call %s (%s): its result cannot be stored (%s); recorded as an error result", result.call_id,
+                            result.name, problem)
+                result = ToolOutput(turn_id=result.turn_id, call_id=result.call_id, name=result.name, error="invalid_result",
+                                    text=f"Error: the result of this call of {result.name!r} could not be stored ({problem}); "
+                                    "check the call's arguments and call it again")
+            out.append(result)
+        return out
 
     async def _append(self, trace_id: str, token: int, fold: TraceFold, events: list, *, then: list = ()) -> list:
         """Append under the lease and fold what came since the fold's last entry (one round trip)."""
@@ -806,7 +823,7 @@ class AgentLoop:
         elif isinstance(nxt, FailTurn):
             then = [TurnFailed(turn_id=turn.turn_id, code=nxt.code, reason=nxt.reason)]
         elif isinstance(nxt, RecordResults):
-            then = list(nxt.results)
+            then = self._storable(nxt.results)
         if self._publishes_with_append and not fold.unconfirmed:
             if isinstance(nxt, RunTools) and nxt.calls:
                 return await self._append_with_jobs(trace_id, token, fold, turn, output, nxt)

@@ -34,7 +34,7 @@ from agentstream.ops import metrics
 from agentstream.ops.apikeys import ApiKey, KeyRing
 from agentstream.app.base import App
 from agentstream.runtime.cancel import cancel_target, publish_cancel
-from agentstream.delegation import child_trace_refusal
+from agentstream.delegation import child_trace_refusal, parent_ids
 from agentstream.runtime.deltas import follow
 from agentstream.errors import AgentStreamError, TurnRejected
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
@@ -202,10 +202,9 @@ def create_api(
         if existing.events and not await may_see_fold(key, existing):
             raise HTTPException(403, f"API key {key.name!r} may not add turns to conversation {turn.trace_id!r}")
         if "/" in turn.trace_id:  # a child trace's id: the agent loop would refuse it (and write nothing)
-            parent = turn.trace_id.rsplit("/", 1)[0]
-            parent_exists = not existing.events and bool(parent) and await store.exists(parent)
+            ancestor = None if existing.events else await conversations.nearest_trace(store, parent_ids(turn.trace_id))
             refusal = child_trace_refusal(turn.trace_id, turn.turn_id, existing.events[0] if existing.events else None,
-                                          parent_exists=parent_exists)
+                                          ancestor=ancestor)
             if refusal is not None:
                 raise HTTPException(422, refusal)
         entry_id = await conversations.publish_turn(store, turn)

@@ -201,6 +201,14 @@ async def test_a_turn_published_to_a_child_trace_id_is_refused_and_a_child_trace
     (refused,) = [e for e in await events(store, "p") if isinstance(e, ToolOutput)]
     assert refused.call_id == "call_B" and refused.error == "child_trace_taken" and "did not run" in refused.text
     assert any(b"could not open its child trace 'p/call_B'" in f[b"error"] for _, f in await redis.xrange(keys.errors))
+    # every id that could descend from an existing trace: an empty part, a deeper level, the child's own children
+    for n, trace_id in enumerate(["p//x", "p/a/b", "p/", "p/call_A//", "p/call_A/call_X", "p/call_A/"]):
+        await loop.on_turn(f"9-{10 + n}", turn(trace_id, f"y{n}"))
+        assert not await store.exists(trace_id), trace_id
+    reported = {f[b"entry"] for _, f in await redis.xrange(keys.errors)}
+    assert {f"9-{10 + n}".encode() for n in range(6)} <= reported
+    # a call id with "/" opens a child one level down, not a grandchild's id
+    assert child_trace_id("p", "a/b") == "p/a%2Fb"
     # a conversation whose own id holds "/" is one like any other
     await loop.on_turn("9-4", turn("org/conv-7", "t1"))
     assert isinstance((await events(store, "org/conv-7"))[0], TurnInput)

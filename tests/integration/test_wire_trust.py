@@ -210,9 +210,9 @@ async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no
     await loop.on_cancel("5-3", cancel(trace_id="hC1", turn_id="t9"))  # no such turn
     await loop.on_cancel("5-4", cancel(trace_id="hC1", turn_id="t1"))  # ended first: a race, not reported
     await loop.on_cancel("5-5", cancel(trace_id="hC1"))  # nothing running: not reported
-    await loop.on_cancel("5-6", cancel(trace_id="hNone3", turn_id="c1", by="parent"))  # a parent's cancel of a child not yet begun
+    await loop.on_cancel("5-6", cancel(trace_id="hNone3", turn_id="c1", by="parent"))  # `by` is the sender's word: no way out
     errors = {f[b"entry"]: f for _, f in await redis.xrange(keys.errors)}
-    assert sorted(errors) == [b"5-1", b"5-2", b"5-3"], errors
+    assert sorted(errors) == [b"5-1", b"5-2", b"5-3", b"5-6"], errors
     assert b"'hNone' holds no turn" in errors[b"5-1"][b"error"] and errors[b"5-1"][b"trace_id"] == b"hNone"
     assert b"cancelled nothing" in errors[b"5-2"][b"error"] and keys.cancel.encode() in errors[b"5-2"][b"error"]
     assert b"holds no turn 't9'" in errors[b"5-3"][b"error"] and errors[b"5-3"][b"turn_id"] == b"t9"
@@ -220,7 +220,19 @@ async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no
     assert [type(e) for e in await events_of(store, "hC1")] == [TurnInput, TurnEnded]
     await loop.on_wake("6-1", {WAKE_FIELD: codec.encode(Wake(trace_id="hGone", reason="result:c1"))})
     assert loop.empty_hints == 1 and not await redis.exists(keys.trace("hGone"), keys.lease("hGone"))
-    assert await redis.xlen(keys.errors) == 3  # a hint is not state: one for a trace retention deleted is no error
+    assert await redis.xlen(keys.errors) == 4  # a hint is not state: one for a trace retention deleted is no error
+
+
+def test_a_result_the_loop_records_that_the_trace_cannot_store_becomes_an_error_result(store):
+    # A result a decision builds from what the model wrote (an unknown tool's, a reopen's) that
+    # echoes a lone surrogate failed the append on every delivery, calling the model each time.
+    loop = AgentLoop(apps.app, store, {})
+    good = ToolOutput(turn_id="t1", call_id="c1", name="nope", text="Error: no tool", error="unknown_tool")
+    bad = ToolOutput(turn_id="t1", call_id="c2", name="reopen", text="Error: unknown handle r\ud800", error="invalid_arguments")
+    kept, replaced = loop._storable([good, bad])
+    assert kept is good
+    assert (replaced.call_id, replaced.error) == ("c2", "invalid_result") and "could not be stored" in replaced.text
+    assert store.codec.unstorable(replaced) is None
 
 
 async def test_a_malformed_copy_read_just_after_its_valid_turn_does_not_end_it(store, redis, keys):

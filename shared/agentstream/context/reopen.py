@@ -16,6 +16,7 @@ import msgspec
 from agentstream.context.forms.shorten import FULL
 from agentstream.context.policy import ContextPolicy
 from agentstream.wire.events import AnyElement, Source, ToolCall, ToolOutput
+from agentstream.wire.jsontext import unicode_problem
 
 if TYPE_CHECKING:
     from agentstream.context.fold_state import FoldState
@@ -82,6 +83,9 @@ def resolve_reopen(call: ToolCall, turn_id: str, state: FoldState) -> ToolOutput
     def error(text: str) -> ToolOutput:
         return ToolOutput(turn_id=turn_id, call_id=call.id, name=name, text=f"Error: {text}", error="invalid_arguments")
 
+    problem = unicode_problem(call.arguments)  # json.loads would make a lone surrogate, echoed below, unstorable
+    if problem is not None:
+        return error(f"the arguments are not Unicode text: {problem}")
     try:
         arguments = json.loads(call.arguments) if call.arguments.strip() else {}
     except json.JSONDecodeError as exc:

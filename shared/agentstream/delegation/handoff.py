@@ -133,28 +133,38 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
 def child_trace_id(parent_trace_id: str, call_id: str) -> str:
     """The id of the child trace that a call opens: ``<parent trace>/<call id>``.
 
-    Deterministic, so a hand-off that runs twice opens the same child once.
+    Deterministic, so a hand-off that runs twice opens the same child once. In the call id,
+    braces become parentheses (a hash tag of its own would move the child to another slot) and
+    ``/`` becomes ``%2F``, so the part after the last ``/`` is always the call and the rest the
+    parent (what :func:`child_trace_refusal` relies on).
     """
-    return f"{parent_trace_id}/{call_id.replace('{', '(').replace('}', ')')}"
+    return f"{parent_trace_id}/{call_id.replace('{', '(').replace('}', ')').replace('/', '%2F')}"
 
 
-def child_trace_refusal(trace_id: str, turn_id: str, first: Event | None, *, parent_exists: bool) -> str | None:
+def parent_ids(trace_id: str) -> list[str]:
+    """Every trace id a child trace ``trace_id`` could descend from, nearest first: each part
+    of it before a ``/`` (``a/b/c`` → ``a/b``, ``a``), the empty one left out."""
+    parts = trace_id.split("/")
+    return [p for p in ("/".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)) if p]
+
+
+def child_trace_refusal(trace_id: str, turn_id: str, first: Event | None, *, ancestor: str | None) -> str | None:
     """Why a published (root) turn may not enter ``trace_id`` → the reason, or None when it may.
 
     Delegations open child traces (:func:`child_trace_id`: ``<parent trace>/<call id>``), whose
     first event is their task. A turn published into one would run in a subagent's context and
     read it back in its reply; one published before the child opens would make its history the
     subagent's context and hide the task from the hand-back. So a turn may not enter a trace
-    that begins with a :class:`TaskInput`, nor begin a trace whose id is that of a child of an
-    existing trace. A conversation whose own id holds ``/`` (``org/conv-7`` where no trace
-    ``org`` exists) is a conversation like any other.
+    that begins with a :class:`TaskInput`, nor begin a trace whose id could be that of a
+    descendant of an existing trace (one of :func:`parent_ids` exists). A conversation whose own
+    id holds ``/`` (``org/conv-7`` where no trace ``org`` exists) is a conversation like any other.
 
     Args:
         trace_id: the trace the turn names.
         turn_id: the turn's id (for the reason).
         first: the trace's first event, or None when it has none.
-        parent_exists: whether the trace named by ``trace_id`` up to its last ``/`` exists
-            (only read when ``first`` is None).
+        ancestor: the nearest of :func:`parent_ids` that exists, or None (only read when
+            ``first`` is None).
     """
     if "/" not in trace_id:
         return None
@@ -164,10 +174,9 @@ def child_trace_refusal(trace_id: str, turn_id: str, first: Event | None, *, par
         return (f"turn {turn_id!r} names trace {trace_id!r}, a child trace (opened by delegation {first.delegation!r} "
                 f"of trace {first.parent_trace_id!r}): only its parent's delegation gives it work; the turn was not run "
                 "and nothing was written to that trace")
-    if parent_exists:
-        parent = trace_id.rsplit("/", 1)[0]
+    if ancestor is not None:
         return (f"turn {turn_id!r} names trace {trace_id!r}, which has the form of a child trace of conversation "
-                f"{parent!r} (<trace id>/<call id>, opened by delegations only): the turn was not run and nothing was "
+                f"{ancestor!r} (<trace id>/<call id>, opened by delegations only): the turn was not run and nothing was "
                 "written to that trace; give a conversation an id of its own")
     return None
 

@@ -38,6 +38,7 @@ import msgspec
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolResultMessage, UserMessage
 from agentstream.wire.deltas import Delta
 from agentstream.wire.events import ModelOutput, ToolCall, Usage
+from agentstream.wire.jsontext import unicode_problem
 
 PROVIDER = "anthropic"
 
@@ -91,6 +92,8 @@ def _thinking_blocks(message: AssistantMessage, model: str) -> list[dict[str, An
 def _input(arguments: str) -> dict[str, Any]:
     if not arguments.strip():
         return {}
+    if unicode_problem(arguments) is not None:  # a lone surrogate escape: json.loads makes what no request body can encode
+        return {"invalid_arguments": arguments}
     try:
         value = json.loads(arguments)
     except ValueError:
@@ -250,7 +253,13 @@ def build_output(
                 thoughts.append(str(block["thinking"]))
         elif kind == "tool_use":
             raw = block.get("input")
-            arguments = raw if isinstance(raw, str) else msgspec.json.encode(raw if raw is not None else {}).decode()
+            if isinstance(raw, str):
+                arguments = raw
+            else:
+                try:
+                    arguments = msgspec.json.encode(raw if raw is not None else {}).decode()
+                except (UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate: kept escaped, refused by the tool
+                    arguments = json.dumps(raw, ensure_ascii=True)
             calls.append(
                 ToolCall(id=str(block.get("id") or f"toolu_{turn_id}_{step}_{len(calls)}"), name=str(block.get("name") or ""), arguments=arguments)
             )
@@ -385,6 +394,8 @@ class StreamAssembler:
             if block.get("type") == "tool_use" and self._json.get(index):
                 text = "".join(self._json[index])
                 try:
+                    if unicode_problem(text) is not None:  # a lone surrogate escape: kept as written, refused by the tool
+                        raise ValueError(text)
                     block = {**block, "input": json.loads(text)}
                 except ValueError:
                     block = {**block, "input": text}  # kept as the raw text (malformed is data)

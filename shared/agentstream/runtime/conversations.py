@@ -37,6 +37,18 @@ async def publish_turn(store: TraceStore, turn: TurnMessage) -> str:
     return _s(entry_id)
 
 
+async def nearest_trace(store: TraceStore, trace_ids: Sequence[str]) -> str | None:
+    """The first of ``trace_ids`` that exists, or None: one pipeline of EXISTS (no transaction:
+    the traces are in different hash slots)."""
+    if not trace_ids:
+        return None
+    pipe = store.redis.pipeline(transaction=False)
+    for trace_id in trace_ids:
+        pipe.exists(store.keys.trace(trace_id))
+    found = await pipe.execute()
+    return next((t for t, n in zip(trace_ids, found, strict=True) if n), None)
+
+
 async def children(store: TraceStore, trace_id: str, root_trace_id: str) -> list[str]:
     """The child traces opened directly by calls of ``trace_id`` (ids ``<trace id>/<call id>``), sorted."""
     members = await store.redis.smembers(store.keys.descendants(root_trace_id))

@@ -13,6 +13,7 @@ from agentstream.context import (
     reopen_result,
 )
 from agentstream.wire.events import Document, ModelOutput, Passage, ToolCall
+from agentstream.wire.codec import TraceCodec
 from agentstream.steps.decision import RecordResults, decide
 
 from tests.unit.context.factory import Trace, make_agent
@@ -57,6 +58,10 @@ def test_bad_arguments_give_an_error_result_the_model_can_act_on():
         assert result.error == "invalid_arguments" and message in result.text
     bad_json = ToolCall(id="x", name="reopen", arguments="{nope")
     assert "not valid JSON" in reopen_result(trace.events, AGENT, turn, bad_json).text
+    # a lone surrogate escape in a handle: echoed into the error text, it made a result no trace could store
+    lone = reopen_result(trace.events, AGENT, turn, ToolCall(id="z", name="reopen", arguments='{"results": ["r\\ud800"]}'))
+    assert lone.error == "invalid_arguments" and "lone high UTF-16 surrogate" in lone.text
+    assert TraceCodec().unstorable(lone) is None
     assert reopen_result(trace.events, AGENT, turn, ToolCall(id="y", name="search")) is None
 
 

@@ -206,3 +206,27 @@ def test_a_stream_cut_mid_thinking_leaves_an_unsigned_block_that_is_not_replayab
     (block,) = assembler.blocks()
     assert block == {"type": "thinking", "thinking": "Let me check", "signature": ""}
     assert not anthropic_format.replayable(block)
+
+
+def test_a_lone_surrogate_in_a_tool_input_is_kept_escaped_and_never_breaks_the_output_or_a_later_request():
+    # json.loads turned "\ud800" into a string no writer can encode: the streamed output failed to
+    # build on every delivery (the model called again each time), and a stored call with such an
+    # escape made every later request of the conversation fail to encode
+    lone = {"q": "a\ud800"}
+    content = [{"type": "tool_use", "id": "toolu_7", "name": "lookup", "input": lone}]
+    assembler = anthropic_format.StreamAssembler()
+    for _, event in anthropic_api.stream_events(A, content, "tool_use"):
+        assembler.feed(event)
+    streamed = assembler.output(turn_id="t", step=0, model=A, request_sha256="h", latency_ms=1.0)
+    whole = anthropic_format.parse_response(anthropic_api.message(A, content, "tool_use"), turn_id="t", step=0,
+                                            request_sha256="h", latency_ms=1.0, model=A)
+    for out in (streamed, whole):
+        (call,) = out.tool_calls
+        assert "\\ud800" in call.arguments and json.loads(call.arguments) == lone  # the escape, as the model wrote it
+        assert codec.TraceCodec().unstorable(out) is None
+    request = ChatRequest(system="S", messages=(
+        UserMessage(text="go"), AssistantMessage(tool_calls=whole.tool_calls),
+        ToolResultMessage(call_id="toolu_7", name="lookup", text="Error: not Unicode", is_error=True),
+    ))
+    tool_use = body(request, budget=None)["messages"][1]["content"][0]
+    assert tool_use["input"] == {"invalid_arguments": whole.tool_calls[0].arguments}
