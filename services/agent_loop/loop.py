@@ -475,6 +475,25 @@ class AgentLoop:
                   f"(last error: {error}); the turn was given up")
         await self._give_up(trace_id, turn, DEAD_LETTER_CODE, reason, events)
 
+    async def publish_owed_replies(self, trace_id: str) -> bool:
+        """Publish the replies the trace owes (the watchdog's look at a trace whose reply the
+        replies stream refused, :mod:`agentstream.runtime.watchdog`) → True when it owes none now,
+        False when its lease is held (its holder publishes them; looked at again next round).
+
+        Raises:
+            redis.exceptions.ResponseError: the replies stream still refuses them (reported).
+        """
+        fold = await self._current_fold(trace_id)
+        if not fold.unconfirmed:
+            return True
+        try:
+            async with self._lease(trace_id) as _token:
+                fold = await self._current_fold(trace_id)
+                await self._publish_replies(trace_id, fold)
+        except Deferred:
+            return False
+        return not fold.unconfirmed
+
     async def end_lost_work(self, trace_id: str, turn_id: str, vanished) -> None:
         """End a running turn whose awaited tool work vanished (the watchdog,
         :mod:`~agentstream.runtime.watchdog`), with code ``lost_work``."""

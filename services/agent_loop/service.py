@@ -74,7 +74,8 @@ def build(
     runners.append(CancelListener(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms))
     if settings.watchdog_interval_ms:  # turns whose awaited tool work vanished end with a reason
         runners += [  # one per partition of the awaiting set
-            Watchdog(store.redis, keys, loop.end_lost_work, interval_s=settings.watchdog_interval_ms / 1000.0, partition=p)
+            Watchdog(store.redis, keys, loop.end_lost_work, interval_s=settings.watchdog_interval_ms / 1000.0, partition=p,
+                     publish_owed=loop.publish_owed_replies)
             for p in range(keys.partitions)
         ]
     return loop, runners

@@ -223,6 +223,36 @@ async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no
     assert await redis.xlen(keys.errors) == 4  # a hint is not state: one for a trace retention deleted is no error
 
 
+async def test_a_reply_the_squatted_replies_stream_refused_past_the_retries_goes_out_once_it_is_a_stream(
+    redis_url, namespace, redis, keys, store, scripted_model
+):
+    # The trial: the squat outlasted the work entry's deliveries; the entry was dead-lettered and
+    # the reply waited for the conversation's next turn, which may never come. The watchdog
+    # publishes what the trace owes once the stream takes it, once.
+    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
+                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_MAX_DELIVERIES": "2",
+                              "AGENTSTREAM_MIN_IDLE_MS": "400", "AGENTSTREAM_WATCHDOG_INTERVAL_MS": "500"})
+    try:
+        await redis.set(keys.replies, "squat")
+        await services.start("p1", "agent-loop", "tool-worker")
+        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hO1", turn_id="t1")})
+
+        async def given_up():
+            dead = [keys.dead(s) for s in (keys.turns, keys.wake)]
+            return sum([await redis.xlen(d) for d in dead if await redis.exists(d)]) or None
+
+        await wait_for(given_up, timeout_s=30, what="the work entry dead-lettered")
+        assert isinstance((await events_of(store, "hO1"))[-1], TurnEnded)
+        await redis.delete(keys.replies)
+        (reply,) = await wait_for(lambda: replies_on(redis, keys.replies), timeout_s=15, what="the owed reply")
+        assert reply.turn_id == "t1" and reply.status == "ended"
+        await asyncio.sleep(1.5)  # rounds of the watchdog after it: nothing more
+        assert len(await replies_on(redis, keys.replies)) == 1
+        assert await redis.zcard(f"{namespace}:owed-replies") == 0
+    finally:
+        await services.stop_all()
+
+
 def test_a_result_the_loop_records_that_the_trace_cannot_store_becomes_an_error_result(store):
     # A result a decision builds from what the model wrote (an unknown tool's, a reopen's) that
     # echoes a lone surrogate failed the append on every delivery, calling the model each time.

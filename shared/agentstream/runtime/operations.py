@@ -22,6 +22,7 @@ children) is handed over as :data:`Entry` values, in the order they are to be ad
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import redis.asyncio as aioredis
@@ -30,7 +31,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, error_fields
 from agentstream.wire.events import CancelMessage, Reply, Wake
-from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, REPLY_FIELD, WAKE_FIELD, Keys
+from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, REPLY_FIELD, WAKE_FIELD, Keys, partition_stream
 
 Entry = tuple[str, Mapping[bytes | str, bytes]]
 """An entry to add to a stream, one XADD: ``(stream key, {field: encoded value})``; say a reply
@@ -107,6 +108,19 @@ def _refusal_text(answer: object) -> str | None:
     return None
 
 
+def owed_key(keys: Keys, partition: int = 0) -> str:
+    """The sorted set of traces owing a reply that the replies stream refused (member trace id,
+    score the time of the last refusal in ms) of one partition (``<ns>:owed-replies``, then
+    ``<ns>:owed-replies:p<k>``), see :mod:`agentstream.runtime.watchdog`."""
+    return partition_stream(f"{keys.namespace}:owed-replies", partition)
+
+
+def note_owed_reply(pipe, keys: Keys, trace_id: str) -> None:
+    """Queue on ``pipe`` (a pipeline) the ZADD that puts ``trace_id`` in its partition's owed
+    replies set, scored now (ms): the watchdog publishes what it owes later."""
+    pipe.zadd(owed_key(keys, keys.partition(trace_id)), {trace_id: int(time.time() * 1000)})
+
+
 async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: Sequence[Entry], answers: Sequence[object]) -> list:
     """Send again to ``<ns>:replies`` each reply that its own stream refused, and report each.
 
@@ -156,14 +170,16 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
             tried = f"its reply_to {stream!r} ({_refusal_text(answers[i])}) and then " if stream != keys.replies else ""
             error = (f"{whose} could not be published: {tried}the default replies stream {keys.replies!r} refused it ({why}). "
                      f"No reply of this namespace can go out until {keys.replies!r} is a stream this client may write: "
-                     "delete or rename that key (or fix the ACL); the reply is retried with its work entry, and sent at "
-                     "the trace's next look once the stream takes it")
+                     "delete or rename that key (or fix the ACL); the reply is retried with its work entry, and the "
+                     "watchdog sends it once the stream takes it")
+            if trace_id != "?":  # the watchdog publishes it once the stream takes it, even after a dead letter
+                note_owed_reply(reports, keys, trace_id)
         log.error("%s", error)
         report = error_fields(error, None, DEFAULT_LIMITS, trace_id=trace_id, turn_id=turn_id, source=stream)
         reports.xadd(keys.errors, report, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
     for answer in await reports.execute(raise_on_error=False):
         if isinstance(answer, Exception):
-            log.error("the errors stream %r refused a report too (%s)", keys.errors, answer)
+            log.error("a report on %r (or the note of the reply owed) was refused too (%s)", keys.errors, answer)
     return out
 
 

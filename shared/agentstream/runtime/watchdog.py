@@ -26,10 +26,19 @@ ever wake the turn, and every later turn of the conversation would queue behind 
   wake-up may never have been delivered (its stream refused it on every attempt), and without
   another hint the turn would wait for the conversation's next turn.
 
+- A reply that could not be published because the replies stream itself refused it (a key of
+  another type squatting ``<ns>:replies``, an ACL) stays owed: its ending is in the trace, and
+  the trace publishes it at its next step, but a conversation with no next step would never get
+  it. Such a trace is put in the partition's *owed replies* set (:func:`note_owed_reply`), and
+  each round the watchdog hands the traces that have waited there ``interval_s`` to the agent
+  loop (``publish_owed``), which publishes what they owe under their lease; a trace leaves the
+  set once it owes nothing, so a reply goes out once an operator has deleted the squatting key,
+  even after its work entry was dead-lettered.
+
 Delegation jobs are not watched here: a delegated call's work is its child trace, which the
 delegation service's supervisor ends at its deadline.
 
-Redis references: HMGET, XINFO GROUPS, XPENDING, XRANGE, ZRANGEBYSCORE.
+Redis references: HMGET, XINFO GROUPS, XPENDING, XRANGE, ZADD, ZRANGEBYSCORE, ZREM.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from agentstream.wire.keys import Keys, partition_stream
-from agentstream.runtime.operations import wake_trace
+from agentstream.runtime.operations import note_owed_reply, owed_key, wake_trace
 
 log = logging.getLogger("agentstream.runtime.watchdog")
 
@@ -76,6 +85,17 @@ def awaiting_key(keys: Keys, partition: int = 0) -> str:
     return partition_stream(f"{keys.namespace}:awaiting", partition)
 
 
+# KEYS: the owed replies set. ARGV: trace id, the score it was read with. Removes the trace only
+# when no refusal noted it again meanwhile (a newer score).
+_FORGIVE_LUA = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
 async def record_jobs(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, jobs: Sequence[tuple[str, str, str]]) -> None:
     """Record where each job of a step went, ``jobs`` = ``[(call id, stream, entry id)]``, and
     put the trace in the awaiting set (see the module docstring): ``HSET awaited`` with the JSON
@@ -100,6 +120,9 @@ class Vanished:
 
 
 EndTurn = Callable[[str, str, Sequence[Vanished]], Awaitable[None]]
+PublishOwed = Callable[[str], Awaitable[bool]]
+"""``await publish_owed(trace_id)`` → True when the trace owes no reply any more (it published
+them, or there were none); False to look again next round (its lease was held)."""
 
 
 def _id_tuple(entry_id: str) -> tuple[int, int]:
@@ -130,10 +153,13 @@ class Watchdog:
     """
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, end_turn: EndTurn, *, interval_s: float = 10.0, batch: int = 200,
-                 partition: int = 0):
+                 partition: int = 0, publish_owed: PublishOwed | None = None):
         self.redis = redis
         self.keys = keys
         self.stream = awaiting_key(keys, partition)  # what service.run_consumers names this runner by
+        self.owed = owed_key(keys, partition)
+        self.publish_owed = publish_owed
+        self._forgive = redis.register_script(_FORGIVE_LUA) if publish_owed is not None else None
         self.stream_gauges = False  # a sorted set, not a stream: no stream gauges for it
         self.end_turn = end_turn
         self.interval_s = interval_s
@@ -180,7 +206,7 @@ class Watchdog:
             self._failure, self.failed_rounds = "", 0
 
     async def check_once(self) -> int:
-        """One round → how many turns it ended."""
+        """One round → how many turns it ended (the owed replies published too, see the module docstring)."""
         horizon_ms = int((time.time() - self.interval_s) * 1000)
         rows = await self.redis.zrangebyscore(self.stream, "-inf", horizon_ms, start=0, num=self.batch, withscores=True)
         ended = 0
@@ -192,7 +218,27 @@ class Watchdog:
                 raise
             except Exception:
                 log.exception("the watchdog could not check trace %s", trace_id)
+        if self.publish_owed is not None:
+            await self._publish_owed(horizon_ms)
         return ended
+
+    async def _publish_owed(self, horizon_ms: int) -> None:
+        """Hand each trace that has owed a refused reply for ``interval_s`` to ``publish_owed``;
+        one that owes nothing now leaves the set."""
+        assert self.publish_owed is not None
+        rows = await self.redis.zrangebyscore(self.owed, "-inf", horizon_ms, start=0, num=self.batch, withscores=True)
+        for member, score in rows:
+            trace_id = _s(member)
+            try:
+                done = await self.publish_owed(trace_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # still refused (reported on the errors stream), or Redis away: next round
+                log.info("trace %s still owes a reply (%s: %s); trying again in %.1f s", trace_id, type(exc).__name__, exc,
+                         self.interval_s)
+                continue
+            if done and self._forgive is not None:
+                await self._forgive(keys=[self.owed], args=[trace_id, int(score)])
 
     async def _recorded(self, trace_id: str) -> dict[str, tuple[str, str, str]]:
         """The calls recorded for the trace's latest step → ``{call id: (turn id, stream, entry
