@@ -70,9 +70,16 @@ async def test_each_trace_goes_through_its_own_partition_and_every_partition_is_
             assert holders == {stream[partition]}, (trace, holders)  # its jobs and wake-ups: its partition only
     for name in pkeys.partitions_of(pkeys.turns) + pkeys.partitions_of(pkeys.wake):
         assert {g["name"] for g in await redis.xinfo_groups(name)} == {AGENT_LOOP_GROUP.encode()}
-        assert (await redis.xpending(name, AGENT_LOOP_GROUP))["pending"] == 0
-    for name in pkeys.partitions_of(tools):
-        assert (await redis.xpending(name, TOOL_WORKER_GROUP))["pending"] == 0
+
+    async def all_consumed():
+        # a turn's second wake-up may find its trace held by the first's step and wait for that
+        # lease (a deferred hint): it is acknowledged a moment after the reply, not lost
+        groups = [(n, AGENT_LOOP_GROUP) for n in pkeys.partitions_of(pkeys.turns) + pkeys.partitions_of(pkeys.wake)]
+        groups += [(n, TOOL_WORKER_GROUP) for n in pkeys.partitions_of(tools)]
+        pending = {n: (await redis.xpending(n, g))["pending"] for n, g in groups}
+        return pending if not any(pending.values()) else None
+
+    await wait_for(all_consumed, timeout_s=15, what="every partition's entries acknowledged")
 
 
 async def test_a_turn_on_another_partition_is_still_answered(redis, pkeys, services):

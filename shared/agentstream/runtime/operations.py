@@ -129,15 +129,17 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
     WRONGTYPE or NOPERM (a key of that name that is not a stream, created after the turn's
     ``reply_to`` was checked; an ACL that does not let this client write it) would otherwise
     never go out, and the trace's replies are published in order, so every later turn of the
-    conversation would fail behind it. It is written to ``<ns>:replies`` instead, and the errors
-    stream says which turn, which stream and why (two more round trips, only then).
+    conversation would fail behind it. It is written to ``<ns>:replies`` instead, just after a
+    report on the errors stream that says which turn, which stream and why (one more round trip,
+    only then: a backend that sees the reply finds the report).
 
     A reply that ``<ns>:replies`` itself refuses (a client wrote a string or a hash under that
     name, or the ACL user may not write it: no reply of the namespace can go out) has nowhere
-    else to go: it stays unsent, its answer stays the error (the caller's work entry is retried,
-    and the trace publishes it at its next look once the key is a stream again), and the errors
-    stream says which turn, which stream, the Redis error and what to do, each time. A report the
-    errors stream refuses too is logged.
+    else to go: it stays unsent, its answer stays the error (the caller's work entry is retried),
+    the errors stream says which turn, which stream, the Redis error and what to do, each time,
+    and its trace goes into the owed replies set, from which the agent loop's watchdog publishes
+    it once the key is a stream again, even after the work entry was dead-lettered
+    (:mod:`agentstream.runtime.watchdog`). A report the errors stream refuses too is logged.
 
     Returns:
         ``answers`` with each redirected reply's failure replaced by the answer of its new XADD
@@ -151,36 +153,51 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
     if not refused:
         return out
     redirected = [i for i in refused if entries[i][0] != keys.replies]
-    if redirected:
+    if redirected:  # each report goes before its reply: a backend that sees the reply finds the report
         pipe = redis.pipeline(transaction=False)
         for i in redirected:
-            pipe.xadd(keys.replies, dict(entries[i][1]))
-        for i, answer in zip(redirected, await pipe.execute(raise_on_error=False), strict=True):
-            out[i] = answer
+            stream, fields = entries[i]
+            trace_id, turn_id = _reply_ids(fields[REPLY_FIELD])
+            error = (f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be written to its reply_to "
+                     f"{stream!r} ({_refusal_text(answers[i])}); it is written to {keys.replies!r} instead")
+            log.warning("%s", error)
+            _report(pipe, keys, error, trace_id, turn_id, stream)
+            pipe.xadd(keys.replies, dict(fields))
+        again = await pipe.execute(raise_on_error=False)
+        for n, i in enumerate(redirected):
+            out[i] = again[2 * n + 1]
+            _log_refused_report(keys, again[2 * n])
+    stuck = [i for i in refused if isinstance(out[i], Exception)]
+    if not stuck:
+        return out
     reports = redis.pipeline(transaction=False)
-    for i in refused:
+    for i in stuck:
         stream, fields = entries[i]
         trace_id, turn_id = _reply_ids(fields[REPLY_FIELD])
-        whose = f"the reply of turn {turn_id!r} of trace {trace_id!r}"
-        if stream != keys.replies and not isinstance(out[i], Exception):
-            error = (f"{whose} could not be written to its reply_to {stream!r} ({_refusal_text(answers[i])}); "
-                     f"it was written to {keys.replies!r} instead")
-        else:
-            why = _refusal_text(out[i]) or f"{type(out[i]).__name__}: {out[i]}"
-            tried = f"its reply_to {stream!r} ({_refusal_text(answers[i])}) and then " if stream != keys.replies else ""
-            error = (f"{whose} could not be published: {tried}the default replies stream {keys.replies!r} refused it ({why}). "
-                     f"No reply of this namespace can go out until {keys.replies!r} is a stream this client may write: "
-                     "delete or rename that key (or fix the ACL); the reply is retried with its work entry, and the "
-                     "watchdog sends it once the stream takes it")
-            if trace_id != "?":  # the watchdog publishes it once the stream takes it, even after a dead letter
-                note_owed_reply(reports, keys, trace_id)
+        why = _refusal_text(out[i]) or f"{type(out[i]).__name__}: {out[i]}"
+        tried = f"its reply_to {stream!r} ({_refusal_text(answers[i])}) and then " if stream != keys.replies else ""
+        error = (f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be published: {tried}the default replies "
+                 f"stream {keys.replies!r} refused it ({why}). No reply of this namespace can go out until {keys.replies!r} "
+                 "is a stream this client may write: delete or rename that key (or fix the ACL); the reply is retried "
+                 "with its work entry, and the watchdog sends it once the stream takes it")
         log.error("%s", error)
-        report = error_fields(error, None, DEFAULT_LIMITS, trace_id=trace_id, turn_id=turn_id, source=stream)
-        reports.xadd(keys.errors, report, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
+        _report(reports, keys, error, trace_id, turn_id, stream)
+        if trace_id != "?":  # the watchdog publishes it once the stream takes it, even after a dead letter
+            note_owed_reply(reports, keys, trace_id)
     for answer in await reports.execute(raise_on_error=False):
-        if isinstance(answer, Exception):
-            log.error("a report on %r (or the note of the reply owed) was refused too (%s)", keys.errors, answer)
+        _log_refused_report(keys, answer)
     return out
+
+
+def _report(pipe, keys: Keys, error: str, trace_id: str, turn_id: str, source: str) -> None:
+    """Queue on ``pipe`` the XADD of one report on the errors stream (capped)."""
+    fields = error_fields(error, None, DEFAULT_LIMITS, trace_id=trace_id, turn_id=turn_id, source=source)
+    pipe.xadd(keys.errors, fields, maxlen=DEFAULT_LIMITS.errors_maxlen, approximate=True)
+
+
+def _log_refused_report(keys: Keys, answer: object) -> None:
+    if isinstance(answer, Exception):
+        log.error("a report on %r (or the note of the reply owed) was refused too (%s)", keys.errors, answer)
 
 
 def _reply_ids(payload: bytes) -> tuple[str, str]:
