@@ -203,14 +203,10 @@ class AgentLoop:
             await self._reject(entry_id, payload if payload is not None else codec.fields_json(fields), exc, stream=stream)
             return
         trace_id = turn.trace_id
-        if "/" in trace_id:  # the form of a child trace's id: <parent trace>/<call id>
-            refusal = await self._child_trace_refusal(trace_id, turn.turn_id)
-            if refusal is not None:  # nothing is written into that trace, not even the failure
-                log.warning("rejected turn entry %s: %s", entry_id, refusal)
-                metrics.TURNS_REJECTED.inc()
-                await self._report(f"entry {entry_id} of {where}: {refusal}", payload, source=where, entry=entry_id,
-                                   trace_id=trace_id, turn_id=turn.turn_id)
-                return
+        if "/" in trace_id and await self._refused_as_child(entry_id, where, payload, trace_id, turn.turn_id):
+            log.warning("rejected turn entry %s: it names a child trace's id", entry_id)
+            metrics.TURNS_REJECTED.inc()
+            return
         with logs.bind(trace_id=trace_id):
             # turns of one trace enter it in the order this process started them (the order read):
             # concurrent admissions would race on separate connections (see _admission_order)
@@ -244,13 +240,29 @@ class AgentLoop:
             assert admitted.taken is not None
             await self._advance_taken(trace_id, entry_id, admitted.taken, fold)
 
-    async def _child_trace_refusal(self, trace_id: str, turn_id: str) -> str | None:
-        """Why a published turn may not enter ``trace_id`` (an id with ``/``) → the reason, or
-        None (:func:`agentstream.delegation.child_trace_refusal`). Reads one entry of the trace
-        and, when it has none, whether each trace its id could descend from exists (one round trip)."""
-        first = await self.store.read(trace_id, count=1)
-        ancestor = None if first else await conversations.nearest_trace(self.store, parent_ids(trace_id))
-        return child_trace_refusal(trace_id, turn_id, first[0][1] if first else None, ancestor=ancestor)
+    async def _refused_as_child(self, entry_id: str, source: str, payload: bytes | None, trace_id: str, turn_id: str,
+                                why: str = "") -> bool:
+        """Whether a published turn for ``trace_id`` (an id with ``/``) may not enter it
+        (:func:`agentstream.delegation.child_trace_refusal`); then it is reported on the errors
+        stream (after ``why``, another reason it was refused) and nothing is written to that trace.
+
+        The trace's first event comes from this process's fold of it when it has one (a
+        conversation whose own id holds ``/`` costs nothing more per turn); else one entry is
+        read and, when there is none, whether each trace its id could descend from exists (one
+        round trip)."""
+        fold = self.folds.get(trace_id)
+        if fold is not None and fold.events:
+            first = fold.events[0]
+        else:
+            read = await self.store.read(trace_id, count=1)
+            first = read[0][1] if read else None
+        ancestor = None if first is not None else await conversations.nearest_trace(self.store, parent_ids(trace_id))
+        refusal = child_trace_refusal(trace_id, turn_id, first, ancestor=ancestor)
+        if refusal is None:
+            return False
+        await self._report(f"entry {entry_id} of {source}: {why + '; and ' if why else ''}{refusal}", payload, source=source,
+                           entry=entry_id, trace_id=trace_id, turn_id=turn_id)
+        return True
 
     @contextlib.asynccontextmanager
     async def _admission_order(self, trace_id: str):
@@ -530,14 +542,10 @@ class AgentLoop:
         without them, or when its turn id is an accepted turn's, it goes to the errors stream."""
         log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
         metrics.TURNS_REJECTED.inc()
-        if exc.trace_id and exc.turn_id and "/" in exc.trace_id:
-            # its failure would be written into a child trace, or begin one in a child's name
-            refusal = await self._child_trace_refusal(exc.trace_id, exc.turn_id)
-            if refusal is not None:
-                source = stream or self.keys.turns_for(exc.trace_id)
-                await self._report(f"entry {entry_id} of {source}: {exc.reason}; and {refusal}", payload, source=source,
-                                   entry=entry_id, trace_id=exc.trace_id, turn_id=exc.turn_id)
-                return
+        if exc.trace_id and exc.turn_id and "/" in exc.trace_id and await self._refused_as_child(
+            entry_id, stream or self.keys.turns_for(exc.trace_id), payload, exc.trace_id, exc.turn_id, why=exc.reason
+        ):  # its failure would be written into a child trace, or begin one in a child's name
+            return
         if exc.trace_id and exc.turn_id:
             # after the admissions of the trace this process started before it (a valid turn read
             # just before a malformed copy of it enters first; the copy then finds it and is ignored)

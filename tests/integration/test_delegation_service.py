@@ -212,3 +212,14 @@ async def test_a_turn_published_to_a_child_trace_id_is_refused_and_a_child_trace
     # a conversation whose own id holds "/" is one like any other
     await loop.on_turn("9-4", turn("org/conv-7", "t1"))
     assert isinstance((await events(store, "org/conv-7"))[0], TurnInput)
+    # and its next turns cost no look: the fold this process keeps of it knows its first event
+    real, looks = store.read, []
+
+    async def counted(trace_id, **kwargs):
+        looks.append((trace_id, kwargs.get("count")))
+        return await real(trace_id, **kwargs)
+
+    store.read = counted
+    await loop.on_turn("9-5", turn("org/conv-7", "t2"))
+    assert ("org/conv-7", 1) not in looks, looks
+    assert [e.turn_id for e in await events(store, "org/conv-7") if isinstance(e, TurnInput)] == ["t1", "t2"]
