@@ -96,14 +96,26 @@ class _Recorder:
         client.execute_command = execute_command
         original_pipe = Pipeline.execute
 
-        async def pipe_execute(pipe, raise_on_error: bool = True):
-            if pipe.connection_pool is client.connection_pool:
-                recorder.commands += [c[0] for c in pipe.command_stack]
-                recorder.trips.append([c[0] for c in pipe.command_stack])
-            return await original_pipe(pipe, raise_on_error)
+        def pipe_execute_of(original):
+            async def pipe_execute(pipe, raise_on_error: bool = True):
+                # a multiplexed pipeline that runs as redis-py's (super().execute) is counted once
+                if pipe.connection_pool is client.connection_pool and not getattr(pipe, "_recorded", False):
+                    pipe._recorded = True
+                    recorder.commands += [c[0] for c in pipe.command_stack]
+                    recorder.trips.append([c[0] for c in pipe.command_stack])
+                try:
+                    return await original(pipe, raise_on_error)
+                finally:
+                    pipe._recorded = False
+
+            return pipe_execute
+
+        from agentstream.runtime.multiplex import MultiplexedPipeline
 
         self._original_pipe = original_pipe
-        Pipeline.execute = pipe_execute
+        self._original_mux_pipe = MultiplexedPipeline.execute
+        Pipeline.execute = pipe_execute_of(original_pipe)
+        MultiplexedPipeline.execute = pipe_execute_of(self._original_mux_pipe)
         # a Redis Cluster client's pipelines (the cluster pass) are of another class
         from redis.asyncio.cluster import ClusterPipeline
 
@@ -121,7 +133,10 @@ class _Recorder:
     def close(self) -> None:
         from redis.asyncio.cluster import ClusterPipeline
 
+        from agentstream.runtime.multiplex import MultiplexedPipeline
+
         Pipeline.execute = self._original_pipe
+        MultiplexedPipeline.execute = self._original_mux_pipe
         ClusterPipeline.execute = self._original_cluster_pipe
 
 

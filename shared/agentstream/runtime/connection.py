@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import shutil
@@ -33,6 +34,8 @@ from redis.connection import HIREDIS_AVAILABLE, HiredisRespSerializer
 from agentstream.errors import ConfigError
 from agentstream.runtime import embedded_guard
 from agentstream.runtime.entries import keep_doubled_fields
+from agentstream.runtime.multiplex import MultiplexedPipeline, SharedConnection, finish, multiplexed
+from agentstream.runtime import multiplex
 
 
 COMMAND_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ResponseError)
@@ -185,6 +188,48 @@ class LeanPool(aioredis.ConnectionPool):
             await connection.disconnect()
         self._available_connections.append(connection)
 
+    shared: SharedConnection | None = None
+    """The multiplexed connection of the pool's client (:mod:`agentstream.runtime.multiplex`),
+    made from the pool's settings, or None (see :func:`connect`)."""
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:  # type: ignore[override]
+        """Close every connection of the pool, the shared one included."""
+        if self.shared is not None:
+            await self.shared.aclose()
+        await super().disconnect(inuse_connections)
+
+
+class MultiplexedRedis(aioredis.Redis):
+    """redis-py's asyncio client, whose commands that do not block go on one shared connection,
+    several to a write (:mod:`agentstream.runtime.multiplex`); the others, and every command when
+    its pool has no shared connection, go through the pool as redis-py sends them. Replies,
+    response callbacks and errors are redis-py's."""
+
+    async def execute_command(self, *args, **options):
+        shared = self.connection_pool.shared
+        if shared is None or not multiplexed(args):
+            return await super().execute_command(*args, **options)
+        await shared.ready()
+        reply = await shared.submit(args)
+        value = finish(self, args[0], reply, options)
+        return await value if inspect.isawaitable(value) else value
+
+    def pipeline(self, transaction: bool = True, shard_hint=None):  # type: ignore[override]
+        shared = self.connection_pool.shared
+        if shared is None:
+            return super().pipeline(transaction, shard_hint)
+        return MultiplexedPipeline(shared, self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+MULTIPLEX_ENV = "AGENTSTREAM_REDIS_MULTIPLEX"
+"""The variable that turns the shared connection off (``0``/``false``/``no``/``off``): every
+command then takes a pooled connection of its own, as redis-py sends it."""
+
+
+def multiplex_wanted() -> bool:
+    """Whether clients share one connection for their commands that do not block (:data:`MULTIPLEX_ENV`; on by default)."""
+    return os.environ.get(MULTIPLEX_ENV, "").strip().lower() not in {"0", "false", "no", "off"}
+
 
 class _Cluster(RedisCluster):
     """redis-py's asyncio RedisCluster, initialized (slot map learnt) before any command runs.
@@ -336,7 +381,9 @@ def connect(url: str, *, block_ms: int = 2000, cluster: bool | None = None) -> a
     )
     # the URL's scheme chose the class (TCP, TLS, unix socket): its lean kind
     pool.connection_class = _LEAN.get(pool.connection_class, pool.connection_class)
-    return keep_doubled_fields(aioredis.Redis.from_pool(pool))  # the client closes the pool
+    if multiplex_wanted() and multiplex.available(pool):
+        pool.shared = SharedConnection(pool, timeout_s=timeout_s)
+    return keep_doubled_fields(MultiplexedRedis.from_pool(pool))  # the client closes the pool
 
 
 DATA_DIR_ENV = "AGENTSTREAM_DATA_DIR"
