@@ -342,11 +342,13 @@ async def test_a_pooled_connection_left_with_an_unread_reply_is_not_handed_out_a
                 break
         await pool.release(connection)
         assert pool._available_connections == [connection]
-        assert await client.get(key) == b"fresh"
+        # ECHO takes a pooled connection (a GET would go on the shared one: agentstream.runtime.multiplex)
+        assert await client.echo(b"fresh") == b"fresh"
         assert await client.echo(b"next") == b"next"
+        assert await client.get(key) == b"fresh"
         # a connection closed under the pool is connected again
         await connection.disconnect()
-        assert await client.get(key) == b"fresh"
+        assert await client.echo(b"again") == b"again"
         # the cap holds: past max_connections the pool refuses, as redis-py's does
         from redis.exceptions import MaxConnectionsError
 

@@ -114,7 +114,8 @@ class SharedConnection:
         self._waiting: collections.deque = collections.deque()  # (future, queued at), in the order sent
         self._flush_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._last_data_at = 0.0
+        self._last_data_at = 0.0  # when a reply last came, or the first of the waiting commands was written
+        self._batch = 0  # commands queued since the last write
         self.connects = 0
         """How many times it has connected (1 plus its reconnects)."""
 
@@ -172,6 +173,7 @@ class SharedConnection:
         self._out.append(_pack(args))
         future = self._loop.create_future()
         self._waiting.append(future)
+        self._batch += 1
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
         return future
@@ -186,8 +188,10 @@ class SharedConnection:
             self._fail(RedisConnectionError(f"Error while writing to {self._where()}: the connection is closed."))
             return
         writer.write(data)
-        if self._timer is None and self._timeout_s:
+        batch, self._batch = self._batch, 0
+        if len(self._waiting) == batch:  # nothing was waiting before this write: the wait starts now
             self._last_data_at = self._loop.time()
+        if self._timer is None and self._timeout_s:
             self._timer = self._loop.call_later(self._timeout_s, self._check_timeout)
 
     def _check_timeout(self) -> None:
@@ -238,7 +242,7 @@ class SharedConnection:
     def _fail(self, error: Exception) -> None:
         """Close the connection: every waiting command raises ``error``; the next one connects again."""
         waiting, self._waiting = self._waiting, collections.deque()
-        self._out = []
+        self._out, self._batch = [], 0
         writer, self._writer = self._writer, None
         task, self._reader_task = self._reader_task, None
         if self._timer is not None:
@@ -269,7 +273,7 @@ class SharedConnection:
         self._timer = None
         self._flush_handle = None
         self._connecting = None
-        self._out = []
+        self._out, self._batch = [], 0
         self._waiting = collections.deque()
 
     async def aclose(self) -> None:
