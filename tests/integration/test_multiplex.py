@@ -160,3 +160,34 @@ async def test_the_socket_timeout_counts_from_when_a_command_starts_waiting(redi
         assert client.connection_pool.shared.connects == 2
     finally:
         await client.aclose()
+
+
+async def test_the_shared_connection_takes_the_urls_database_and_client_name_and_refuses_bad_arguments(redis_url, keys):
+    """Made from the pool's settings: a URL's database and client name hold on the shared
+    connection too; an argument Redis has no form for raises redis-py's DataError and leaves the
+    connection as it was; a RESP3 URL is not multiplexed."""
+    base = redis_url.split("?")[0].rsplit("/", 1)[0]
+    client = connect(f"{base}/7?client_name=mux-named")
+    plain = aioredis.Redis.from_url(f"{base}/7")
+    other = aioredis.Redis.from_url(f"{base}/0")
+    key = f"{keys.namespace}:mux:db"
+    try:
+        assert await client.set(key, b"in 7")
+        assert client.connection_pool.shared.connects == 1
+        assert await plain.get(key) == b"in 7" and await other.get(key) is None
+        names = [entry.get("name") for entry in await plain.client_list() if entry.get("cmd") in ("set", "evalsha")]
+        assert "mux-named" in names
+        with pytest.raises(redis.exceptions.DataError):
+            await client.set(key, None)  # type: ignore[arg-type]
+        assert await client.get(key) == b"in 7"
+        assert client.connection_pool.shared.connects == 1
+    finally:
+        await plain.delete(key)
+        await client.aclose()
+        await plain.aclose()
+        await other.aclose()
+    resp3 = connect(f"{base}/0?protocol=3")
+    try:
+        assert resp3.connection_pool.shared is None
+    finally:
+        await resp3.aclose()

@@ -209,7 +209,8 @@ class MultiplexedRedis(aioredis.Redis):
         shared = self.connection_pool.shared
         if shared is None or not multiplexed(args):
             return await super().execute_command(*args, **options)
-        await shared.ready()
+        if not shared.usable():
+            await shared.ready()
         reply = await shared.submit(args)
         value = finish(self, args[0], reply, options)
         return await value if inspect.isawaitable(value) else value

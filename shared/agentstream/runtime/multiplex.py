@@ -40,6 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis._parsers.base import BaseParser
+from redis.connection import HiredisRespSerializer
 
 try:
     import hiredis
@@ -73,17 +74,8 @@ def multiplexed(args: tuple) -> bool:
     return name not in _BLOCKING_READS or (b"BLOCK" not in args and "BLOCK" not in args)
 
 
-class _ErrorParser(BaseParser):
-    """redis-py's mapping of an error reply to its exception class (``NOSCRIPT`` → ``NoScriptError``...)."""
-
-    def on_connect(self, connection) -> None:  # pragma: no cover - never connected: used for parse_error only
-        pass
-
-    def on_disconnect(self) -> None:  # pragma: no cover
-        pass
-
-
-_PARSE_ERROR = _ErrorParser.parse_error
+_PARSE_ERROR = BaseParser.parse_error  # redis-py's error reply → exception class (NOSCRIPT → NoScriptError...)
+_PACKER = HiredisRespSerializer()
 
 
 class SharedConnection:
@@ -111,7 +103,7 @@ class SharedConnection:
         self._reader_task: asyncio.Task | None = None
         self._replies = None  # hiredis.Reader
         self._out: list[bytes] = []
-        self._waiting: collections.deque = collections.deque()  # (future, queued at), in the order sent
+        self._waiting: collections.deque = collections.deque()  # the futures of the commands written, in order
         self._flush_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_data_at = 0.0  # when a reply last came, or the first of the waiting commands was written
@@ -119,9 +111,9 @@ class SharedConnection:
         self.connects = 0
         """How many times it has connected (1 plus its reconnects)."""
 
-    @property
-    def connected(self) -> bool:
-        return self._writer is not None
+    def usable(self) -> bool:
+        """Whether it is connected on the running event loop (:meth:`submit` may be called now)."""
+        return self._writer is not None and self._loop is asyncio.get_running_loop()
 
     async def ready(self) -> None:
         """Connect, unless connected on this event loop already.
@@ -288,18 +280,8 @@ class SharedConnection:
 
 
 def _pack(args: tuple) -> bytes:
-    """A command in RESP (what redis-py's hiredis packer makes: a command name with a space is two words)."""
-    from redis.exceptions import DataError
-
-    name = args[0]
-    if isinstance(name, str):
-        args = (*name.encode().split(), *args[1:]) if " " in name else args
-    elif b" " in name:
-        args = (*name.split(), *args[1:])
-    try:
-        return hiredis.pack_command(tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in args))
-    except TypeError as exc:
-        raise DataError(str(exc)) from None
+    """A command in RESP, packed as the pooled connections pack it (redis-py's hiredis packer)."""
+    return b"".join(_PACKER.pack(*args))
 
 
 def finish(client, command_name: str, reply: Any, options: dict) -> Any:
@@ -336,7 +318,8 @@ class MultiplexedPipeline(Pipeline):
                 or not all(multiplexed(args) for args, _options in stack)):
             return await super().execute(raise_on_error)
         try:
-            await self._shared.ready()
+            if not self._shared.usable():
+                await self._shared.ready()
             futures = [self._shared.submit(args) for args, _options in stack]
             replies = [await future for future in futures]  # a lost connection raises here, as in redis-py's pipeline
             response = []
