@@ -38,17 +38,22 @@ def scope_call_ids(output: ModelOutput, events: Sequence[Event] = (), *, used: s
     a fresh one (``<id>_r<n>``); the same object when no id repeats."""
     if not output.tool_calls:
         return output
-    taken = set(used) if used is not None else used_call_ids(events)
+    before = used if used is not None else used_call_ids(events)  # read only: a caller's set is not copied
+    mine: set[str] = set()  # the ids given to this output's calls so far
+
+    def taken(call_id: str) -> bool:
+        return call_id in before or call_id in mine
+
     calls = []
     changed = False
     for call in output.tool_calls:
         new_id = call.id
-        if new_id in taken:
+        if taken(new_id):
             n = 2
-            while f"{call.id}_r{n}" in taken:
+            while taken(f"{call.id}_r{n}"):
                 n += 1
             new_id = f"{call.id}_r{n}"
             changed = True
-        taken.add(new_id)
+        mine.add(new_id)
         calls.append(call if new_id == call.id else msgspec.structs.replace(call, id=new_id))
     return msgspec.structs.replace(output, tool_calls=tuple(calls)) if changed else output

@@ -25,3 +25,10 @@ def test_renaming_is_deterministic():
     history = [scope_call_ids(output("t1", 0, "x", "x"), [])]
     again = output("t2", 1, "x", "y", "x")
     assert scope_call_ids(again, history) == scope_call_ids(again, history)
+
+
+def test_the_callers_set_of_ids_is_read_not_changed():
+    used = {"call_0", "call_0_r2"}
+    scoped = scope_call_ids(output("t3", 0, "call_0", "call_0", "fresh"), used=used)
+    assert [c.id for c in scoped.tool_calls] == ["call_0_r3", "call_0_r4", "fresh"]
+    assert used == {"call_0", "call_0_r2"}  # the fold adds the ids itself, when the output is folded
