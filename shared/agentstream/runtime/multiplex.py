@@ -286,7 +286,16 @@ def _pack(args: tuple) -> bytes:
 
 def finish(client, command_name: str, reply: Any, options: dict) -> Any:
     """A raw reply → what redis-py's ``execute_command`` returns for it (its response callback
-    applied); an error reply is raised. Mirrors ``redis.asyncio.Redis.parse_response``."""
+    applied); an error reply is raised. Mirrors ``redis.asyncio.Redis.parse_response`` and
+    redis-py's hiredis parser: an error reply that redis-py maps to a ``ConnectionError``
+    (``LOADING`` → ``BusyLoadingError``, ``NOAUTH``/``WRONGPASS`` → ``AuthenticationError``, ``ERR
+    max number of clients reached``), alone or first in an array, is raised as it is (not
+    returned, whatever ``EMPTY_RESPONSE`` says); the shared connection stays up (its replies
+    are still in step)."""
+    if isinstance(reply, RedisConnectionError):
+        raise reply
+    if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
+        raise reply[0]
     if isinstance(reply, ResponseError):
         if EMPTY_RESPONSE in options:
             return options[EMPTY_RESPONSE]
