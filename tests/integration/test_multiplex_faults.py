@@ -496,6 +496,24 @@ async def test_callers_cancelled_before_and_after_the_write_leave_the_others_rep
         await client.aclose()
 
 
+async def test_a_caller_cancelled_while_the_shared_connection_connects_does_not_fail_the_others(redis_url):
+    """The first caller of a fresh client makes the connection, the others wait for it; that
+    caller cancelled (its wait_for timing out) must not fail the others with a ConnectionError:
+    Redis is fine, one of them connects instead."""
+    client = connect(redis_url)
+    try:
+        tasks = [asyncio.create_task(client.eval(TOKEN, 0, f"c{i}")) for i in range(20)]
+        await asyncio.sleep(0)  # the first is connecting, the others wait for its connection
+        assert client.connection_pool.shared._connecting is not None
+        tasks[0].cancel()
+        async with asyncio.timeout(HANG_S):
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(results[0], asyncio.CancelledError)
+        assert results[1:] == [f"c{i}".encode() for i in range(1, 20)]
+    finally:
+        await client.aclose()
+
+
 async def test_a_caller_cancelled_during_the_handshake_leaves_no_socket_open():
     """A connect cut short in the handshake (the server stopped: the TCP connect succeeds, the
     handshake's reply never comes) closes its socket (no ResourceWarning when collected), and the

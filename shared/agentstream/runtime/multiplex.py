@@ -118,9 +118,12 @@ class SharedConnection:
     async def ready(self) -> None:
         """Connect, unless connected on this event loop already.
 
+        Callers that arrive while another connects wait for its connection; if that caller is
+        cancelled meanwhile, one of them connects instead (they do not fail for its cancellation).
+
         Raises:
             redis.exceptions.ConnectionError, TimeoutError, AuthenticationError: as redis-py's
-            ``Connection.connect`` does.
+            ``Connection.connect`` does (every caller waiting for that connect raises it).
         """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first use, or another event loop: nothing of the old one is usable here
@@ -132,10 +135,14 @@ class SharedConnection:
                 connecting = self._connecting
                 try:
                     await self._connect()
-                except BaseException as exc:
+                except Exception as exc:
                     if not connecting.done():
-                        connecting.set_exception(exc if isinstance(exc, Exception) else RedisConnectionError("connect cancelled"))
+                        connecting.set_exception(exc)
                         connecting.exception()  # retrieved: other waiters get it from their own await
+                    raise
+                except BaseException:  # this caller was cancelled, not the connection: a waiter connects instead
+                    if not connecting.done():
+                        connecting.set_result(None)
                     raise
                 finally:
                     self._connecting = None
