@@ -131,6 +131,25 @@ async def test_a_blocking_read_takes_a_connection_of_its_own(redis_url, keys):
         await client.aclose()
 
 
+async def test_a_raw_blocking_read_in_any_case_keeps_off_the_shared_connection(redis_url, keys):
+    """Redis reads XREAD's options in any case: ``block`` as much as ``BLOCK`` blocks, and such a
+    read on the shared connection would hold every command behind it for its block time."""
+    client = connect(redis_url, block_ms=2000)
+    stream = f"{keys.namespace}:mux:raw-block"
+    try:
+        await client.ping()  # the shared connection is up
+        for token in ("block", b"Block"):
+            blocked = asyncio.create_task(client.execute_command("XREAD", token, 1500, "STREAMS", stream, "$"))
+            await asyncio.sleep(0.1)
+            # behind the read, were it on the shared connection, this would wait the 1.5 s out and
+            # find the read already answered by an entry written after it
+            assert await asyncio.wait_for(client.xadd(stream, {b"k": b"v"}), 1.0)
+            got = await blocked
+            assert got and got[0][1][0][1] == {b"k": b"v"}
+    finally:
+        await client.aclose()
+
+
 async def test_the_shared_connection_can_be_turned_off(redis_url, monkeypatch):
     monkeypatch.setenv("AGENTSTREAM_REDIS_MULTIPLEX", "0")
     client = connect(redis_url)

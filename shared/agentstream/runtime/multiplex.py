@@ -71,7 +71,12 @@ def multiplexed(args: tuple) -> bool:
     name = args[0]
     if name not in MULTIPLEXED:
         return False
-    return name not in _BLOCKING_READS or (b"BLOCK" not in args and "BLOCK" not in args)
+    return name not in _BLOCKING_READS or not any(_is_block(arg) for arg in args[1:])
+
+
+def _is_block(arg: Any) -> bool:
+    """Whether an argument is XREAD's/XREADGROUP's ``BLOCK`` token (Redis reads it in any case)."""
+    return isinstance(arg, (bytes, str)) and len(arg) == 5 and arg.upper() in (b"BLOCK", "BLOCK")
 
 
 _PARSE_ERROR = BaseParser.parse_error  # redis-py's error reply → exception class (NOSCRIPT → NoScriptError...)
