@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import gc
 import os
 import shutil
@@ -29,7 +30,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from agentstream.runtime.connection import connect
-from tests.support.redis_server import _started, free_port, single_node_only, start_server, stop_server
+from tests.support.redis_server import RestartableRedis, free_port, single_node_only, start_server, stop_server
 
 pytestmark = single_node_only("a Redis Cluster client is not multiplexed")
 
@@ -61,71 +62,6 @@ def _binary() -> str:
     if binary is None:
         pytest.skip("redis-server is not installed")
     return binary
-
-
-class _Server:
-    """A redis-server of this test's own (no persistence unless asked) that can be SIGKILLed and
-    started again on the same port."""
-
-    def __init__(self, *options: str) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="agentstream-test-muxfault-")
-        self.options = list(options)
-        self.proc: subprocess.Popen | None = None
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, *extra: str, wait: bool = True) -> None:
-        cmd = [_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--dir", self.dir, "--daemonize", "no", "--loglevel", "warning", *self.options, *extra]
-        self.proc = start_server(cmd)
-        if wait:
-            self.wait_ping()
-
-    def wait_ping(self, deadline_s: float = 20.0) -> None:
-        client = redis.Redis(host="127.0.0.1", port=self.port)
-        end = time.monotonic() + deadline_s
-        try:
-            while True:
-                try:
-                    if client.ping():
-                        return
-                except redis.exceptions.ConnectionError:  # BusyLoadingError included
-                    if time.monotonic() > end:
-                        raise
-                    time.sleep(0.02)
-        finally:
-            client.close()
-
-    def wait_port(self, deadline_s: float = 20.0) -> None:
-        end = time.monotonic() + deadline_s
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.01)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            _started.discard(self.proc)
-            self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_server(self.proc)
-            self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "_Server":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class _Load:
@@ -278,38 +214,46 @@ class _SlowProxy:
             writer.close()
 
 
-async def test_a_reply_that_streams_in_for_longer_than_the_socket_timeout_does_not_time_out(redis_url, keys):
-    """socket_timeout=1.2 s; a 4 MB reply that comes at ~1.3 MB/s (about 3 s, steadily), with
-    small commands behind it: no TimeoutError, every reply right. The control: a proxy that stops
-    passing bytes makes the next command time out (the timeout is live)."""
-    key = f"{keys.namespace}:mux:trickle"
+@contextlib.asynccontextmanager
+async def _big_value_behind_a_proxy(redis_url: str, key: str):
+    """A 4 MB random value stored at ``key`` and a :class:`_SlowProxy` in front of the server →
+    (the value, the proxy); the key is deleted afterwards."""
     value = os.urandom(4 * 2**20)
     plain = aioredis.Redis.from_url(redis_url)
     port = int(redis_url.split("?")[0].rsplit(":", 1)[1].split("/")[0])
     try:
         await plain.set(key, value)
         async with _SlowProxy(port) as proxy:
-            client = connect(f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=1.2", block_ms=1000)
-            try:
-                assert await client.ping()
-                started = time.monotonic()
-                async with asyncio.timeout(HANG_S):
-                    got = await asyncio.gather(client.eval(TOKEN, 0, "front"), client.get(key),
-                                               *(client.eval(TOKEN, 0, f"behind:{i}") for i in range(50)))
-                took_s = time.monotonic() - started
-                assert got[0] == b"front" and got[1] == value
-                assert got[2:] == [f"behind:{i}".encode() for i in range(50)]
-                assert took_s > 1.2, f"the reply took {took_s:.2f} s: not longer than the timeout, the test proves nothing"
-                assert client.connection_pool.shared.connects == 1
-                proxy.stalled = True
-                with pytest.raises(redis.exceptions.TimeoutError):
-                    async with asyncio.timeout(HANG_S):
-                        await client.get(key)
-            finally:
-                await client.aclose()
+            yield value, proxy
     finally:
         await plain.delete(key)
         await plain.aclose()
+
+
+async def test_a_reply_that_streams_in_for_longer_than_the_socket_timeout_does_not_time_out(redis_url, keys):
+    """socket_timeout=1.2 s; a 4 MB reply that comes at ~1.3 MB/s (about 3 s, steadily), with
+    small commands behind it: no TimeoutError, every reply right. The control: a proxy that stops
+    passing bytes makes the next command time out (the timeout is live)."""
+    key = f"{keys.namespace}:mux:trickle"
+    async with _big_value_behind_a_proxy(redis_url, key) as (value, proxy):
+        client = connect(f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=1.2", block_ms=1000)
+        try:
+            assert await client.ping()
+            started = time.monotonic()
+            async with asyncio.timeout(HANG_S):
+                got = await asyncio.gather(client.eval(TOKEN, 0, "front"), client.get(key),
+                                           *(client.eval(TOKEN, 0, f"behind:{i}") for i in range(50)))
+            took_s = time.monotonic() - started
+            assert got[0] == b"front" and got[1] == value
+            assert got[2:] == [f"behind:{i}".encode() for i in range(50)]
+            assert took_s > 1.2, f"the reply took {took_s:.2f} s: not longer than the timeout, the test proves nothing"
+            assert client.connection_pool.shared.connects == 1
+            proxy.stalled = True
+            with pytest.raises(redis.exceptions.TimeoutError):
+                async with asyncio.timeout(HANG_S):
+                    await client.get(key)
+        finally:
+            await client.aclose()
 
 
 async def test_a_connection_lost_in_the_middle_of_a_huge_reply_fails_it_and_the_ones_behind_then_reconnects(redis_url, keys):
@@ -317,32 +261,24 @@ async def test_a_connection_lost_in_the_middle_of_a_huge_reply_fails_it_and_the_
     behind it: each of them raises ConnectionError, none hangs, and the next command gets its
     own reply on a new connection (no byte of the old reply is read as its)."""
     key = f"{keys.namespace}:mux:cut"
-    value = os.urandom(4 * 2**20)
-    plain = aioredis.Redis.from_url(redis_url)
-    port = int(redis_url.split("?")[0].rsplit(":", 1)[1].split("/")[0])
-    try:
-        await plain.set(key, value)
-        async with _SlowProxy(port) as proxy:
-            client = connect(f"redis://127.0.0.1:{proxy.port}/0")
-            try:
-                assert await client.ping()
-                waiting = [asyncio.create_task(client.get(key))] + [
-                    asyncio.create_task(client.eval(TOKEN, 0, f"behind:{i}")) for i in range(20)]
-                await asyncio.sleep(0.5)  # about half a megabyte in
-                assert not any(task.done() for task in waiting)
-                proxy.cut()
-                async with asyncio.timeout(HANG_S):
-                    results = await asyncio.gather(*waiting, return_exceptions=True)
-                assert all(isinstance(r, redis.exceptions.ConnectionError) for r in results), results
-                async with asyncio.timeout(HANG_S):
-                    got = await asyncio.gather(client.eval(TOKEN, 0, "next"), client.exists(key))
-                assert got == [b"next", 1]
-                assert client.connection_pool.shared.connects == 2
-            finally:
-                await client.aclose()
-    finally:
-        await plain.delete(key)
-        await plain.aclose()
+    async with _big_value_behind_a_proxy(redis_url, key) as (value, proxy):
+        client = connect(f"redis://127.0.0.1:{proxy.port}/0")
+        try:
+            assert await client.ping()
+            waiting = [asyncio.create_task(client.get(key))] + [
+                asyncio.create_task(client.eval(TOKEN, 0, f"behind:{i}")) for i in range(20)]
+            await asyncio.sleep(0.5)  # about half a megabyte in
+            assert not any(task.done() for task in waiting)
+            proxy.cut()
+            async with asyncio.timeout(HANG_S):
+                results = await asyncio.gather(*waiting, return_exceptions=True)
+            assert all(isinstance(r, redis.exceptions.ConnectionError) for r in results), results
+            async with asyncio.timeout(HANG_S):
+                got = await asyncio.gather(client.eval(TOKEN, 0, "next"), client.exists(key))
+            assert got == [b"next", 1]
+            assert client.connection_pool.shared.connects == 2
+        finally:
+            await client.aclose()
 
 
 # 2. Redis killed and restarted under load ------------------------------------------------------
@@ -351,7 +287,7 @@ async def test_redis_killed_and_restarted_under_load_fails_the_waiting_commands_
     """SIGKILL with ~64 callers in flight (single commands, multiplexed pipelines, a pipeline
     and a transaction through the pool): each caller gets its own reply or a ConnectionError/TimeoutError, none
     hangs, and after the restart on the same port every worker's commands work again."""
-    with _Server() as server:
+    with RestartableRedis(durable=False, binary=_binary()) as server:
         client = connect(server.url)
         load = _Load(client).start()
         in_flight: list[int] = []  # the commands waiting on the shared connection at each kill
@@ -382,7 +318,8 @@ async def test_commands_that_meet_redis_loading_its_data_raise_busy_loading_inst
     value, a script's result, an XADD's id). The connection stays up and works once loaded.
 
     (A restart does not show it: a connection made while Redis loads fails in its handshake.)"""
-    with _Server("--enable-debug-command", "yes", "--loading-process-events-interval-bytes", "1024") as server:
+    with RestartableRedis(durable=False, binary=_binary(),
+                          options=("--enable-debug-command", "yes", "--loading-process-events-interval-bytes", "1024")) as server:
         seed = redis.Redis(host="127.0.0.1", port=server.port)
         try:
             pipe = seed.pipeline(transaction=False)
@@ -518,7 +455,7 @@ async def test_a_caller_cancelled_during_the_handshake_leaves_no_socket_open():
     """A connect cut short in the handshake (the server stopped: the TCP connect succeeds, the
     handshake's reply never comes) closes its socket (no ResourceWarning when collected), and the
     next command connects."""
-    with _Server() as server:
+    with RestartableRedis(durable=False, binary=_binary()) as server:
         client = connect(f"{server.url}?client_name=mux-handshake")
         try:
             os.kill(server.proc.pid, signal.SIGSTOP)

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import redis
@@ -240,11 +240,14 @@ class RestartableRedis:
 
     ``appendfsync always`` makes every acknowledged write durable, so a kill loses nothing a
     client was told had happened (with the default ``everysec``, up to a second of writes can
-    go, per Redis's persistence docs).
+    go, per Redis's persistence docs). ``durable=False`` runs it without persistence (a restart
+    starts empty); ``options`` are more ``redis-server`` arguments; ``binary`` is the server
+    (default: the first ``redis-server`` on ``PATH``).
     """
 
-    def __init__(self, port: int | None = None):
-        binary = shutil.which("redis-server")
+    def __init__(self, port: int | None = None, *, options: Sequence[str] = (), durable: bool = True,
+                 binary: str | None = None):
+        binary = binary or shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.binary = binary
@@ -253,10 +256,12 @@ class RestartableRedis:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
+        self.options = [*persistence, *options]
 
     def start(self) -> None:
         cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.data_dir,
-               "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no", "--loglevel", "warning"]
+               "--daemonize", "no", "--loglevel", "warning", *self.options]
         self.proc = start_server(cmd)
         _wait_ping(self.url)
 
