@@ -32,6 +32,10 @@ FAST = {
     "AGENTSTREAM_LEASE_TTL_MS": "1000",
     "AGENTSTREAM_SHUTDOWN_GRACE_S": "5",
     "AGENTSTREAM_MODEL_RETRIES": "0",
+    # tests read work streams back (which partition held a job, how many wake-ups went out): the
+    # services' periodic trim of acknowledged entries, whose first run falls at a random moment of
+    # the first interval, would remove them under a slow run; the chaos runs trim on purpose
+    "AGENTSTREAM_TRIM_INTERVAL_MS": "0",
 }
 
 

@@ -47,6 +47,7 @@ class Services:
             "OPENAI_BASE_URL": model_url,
             "OPENAI_MODEL": "scripted-model",
             "AGENTSTREAM_BLOCK_MS": "100",
+            "AGENTSTREAM_TRIM_INTERVAL_MS": "0",  # work streams keep what tests read back (see inprocess.FAST)
             "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
             **(extra_env or {}),
         }
