@@ -14,7 +14,7 @@ from agentstream.runtime.connection import connect
 from agentstream.runtime.multiplex import MultiplexedPipeline
 from tests.support.redis_server import single_node_only
 
-pytestmark = single_node_only("a Redis Cluster client is not multiplexed")
+pytestmark = single_node_only("the single client's shared connection (a cluster's, one per node: test_cluster_multiplex.py)")
 
 
 def _count_writes(shared) -> list[int]:

@@ -32,7 +32,7 @@ import redis.exceptions
 from agentstream.runtime.connection import connect
 from tests.support.redis_server import RestartableRedis, free_port, single_node_only, start_server, stop_server
 
-pytestmark = single_node_only("a Redis Cluster client is not multiplexed")
+pytestmark = single_node_only("the single client's shared connection (a cluster's, one per node: test_cluster_multiplex.py)")
 
 TOKEN = "return ARGV[1]"
 """A script that answers its own argument: the reply names the caller it belongs to."""

@@ -22,7 +22,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.backoff import NoBackoff
 from redis.asyncio.retry import Retry
@@ -232,13 +232,33 @@ def multiplex_wanted() -> bool:
     return os.environ.get(MULTIPLEX_ENV, "").strip().lower() not in {"0", "false", "no", "off"}
 
 
+_REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
+"""Error replies of a Redis Cluster node that say the command did not run there (its slot moved
+or is moving, or the cluster is down): redis-py's own path then follows them."""
+
+
 class _Cluster(RedisCluster):
-    """redis-py's asyncio RedisCluster, initialized (slot map learnt) before any command runs.
+    """redis-py's asyncio RedisCluster, initialized (slot map learnt) before any command runs,
+    with one shared connection per node for the commands that do not block.
 
     redis-py 8.1 resolves a command's policy and slot before it initializes the client, on the
     startup node, which initialization then replaces: several commands sent at once by a fresh
     client fail (``'NoneType' object has no attribute 'writelines'``). Here every command waits
     for the (locked, once-only) initialization first.
+
+    A :data:`~agentstream.runtime.multiplex.MULTIPLEXED` command whose keys are known without
+    parsing (:func:`~agentstream.runtime.multiplex.command_keys`: one key, or a script's keys,
+    all in one slot) goes on the shared connection of the node that holds its slot in the
+    client's slot map (:class:`~agentstream.runtime.multiplex.SharedConnection`, one per node):
+    the commands a process issues in one turn of its event loop leave in one write per node. On
+    the cluster this skips redis-py's per-command routing (policy lookup, key parsing, node
+    choice, metrics), which cost about as much as the send itself. A reply that says the command
+    did not run there (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) sends it again through
+    redis-py's path, which follows the redirection and learns the new slot map. A lost
+    connection or a timeout raises as redis-py's path does with no retry, and the slot map is
+    learnt again before the next command (a failover may have moved the slots). Other commands,
+    pipelines, blocking reads and commands with ``target_nodes`` take redis-py's path;
+    ``AGENTSTREAM_REDIS_MULTIPLEX=0`` sends every command that way.
     """
 
     def __init__(self, *args, **kwargs):
@@ -250,11 +270,57 @@ class _Cluster(RedisCluster):
             shared["connection_class"] = lean
             for node in self.nodes_manager.startup_nodes.values():
                 node.connection_class = lean
+        self._shared_timeout_s = shared.get("socket_timeout")
+        self._multiplex = (multiplex_wanted() and multiplex.available(self.nodes_manager)
+                           and not self.read_from_replicas)
+        self._shared: dict[str, SharedConnection] = {}  # node name → its shared connection
 
     async def execute_command(self, *args, **kwargs):
         if self._initialize:
             await self.initialize()
+        if self._multiplex and "target_nodes" not in kwargs:
+            node = self._node_of(args)
+            if node is not None:
+                return await self._execute_shared(node, args, kwargs)
         return await super().execute_command(*args, **kwargs)
+
+    def _node_of(self, args: tuple):
+        """The primary that holds the slot of the command's keys, or None (redis-py's path then
+        routes it, or raises what it raises: keys of several slots, a slot not covered)."""
+        keys = multiplex.command_keys(args)
+        if keys is None:
+            return None
+        slot = self.keyslot(keys[0])
+        if any(self.keyslot(key) != slot for key in keys[1:]):
+            return None
+        cache = self.nodes_manager.slots_cache.get(slot)
+        return cache[0] if cache else None
+
+    async def _execute_shared(self, node, args: tuple, kwargs: dict):
+        shared = self._shared.get(node.name)
+        if shared is None:
+            shared = self._shared[node.name] = SharedConnection(multiplex.NodeConnections(node),
+                                                                timeout_s=self._shared_timeout_s)
+        try:
+            if not shared.usable():
+                await shared.ready()
+            reply = await shared.submit(args)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            exc.last_failed_node_name = node.name
+            self.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+            self._initialize = True  # learn the slot map again before the next command
+            raise
+        if isinstance(reply, _REDIRECTED):  # it did not run there: redis-py follows the redirection
+            return await super().execute_command(*args, **kwargs)
+        value = finish(node, args[0], reply, kwargs)
+        return await value if inspect.isawaitable(value) else value
+
+    async def aclose(self, *args, **kwargs) -> None:
+        """Close the shared connections, then every connection redis-py holds."""
+        shared, self._shared = list(self._shared.values()), {}
+        for connection in shared:
+            await connection.aclose()
+        await super().aclose(*args, **kwargs)
 
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

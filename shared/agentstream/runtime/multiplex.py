@@ -16,7 +16,9 @@ appends, acknowledgements, non-blocking reads, key and hash commands) and non-tr
 pipelines made only of such commands. Everything else keeps redis-py's pool: blocking reads
 (``XREAD``/``XREADGROUP`` with ``BLOCK``, ``BLPOP``...), commands that change a connection's
 state (``SELECT``, ``CLIENT ...``, ``WATCH``/``MULTI``), Pub/Sub, transactions. A Redis Cluster
-client, a RESP3 client and a client without hiredis are not multiplexed at all.
+client has one shared connection per node, for the commands whose keys :func:`command_keys`
+finds (see ``agentstream.runtime.connection._Cluster``); its pipelines stay redis-py's. A RESP3
+client and a client without hiredis are not multiplexed at all.
 
 Failures are those of one connection: when it is lost, or a reply takes longer than the socket
 timeout, every command waiting on it raises redis-py's ``ConnectionError`` (``TimeoutError``),
@@ -61,6 +63,19 @@ MULTIPLEXED = frozenset({
 """The commands (redis-py's command names) sent on the shared connection: none blocks the
 connection or changes its state. ``XREAD`` and ``XREADGROUP`` only without ``BLOCK``."""
 
+_ONE_KEY = frozenset({
+    "XADD", "XACK", "XRANGE", "XREVRANGE", "XLEN", "XPENDING", "XCLAIM", "XAUTOCLAIM", "XTRIM", "XDEL",
+    "XINFO STREAM", "XINFO GROUPS", "XINFO CONSUMERS",
+    "GET", "SET", "TYPE", "EXPIRE", "PEXPIRE", "TTL", "PTTL", "INCR", "INCRBY",
+    "HGET", "HSET", "HMGET", "HGETALL", "HDEL", "HEXISTS", "HINCRBY", "HLEN",
+    "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREMRANGEBYSCORE",
+    "SADD", "SREM", "SMEMBERS", "SISMEMBER", "SCARD",
+})
+"""The :data:`MULTIPLEXED` commands whose one key is their first argument (redis-py's command
+names; on a Redis Cluster they are routed by that key's slot, see :func:`command_keys`)."""
+_KEYS_ONLY = frozenset({"DEL", "UNLINK", "EXISTS"})  # every argument a key
+_SCRIPTS = frozenset({"EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO"})  # script, numkeys, keys..., args...
+
 _BLOCKING_READS = frozenset({"XREAD", "XREADGROUP"})
 _NOT_ENOUGH_DATA = object()
 _READ_SIZE = 1 << 16
@@ -72,6 +87,38 @@ def multiplexed(args: tuple) -> bool:
     if name not in MULTIPLEXED:
         return False
     return name not in _BLOCKING_READS or not any(_is_block(arg) for arg in args[1:])
+
+
+def command_keys(args: tuple) -> tuple | None:
+    """The keys of a :data:`MULTIPLEXED` command that names keys → a tuple of one or more keys,
+    or None for any other command (no key, keys found only by parsing, like a non-blocking
+    ``XREAD``'s streams, or not multiplexed): on a Redis Cluster, what routes a command to the
+    node of its slot without redis-py's command parsing. A script with no keys is None too."""
+    name = args[0]
+    if name in _ONE_KEY:
+        return args[1:2] if len(args) > 1 else None
+    if name in _SCRIPTS:
+        try:
+            count = int(args[2])
+        except (IndexError, TypeError, ValueError):
+            return None
+        return tuple(args[3:3 + count]) if 0 < count <= len(args) - 3 else None
+    if name in _KEYS_ONLY:
+        return args[1:] if len(args) > 1 else None
+    return None
+
+
+class NodeConnections:
+    """The part of a connection pool that :class:`SharedConnection` uses, for one node of a
+    Redis Cluster (redis-py's ``ClusterNode``): its connection class and options, so the shared
+    connection is made, authenticated and named as the node's pooled connections are."""
+
+    def __init__(self, node) -> None:
+        self._node = node
+        self.connection_kwargs = node.connection_kwargs
+
+    def make_connection(self):
+        return self._node.connection_class(**self._node.connection_kwargs)
 
 
 def _is_block(arg: Any) -> bool:

@@ -1,0 +1,118 @@
+"""The shared connection per node of a Redis Cluster (agentstream.runtime.connection._Cluster) on
+a real 3-node cluster: a command goes on the shared connection of the node of its slot, several
+to a write; a stale slot map is followed and learnt again; a lost connection fails its waiting
+commands and the next command connects again; the setting turns it off."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.exceptions
+from redis.cluster import RedisClusterException
+
+from agentstream.runtime.connection import connect
+from tests.support.redis_server import cluster_only
+
+pytestmark = [pytest.mark.integration, cluster_only("the shared connection per cluster node")]
+
+
+def _count_writes(shared) -> list[int]:
+    """Wrap a shared connection's write: the sizes of the writes it makes from now on."""
+    writer = shared._writer
+    sizes: list[int] = []
+    original = writer.write
+
+    def write(data):
+        sizes.append(len(data))
+        return original(data)
+
+    writer.write = write
+    return sizes
+
+
+def _primaries(client) -> list:
+    return sorted({cache[0].name: cache[0] for cache in client.nodes_manager.slots_cache.values()}.values(), key=lambda n: n.name)
+
+
+async def test_each_command_goes_on_the_shared_connection_of_its_slots_node(redis_url, keys):
+    client = connect(redis_url)
+    try:
+        names = [f"{keys.namespace}:cmux:{i}" for i in range(300)]  # spread over every node's slots
+        await asyncio.gather(*(client.get(name) for name in names))  # connects each node's shared connection
+        nodes = _primaries(client)
+        assert len(nodes) == 3 and set(client._shared) == {node.name for node in nodes}
+        pooled_before = {node.name: len(node._connections) for node in nodes}
+        writes = {name: _count_writes(shared) for name, shared in client._shared.items()}
+        assert all(await asyncio.gather(*(client.set(name, str(i).encode()) for i, name in enumerate(names))))
+        assert all(len(sizes) == 1 for sizes in writes.values()), writes  # 300 commands, one write per node
+        got = await asyncio.gather(*(client.get(name) for name in names), client.hget(names[0], "f"), return_exceptions=True)
+        assert got[:300] == [str(i).encode() for i in range(300)]
+        assert isinstance(got[300], redis.exceptions.ResponseError) and "WRONGTYPE" in str(got[300])
+        assert {node.name: len(node._connections) for node in nodes} == pooled_before  # no pooled connection was used
+        # a script's keys of one slot: on that slot's node; its NOSCRIPT reload goes to every node
+        script = client.register_script("return redis.call('INCR', KEYS[1]) + #KEYS")
+        tag = f"{{{keys.namespace}:t}}"
+        assert sorted(await asyncio.gather(*(script(keys=[f"{tag}:n", f"{tag}:m"]) for _ in range(3)))) == [3, 4, 5]
+        # keys of several slots: redis-py's path, and its error
+        with pytest.raises(RedisClusterException, match="same key slot|CROSSSLOT"):
+            await client.eval("return 1", 2, names[0], names[1])
+        assert all(shared.connects == 1 for shared in client._shared.values())
+        assert await client.delete(*names[:2]) == 2  # DEL of two keys in two slots: redis-py splits it
+    finally:
+        await client.aclose()
+
+
+async def test_a_stale_slot_map_is_followed_and_learnt_again(redis_url, keys):
+    client = connect(redis_url)
+    try:
+        name = f"{keys.namespace}:moved"
+        await client.set(name, b"before")
+        slot = client.keyslot(name)
+        owner = client.nodes_manager.slots_cache[slot][0]
+        other = next(node for node in _primaries(client) if node.name != owner.name)
+        client.nodes_manager.slots_cache[slot] = [other]  # as after a resharding the client did not see
+        assert await client.get(name) == b"before"  # the other node answers MOVED: followed
+        assert client.nodes_manager.slots_cache[slot][0].name == owner.name  # and the slot map learnt
+        await client.set(name, b"after")
+        assert await client.get(name) == b"after"
+    finally:
+        await client.aclose()
+
+
+async def test_a_lost_node_connection_fails_its_waiting_commands_and_the_next_one_connects_again(redis_url, keys):
+    client = connect(redis_url)
+    admin = connect(redis_url)
+    try:
+        tag = f"{{{keys.namespace}:lost}}"
+        await client.get(f"{tag}:warm")
+        node = client.nodes_manager.slots_cache[client.keyslot(tag)][0]
+        shared = client._shared[node.name]
+        host, port = shared._writer.get_extra_info("sockname")[:2]
+        await admin.initialize()
+        admin_node = admin.get_node(node_name=node.name)
+        assert admin_node is not None
+        busy = asyncio.create_task(client.eval(  # about 0.3 s of Lua on that node
+            "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
+            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 300000 return 'done'", 1, f"{tag}:busy"))
+        await asyncio.sleep(0.05)
+        waiting = [asyncio.create_task(client.incr(f"{tag}:{i}")) for i in range(20)]
+        await asyncio.sleep(0.01)
+        assert await admin.execute_command("CLIENT KILL", "ADDR", f"{host}:{port}", target_nodes=admin_node) == 1
+        outcomes = await asyncio.gather(busy, *waiting, return_exceptions=True)
+        assert all(o in (b"done", 1) or isinstance(o, redis.exceptions.ConnectionError) for o in outcomes), outcomes
+        assert await client.incr(f"{tag}:after") == 1
+        assert client._shared[node.name].connects == 2  # the kill closed it; the next command connected again
+    finally:
+        await client.aclose()
+        await admin.aclose()
+
+
+async def test_the_shared_connections_can_be_turned_off(redis_url, keys, monkeypatch):
+    monkeypatch.setenv("AGENTSTREAM_REDIS_MULTIPLEX", "0")
+    client = connect(redis_url)
+    try:
+        await asyncio.gather(*(client.set(f"{keys.namespace}:off:{i}", b"v") for i in range(30)))
+        assert client._shared == {}
+    finally:
+        await client.aclose()
