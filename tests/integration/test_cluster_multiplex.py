@@ -63,6 +63,29 @@ async def test_each_command_goes_on_the_shared_connection_of_its_slots_node(redi
         await client.aclose()
 
 
+async def test_a_pipeline_goes_on_the_shared_connections_with_redis_pys_errors(redis_url, keys):
+    client = connect(redis_url)
+    try:
+        names = [f"{keys.namespace}:pipe:{i}" for i in range(60)]
+        await asyncio.gather(*(client.get(name) for name in names))
+        writes = {name: _count_writes(shared) for name, shared in client._shared.items()}
+        pipe = client.pipeline(transaction=False)
+        for i, name in enumerate(names):
+            pipe.set(name, str(i).encode())
+        pipe.hget(names[0], "f")
+        replies, alone = await asyncio.gather(pipe.execute(raise_on_error=False), client.get(names[1]))
+        assert replies[:60] == [True] * 60 and alone == b"1"
+        assert isinstance(replies[60], redis.exceptions.ResponseError) and "WRONGTYPE" in str(replies[60])
+        assert all(len(sizes) == 1 for sizes in writes.values()), writes  # the pipeline and the GET: one write per node
+        with pytest.raises(redis.exceptions.ResponseError, match=r"Command # 2 \(HGET"):  # redis-py's message
+            await client.pipeline(transaction=False).get(names[1]).hget(names[1], "f").execute()
+        assert await client.pipeline(transaction=False).get(names[2]).xlen(f"{keys.namespace}:none").execute() == [b"2", 0]
+        assert await client.pipeline(transaction=False).execute() == []
+        assert all(shared.connects == 1 for shared in client._shared.values())
+    finally:
+        await client.aclose()
+
+
 async def test_a_stale_slot_map_is_followed_and_learnt_again(redis_url, keys):
     client = connect(redis_url)
     try:
@@ -74,6 +97,9 @@ async def test_a_stale_slot_map_is_followed_and_learnt_again(redis_url, keys):
         client.nodes_manager.slots_cache[slot] = [other]  # as after a resharding the client did not see
         assert await client.get(name) == b"before"  # the other node answers MOVED: followed
         assert client.nodes_manager.slots_cache[slot][0].name == owner.name  # and the slot map learnt
+        client.nodes_manager.slots_cache[slot] = [other]
+        assert await client.pipeline(transaction=False).get(name).execute() == [b"before"]  # in a pipeline too
+        assert client.nodes_manager.slots_cache[slot][0].name == owner.name
         await client.set(name, b"after")
         assert await client.get(name) == b"after"
     finally:

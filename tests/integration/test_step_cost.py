@@ -116,19 +116,29 @@ class _Recorder:
         self._original_mux_pipe = MultiplexedPipeline.execute
         Pipeline.execute = pipe_execute_of(original_pipe)
         MultiplexedPipeline.execute = pipe_execute_of(self._original_mux_pipe)
-        # a Redis Cluster client's pipelines (the cluster pass) are of another class
+        # a Redis Cluster client's pipelines (the cluster pass) are of other classes: redis-py's,
+        # and agentstream's on the shared connections (counted once when it runs as redis-py's)
         from redis.asyncio.cluster import ClusterPipeline
 
-        original_cluster_pipe = ClusterPipeline.execute
+        from agentstream.runtime.connection import _SharedClusterPipeline
 
-        async def cluster_pipe_execute(pipe, raise_on_error: bool = True, allow_redirections: bool = True):
-            if pipe.cluster_client is client:
-                recorder.commands += [c.args for c in pipe._execution_strategy._command_queue]
-                recorder.trips.append([c.args for c in pipe._execution_strategy._command_queue])
-            return await original_cluster_pipe(pipe, raise_on_error, allow_redirections)
+        def cluster_pipe_execute_of(original):
+            async def cluster_pipe_execute(pipe, raise_on_error: bool = True, allow_redirections: bool = True):
+                if pipe.cluster_client is client and not getattr(pipe, "_recorded", False):
+                    pipe._recorded = True
+                    recorder.commands += [c.args for c in pipe._execution_strategy._command_queue]
+                    recorder.trips.append([c.args for c in pipe._execution_strategy._command_queue])
+                try:
+                    return await original(pipe, raise_on_error, allow_redirections)
+                finally:
+                    pipe._recorded = False
 
-        self._original_cluster_pipe = original_cluster_pipe
-        ClusterPipeline.execute = cluster_pipe_execute
+            return cluster_pipe_execute
+
+        self._original_cluster_pipe = ClusterPipeline.execute
+        self._original_shared_cluster_pipe = _SharedClusterPipeline.execute
+        ClusterPipeline.execute = cluster_pipe_execute_of(self._original_cluster_pipe)
+        _SharedClusterPipeline.execute = cluster_pipe_execute_of(self._original_shared_cluster_pipe)
 
     def close(self) -> None:
         from redis.asyncio.cluster import ClusterPipeline
@@ -137,7 +147,10 @@ class _Recorder:
 
         Pipeline.execute = self._original_pipe
         MultiplexedPipeline.execute = self._original_mux_pipe
+        from agentstream.runtime.connection import _SharedClusterPipeline
+
         ClusterPipeline.execute = self._original_cluster_pipe
+        _SharedClusterPipeline.execute = self._original_shared_cluster_pipe
 
 
 def _whole_reads(commands: list[tuple], trace_key: str) -> int:

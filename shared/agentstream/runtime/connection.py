@@ -20,7 +20,9 @@ from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.exceptions import RedisClusterException
+from redis.utils import safe_str, truncate_text
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -237,6 +239,57 @@ _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 or is moving, or the cluster is down): redis-py's own path then follows them."""
 
 
+class _SharedClusterPipeline(ClusterPipeline):
+    """redis-py's cluster pipeline, whose non-transaction batches of commands that
+    :class:`_Cluster` sends on its shared connections go there, each command on its node's, in
+    order (queued in one turn of the event loop: in one write per node, with whatever else is
+    queued then); any other pipeline runs as redis-py's does. As in redis-py's: a lost connection
+    raises; a redirected command is sent again, alone, through redis-py's path; an error reply is
+    raised first with the command's number when ``raise_on_error``, else returned in its place."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list:
+        client = self.cluster_client
+        queue = list(getattr(self._execution_strategy, "_command_queue", ()))
+        if self._transaction or not queue or not client._multiplex:
+            return await super().execute(raise_on_error, allow_redirections)
+        try:
+            if client._initialize:
+                await client.initialize()
+            nodes = [None if "target_nodes" in cmd.kwargs else client._node_of(cmd.args) for cmd in queue]
+            if any(node is None for node in nodes):
+                return await super().execute(raise_on_error, allow_redirections)
+            shared = [client._shared_of(node) for node in nodes]
+            while not all(connection.usable() for connection in shared):  # connect them all, then queue with no wait between
+                await next(connection for connection in shared if not connection.usable()).ready()
+            futures = [connection.submit(cmd.args) for connection, cmd in zip(shared, queue)]
+            results: list = []
+            for cmd, node, future in zip(queue, nodes, futures):
+                try:
+                    reply = await future
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    client._lost(node, exc)
+                    raise
+                try:
+                    if isinstance(reply, _REDIRECTED) and allow_redirections:
+                        value = await RedisCluster.execute_command(client, *cmd.args, **cmd.kwargs)
+                    else:
+                        value = finish(node, cmd.args[0], reply, cmd.kwargs)
+                        value = await value if inspect.isawaitable(value) else value
+                except ResponseError as exc:
+                    value = exc
+                results.append(value)
+        finally:
+            await self.reset()
+        if raise_on_error:
+            for cmd, result in zip(queue, results):
+                if isinstance(result, Exception):
+                    text = " ".join(map(safe_str, cmd.args))
+                    result.args = (f"Command # {cmd.position + 1} ({truncate_text(text)}) of pipeline caused error: "
+                                   f"{result.args}",) + result.args[1:]
+                    raise result
+        return results
+
+
 class _Cluster(RedisCluster):
     """redis-py's asyncio RedisCluster, initialized (slot map learnt) before any command runs,
     with one shared connection per node for the commands that do not block.
@@ -256,8 +309,9 @@ class _Cluster(RedisCluster):
     did not run there (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) sends it again through
     redis-py's path, which follows the redirection and learns the new slot map. A lost
     connection or a timeout raises as redis-py's path does with no retry, and the slot map is
-    learnt again before the next command (a failover may have moved the slots). Other commands,
-    pipelines, blocking reads and commands with ``target_nodes`` take redis-py's path;
+    learnt again before the next command (a failover may have moved the slots). Non-transaction
+    pipelines of such commands go the same way (:class:`_SharedClusterPipeline`). Other commands,
+    transactions, blocking reads and commands with ``target_nodes`` take redis-py's path;
     ``AGENTSTREAM_REDIS_MULTIPLEX=0`` sends every command that way.
     """
 
@@ -296,24 +350,39 @@ class _Cluster(RedisCluster):
         cache = self.nodes_manager.slots_cache.get(slot)
         return cache[0] if cache else None
 
-    async def _execute_shared(self, node, args: tuple, kwargs: dict):
+    def _shared_of(self, node) -> SharedConnection:
         shared = self._shared.get(node.name)
         if shared is None:
             shared = self._shared[node.name] = SharedConnection(multiplex.NodeConnections(node),
                                                                 timeout_s=self._shared_timeout_s)
+        return shared
+
+    def _lost(self, node, exc: Exception) -> None:
+        """A node's shared connection was lost or timed out: as redis-py's path does with no
+        retry, the node goes to the end of the startup list and the slot map is learnt again
+        before the next command."""
+        exc.last_failed_node_name = node.name  # type: ignore[attr-defined]
+        self.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
+        self._initialize = True
+
+    async def _execute_shared(self, node, args: tuple, kwargs: dict):
+        shared = self._shared_of(node)
         try:
             if not shared.usable():
                 await shared.ready()
             reply = await shared.submit(args)
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            exc.last_failed_node_name = node.name
-            self.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
-            self._initialize = True  # learn the slot map again before the next command
+            self._lost(node, exc)
             raise
         if isinstance(reply, _REDIRECTED):  # it did not run there: redis-py follows the redirection
             return await super().execute_command(*args, **kwargs)
         value = finish(node, args[0], reply, kwargs)
         return await value if inspect.isawaitable(value) else value
+
+    def pipeline(self, transaction=None, shard_hint=None):  # type: ignore[override]
+        if shard_hint:
+            raise RedisClusterException("shard_hint is deprecated in cluster mode")  # as redis-py says
+        return _SharedClusterPipeline(self, transaction)
 
     async def aclose(self, *args, **kwargs) -> None:
         """Close the shared connections, then every connection redis-py holds."""

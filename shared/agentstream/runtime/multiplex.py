@@ -17,7 +17,7 @@ pipelines made only of such commands. Everything else keeps redis-py's pool: blo
 (``XREAD``/``XREADGROUP`` with ``BLOCK``, ``BLPOP``...), commands that change a connection's
 state (``SELECT``, ``CLIENT ...``, ``WATCH``/``MULTI``), Pub/Sub, transactions. A Redis Cluster
 client has one shared connection per node, for the commands whose keys :func:`command_keys`
-finds (see ``agentstream.runtime.connection._Cluster``); its pipelines stay redis-py's. A RESP3
+finds, and its non-transaction pipelines of them (see ``agentstream.runtime.connection._Cluster``). A RESP3
 client and a client without hiredis are not multiplexed at all.
 
 Failures are those of one connection: when it is lost, or a reply takes longer than the socket
