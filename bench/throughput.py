@@ -261,7 +261,9 @@ class Services:
             "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps({"window_tokens": 100_000_000}),
             "AGENTSTREAM_CONCURRENCY": str(concurrency),
             "AGENTSTREAM_BLOCK_MS": "1000",
-            "PYTHONPATH": str(ROOT),
+            # this checkout's code, whatever the environment has installed (an editable install
+            # of another checkout, a worktree): its shared library, then its services
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "shared"), str(ROOT)]),
         }
         for kind, count in (("agent-loop", loops), ("tool-worker", workers)):
             for n in range(count):
