@@ -21,10 +21,8 @@ from pathlib import Path
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import RedisClusterException
-from redis.utils import safe_str, truncate_text
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, ResponseError, TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.backoff import NoBackoff
 from redis.asyncio.retry import Retry
@@ -32,6 +30,7 @@ from redis.asyncio.connection import Connection as _Connection
 from redis.asyncio.connection import SSLConnection as _SSLConnection
 from redis.asyncio.connection import UnixDomainSocketConnection as _UnixConnection
 from redis.connection import HIREDIS_AVAILABLE, HiredisRespSerializer
+from redis.utils import safe_str, truncate_text
 
 from agentstream.errors import ConfigError
 from agentstream.runtime import embedded_guard
@@ -305,7 +304,8 @@ class _Cluster(RedisCluster):
     client's slot map (:class:`~agentstream.runtime.multiplex.SharedConnection`, one per node):
     the commands a process issues in one turn of its event loop leave in one write per node. On
     the cluster this skips redis-py's per-command routing (policy lookup, key parsing, node
-    choice, metrics), which cost about as much as the send itself. A reply that says the command
+    choice, metrics): with it the cluster's agent loop spent 1.07× one Redis's CPU per step in
+    ``bench/throughput.py --cluster``, 1.96× without (bench/RESULTS.md, 2026-12-03 15:53). A reply that says the command
     did not run there (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) sends it again through
     redis-py's path, which follows the redirection and learns the new slot map. A lost
     connection or a timeout raises as redis-py's path does with no retry, and the slot map is
@@ -450,7 +450,8 @@ def connect(url: str, *, block_ms: int = 2000, cluster: bool | None = None) -> a
     A Redis Cluster (``redis+cluster://host:port`` naming any node, or a plain URL with
     ``cluster=True`` / ``AGENTSTREAM_REDIS_CLUSTER=true``, see :func:`cluster_wanted`) gets a
     :class:`redis.asyncio.cluster.RedisCluster`, which learns the slot map from that node and
-    sends each command to the node of its key's slot (following MOVED/ASK redirections).
+    sends each command to the node of its key's slot (following MOVED/ASK redirections), the
+    commands that do not block on one shared connection per node (see :class:`_Cluster`).
     agentstream sends no command whose keys lie in different slots: a script's keys and a
     blocking read's streams are always of one slot (one trace's hash tag, or one stream), and
     pipelines are never transactions. The returned object has the same command methods either way.
