@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
 from redis.cluster import RedisClusterException
 
 from agentstream.runtime.connection import connect
@@ -84,6 +85,57 @@ async def test_a_pipeline_goes_on_the_shared_connections_with_redis_pys_errors(r
         assert all(shared.connects == 1 for shared in client._shared.values())
     finally:
         await client.aclose()
+
+
+async def test_a_pipeline_with_an_argument_redis_has_no_form_for_sends_none_of_its_commands(redis_url, keys):
+    client = connect(redis_url)
+    try:
+        tag = f"{{{keys.namespace}:bad}}"
+        await client.get(f"{tag}:warm")
+        with pytest.raises(redis.exceptions.DataError):
+            await client.pipeline(transaction=False).set(f"{tag}:a", b"1").set(f"{tag}:b", None).execute()
+        assert await client.get(f"{tag}:a") is None  # as redis-py's pipeline: nothing of it ran
+    finally:
+        await client.aclose()
+
+
+async def test_a_redirected_command_that_fails_in_a_pipeline_keeps_its_error_in_its_place(redis_url, keys, monkeypatch):
+    client = connect(redis_url)
+    try:
+        key = f"{keys.namespace}:redirected"
+        other = f"{keys.namespace}:other"
+        await client.get(key)
+        slot = client.keyslot(key)
+        owner = client.nodes_manager.slots_cache[slot][0]
+        wrong = next(node for node in _primaries(client) if node.name != owner.name)
+
+        async def gives_up(self, *args, **kwargs):  # what redis-py's path raises when redirections never end
+            raise redis.exceptions.ClusterError("TTL exhausted.")
+
+        # (a slot "migrating" to a node that is not importing it does that, by ASK and MOVED back
+        # and forth; its own aclose calls meanwhile leave pooled sockets to the garbage collector)
+        monkeypatch.setattr(RedisCluster, "execute_command", gives_up)
+        client.nodes_manager.slots_cache[slot] = [wrong]  # the wrong node answers MOVED
+        replies = await client.pipeline(transaction=False).get(key).set(other, b"v").execute(raise_on_error=False)
+        assert isinstance(replies[0], redis.exceptions.ClusterError) and replies[1] is True, replies
+        with pytest.raises(redis.exceptions.ClusterError, match=r"Command # 1 \(GET .*of pipeline caused error"):
+            await client.pipeline(transaction=False).get(key).set(other, b"v").execute()
+    finally:
+        monkeypatch.undo()
+        await client.aclose()
+
+
+async def test_a_connection_made_while_the_client_closes_is_closed_by_the_next_aclose(redis_url, keys):
+    client = connect(redis_url)
+    await client.initialize()
+    waiting = [asyncio.create_task(client.get(f"{keys.namespace}:c:{i}")) for i in range(30)]
+    await asyncio.sleep(0)  # every node's shared connection is being made
+    await client.aclose()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    await client.aclose()  # redis-py calls aclose itself after CLUSTERDOWN and some MOVED replies
+    assert all(shared._writer is None for shared in client._shared.values())
+    readers = [t for t in asyncio.all_tasks() if "SharedConnection._read" in repr(t) and not t.done()]
+    assert not readers, readers
 
 
 async def test_a_stale_slot_map_is_followed_and_learnt_again(redis_url, keys):

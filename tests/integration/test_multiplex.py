@@ -62,6 +62,17 @@ async def test_commands_issued_together_leave_in_one_write_and_each_caller_gets_
         await client.aclose()
 
 
+async def test_a_pipeline_with_an_argument_redis_has_no_form_for_sends_none_of_its_commands(redis_url, keys):
+    client = connect(redis_url)
+    try:
+        await client.ping()
+        with pytest.raises(redis.exceptions.DataError):
+            await client.pipeline(transaction=False).set(f"{keys.namespace}:a", b"1").set(f"{keys.namespace}:b", None).execute()
+        assert await client.get(f"{keys.namespace}:a") is None  # as redis-py's pipeline: nothing of it ran
+    finally:
+        await client.aclose()
+
+
 async def test_a_caller_that_stops_waiting_does_not_shift_the_replies_of_the_others(redis_url, keys):
     client = connect(redis_url)
     key = f"{keys.namespace}:mux:slow"

@@ -260,7 +260,8 @@ class _SharedClusterPipeline(ClusterPipeline):
             shared = [client._shared_of(node) for node in nodes]
             while not all(connection.usable() for connection in shared):  # connect them all, then queue with no wait between
                 await next(connection for connection in shared if not connection.usable()).ready()
-            futures = [connection.submit(cmd.args) for connection, cmd in zip(shared, queue)]
+            packed = [multiplex.pack(cmd.args) for cmd in queue]  # a bad argument raises before anything is sent
+            futures = [connection.submit_packed(command) for connection, command in zip(shared, packed)]
             results: list = []
             for cmd, node, future in zip(queue, nodes, futures):
                 try:
@@ -268,14 +269,17 @@ class _SharedClusterPipeline(ClusterPipeline):
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     client._lost(node, exc)
                     raise
-                try:
-                    if isinstance(reply, _REDIRECTED) and allow_redirections:
+                if isinstance(reply, _REDIRECTED) and allow_redirections:
+                    try:  # as redis-py's pipeline sends a redirected command again: whatever it raises is its result
                         value = await RedisCluster.execute_command(client, *cmd.args, **cmd.kwargs)
-                    else:
+                    except Exception as exc:
+                        value = exc
+                else:
+                    try:
                         value = finish(node, cmd.args[0], reply, cmd.kwargs)
                         value = await value if inspect.isawaitable(value) else value
-                except ResponseError as exc:
-                    value = exc
+                    except ResponseError as exc:
+                        value = exc
                 results.append(value)
         finally:
             await self.reset()
@@ -385,9 +389,11 @@ class _Cluster(RedisCluster):
         return _SharedClusterPipeline(self, transaction)
 
     async def aclose(self, *args, **kwargs) -> None:
-        """Close the shared connections, then every connection redis-py holds."""
-        shared, self._shared = list(self._shared.values()), {}
-        for connection in shared:
+        """Close the shared connections, then every connection redis-py holds (redis-py calls
+        this too, after ``CLUSTERDOWN`` and some ``MOVED`` replies). The shared connections stay
+        in the client's table: one that a command connects again, even one whose connect was
+        under way meanwhile, is closed by the next ``aclose``."""
+        for connection in list(self._shared.values()):
             await connection.aclose()
         await super().aclose(*args, **kwargs)
 

@@ -220,8 +220,13 @@ class SharedConnection:
         Raises:
             redis.exceptions.DataError: an argument Redis has no form for (as redis-py's packer).
         """
+        return self.submit_packed(pack(args))
+
+    def submit_packed(self, command: bytes) -> asyncio.Future:
+        """:meth:`submit` of a command packed already (:func:`pack`): a pipeline packs all its
+        commands first, so one with an argument Redis has no form for sends none of them."""
         assert self._writer is not None and self._loop is not None
-        self._out.append(_pack(args))
+        self._out.append(command)
         future = self._loop.create_future()
         self._waiting.append(future)
         self._batch += 1
@@ -338,8 +343,12 @@ class SharedConnection:
             self._forget()
 
 
-def _pack(args: tuple) -> bytes:
-    """A command in RESP, packed as the pooled connections pack it (redis-py's hiredis packer)."""
+def pack(args: tuple) -> bytes:
+    """A command in RESP, packed as the pooled connections pack it (redis-py's hiredis packer).
+
+    Raises:
+        redis.exceptions.DataError: an argument Redis has no form for (None, a dict...).
+    """
     return b"".join(_PACKER.pack(*args))
 
 
@@ -388,7 +397,8 @@ class MultiplexedPipeline(Pipeline):
         try:
             if not self._shared.usable():
                 await self._shared.ready()
-            futures = [self._shared.submit(args) for args, _options in stack]
+            packed = [pack(args) for args, _options in stack]  # a bad argument raises before anything is sent
+            futures = [self._shared.submit_packed(command) for command in packed]
             replies = [await future for future in futures]  # a lost connection raises here, as in redis-py's pipeline
             response = []
             for (args, options), reply in zip(stack, replies):
