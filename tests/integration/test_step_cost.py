@@ -99,7 +99,7 @@ class _Recorder:
         def pipe_execute_of(original):
             async def pipe_execute(pipe, raise_on_error: bool = True):
                 # a multiplexed pipeline that runs as redis-py's (super().execute) is counted once
-                if pipe.connection_pool is client.connection_pool and not getattr(pipe, "_recorded", False):
+                if pipe.connection_pool is getattr(client, "connection_pool", None) and not getattr(pipe, "_recorded", False):
                     pipe._recorded = True
                     recorder.commands += [c[0] for c in pipe.command_stack]
                     recorder.trips.append([c[0] for c in pipe.command_stack])
@@ -258,7 +258,10 @@ async def test_a_tool_using_turn_costs_at_most_20_redis_commands_whatever_the_co
                 await publish(redis, keys, trace_id="r5", turn_id=f"t{round_}-{n}", agent="plan", text=f"do: work({n})")
                 assert (await wait_reply(redis, keys, f"t{round_}-{n}")).status == "ended"
         finally:
-            for recorder in recorders.values():
+            # last made, first closed: each restores what it found, the first the originals (closed
+            # the other way round the class methods kept the first one's wrappers for the rest of
+            # the session, which on a cluster broke every later plain pipeline)
+            for recorder in reversed(list(recorders.values())):
                 recorder.close()
         rounds.append(_per_turn(recorders, sources, keys.deltas("r5"), turns))
         for n in range(20 if round_ == 0 else 0):
