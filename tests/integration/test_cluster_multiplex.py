@@ -1,7 +1,9 @@
 """The shared connection per node of a Redis Cluster (agentstream.runtime.connection._Cluster) on
 a real 3-node cluster: a command goes on the shared connection of the node of its slot, several
-to a write; a stale slot map is followed and learnt again; a lost connection fails its waiting
-commands and the next command connects again; the setting turns it off."""
+to a write, alone or in a pipeline (with redis-py's errors, and nothing sent when an argument has
+no form); a stale slot map is followed and learnt again; a lost connection fails its waiting
+commands and the next command connects again; a connection made while the client closes is
+closed by the next close; the setting turns it off."""
 
 from __future__ import annotations
 
@@ -14,22 +16,9 @@ from redis.cluster import RedisClusterException
 
 from agentstream.runtime.connection import connect
 from tests.support.redis_server import cluster_only
+from tests.support.shared_connections import count_writes
 
 pytestmark = [pytest.mark.integration, cluster_only("the shared connection per cluster node")]
-
-
-def _count_writes(shared) -> list[int]:
-    """Wrap a shared connection's write: the sizes of the writes it makes from now on."""
-    writer = shared._writer
-    sizes: list[int] = []
-    original = writer.write
-
-    def write(data):
-        sizes.append(len(data))
-        return original(data)
-
-    writer.write = write
-    return sizes
 
 
 def _primaries(client) -> list:
@@ -44,7 +33,7 @@ async def test_each_command_goes_on_the_shared_connection_of_its_slots_node(redi
         nodes = _primaries(client)
         assert len(nodes) == 3 and set(client._shared) == {node.name for node in nodes}
         pooled_before = {node.name: len(node._connections) for node in nodes}
-        writes = {name: _count_writes(shared) for name, shared in client._shared.items()}
+        writes = {name: count_writes(shared) for name, shared in client._shared.items()}
         assert all(await asyncio.gather(*(client.set(name, str(i).encode()) for i, name in enumerate(names))))
         assert all(len(sizes) == 1 for sizes in writes.values()), writes  # 300 commands, one write per node
         got = await asyncio.gather(*(client.get(name) for name in names), client.hget(names[0], "f"), return_exceptions=True)
@@ -69,7 +58,7 @@ async def test_a_pipeline_goes_on_the_shared_connections_with_redis_pys_errors(r
     try:
         names = [f"{keys.namespace}:pipe:{i}" for i in range(60)]
         await asyncio.gather(*(client.get(name) for name in names))
-        writes = {name: _count_writes(shared) for name, shared in client._shared.items()}
+        writes = {name: count_writes(shared) for name, shared in client._shared.items()}
         pipe = client.pipeline(transaction=False)
         for i, name in enumerate(names):
             pipe.set(name, str(i).encode())

@@ -13,22 +13,9 @@ import redis.exceptions
 from agentstream.runtime.connection import connect
 from agentstream.runtime.multiplex import MultiplexedPipeline
 from tests.support.redis_server import single_node_only
+from tests.support.shared_connections import count_writes
 
 pytestmark = single_node_only("the single client's shared connection (a cluster's, one per node: test_cluster_multiplex.py)")
-
-
-def _count_writes(shared) -> list[int]:
-    """Wrap the shared connection's write: the sizes of the writes it makes from now on."""
-    writer = shared._writer
-    sizes: list[int] = []
-    original = writer.write
-
-    def write(data):
-        sizes.append(len(data))
-        return original(data)
-
-    writer.write = write
-    return sizes
 
 
 async def test_commands_issued_together_leave_in_one_write_and_each_caller_gets_its_own_reply(redis_url, keys):
@@ -37,7 +24,7 @@ async def test_commands_issued_together_leave_in_one_write_and_each_caller_gets_
         shared = client.connection_pool.shared
         assert shared is not None
         await client.ping()
-        writes = _count_writes(shared)
+        writes = count_writes(shared)
         names = [f"{keys.namespace}:mux:{i}" for i in range(200)]
         assert all(await asyncio.gather(*(client.set(name, str(i).encode()) for i, name in enumerate(names))))
         assert len(writes) == 1  # 200 commands, one write
