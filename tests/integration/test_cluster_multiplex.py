@@ -175,6 +175,26 @@ async def test_a_lost_node_connection_fails_its_waiting_commands_and_the_next_on
         await admin.aclose()
 
 
+async def test_a_node_connection_lost_under_a_waiting_command_makes_the_client_learn_the_slot_map_again(redis_url, keys):
+    client = connect(redis_url)
+    try:
+        tag = f"{{{keys.namespace}:relearn}}"
+        await client.get(f"{tag}:warm")
+        shared = client._shared[client.nodes_manager.slots_cache[client.keyslot(tag)][0].name]
+        waiting = asyncio.create_task(client.eval(  # about 0.2 s of Lua on that node
+            "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
+            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 200000 return 'done'", 1, f"{tag}:busy"))
+        await asyncio.sleep(0.05)
+        shared._writer.transport.abort()  # the connection drops under it, as when its node dies
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await waiting
+        assert client._initialize  # as redis-py's path: the slot map is learnt again before the next command
+        assert await client.incr(f"{tag}:after") == 1
+        assert not client._initialize and shared.connects == 2
+    finally:
+        await client.aclose()
+
+
 async def test_the_shared_connections_can_be_turned_off(redis_url, keys, monkeypatch):
     monkeypatch.setenv("AGENTSTREAM_REDIS_MULTIPLEX", "0")
     client = connect(redis_url)
