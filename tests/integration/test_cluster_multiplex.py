@@ -16,7 +16,7 @@ from redis.cluster import RedisClusterException
 
 from agentstream.runtime.connection import connect
 from tests.support.redis_server import cluster_only
-from tests.support.shared_connections import count_writes
+from tests.support.shared_connections import BUSY_LUA, count_writes
 
 pytestmark = [pytest.mark.integration, cluster_only("the shared connection per cluster node")]
 
@@ -74,6 +74,30 @@ async def test_a_pipeline_goes_on_the_shared_connections_with_redis_pys_errors(r
         assert all(shared.connects == 1 for shared in client._shared.values())
     finally:
         await client.aclose()
+
+
+async def test_an_ask_redirection_of_a_slot_being_migrated_is_followed(redis_url, keys):
+    client = connect(redis_url)
+    admin = connect(redis_url)
+    key = f"{{{keys.namespace}:ask}}:absent"  # absent from the source: it answers ASK, the target has it
+    await admin.initialize()
+    slot = admin.keyslot(key)
+    source = admin.nodes_manager.slots_cache[slot][0]
+    target = next(node for node in _primaries(admin) if node.name != source.name)
+    source_id = await admin.execute_command("CLUSTER MYID", target_nodes=source)
+    target_id = await admin.execute_command("CLUSTER MYID", target_nodes=target)
+    try:
+        await client.get(f"{keys.namespace}:warm")
+        await admin.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id, target_nodes=target)
+        await admin.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id, target_nodes=source)
+        assert await client.get(key) is None  # the source's ASK, followed to the target (not an AskError)
+        assert await client.pipeline(transaction=False).get(key).execute() == [None]
+        assert client.nodes_manager.slots_cache[slot][0].name == source.name  # ASK does not move the slot
+    finally:
+        for node in (source, target):
+            await admin.execute_command("CLUSTER SETSLOT", slot, "STABLE", target_nodes=node)
+        await client.aclose()
+        await admin.aclose()
 
 
 async def test_a_pipeline_with_an_argument_redis_has_no_form_for_sends_none_of_its_commands(redis_url, keys):
@@ -159,9 +183,7 @@ async def test_a_lost_node_connection_fails_its_waiting_commands_and_the_next_on
         await admin.initialize()
         admin_node = admin.get_node(node_name=node.name)
         assert admin_node is not None
-        busy = asyncio.create_task(client.eval(  # about 0.3 s of Lua on that node
-            "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
-            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 300000 return 'done'", 1, f"{tag}:busy"))
+        busy = asyncio.create_task(client.eval(BUSY_LUA, 1, f"{tag}:busy", 300_000, "done"))  # 0.3 s on that node
         await asyncio.sleep(0.05)
         waiting = [asyncio.create_task(client.incr(f"{tag}:{i}")) for i in range(20)]
         await asyncio.sleep(0.01)
@@ -181,9 +203,7 @@ async def test_a_node_connection_lost_under_a_waiting_command_makes_the_client_l
         tag = f"{{{keys.namespace}:relearn}}"
         await client.get(f"{tag}:warm")
         shared = client._shared[client.nodes_manager.slots_cache[client.keyslot(tag)][0].name]
-        waiting = asyncio.create_task(client.eval(  # about 0.2 s of Lua on that node
-            "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
-            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 200000 return 'done'", 1, f"{tag}:busy"))
+        waiting = asyncio.create_task(client.eval(BUSY_LUA, 1, f"{tag}:busy", 200_000, "done"))  # 0.2 s on that node
         await asyncio.sleep(0.05)
         shared._writer.transport.abort()  # the connection drops under it, as when its node dies
         with pytest.raises(redis.exceptions.ConnectionError):

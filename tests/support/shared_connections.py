@@ -16,3 +16,11 @@ def count_writes(shared) -> list[int]:
 
     writer.write = write
     return sizes
+
+
+BUSY_LUA = (
+    "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
+    "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > tonumber(ARGV[1]) return ARGV[2]"
+)
+"""A script that keeps its Redis server busy ``ARGV[1]`` microseconds, then returns ``ARGV[2]``
+(``EVAL BUSY_LUA <numkeys> <keys...> <µs> <reply>``): a reply that comes late."""
