@@ -70,10 +70,15 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         ("entries left pending at the end", f["left pending"]),
         ("entries handled twice (a call run again while its earlier run's process lived)", f["entries handled twice"]),
         ("side-effect tools run twice", f["side-effect tools run twice"]),
-        ("false outcome-unknown results (no process that started the call was killed)", f["false outcome-unknown results"]),
+        (
+            "false outcome-unknown results (no process that started the call was killed)",
+            f["false outcome-unknown results"],
+        ),
         ("services stopped by an input", f["services stopped by an input"]),
-        ("hostile entries / duplicate copies / malformed copies injected",
-         f"{f['hostile entries injected']} / {f['duplicate copies of live entries']} / {f['malformed copies of live entries']}"),
+        (
+            "hostile entries / duplicate copies / malformed copies injected",
+            f"{f['hostile entries injected']} / {f['duplicate copies of live entries']} / {f['malformed copies of live entries']}",
+        ),
         ("kill → next progress of the work it held, p50", f"{f['kill → next progress p50 (s)']} s"),
         ("kill → next progress of the work it held, p90", f"{f['kill → next progress p90 (s)']} s"),
         ("kill → next progress of the work it held, max", f"{f['kill → next progress max (s)']} s"),
@@ -96,12 +101,20 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         f"{config.conversations} conversations × {config.turns_per_conversation} turns, published over "
         f"{config.publish_over_s:.0f} s. Each turn makes 1–3 parallel `work` calls and, at random, a `record` call "
         "(side effects, not retry-safe) and an `upsert` call (side effects, retry-safe). "
-        + ("Tool run times: most `work` calls 5–600 ms, a fifth 1–2.5 s (around the claim idle time), a tenth 3–6 s "
-           "(two to four times it); three in ten `record`/`upsert` calls take 1–4 s. " if config.slow_tools else "")
-        + ("Meanwhile an entry is injected every "
-           f"{config.hostile_every_s[0]}–{config.hostile_every_s[1]} s into the turns, cancel, wake-up or tool-job stream: "
-           "a hostile one (4 KB of nesting, wrong types, 256 KB, bytes that are not JSON, a wrong field), an exact "
-           "copy of a live turn or job, or a malformed copy of one (same ids, bad body). " if config.hostile_every_s else "")
+        + (
+            "Tool run times: most `work` calls 5–600 ms, a fifth 1–2.5 s (around the claim idle time), a tenth 3–6 s "
+            "(two to four times it); three in ten `record`/`upsert` calls take 1–4 s. "
+            if config.slow_tools
+            else ""
+        )
+        + (
+            "Meanwhile an entry is injected every "
+            f"{config.hostile_every_s[0]}–{config.hostile_every_s[1]} s into the turns, cancel, wake-up or tool-job stream: "
+            "a hostile one (4 KB of nesting, wrong types, 256 KB, bytes that are not JSON, a wrong field), an exact "
+            "copy of a live turn or job, or a malformed copy of one (same ids, bad body). "
+            if config.hostile_every_s
+            else ""
+        )
         + "The services run with their own concurrency (16) and batch size (32). A random service process "
         f"(never the last live one of its service) is killed with SIGKILL every {config.kill_every_s[0]}–"
         f"{config.kill_every_s[1]} s and restarted {config.restart_after_s[0]}–{config.restart_after_s[1]} s later, "
@@ -111,13 +124,13 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         "|---|---|",
         table,
         "",
-        "\"Kill → next progress\" is, for every trace the killed process held pending entries for at the moment of "
+        '"Kill → next progress" is, for every trace the killed process held pending entries for at the moment of '
         "the kill, the time until the next event was appended to that trace (p50, p90 and max over all of them); the "
         "target is 10 s. A `record` call whose worker was killed mid-run gets an outcome-unknown error result instead "
         "of running again, which is why its effects never repeat; `work` and `upsert` calls may run again, but only after "
-        "the process of their earlier run was killed: \"entries handled twice\" counts the calls started again while that "
-        "process lived (every run of a tool logs its start, end and pid), and a \"false outcome unknown\" is one given to a "
-        "call no killed process had started. \"Services stopped by an input\" counts service processes that exited by "
+        'the process of their earlier run was killed: "entries handled twice" counts the calls started again while that '
+        'process lived (every run of a tool logs its start, end and pid), and a "false outcome unknown" is one given to a '
+        'call no killed process had started. "Services stopped by an input" counts service processes that exited by '
         "themselves. The "
         "bounded version (300 turns, 2 + 2 processes, about a minute) runs in the test suite: `pytest tests/chaos`.",
         "",
@@ -163,7 +176,10 @@ def main() -> int:
     )
     with redis_url() as url, tempfile.TemporaryDirectory(prefix="agentstream-chaos-") as logs:
         version = redis_version(url)
-        print(f"chaos: {config.conversations * config.turns_per_conversation} turns, Redis {version}, logs in {logs}", flush=True)
+        print(
+            f"chaos: {config.conversations * config.turns_per_conversation} turns, Redis {version}, logs in {logs}",
+            flush=True,
+        )
         before = os.getloadavg()
         result = ChaosRun(url, f"chaos-{uuid.uuid4().hex[:8]}", Path(logs), config).run()
         after = os.getloadavg()

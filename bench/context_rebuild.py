@@ -124,7 +124,11 @@ def conversation(events_wanted: int, *, sources: bool = True, seed: int = 7) -> 
             for _ in range(count):
                 calls += 1
                 name = rng.choice(["search", "read", "run"])
-                tool_calls.append(ToolCall(id=f"call_{calls}", name=name, arguments='{"query": "%s"}' % words(rng, rng.randint(3, 40))))
+                tool_calls.append(
+                    ToolCall(
+                        id=f"call_{calls}", name=name, arguments='{"query": "%s"}' % words(rng, rng.randint(3, 40))
+                    )
+                )
             events.append(ModelOutput(turn_id=turn, step=step, tool_calls=tuple(tool_calls), stop_reason="tool_calls"))
             step += 1
             for call in tool_calls:
@@ -133,9 +137,20 @@ def conversation(events_wanted: int, *, sources: bool = True, seed: int = 7) -> 
                     docs += 1
                     elements = (
                         Document(id=f"doc{docs}", title=words(rng, 5), url=f"https://example.org/{docs}"),
-                        *(Passage(id=f"doc{docs}#{k}", ref=f"doc{docs}", text=words(rng, rng.randint(40, 200))) for k in range(3)),
+                        *(
+                            Passage(id=f"doc{docs}#{k}", ref=f"doc{docs}", text=words(rng, rng.randint(40, 200)))
+                            for k in range(3)
+                        ),
                     )
-                events.append(ToolOutput(turn_id=turn, call_id=call.id, name=call.name, text=words(rng, rng.randint(20, 900)), elements=elements))
+                events.append(
+                    ToolOutput(
+                        turn_id=turn,
+                        call_id=call.id,
+                        name=call.name,
+                        text=words(rng, rng.randint(20, 900)),
+                        elements=elements,
+                    )
+                )
         cite = f" [{rng.randint(1, max(1, docs * 4))}]" if docs else ""
         events.append(ModelOutput(turn_id=turn, step=step, content=words(rng, rng.randint(30, 150)) + cite))
         events.append(TurnEnded(turn_id=turn, answer="."))
@@ -206,15 +221,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000", help="trace sizes in events, comma-separated")
     parser.add_argument("--steps", type=int, default=200, help="model calls timed for the incremental figure")
-    parser.add_argument("--replay-max", type=int, default=0, help="also time replaying every call of traces of at most this many events")
+    parser.add_argument(
+        "--replay-max", type=int, default=0, help="also time replaying every call of traces of at most this many events"
+    )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--baseline", type=Path, help="figures of another run (--json) to print beside these")
-    parser.add_argument("--label", default="", help="what this run measures (default: the git commit, and the working tree)")
+    parser.add_argument(
+        "--label", default="", help="what this run measures (default: the git commit, and the working tree)"
+    )
     parser.add_argument("--write", action="store_true", help="write the figures into bench/RESULTS.md")
     args = parser.parse_args()
     baseline = json.loads(args.baseline.read_text()) if args.baseline else None
     before = {(r["events"], r["workload"]): r for r in baseline["rows"]} if baseline else {}
-    run = {"label": args.label or label(), "date": datetime.date.today().isoformat(), "machine": machine(), "load_before": load(), "rows": []}
+    run = {
+        "label": args.label or label(),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "load_before": load(),
+        "rows": [],
+    }
     for size, sources in ((int(s), kind) for s in args.sizes.split(",") for kind in (True, False)):
         events = conversation(size, sources=sources)
         last = events[-1]
@@ -225,9 +250,16 @@ def main() -> None:
         median, p95, added = incremental(events, args.steps)
         replay = replay_s(events) if len(events) <= args.replay_max else None
         row = {
-            "events": len(events), "workload": "with sources" if sources else "plain text", "cold_ms": cold, "plain_ms": plain,
-            "step_median_ms": median, "step_p95_ms": p95, "added": added, "replay_s": replay,
-            "messages": len(built.request.messages), "tokens": built.size_tokens,
+            "events": len(events),
+            "workload": "with sources" if sources else "plain text",
+            "cold_ms": cold,
+            "plain_ms": plain,
+            "step_median_ms": median,
+            "step_p95_ms": p95,
+            "added": added,
+            "replay_s": replay,
+            "messages": len(built.request.messages),
+            "tokens": built.size_tokens,
             "compactions": sum(1 for e in events if type(e).__name__ == "Compaction"),
         }
         run["rows"].append(row)
@@ -236,7 +268,11 @@ def main() -> None:
             f"{row['events']:>7} events, {row['workload']:>12}: cold {cold:7.1f} ms{versus(was, 'cold_ms', cold)} "
             f"(no limits {plain:6.1f} ms{versus(was, 'plain_ms', plain)}); cached step median {median:.3f} ms"
             f"{versus(was, 'step_median_ms', median, 3)}, p95 {p95:.3f} ms ({added:.1f} events added per call)"
-            + (f"; replay of every call {replay:.2f} s{versus(was, 'replay_s', replay, 2, 's')}" if replay is not None else "")
+            + (
+                f"; replay of every call {replay:.2f} s{versus(was, 'replay_s', replay, 2, 's')}"
+                if replay is not None
+                else ""
+            )
             + f"; {row['messages']} messages, ~{row['tokens']} tokens, {row['compactions']} compactions",
             flush=True,
         )
@@ -249,7 +285,9 @@ def main() -> None:
 
 def label() -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=RESULTS.parent).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=RESULTS.parent
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "this run"
     return f"{commit} and the working tree"
@@ -284,12 +322,12 @@ def write(run: dict, baseline: dict | None) -> None:
     ]
     if baseline:
         lines += [
-            f"\"was\": the same benchmark just before on the same machine, {baseline['label']} (load average "
+            f'"was": the same benchmark just before on the same machine, {baseline["label"]} (load average '
             f"{baseline['load_before']} before, {baseline['load_after']} after); × is how many times faster now.",
         ]
     lines += [
         "Cold: every event folded from the first and the next call's request built (default policy,",
-        "128 000-token window, compaction), best of 5 (3 at 100 k); \"no limits\" skips the policy.",
+        '128 000-token window, compaction), best of 5 (3 at 100 k); "no limits" skips the policy.',
         "Cached step: the per-worker cache folds only the events added since the last call (median",
         "and 95th percentile over 200 model calls at the end of the trace). Replay: every model call of",
         "the trace rebuilt, rendered and fingerprinted (`agentstream trace verify`), once. Target: cold 10 k ≤ 50 ms.",

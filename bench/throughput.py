@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -52,7 +53,6 @@ import sys
 import tempfile
 import time
 import uuid
-import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -93,10 +93,18 @@ class ZeroLatencyModel:
     async def complete(self, request, *, turn_id, step, deltas=None, options=None) -> ModelOutput:
         if step == 0:
             return ModelOutput(
-                turn_id=turn_id, step=0, content=THINKING, stop_reason="tool_calls", provider="openai", model="zero",
-                endpoint="default", tool_calls=(ToolCall(id=f"{turn_id}-c0", name="noop", arguments=ARGUMENTS),),
+                turn_id=turn_id,
+                step=0,
+                content=THINKING,
+                stop_reason="tool_calls",
+                provider="openai",
+                model="zero",
+                endpoint="default",
+                tool_calls=(ToolCall(id=f"{turn_id}-c0", name="noop", arguments=ARGUMENTS),),
             )
-        return ModelOutput(turn_id=turn_id, step=step, content=ANSWER, provider="openai", model="zero", endpoint="default")
+        return ModelOutput(
+            turn_id=turn_id, step=step, content=ANSWER, provider="openai", model="zero", endpoint="default"
+        )
 
     async def aclose(self) -> None:
         return None
@@ -106,9 +114,9 @@ async def _serve(kind: str) -> None:
     import httpx
 
     from agentstream.ops import logs
+    from agentstream.ops.settings import Settings
     from agentstream.runtime.connection import connect
     from agentstream.runtime.runner import run_consumers
-    from agentstream.ops.settings import Settings
     from agentstream.runtime.store import TraceStore
     from agentstream_services.agent_loop.service import build as build_loop
     from agentstream_services.tool_worker.service import build as build_worker
@@ -174,14 +182,18 @@ def private_redis():
     (side by side on 2026-12-02 the two differed by less than this VM's run-to-run swing). The
     report names the version.
     """
-    binary = os.environ.get("BENCH_REDIS_SERVER") or next(
-        (b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None
-    ) or shutil.which("redis-server") or "redis-server"
+    binary = (
+        os.environ.get("BENCH_REDIS_SERVER")
+        or next((b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None)
+        or shutil.which("redis-server")
+        or "redis-server"
+    )
     port = free_port()
     folder = tempfile.mkdtemp(prefix="bench-redis-")
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", folder],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     import redis as redis_sync
 
@@ -228,9 +240,26 @@ def run_floor(port: int, *, agents: int, agent_procs: int, worker_procs: int, du
     raw = tempfile.mkdtemp(prefix="bench-floor-")
     env = {**os.environ, "PERF_REDIS_PORT": str(port), "PERF_RAW": raw}
     out = subprocess.run(
-        [sys.executable, str(FLOOR), "--agents", str(agents), "--agent-procs", str(agent_procs),
-         "--worker-procs", str(worker_procs), "--dur", str(dur_s), "--warm", "1"],
-        env=env, cwd=str(FLOOR.parent), capture_output=True, text=True, timeout=dur_s + 180, check=True,
+        [
+            sys.executable,
+            str(FLOOR),
+            "--agents",
+            str(agents),
+            "--agent-procs",
+            str(agent_procs),
+            "--worker-procs",
+            str(worker_procs),
+            "--dur",
+            str(dur_s),
+            "--warm",
+            "1",
+        ],
+        env=env,
+        cwd=str(FLOOR.parent),
+        capture_output=True,
+        text=True,
+        timeout=dur_s + 180,
+        check=True,
     )
     shutil.rmtree(raw, ignore_errors=True)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")][-1]
@@ -267,13 +296,20 @@ class Services:
         }
         for kind, count in (("agent-loop", loops), ("tool-worker", workers)):
             for n in range(count):
-                env = {**base, "REDIS_URL": f"{REDIS_SCHEME['scheme']}://127.0.0.1:{port}/0?client_name={kind}-{n}",
-                       "AGENTSTREAM_CONSUMER": f"{kind}-{n}"}
+                env = {
+                    **base,
+                    "REDIS_URL": f"{REDIS_SCHEME['scheme']}://127.0.0.1:{port}/0?client_name={kind}-{n}",
+                    "AGENTSTREAM_CONSUMER": f"{kind}-{n}",
+                }
                 if os.environ.get("BENCH_PROFILE_KIND", kind) != kind:
                     env.pop("BENCH_PROFILE", None)
-                self.procs[kind].append(subprocess.Popen(
-                    [sys.executable, str(Path(__file__).resolve()), "serve", kind], env=env, cwd=str(ROOT),
-                ))
+                self.procs[kind].append(
+                    subprocess.Popen(
+                        [sys.executable, str(Path(__file__).resolve()), "serve", kind],
+                        env=env,
+                        cwd=str(ROOT),
+                    )
+                )
 
     def pids(self, kind: str) -> list[int]:
         return [p.pid for p in self.procs[kind]]
@@ -294,8 +330,8 @@ class Driver:
     """A backend: publishes turns and waits for their replies (one XREAD reader for all)."""
 
     def __init__(self, port: int, namespace: str):
-        from agentstream.wire.keys import Keys
         from agentstream.runtime.connection import connect
+        from agentstream.wire.keys import Keys
 
         self.redis = connect(f"{REDIS_SCHEME['scheme']}://127.0.0.1:{port}/0?client_name=driver")
         self.keys = Keys(namespace, partitions())
@@ -345,13 +381,14 @@ async def _ready(driver: Driver, services: Services) -> None:
         try:
             await driver.turn("warm-up", f"warm-{uuid.uuid4().hex[:6]}", timeout_s=5)
             return
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError:
             if time.monotonic() > deadline:
                 raise
 
 
-async def _conversations(port: int, redis_pid: int, client, loops: int, workers: int, conversations: int,
-                         warm_s: float, dur_s: float) -> dict:
+async def _conversations(
+    port: int, redis_pid: int, client, loops: int, workers: int, conversations: int, warm_s: float, dur_s: float
+) -> dict:
     services = Services(port, loops, workers)
     driver = Driver(port, services.namespace)
     try:
@@ -375,8 +412,11 @@ async def _conversations(port: int, redis_pid: int, client, loops: int, workers:
 
         tasks = [asyncio.create_task(conversation(i)) for i in range(conversations)]
         await asyncio.sleep(warm_s)
-        pids = {"agent-loop": services.pids("agent-loop"), "tool-worker": services.pids("tool-worker"),
-                "redis": list(redis_pid) if isinstance(redis_pid, (list, tuple)) else [redis_pid]}
+        pids = {
+            "agent-loop": services.pids("agent-loop"),
+            "tool-worker": services.pids("tool-worker"),
+            "redis": list(redis_pid) if isinstance(redis_pid, (list, tuple)) else [redis_pid],
+        }
         cpu0 = {k: sum(proc_cpu_s(p) for p in v) for k, v in pids.items()}
         driver_cpu0 = time.process_time()
         stats0 = commandstats(client)
@@ -402,7 +442,8 @@ async def _conversations(port: int, redis_pid: int, client, loops: int, workers:
         "step_p99_ms": pct(latencies, 99) * 1000 / 2,
         "turn_p50_ms": pct(latencies, 50) * 1000,
         "turn_p99_ms": pct(latencies, 99) * 1000,
-        "cpu_us_per_step": {k: (cpu1[k] - cpu0[k]) / max(steps, 1) * 1e6 for k in cpu0} | {"driver": driver_cpu / max(steps, 1) * 1e6},
+        "cpu_us_per_step": {k: (cpu1[k] - cpu0[k]) / max(steps, 1) * 1e6 for k in cpu0}
+        | {"driver": driver_cpu / max(steps, 1) * 1e6},
         "redis_calls_per_turn": ran / max(turns, 1),
     }
 
@@ -465,7 +506,11 @@ async def _count_commands(port: int, client, turns: int = 40) -> dict:
         services.stop()
     per_turn = {k: v / turns for k, v in counts.items()}
     idle_per_turn = {k: v * elapsed / turns for k, v in idle.items()}
-    return {"per_turn": per_turn, "idle_per_turn": idle_per_turn, "by_command": {k: v / turns for k, v in by_command.items()}}
+    return {
+        "per_turn": per_turn,
+        "idle_per_turn": idle_per_turn,
+        "by_command": {k: v / turns for k, v in by_command.items()},
+    }
 
 
 REFERENCE_TURNS = 50
@@ -538,24 +583,41 @@ def median_of(runs: list[dict], key: str):
 
 
 def sitting(args) -> dict:
-    out: dict = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "host": platform.node(), "cpus": os.cpu_count(), "load_before": os.getloadavg()}
+    out: dict = {
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_before": os.getloadavg(),
+    }
     with private_redis() as (port, redis_pid, client):
         version = client.info("server")["redis_version"]
         out["redis"] = version
-        plans = [("1 conversation", 1, 1, 1), ("64 conversations, 1 + 1", 64, 1, 1), ("64 conversations, 2 + 2", 64, 2, 2)]
+        plans = [
+            ("1 conversation", 1, 1, 1),
+            ("64 conversations, 1 + 1", 64, 1, 1),
+            ("64 conversations, 2 + 2", 64, 2, 2),
+        ]
         for label, conversations, loops, workers in plans:
             floors, ours = [], []
             for rep in range(args.reps):
                 client.flushall()
-                floors.append(run_floor(port, agents=conversations, agent_procs=loops, worker_procs=workers, dur_s=args.dur))
+                floors.append(
+                    run_floor(port, agents=conversations, agent_procs=loops, worker_procs=workers, dur_s=args.dur)
+                )
                 floors[-1]["load"] = os.getloadavg()[0]
                 client.flushall()
-                ours.append(asyncio.run(_conversations(port, redis_pid, client, loops, workers, conversations, args.warm, args.dur)))
+                ours.append(
+                    asyncio.run(
+                        _conversations(port, redis_pid, client, loops, workers, conversations, args.warm, args.dur)
+                    )
+                )
                 ours[-1]["load"] = os.getloadavg()[0]
-                print(f"{label} rep {rep + 1}: floor {floors[-1]['steps_per_s']:.0f} steps/s, "
-                      f"p50 {floors[-1]['step_p50_ms']:.2f} ms; agentstream {ours[-1]['steps_per_s']:.0f} steps/s, "
-                      f"p50 {ours[-1]['step_p50_ms']:.2f} ms", flush=True)
+                print(
+                    f"{label} rep {rep + 1}: floor {floors[-1]['steps_per_s']:.0f} steps/s, "
+                    f"p50 {floors[-1]['step_p50_ms']:.2f} ms; agentstream {ours[-1]['steps_per_s']:.0f} steps/s, "
+                    f"p50 {ours[-1]['step_p50_ms']:.2f} ms",
+                    flush=True,
+                )
             out[label] = {
                 "floor": {k: median_of(floors, k) for k in floors[0]},
                 "agentstream": {k: median_of(ours, k) for k in ours[0]},
@@ -578,9 +640,13 @@ def cluster_sitting(args) -> dict:
         sys.path.insert(0, str(ROOT))
     from tests.support.redis_server import local_redis_cluster  # the tests' cluster fixture: one way to start it
 
-    out: dict = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "host": platform.node(), "cpus": os.cpu_count(), "load_before": os.getloadavg(),
-                 "partitions": partitions()}
+    out: dict = {
+        "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_before": os.getloadavg(),
+        "partitions": partitions(),
+    }
     plans = [("64 conversations, 1 + 1", 64, 1, 1), ("64 conversations, 2 + 2", 64, 2, 2)]
     with private_redis() as (port, redis_pid, client), local_redis_cluster(processes=True) as (url, node_pids):
         cluster_port = int(url.rsplit(":", 1)[1])
@@ -591,16 +657,28 @@ def cluster_sitting(args) -> dict:
             for rep in range(args.reps):
                 client.flushall()
                 REDIS_SCHEME["scheme"] = "redis"
-                single.append(asyncio.run(_conversations(port, redis_pid, client, loops, workers, conversations, args.warm, args.dur)))
+                single.append(
+                    asyncio.run(
+                        _conversations(port, redis_pid, client, loops, workers, conversations, args.warm, args.dur)
+                    )
+                )
                 single[-1]["load"] = os.getloadavg()[0]
                 cluster.flushall()
                 REDIS_SCHEME["scheme"] = "redis+cluster"
-                clustered.append(asyncio.run(_conversations(cluster_port, node_pids, cluster, loops, workers, conversations,
-                                                            args.warm, args.dur)))
+                clustered.append(
+                    asyncio.run(
+                        _conversations(
+                            cluster_port, node_pids, cluster, loops, workers, conversations, args.warm, args.dur
+                        )
+                    )
+                )
                 clustered[-1]["load"] = os.getloadavg()[0]
                 REDIS_SCHEME["scheme"] = "redis"
-                print(f"{label} rep {rep + 1}: one Redis {single[-1]['steps_per_s']:.0f} steps/s; "
-                      f"3-node cluster, {partitions()} partition(s) {clustered[-1]['steps_per_s']:.0f} steps/s", flush=True)
+                print(
+                    f"{label} rep {rep + 1}: one Redis {single[-1]['steps_per_s']:.0f} steps/s; "
+                    f"3-node cluster, {partitions()} partition(s) {clustered[-1]['steps_per_s']:.0f} steps/s",
+                    flush=True,
+                )
             out[label] = {
                 "one Redis": {k: median_of(single, k) for k in single[0]},
                 "cluster": {k: median_of(clustered, k) for k in clustered[0]},
@@ -640,65 +718,96 @@ def report(result: dict) -> str:
     """The figures as Markdown: the comparison with the floor (the 1-minute load average of each
     figure's runs in its own column), the commands per turn and the growth table."""
     lines = []
-    lines.append(f"Measured {result['when']} on {result['host']} ({result['cpus']} cores), Redis {result['redis']}; "
-                 f"load average before {result['load_before'][0]:.2f} / {result['load_before'][1]:.2f} / "
-                 f"{result['load_before'][2]:.2f}, after {result['load_after'][0]:.2f} / {result['load_after'][1]:.2f} / "
-                 f"{result['load_after'][2]:.2f}. Medians of {result['reps']} alternating runs of {result['dur']:.0f} s "
-                 "(floor, then agentstream, per repetition).")
+    lines.append(
+        f"Measured {result['when']} on {result['host']} ({result['cpus']} cores), Redis {result['redis']}; "
+        f"load average before {result['load_before'][0]:.2f} / {result['load_before'][1]:.2f} / "
+        f"{result['load_before'][2]:.2f}, after {result['load_after'][0]:.2f} / {result['load_after'][1]:.2f} / "
+        f"{result['load_after'][2]:.2f}. Medians of {result['reps']} alternating runs of {result['dur']:.0f} s "
+        "(floor, then agentstream, per repetition)."
+    )
     lines.append("")
     lines.append("| figure | floor | agentstream | ratio | target | load (floor / agentstream) |")
     lines.append("|---|---|---|---|---|---|")
     one = result["1 conversation"]
     f1, a1 = one["floor"], one["agentstream"]
     load1 = f"{f1['load']:.2f} / {a1['load']:.2f}"
-    lines.append(f"| one step, p50 (one conversation) | {f1['step_p50_ms']:.2f} ms | {a1['step_p50_ms']:.2f} ms | "
-                 f"{a1['step_p50_ms'] / f1['step_p50_ms']:.1f}× | ≤ 2× | {load1} |")
-    lines.append(f"| one step, p99 | {f1['step_p99_ms']:.2f} ms | {a1['step_p99_ms']:.2f} ms | "
-                 f"{a1['step_p99_ms'] / f1['step_p99_ms']:.1f}× | ≤ 2.5× | {load1} |")
+    lines.append(
+        f"| one step, p50 (one conversation) | {f1['step_p50_ms']:.2f} ms | {a1['step_p50_ms']:.2f} ms | "
+        f"{a1['step_p50_ms'] / f1['step_p50_ms']:.1f}× | ≤ 2× | {load1} |"
+    )
+    lines.append(
+        f"| one step, p99 | {f1['step_p99_ms']:.2f} ms | {a1['step_p99_ms']:.2f} ms | "
+        f"{a1['step_p99_ms'] / f1['step_p99_ms']:.1f}× | ≤ 2.5× | {load1} |"
+    )
     for label in ("64 conversations, 1 + 1", "64 conversations, 2 + 2"):
         f, a = result[label]["floor"], result[label]["agentstream"]
-        lines.append(f"| {label}: steps/s (turns/s) | {f['steps_per_s']:,.0f} | {a['steps_per_s']:,.0f} "
-                     f"({a['turns_per_s']:,.0f}) | {a['steps_per_s'] / f['steps_per_s'] * 100:.0f} % | ≥ 40 % | "
-                     f"{f['load']:.2f} / {a['load']:.2f} |")
+        lines.append(
+            f"| {label}: steps/s (turns/s) | {f['steps_per_s']:,.0f} | {a['steps_per_s']:,.0f} "
+            f"({a['turns_per_s']:,.0f}) | {a['steps_per_s'] / f['steps_per_s'] * 100:.0f} % | ≥ 40 % | "
+            f"{f['load']:.2f} / {a['load']:.2f} |"
+        )
     for label in ("1 conversation", "64 conversations, 1 + 1", "64 conversations, 2 + 2"):
         f, a = result[label]["floor"]["cpu_us_per_step"], result[label]["agentstream"]["cpu_us_per_step"]
-        lines.append(f"| CPU per step, {label}: agent loop / tool worker / Redis (all processes of a kind) | "
-                     f"{f['agent']:.0f} / {f['worker']:.0f} / {f['redis']:.0f} µs | {a['agent-loop']:.0f} / "
-                     f"{a['tool-worker']:.0f} / {a['redis']:.0f} µs (driver {a['driver']:.0f}) | "
-                     f"{a['agent-loop'] / f['agent']:.1f}× (agent loop) | | "
-                     f"{result[label]['floor']['load']:.2f} / {result[label]['agentstream']['load']:.2f} |")
+        lines.append(
+            f"| CPU per step, {label}: agent loop / tool worker / Redis (all processes of a kind) | "
+            f"{f['agent']:.0f} / {f['worker']:.0f} / {f['redis']:.0f} µs | {a['agent-loop']:.0f} / "
+            f"{a['tool-worker']:.0f} / {a['redis']:.0f} µs (driver {a['driver']:.0f}) | "
+            f"{a['agent-loop'] / f['agent']:.1f}× (agent loop) | | "
+            f"{result[label]['floor']['load']:.2f} / {result[label]['agentstream']['load']:.2f} |"
+        )
     commands = result["commands"]
     per_turn, idle = commands["per_turn"], commands["idle_per_turn"]
     sent = {k: per_turn.get(k, 0) - idle.get(k, 0) for k in ("agent-loop", "tool-worker")}
-    lines.append(f"| Redis commands per tool-using turn, sent by the services (idle polling apart) | ≈ 10 | "
-                 f"{sum(sent.values()):.1f} (agent loop {sent['agent-loop']:.1f}, tool worker {sent['tool-worker']:.1f}) "
-                 f"| | ≤ 20 | {commands['load']:.2f} |")
-    lines.append(f"| Redis commands run per turn, inside scripts included (64 conversations, 1 + 1) | | "
-                 f"{result['64 conversations, 1 + 1']['agentstream']['redis_calls_per_turn']:.1f} | | | |")
+    lines.append(
+        f"| Redis commands per tool-using turn, sent by the services (idle polling apart) | ≈ 10 | "
+        f"{sum(sent.values()):.1f} (agent loop {sent['agent-loop']:.1f}, tool worker {sent['tool-worker']:.1f}) "
+        f"| | ≤ 20 | {commands['load']:.2f} |"
+    )
+    lines.append(
+        f"| Redis commands run per turn, inside scripts included (64 conversations, 1 + 1) | | "
+        f"{result['64 conversations, 1 + 1']['agentstream']['redis_calls_per_turn']:.1f} | | | |"
+    )
     lines.append("")
     top = sorted(commands["by_command"].items(), key=lambda kv: -kv[1])
-    lines.append("Commands the services sent per turn (one conversation, MONITOR, idle polling and housekeeping included): "
-                 + ", ".join(f"{name} {count:.1f}" for name, count in top) + ".")
+    lines.append(
+        "Commands the services sent per turn (one conversation, MONITOR, idle polling and housekeeping included): "
+        + ", ".join(f"{name} {count:.1f}" for name, count in top)
+        + "."
+    )
     lines.append("")
     rows = result["growth"]
     lines.append("| turn of one conversation | " + " | ".join(f"{p:,}" for p in rows) + " |")
     lines.append("|---|" + "---|" * len(rows))
     lines.append("| events in the trace | " + " | ".join(f"{r['events']:,}" for r in rows.values()) + " |")
-    lines.append("| latency per turn (median of the 20 turns before) | " + " | ".join(f"{r['turn_ms']:.2f} ms" for r in rows.values()) + " |")
-    lines.append("| agent-loop CPU per turn | " + " | ".join(f"{r['loop_cpu_ms']:.2f} ms" for r in rows.values()) + " |")
-    lines.append("| reference conversation (turns 1–50), interleaved: latency, CPU | "
-                 + " | ".join(f"{r['ref_turn_ms']:.2f}, {r['ref_loop_cpu_ms']:.2f} ms" for r in rows.values()) + " |")
-    lines.append("| long turn over reference turn: latency, CPU | "
-                 + " | ".join(f"{r['relative_turn']:.2f}×, {r['relative_cpu']:.2f}×" for r in rows.values()) + " |")
+    lines.append(
+        "| latency per turn (median of the 20 turns before) | "
+        + " | ".join(f"{r['turn_ms']:.2f} ms" for r in rows.values())
+        + " |"
+    )
+    lines.append(
+        "| agent-loop CPU per turn | " + " | ".join(f"{r['loop_cpu_ms']:.2f} ms" for r in rows.values()) + " |"
+    )
+    lines.append(
+        "| reference conversation (turns 1–50), interleaved: latency, CPU | "
+        + " | ".join(f"{r['ref_turn_ms']:.2f}, {r['ref_loop_cpu_ms']:.2f} ms" for r in rows.values())
+        + " |"
+    )
+    lines.append(
+        "| long turn over reference turn: latency, CPU | "
+        + " | ".join(f"{r['relative_turn']:.2f}×, {r['relative_cpu']:.2f}×" for r in rows.values())
+        + " |"
+    )
     fifty = rows.get(50)
     last = rows[max(rows)]
     lines.append("")
     if fifty:
-        lines.append(f"Turn {max(rows):,} against turn 50: latency {last['turn_ms'] / fifty['turn_ms']:.2f}×, "
-                     f"agent-loop CPU {last['loop_cpu_ms'] / fifty['loop_cpu_ms']:.2f}×; each against its interleaved "
-                     f"reference (the machine's drift taken out): latency {last['relative_turn'] / fifty['relative_turn']:.2f}×, "
-                     f"agent-loop CPU {last['relative_cpu'] / fifty['relative_cpu']:.2f}× (target ≤ 1.3×); "
-                     f"load average at the end of the growth run {result['growth_load']:.2f}.")
+        lines.append(
+            f"Turn {max(rows):,} against turn 50: latency {last['turn_ms'] / fifty['turn_ms']:.2f}×, "
+            f"agent-loop CPU {last['loop_cpu_ms'] / fifty['loop_cpu_ms']:.2f}×; each against its interleaved "
+            f"reference (the machine's drift taken out): latency {last['relative_turn'] / fifty['relative_turn']:.2f}×, "
+            f"agent-loop CPU {last['relative_cpu'] / fifty['relative_cpu']:.2f}× (target ≤ 1.3×); "
+            f"load average at the end of the growth run {result['growth_load']:.2f}."
+        )
     else:
         lines.append(f"Load average at the end of the growth run {result['growth_load']:.2f}.")
     return "\n".join(lines)
@@ -710,7 +819,7 @@ def write_results(text: str, section: str = SECTION, command: str = "python benc
     if section in content:
         head, _, rest = content.partition(section)
         nxt = rest.find("\n## ")
-        tail = rest[nxt + 1:] if nxt >= 0 else ""
+        tail = rest[nxt + 1 :] if nxt >= 0 else ""
         content = head + block + ("\n" + tail if tail else "")
     else:
         content = content.rstrip() + "\n\n" + block
@@ -737,14 +846,21 @@ def main() -> None:
     parser.add_argument("--dur", type=float, default=8.0, help="seconds measured per run")
     parser.add_argument("--warm", type=float, default=2.0, help="seconds of warm-up per run")
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions (medians are reported)")
-    parser.add_argument("--growth", type=int, nargs="+", default=[1, 50, 200, 500, 1000], help="turns of the growth table")
+    parser.add_argument(
+        "--growth", type=int, nargs="+", default=[1, 50, 200, 500, 1000], help="turns of the growth table"
+    )
     parser.add_argument("--quick", action="store_true", help="2 s runs, one repetition, growth to turn 100")
     parser.add_argument("--write", action="store_true", help="record the figures in bench/RESULTS.md")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument("--only-growth", action="store_true", help="only the growth table (for profiling)")
-    parser.add_argument("--cluster", action="store_true",
-                        help="agentstream on a private 3-node Redis Cluster beside one Redis (no floor, no growth)")
-    parser.add_argument("--partitions", type=int, default=None, help="AGENTSTREAM_PARTITIONS of the services (default 1)")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="agentstream on a private 3-node Redis Cluster beside one Redis (no floor, no growth)",
+    )
+    parser.add_argument(
+        "--partitions", type=int, default=None, help="AGENTSTREAM_PARTITIONS of the services (default 1)"
+    )
     args = parser.parse_args()
     if args.partitions is not None:
         os.environ["AGENTSTREAM_PARTITIONS"] = str(args.partitions)  # the services inherit it
@@ -762,7 +878,9 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(result, indent=1, default=str))
         if args.write:
-            write_results(text, CLUSTER_SECTION, f"python bench/throughput.py --cluster --partitions {partitions()} --write")
+            write_results(
+                text, CLUSTER_SECTION, f"python bench/throughput.py --cluster --partitions {partitions()} --write"
+            )
         return
     result = sitting(args)
     result["reps"], result["dur"] = args.reps, args.dur

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from agentstream.wire.keys import Keys
 from agentstream.runtime.connection import connect
 from agentstream.runtime.store import TraceStore
+from agentstream.wire.keys import Keys
 from tests.support.redis_server import CLUSTER_PARTITIONS, cluster_mode, test_redis_url
 
 # A suite started in the background by a shell without job control (`./.ci/run &`, `nohup ... &`)
@@ -32,7 +32,8 @@ from tests.support.scripted_model import ScriptedModelServer
 hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 hypothesis_settings.register_profile("dev", print_blob=True)
 hypothesis_settings.load_profile(
-    os.environ.get("AGENTSTREAM_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" else "dev")
+    os.environ.get("AGENTSTREAM_HYPOTHESIS_PROFILE")
+    or ("ci" if os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" else "dev")
 )
 
 
@@ -86,6 +87,11 @@ def pytest_runtest_makereport(item, call):
     longrepr = str(report.longrepr)
     # the cluster pass leaves these to the single-node pass, and the single-node pass those to the cluster pass
     one_kind = "single Redis only" in longrepr or "Redis Cluster only" in longrepr
-    if report.skipped and os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" and not hasattr(report, "wasxfail") and not one_kind:
+    if (
+        report.skipped
+        and os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1"
+        and not hasattr(report, "wasxfail")
+        and not one_kind
+    ):
         report.outcome = "failed"
         report.longrepr = f"skipped under scripts/test, where nothing may be skipped: {report.longrepr}"

@@ -12,14 +12,14 @@ means for the traces around it.
 
 from __future__ import annotations
 
-from agentstream.wire import codec
-from agentstream.ops import tracing
 from agentstream.app.base import App, Tool
 from agentstream.delegation import ChildEnded, children_of, delegations_of
-from agentstream.wire.events import CancelMessage, TaskInput, TurnEnded, TurnFailed, TurnInput
-from agentstream.wire.keys import CANCEL_FIELD, ENDING_FIELD, JOB_FIELD
+from agentstream.ops import tracing
 from agentstream.runtime.operations import Entry
 from agentstream.runtime.store import TraceStore
+from agentstream.wire import codec
+from agentstream.wire.events import CancelMessage, TaskInput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.keys import CANCEL_FIELD, ENDING_FIELD, JOB_FIELD
 
 
 class Children:
@@ -43,7 +43,13 @@ class Children:
         return self.keys.tools_for(queue, trace_id), JOB_FIELD
 
     async def turn_ended(
-        self, entries: list[Entry], trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, *, events=None
+        self,
+        entries: list[Entry],
+        trace_id: str,
+        turn: TurnInput | None,
+        ending: TurnEnded | TurnFailed,
+        *,
+        events=None,
     ) -> bool:
         """Add to ``entries`` what the end of ``turn`` tells other traces (the cancels of the
         children a failed turn leaves running, a child's ending), for the caller to publish
@@ -60,11 +66,15 @@ class Children:
             await self._cancel_children(entries, trace_id, turn, ending, events)
         if isinstance(turn, TaskInput):
             ending_hint = ChildEnded(trace_id=trace_id, turn_id=turn.turn_id, trace_context=tracing.inject())
-            entries.append((self.keys.for_trace(self.keys.child_endings, trace_id), {ENDING_FIELD: codec.encode(ending_hint)}))
+            entries.append(
+                (self.keys.for_trace(self.keys.child_endings, trace_id), {ENDING_FIELD: codec.encode(ending_hint)})
+            )
             return True
         return False
 
-    async def _cancel_children(self, entries: list[Entry], trace_id: str, turn: TurnInput, ending: TurnFailed, events=None) -> None:
+    async def _cancel_children(
+        self, entries: list[Entry], trace_id: str, turn: TurnInput, ending: TurnFailed, events=None
+    ) -> None:
         if events is None:  # the caller's fold holds them, else the trace is read
             events = [e for _, e in await self.store.read(trace_id)]
         for child, child_turn in children_of(trace_id, events, turn.turn_id, self.delegations.__contains__):

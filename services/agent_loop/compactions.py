@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from agentstream.wire import codec
+from agentstream.app.base import Agent
+from agentstream.context import BuiltContext, ChatRequest
 from agentstream.ops import tracing
 from agentstream.runtime import operations
-from agentstream.app.base import Agent
-from agentstream.steps.summarising import CompactionJob, Summarise, job_marker, next_call
-from agentstream.context import BuiltContext, ChatRequest
-from agentstream.wire.events import Event
 from agentstream.runtime.store import TraceStore
+from agentstream.steps.summarising import CompactionJob, Summarise, job_marker, next_call
+from agentstream.wire import codec
+from agentstream.wire.events import Event
 
 log = logging.getLogger("agentstream.agent_loop")
 
@@ -33,7 +33,9 @@ class Compactions:
         self.store = store
         self.keys = store.keys
 
-    async def request_for(self, trace_id: str, built: BuiltContext, events: Sequence[Event], agent: Agent) -> ChatRequest | None:
+    async def request_for(
+        self, trace_id: str, built: BuiltContext, events: Sequence[Event], agent: Agent
+    ) -> ChatRequest | None:
         """The request to send, or None when a summary must be written first (its job is published).
 
         Raises:
@@ -45,8 +47,12 @@ class Compactions:
             await self._publish(trace_id, decision, built.step)
             return None
         if decision.trimmed:
-            log.warning("trace %s turn %s: the summary failed (see its compaction_failed event); the call goes out "
-                        "with the oldest history trimmed instead", trace_id, built.turn_id)
+            log.warning(
+                "trace %s turn %s: the summary failed (see its compaction_failed event); the call goes out "
+                "with the oldest history trimmed instead",
+                trace_id,
+                built.turn_id,
+            )
         return decision.request
 
     async def _publish(self, trace_id: str, decision: Summarise, step: int) -> None:
@@ -55,9 +61,16 @@ class Compactions:
         if await self.store.has_key(trace_id, marker):
             return
         job = CompactionJob(
-            trace_id=trace_id, turn_id=plan.turn_id, step=step, kept_from_turn=plan.kept_from_turn,
+            trace_id=trace_id,
+            turn_id=plan.turn_id,
+            step=step,
+            kept_from_turn=plan.kept_from_turn,
             trace_context=tracing.inject(),  # the compaction's span is a child of the asking step's
         )
         await operations.publish_compaction(self.store.redis, self.keys, trace_id, codec.encode(job), marker)
-        log.info("trace %s turn %s: the context is over the compaction threshold; asked for a summary of %d turn(s)",
-                 trace_id, plan.turn_id, len(plan.new_turns))
+        log.info(
+            "trace %s turn %s: the context is over the compaction threshold; asked for a summary of %d turn(s)",
+            trace_id,
+            plan.turn_id,
+            len(plan.new_turns),
+        )

@@ -30,35 +30,23 @@ import time
 
 import msgspec
 
-from agentstream.wire import codec, checks as wire
-from agentstream.runtime import conversations
-from agentstream.ops import logs, metrics, tracing
-from agentstream.runtime import operations
 from agentstream.app.base import App
-from agentstream.steps.summarising import failure_code
-from agentstream.steps.call_ids import scope_call_ids
 from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
-from agentstream.runtime.cancel import CancelTarget, cancel_target, publish_cancel
 from agentstream.delegation import child_trace_refusal, parent_ids
-from agentstream.runtime.consumer import current_delivery
 from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
-from agentstream.wire.events import (
-    CancelMessage,
-    CancelRequested,
-    ModelOutput,
-    TaskInput,
-    ToolJob,
-    ToolOutput,
-    TurnEnded,
-    TurnFailed,
-    TurnInput,
-    TurnMessage,
-)
-from agentstream.wire.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
-from agentstream.runtime.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
 from agentstream.models import ChatModel, endpoints_of
-from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.ops import logs, metrics, tracing
+from agentstream.runtime import conversations, operations
+from agentstream.runtime.cancel import CancelTarget, cancel_target, publish_cancel
+from agentstream.runtime.consumer import current_delivery
+from agentstream.runtime.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S, RedisDeltaSink
 from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.operations import Entry
+from agentstream.runtime.reports import report_error
+from agentstream.runtime.salvage import readable_events
+from agentstream.runtime.store import Read, Taken, TraceStore
+from agentstream.runtime.watchdog import LOST_WORK_CODE, awaiting_key, record_jobs
+from agentstream.steps.call_ids import scope_call_ids
 from agentstream.steps.decision import (
     CallModel,
     CancelTurn,
@@ -72,14 +60,26 @@ from agentstream.steps.decision import (
     final_stop_reason,
     unanswered_results,
 )
-from agentstream.runtime.reports import report_error
-from agentstream.runtime.salvage import readable_events
-from agentstream.runtime.operations import Entry
-from agentstream.runtime.store import Read, Taken, TraceStore
+from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.steps.summarising import failure_code
 from agentstream.steps.timeline import reply_of_ending
+from agentstream.wire import checks as wire
+from agentstream.wire import codec
+from agentstream.wire.events import (
+    CancelMessage,
+    CancelRequested,
+    ModelOutput,
+    TaskInput,
+    ToolJob,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    TurnMessage,
+)
+from agentstream.wire.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
 from agentstream_services.agent_loop.children import Children
 from agentstream_services.agent_loop.compactions import Compactions
-from agentstream.runtime.watchdog import LOST_WORK_CODE, awaiting_key, record_jobs
 from agentstream_services.agent_loop.mcp_offers import McpOffers
 
 log = logging.getLogger("agentstream.agent_loop")
@@ -186,7 +186,9 @@ class AgentLoop:
         payload = fields.get(TURN_FIELD)
         where = stream or self.keys.turns
         try:
-            doubled = wire.doubled_turn_refusal(fields, f"entry {entry_id} of {where}", keys=self.keys, limits=self.limits)
+            doubled = wire.doubled_turn_refusal(
+                fields, f"entry {entry_id} of {where}", keys=self.keys, limits=self.limits
+            )
             if doubled is not None:  # a field given twice: which value counts is unknown, none is read
                 payload = None
                 raise doubled
@@ -196,11 +198,15 @@ class AgentLoop:
                     f"(fields: {sorted(k.decode(errors='replace') for k in fields)})"
                 )
             # the wire's rules: size, depth, schema, ids, metadata, reply stream, agent
-            turn = wire.validate_turn(payload, keys=self.keys, limits=self.limits, agents=(a.name for a in self.app.agents))
+            turn = wire.validate_turn(
+                payload, keys=self.keys, limits=self.limits, agents=(a.name for a in self.app.agents)
+            )
             # the agent's rules: its input type, its settings for the turn, the tool states asked
             routing = self.app.turn_input(turn)
         except TurnRejected as exc:  # without a `turn` field, the entry's fields show what arrived
-            await self._reject(entry_id, payload if payload is not None else codec.fields_json(fields), exc, stream=stream)
+            await self._reject(
+                entry_id, payload if payload is not None else codec.fields_json(fields), exc, stream=stream
+            )
             return
         trace_id = turn.trace_id
         if "/" in trace_id and await self._refused_as_child(entry_id, where, payload, trace_id, turn.turn_id):
@@ -226,8 +232,13 @@ class AgentLoop:
                 fold = self.folds.get(trace_id)
                 # one round trip: ended before? else append once, take the lease, read what is new
                 admitted = await self.store.admit_turn(
-                    trace_id, routing, entry_id, take=True, ttl_ms=self.lease_ttl_ms,
-                    after=fold.last_id if fold is not None else None, expire_ms=self._expire_ms,
+                    trace_id,
+                    routing,
+                    entry_id,
+                    take=True,
+                    ttl_ms=self.lease_ttl_ms,
+                    after=fold.last_id if fold is not None else None,
+                    expire_ms=self._expire_ms,
                 )
             if admitted.differs:  # same ids, another body: absorbed all the same, and reported
                 await self._report_conflict(entry_id, where, turn, admitted.first_entry, payload)
@@ -240,8 +251,9 @@ class AgentLoop:
             assert admitted.taken is not None
             await self._advance_taken(trace_id, entry_id, admitted.taken, fold)
 
-    async def _refused_as_child(self, entry_id: str, source: str, payload: bytes | None, trace_id: str, turn_id: str,
-                                why: str = "") -> bool:
+    async def _refused_as_child(
+        self, entry_id: str, source: str, payload: bytes | None, trace_id: str, turn_id: str, why: str = ""
+    ) -> bool:
         """Whether a published turn for ``trace_id`` (an id with ``/``) may not enter it
         (:func:`agentstream.delegation.child_trace_refusal`); then it is reported on the errors
         stream (after ``why``, another reason it was refused) and nothing is written to that trace.
@@ -260,8 +272,14 @@ class AgentLoop:
         refusal = child_trace_refusal(trace_id, turn_id, first, ancestor=ancestor)
         if refusal is None:
             return False
-        await self._report(f"entry {entry_id} of {source}: {why + '; and ' if why else ''}{refusal}", payload, source=source,
-                           entry=entry_id, trace_id=trace_id, turn_id=turn_id)
+        await self._report(
+            f"entry {entry_id} of {source}: {why + '; and ' if why else ''}{refusal}",
+            payload,
+            source=source,
+            entry=entry_id,
+            trace_id=trace_id,
+            turn_id=turn_id,
+        )
         return True
 
     @contextlib.asynccontextmanager
@@ -302,13 +320,17 @@ class AgentLoop:
     async def _report_conflict(self, entry_id: str, where: str, turn: TurnMessage, first_entry: str, payload) -> None:
         """Report on the errors stream an entry that repeats a turn's ids with another body: it is
         absorbed as a copy (the turn runs and is answered once, for the admitted body)."""
-        error = (f"entry {entry_id} of {where} repeats turn {turn.turn_id!r} of trace {turn.trace_id!r} with a body that "
-                 f"differs from the admitted one (entry {first_entry or 'unknown'}): it was absorbed as a copy and not run; "
-                 "the turn's reply answers the admitted body. Publish a new question under a new turn_id")
+        error = (
+            f"entry {entry_id} of {where} repeats turn {turn.turn_id!r} of trace {turn.trace_id!r} with a body that "
+            f"differs from the admitted one (entry {first_entry or 'unknown'}): it was absorbed as a copy and not run; "
+            "the turn's reply answers the admitted body. Publish a new question under a new turn_id"
+        )
         log.warning("%s", error)
         await self._report(error, payload, source=where, entry=entry_id, trace_id=turn.trace_id, turn_id=turn.turn_id)
 
-    async def _reply_again(self, entry_id: str, message: TurnMessage, first_entry: str, *, absorbed: bool = False) -> None:
+    async def _reply_again(
+        self, entry_id: str, message: TurnMessage, first_entry: str, *, absorbed: bool = False
+    ) -> None:
         """Publish the reply of a turn that already ended again: the same reply, to where the turn
         first asked for it (its stored ``reply_to``; for a turn rejected before it entered the
         trace, this message's). Replies are at-least-once: a backend dedupes by turn id.
@@ -324,18 +346,33 @@ class AgentLoop:
             return
         original = fold.turn_input(message.turn_id)
         turn = original or TurnInput(
-            turn_id=message.turn_id, agent=message.agent, text=message.text or "", metadata=message.metadata, reply_to=message.reply_to
+            turn_id=message.turn_id,
+            agent=message.agent,
+            text=message.text or "",
+            metadata=message.metadata,
+            reply_to=message.reply_to,
         )
         if first_entry == entry_id or absorbed:
             await self._ensure_reply_unheld(message.trace_id, turn, ending, fold)
             return
         if isinstance(original, TaskInput):
-            log.info("turn %s of trace %s is a delegated task that ended; its parent has its result", message.turn_id, message.trace_id)
+            log.info(
+                "turn %s of trace %s is a delegated task that ended; its parent has its result",
+                message.turn_id,
+                message.trace_id,
+            )
             return
         reply = _reply_of_ending(message.trace_id, turn, ending, fold.final_stop_reason(ending.turn_id))
         stream = self._reply_stream(turn)
-        log.info("turn %s of trace %s ended before; publishing its reply again to %s", message.turn_id, message.trace_id, stream)
-        await operations.send_reply(self.redis, self.keys, message.trace_id, ending.turn_id, stream, reply)  # marked only once written
+        log.info(
+            "turn %s of trace %s ended before; publishing its reply again to %s",
+            message.turn_id,
+            message.trace_id,
+            stream,
+        )
+        await operations.send_reply(
+            self.redis, self.keys, message.trace_id, ending.turn_id, stream, reply
+        )  # marked only once written
 
     async def _admit(self, turn, routing: TurnInput) -> bool:
         """Apply the reject or interrupt policy to a new turn → whether it enters the trace."""
@@ -366,9 +403,14 @@ class AgentLoop:
             metrics.TURNS_FAILED.labels(agent=turn.agent, code="busy").inc()
             return False
         message = CancelMessage(
-            trace_id=turn.trace_id, turn_id=running.turn_id, by="interrupt", reason=f"interrupted by turn {turn.turn_id}"
+            trace_id=turn.trace_id,
+            turn_id=running.turn_id,
+            by="interrupt",
+            reason=f"interrupted by turn {turn.turn_id}",
         )
-        await self.store.append(turn.trace_id, CancelRequested(turn_id=running.turn_id, by=message.by, reason=message.reason))
+        await self.store.append(
+            turn.trace_id, CancelRequested(turn_id=running.turn_id, by=message.by, reason=message.reason)
+        )
         await publish_cancel(self.redis, self.keys, message)  # every process: abort the running step now
         self._abort_local(turn.trace_id, running.turn_id)
         return True
@@ -381,7 +423,9 @@ class AgentLoop:
         except msgspec.DecodeError as exc:
             log.error("dropping malformed wake-up %s: %s", entry_id, exc)
             shown = codec.entry_shown(fields, WAKE_FIELD)
-            await self._report(f"malformed wake-up {entry_id}: {exc}", shown, source=stream or self.keys.wake, entry=entry_id)
+            await self._report(
+                f"malformed wake-up {entry_id}: {exc}", shown, source=stream or self.keys.wake, entry=entry_id
+            )
             return
         await self.advance(wake.trace_id, entry_id=entry_id)
 
@@ -406,8 +450,14 @@ class AgentLoop:
                 why = f"trace {message.trace_id!r} holds no turn {message.turn_id!r} (not yet admitted, or another conversation's)"
             error = f"cancel {entry_id} of {self.keys.cancel} cancelled nothing: {why}"
             log.warning("%s", error)
-            await self._report(error, codec.entry_shown(fields, CANCEL_FIELD), source=self.keys.cancel, entry=entry_id,
-                               trace_id=message.trace_id, turn_id=message.turn_id)
+            await self._report(
+                error,
+                codec.entry_shown(fields, CANCEL_FIELD),
+                source=self.keys.cancel,
+                entry=entry_id,
+                trace_id=message.trace_id,
+                turn_id=message.turn_id,
+            )
 
     async def request_cancel(self, message: CancelMessage) -> tuple[CancelRequested | None, CancelTarget]:
         """Write the cancel into the trace (once) → (the event, or None when no turn is left to
@@ -435,7 +485,9 @@ class AgentLoop:
         if message.turn_id and message.turn_id != turn_id:
             return
         # The truth first: the aborted step reads the trace again and must find the cancel.
-        await self.store.append(message.trace_id, CancelRequested(turn_id=turn_id, by=message.by, reason=message.reason))
+        await self.store.append(
+            message.trace_id, CancelRequested(turn_id=turn_id, by=message.by, reason=message.reason)
+        )
         self._abort_local(message.trace_id, turn_id)
 
     def _abort_local(self, trace_id: str, turn_id: str) -> None:
@@ -466,8 +518,12 @@ class AgentLoop:
             turn = wire.validate_turn(fields.get(TURN_FIELD) or b"", keys=self.keys, limits=self.limits)
         except Exception:  # any bytes: nothing to fail, the dead-letter stream keeps the entry
             return
-        routing = TurnInput(turn_id=turn.turn_id, agent=turn.agent, text=turn.text or "", metadata=turn.metadata, reply_to=turn.reply_to)
-        await self._dead_end(turn.trace_id, routing, f"turn entry {entry_id} of {self.keys.turns_for(turn.trace_id)}", error)
+        routing = TurnInput(
+            turn_id=turn.turn_id, agent=turn.agent, text=turn.text or "", metadata=turn.metadata, reply_to=turn.reply_to
+        )
+        await self._dead_end(
+            turn.trace_id, routing, f"turn entry {entry_id} of {self.keys.turns_for(turn.trace_id)}", error
+        )
 
     async def on_dead_wake(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
         """A wake-up that kept failing: the trace's running turn fails with code ``dead_letter``."""
@@ -478,13 +534,17 @@ class AgentLoop:
         events = await readable_events(self.store, wake.trace_id)  # the trace may be what failed
         running = active_turn(events)
         if running is not None:
-            await self._dead_end(wake.trace_id, running, f"wake-up {entry_id} of {self.keys.wake_for(wake.trace_id)}", error, events)
+            await self._dead_end(
+                wake.trace_id, running, f"wake-up {entry_id} of {self.keys.wake_for(wake.trace_id)}", error, events
+            )
 
     async def _dead_end(self, trace_id: str, turn: TurnInput, what: str, error: str, events=None) -> None:
         """End ``turn`` with code ``dead_letter``; its calls still without a result get an error
         result first (in the same atomic append), so none is left dangling."""
-        reason = (f"the {what} failed on every delivery and was moved to its dead-letter stream "
-                  f"(last error: {error}); the turn was given up")
+        reason = (
+            f"the {what} failed on every delivery and was moved to its dead-letter stream "
+            f"(last error: {error}); the turn was given up"
+        )
         await self._give_up(trace_id, turn, DEAD_LETTER_CODE, reason, events)
 
     async def publish_owed_replies(self, trace_id: str) -> bool:
@@ -524,9 +584,14 @@ class AgentLoop:
             events = await readable_events(self.store, trace_id)
         failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
         unanswered = unanswered_results(
-            events, turn, code, "Error: the turn was given up before this call returned a result; it may have partly run."
+            events,
+            turn,
+            code,
+            "Error: the turn was given up before this call returned a result; it may have partly run.",
         )
-        async with self._lease(trace_id, wait_s=self.lease_ttl_ms / 1000.0 * 1.5) as token:  # only the holder ends a turn
+        async with self._lease(
+            trace_id, wait_s=self.lease_ttl_ms / 1000.0 * 1.5
+        ) as token:  # only the holder ends a turn
             *_, appended = await self.store.append_many(trace_id, [*unanswered, failed], fence=token)
             # the reply too, before the lease goes back: a step loop that takes the lease next
             # folds this ending as owing a reply and must find it marked sent (see _reject)
@@ -536,14 +601,26 @@ class AgentLoop:
         # a turn queued behind this one goes on
         await operations.wake_trace(self.redis, self.keys, trace_id, code)
 
-    async def _reject(self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None = None) -> None:
+    async def _reject(
+        self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None = None
+    ) -> None:
         """A turn that breaks a rule of the wire: with its ids, it fails ``bad_turn`` in its trace and
         gets a failed reply (to its ``reply_to`` when that passed the check, with its metadata);
         without them, or when its turn id is an accepted turn's, it goes to the errors stream."""
         log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
         metrics.TURNS_REJECTED.inc()
-        if exc.trace_id and exc.turn_id and "/" in exc.trace_id and await self._refused_as_child(
-            entry_id, stream or self.keys.turns_for(exc.trace_id), payload, exc.trace_id, exc.turn_id, why=exc.reason
+        if (
+            exc.trace_id
+            and exc.turn_id
+            and "/" in exc.trace_id
+            and await self._refused_as_child(
+                entry_id,
+                stream or self.keys.turns_for(exc.trace_id),
+                payload,
+                exc.trace_id,
+                exc.turn_id,
+                why=exc.reason,
+            )
         ):  # its failure would be written into a child trace, or begin one in a child's name
             return
         if exc.trace_id and exc.turn_id:
@@ -555,14 +632,26 @@ class AgentLoop:
         source = stream or (self.keys.turns_for(exc.trace_id) if exc.trace_id else self.keys.turns)
         await self._report(exc.reason, payload, source=source, entry=entry_id)
 
-    async def _reject_turn(self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None) -> None:
+    async def _reject_turn(
+        self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None
+    ) -> None:
         """:meth:`_reject` of a message that names its trace and turn (under the trace's admission order)."""
         if await self.store.has_key(exc.trace_id, f"turn:{exc.turn_id}"):
             # a malformed copy of a turn the trace holds: reported; the real turn goes on
-            log.warning("turn entry %s is a malformed copy of turn %s of trace %s, which the trace holds: "
-                        "ignored, the turn goes on", entry_id, exc.turn_id, exc.trace_id)
-            await self._report(f"malformed copy of turn {exc.turn_id!r} of trace {exc.trace_id!r} (which the trace "
-                               f"already holds; ignored): {exc.reason}", payload, source=stream or self.keys.turns_for(exc.trace_id), entry=entry_id)
+            log.warning(
+                "turn entry %s is a malformed copy of turn %s of trace %s, which the trace holds: "
+                "ignored, the turn goes on",
+                entry_id,
+                exc.turn_id,
+                exc.trace_id,
+            )
+            await self._report(
+                f"malformed copy of turn {exc.turn_id!r} of trace {exc.trace_id!r} (which the trace "
+                f"already holds; ignored): {exc.reason}",
+                payload,
+                source=stream or self.keys.turns_for(exc.trace_id),
+                entry=entry_id,
+            )
             return
         failed = TurnFailed(turn_id=exc.turn_id, code=exc.code, reason=exc.reason)
         # only the holder of the lease ends a turn; refusals of one trace arriving together
@@ -606,7 +695,10 @@ class AgentLoop:
         while (token := await self.store.acquire_lease(trace_id, ttl_ms=self.lease_ttl_ms)) is None:
             if asyncio.get_running_loop().time() >= deadline:
                 left_ms = await operations.lease_left_ms(self.redis, self.keys, trace_id)
-                raise Deferred(min(max(left_ms, 0), self.lease_ttl_ms) / 1000.0 + 0.05, f"trace {trace_id} is held by another worker")
+                raise Deferred(
+                    min(max(left_ms, 0), self.lease_ttl_ms) / 1000.0 + 0.05,
+                    f"trace {trace_id} is held by another worker",
+                )
             await asyncio.sleep(0.05)
         try:
             yield token
@@ -633,7 +725,9 @@ class AgentLoop:
         with logs.bind(trace_id=trace_id):
             self._take_back(trace_id, entry_id)
             fold = self.folds.get(trace_id)
-            taken = await self.store.take(trace_id, ttl_ms=self.lease_ttl_ms, after=fold.last_id if fold is not None else None)
+            taken = await self.store.take(
+                trace_id, ttl_ms=self.lease_ttl_ms, after=fold.last_id if fold is not None else None
+            )
             await self._advance_taken(trace_id, entry_id, taken, fold)
 
     def _take_back(self, trace_id: str, entry_id: str | None) -> None:
@@ -648,8 +742,12 @@ class AgentLoop:
                 self.folds.forget(trace_id)
                 if entry_id is not None:  # a hint for a trace that is not there: deleted by retention, or a stray
                     self.empty_hints += 1
-                    log.info("hint %s names trace %s, which holds nothing (deleted by retention, or never written); "
-                             "nothing to do", entry_id, trace_id)
+                    log.info(
+                        "hint %s names trace %s, which holds nothing (deleted by retention, or never written); "
+                        "nothing to do",
+                        entry_id,
+                        trace_id,
+                    )
                 return
             if taken.token is None:
                 self._held_elsewhere(trace_id, entry_id, taken)
@@ -662,7 +760,9 @@ class AgentLoop:
             # another worker has it now, this take marks it dirty and that holder goes on.
             log.warning("lost the lease of trace %s mid-step; taking it again", trace_id)
             fold = self.folds.get(trace_id)
-            taken = await self.store.take(trace_id, ttl_ms=self.lease_ttl_ms, after=fold.last_id if fold is not None else None)
+            taken = await self.store.take(
+                trace_id, ttl_ms=self.lease_ttl_ms, after=fold.last_id if fold is not None else None
+            )
 
     async def _hold(self, trace_id: str, token: int, read: Read, fold: TraceFold | None) -> bool:
         """Take the trace's steps under the lease ``token`` → True when the lease was lost."""
@@ -737,7 +837,9 @@ class AgentLoop:
                     await self._publish_replies(trace_id, fold)
                 left_s = _turn_time_left_s(fold.turn_entry(turn.turn_id), turn.turn_id, self.turn_deadline_s)
                 if left_s is not None and left_s <= 0:
-                    return await self._end(trace_id, token, fold, _past_turn_deadline(turn, self.turn_deadline_s, step), turn)
+                    return await self._end(
+                        trace_id, token, fold, _past_turn_deadline(turn, self.turn_deadline_s, step), turn
+                    )
                 # what the MCP offer reads of the trace: the agent's latest offer and the turn's input entry
                 offer = await self.mcp.before_call(
                     trace_id, token, turn, agent, step, fold.turn_entry(turn.turn_id), fold.offers_of(agent.name)
@@ -764,9 +866,10 @@ class AgentLoop:
                     return await self._end(trace_id, token, fold, failed, turn)
                 try:
                     attributes = tracing.model_call_attributes(model, turn_id=turn.turn_id, step=step)
-                    with metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time(), tracing.span(
-                        "agentstream.model_call", kind="client", attributes=attributes
-                    ) as span:
+                    with (
+                        metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time(),
+                        tracing.span("agentstream.model_call", kind="client", attributes=attributes) as span,
+                    ):
                         call = model.complete(request, turn_id=turn.turn_id, step=step, deltas=self._deltas(trace_id))
                         if left_s is not None:  # the turn's deadline bounds the call too
                             call = asyncio.wait_for(call, left_s)
@@ -777,15 +880,20 @@ class AgentLoop:
                 except TimeoutError:  # the turn's deadline (a model call's own is a ModelError)
                     if left_s is None:
                         raise
-                    return await self._end(trace_id, token, fold, _past_turn_deadline(turn, self.turn_deadline_s, step), turn)
+                    return await self._end(
+                        trace_id, token, fold, _past_turn_deadline(turn, self.turn_deadline_s, step), turn
+                    )
                 except ModelError as exc:
                     code = DEADLINE_CODE if isinstance(exc, ModelDeadlineExceeded) else "model_error"
                     failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=f"model call {step} failed: {exc}")
                     return await self._end(trace_id, token, fold, failed, turn)
                 unstorable = self.store.codec.unstorable(output)
                 if unstorable is not None:  # the turn's failure, not a handler failure that calls the model again
-                    failed = TurnFailed(turn_id=turn.turn_id, code="model_error",
-                                        reason=f"model call {step} returned an output that cannot be stored: {unstorable}")
+                    failed = TurnFailed(
+                        turn_id=turn.turn_id,
+                        code="model_error",
+                        reason=f"model call {step} returned an output that cannot be stored: {unstorable}",
+                    )
                     return await self._end(trace_id, token, fold, failed, turn)
                 metrics.record_usage(agent.model, output)
                 self._check_usage(agent, request, output)
@@ -806,7 +914,9 @@ class AgentLoop:
                 ended = TurnEnded(turn_id=turn.turn_id, answer=answer, citations=citations, answer_call=answer_call)
                 return await self._end(trace_id, token, fold, ended, turn)
             case FailTurn(turn=turn, code=code, reason=reason):
-                return await self._end(trace_id, token, fold, TurnFailed(turn_id=turn.turn_id, code=code, reason=reason), turn)
+                return await self._end(
+                    trace_id, token, fold, TurnFailed(turn_id=turn.turn_id, code=code, reason=reason), turn
+                )
             case CancelTurn(turn=turn, results=results, code=code, reason=reason):
                 failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
                 return await self._end(trace_id, token, fold, failed, turn, before=results)
@@ -821,11 +931,20 @@ class AgentLoop:
         for result in results:
             problem = self.store.codec.unstorable(result)
             if problem is not None and isinstance(result, ToolOutput):
-                log.warning("call %s (%s): its result cannot be stored (%s); recorded as an error result", result.call_id,
-                            result.name, problem)
-                result = ToolOutput(turn_id=result.turn_id, call_id=result.call_id, name=result.name, error="invalid_result",
-                                    text=f"Error: the result of this call of {result.name!r} could not be stored ({problem}); "
-                                    "check the call's arguments and call it again")
+                log.warning(
+                    "call %s (%s): its result cannot be stored (%s); recorded as an error result",
+                    result.call_id,
+                    result.name,
+                    problem,
+                )
+                result = ToolOutput(
+                    turn_id=result.turn_id,
+                    call_id=result.call_id,
+                    name=result.name,
+                    error="invalid_result",
+                    text=f"Error: the result of this call of {result.name!r} could not be stored ({problem}); "
+                    "check the call's arguments and call it again",
+                )
             out.append(result)
         return out
 
@@ -838,7 +957,9 @@ class AgentLoop:
         await self._fold_with(trace_id, fold, read)
         return appended
 
-    async def _record_output(self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput) -> _Outcome:
+    async def _record_output(
+        self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput
+    ) -> _Outcome:
         """Append a model output; when it ends the turn (an answer, or a failure), the ending goes
         in the same append, provided nothing else came into the trace meanwhile."""
         output = scope_call_ids(output, used=fold.call_ids)  # a call id names one call of the trace
@@ -846,7 +967,9 @@ class AgentLoop:
         view = fold.view()  # as folded up to fold.last_id: the conditional part holds only if nothing came since
         nxt = decide_view(view.with_output(output), self.app.agent, self.endpoints) if view.turn == turn else None
         if isinstance(nxt, EndTurn):
-            then = [TurnEnded(turn_id=turn.turn_id, answer=nxt.answer, citations=nxt.citations, answer_call=nxt.answer_call)]
+            then = [
+                TurnEnded(turn_id=turn.turn_id, answer=nxt.answer, citations=nxt.citations, answer_call=nxt.answer_call)
+            ]
         elif isinstance(nxt, FailTurn):
             then = [TurnFailed(turn_id=turn.turn_id, code=nxt.code, reason=nxt.reason)]
         elif isinstance(nxt, RecordResults):
@@ -928,8 +1051,16 @@ class AgentLoop:
         delivery = current_delivery()
         ack = delivery.ack_args() if delivery is not None and not delivery.acknowledged else None
         appended, read, outcome, _ids, acknowledged = await self.store.append_publish_release(
-            trace_id, events, then=then, fence=token, after=fold.last_id, entries=entries, marks=marks,
-            awaiting_key=awaiting_key(self.keys, self.keys.partition(trace_id)), expire_ms=self._expire_ms, ack=ack,
+            trace_id,
+            events,
+            then=then,
+            fence=token,
+            after=fold.last_id,
+            entries=entries,
+            marks=marks,
+            awaiting_key=awaiting_key(self.keys, self.keys.partition(trace_id)),
+            expire_ms=self._expire_ms,
+            ack=ack,
         )
         if acknowledged:
             delivery.acknowledged = True
@@ -975,7 +1106,12 @@ class AgentLoop:
         log.warning(
             "model endpoint %r reported %d prompt tokens for a request estimated at %d tokens (%d characters at %.1f a token): "
             "below %d%% of the estimate, so its counts are not used to correct the estimate (logged once per endpoint)",
-            agent.model, reported, limits.tokens_of_chars(chars), chars, limits.characters_per_token, int(PLAUSIBLE_USAGE_RATIO * 100),
+            agent.model,
+            reported,
+            limits.tokens_of_chars(chars),
+            chars,
+            limits.characters_per_token,
+            int(PLAUSIBLE_USAGE_RATIO * 100),
         )
 
     def _deltas(self, trace_id: str) -> RedisDeltaSink:
@@ -984,7 +1120,9 @@ class AgentLoop:
 
     # --- publishing: replies and tool jobs, with the release --------------------------------
 
-    async def _missing_replies(self, trace_id: str, fold: TraceFold) -> list[tuple[TurnInput | None, TurnEnded | TurnFailed]]:
+    async def _missing_replies(
+        self, trace_id: str, fold: TraceFold
+    ) -> list[tuple[TurnInput | None, TurnEnded | TurnFailed]]:
         """The endings folded whose reply did not go out (level-triggered: a worker that died
         between a turn's ending and its reply left it unsent). Endings this process wrote need
         no look-up; the others are checked with one HMGET of their reply markers."""
@@ -1068,7 +1206,9 @@ class AgentLoop:
             await record_jobs(self.redis, self.keys, trace_id, turn_id, sent)
         return outcome
 
-    def _jobs(self, trace_id: str, fold: TraceFold, turn: TurnInput, agent, calls) -> list[tuple[str, str, bytes, bytes]]:
+    def _jobs(
+        self, trace_id: str, fold: TraceFold, turn: TurnInput, agent, calls
+    ) -> list[tuple[str, str, bytes, bytes]]:
         """The tool jobs of a step's calls: ``[(call id, stream, field, payload)]``."""
         offers = fold.offers_of(agent.name)  # an MCP tool's queue: as the agent's calls last offered it
         out = []
@@ -1076,15 +1216,27 @@ class AgentLoop:
             tool = agent.tool(call.name)
             queue = tool.queue if tool is not None else (self.mcp.queue_of(agent, offers, call.name) or "default")
             job = ToolJob(
-                trace_id=trace_id, turn_id=turn.turn_id, call_id=call.id, name=call.name, arguments=call.arguments,
+                trace_id=trace_id,
+                turn_id=turn.turn_id,
+                call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
                 trace_context=tracing.inject(),  # the tool call's span is a child of this step's
             )
-            stream, field = self.children.job_stream(tool, queue, trace_id)  # a delegation goes to the delegation service
+            stream, field = self.children.job_stream(
+                tool, queue, trace_id
+            )  # a delegation goes to the delegation service
             out.append((call.id, stream, field, codec.encode(job)))
         return out
 
     async def _ensure_reply(
-        self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, fold: TraceFold | None = None, *, events=None
+        self,
+        trace_id: str,
+        turn: TurnInput | None,
+        ending: TurnEnded | TurnFailed,
+        fold: TraceFold | None = None,
+        *,
+        events=None,
     ) -> None:
         """Publish the turn's reply once: a marker in the trace's key hash records that it went out.
 
@@ -1105,14 +1257,18 @@ class AgentLoop:
         stream = self._reply_stream(turn)
         entries: list[Entry] = []
         known = events if events is not None else fold.events  # what the ending tells other traces: no read
-        if not await self.children.turn_ended(entries, trace_id, turn, ending, events=known):  # a child answers its parent instead
+        if not await self.children.turn_ended(
+            entries, trace_id, turn, ending, events=known
+        ):  # a child answers its parent instead
             entries.append((stream, {REPLY_FIELD: codec.encode(reply)}))
         # raises if any write failed (WRONGTYPE on reply_to...): not marked, retried
         await operations.publish_turn_end(self.redis, self.keys, trace_id, ending.turn_id, entries)
         if fold is not None:
             self._confirm(fold, [marker])
 
-    async def _ensure_reply_unheld(self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, fold: TraceFold) -> None:
+    async def _ensure_reply_unheld(
+        self, trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, fold: TraceFold
+    ) -> None:
         """:meth:`_ensure_reply` for a handler that does not hold the trace's lease.
 
         The step loop publishes the replies its own endings owe without asking Redis first (it
@@ -1178,7 +1334,9 @@ def _jobs_marker(turn_id: str, step: int) -> str:
     return f"jobs:{turn_id}:{step}"
 
 
-_reply_of_ending = reply_of_ending  # the reply of a turn's ending (agentstream.steps.timeline: the gateway makes the same)
+_reply_of_ending = (
+    reply_of_ending  # the reply of a turn's ending (agentstream.steps.timeline: the gateway makes the same)
+)
 
 
 def _log_ending(trace_id: str, ending: TurnEnded | TurnFailed, stop_reason: str | None) -> None:
@@ -1190,7 +1348,9 @@ def _log_ending(trace_id: str, ending: TurnEnded | TurnFailed, stop_reason: str 
         elif ending.code == "cancelled":
             log.info("turn %s of trace %s was cancelled: %s", ending.turn_id, trace_id, ending.reason)
         else:
-            log.warning("turn %s of trace %s failed: %s: %s%s", ending.turn_id, trace_id, ending.code, ending.reason, stop)
+            log.warning(
+                "turn %s of trace %s failed: %s: %s%s", ending.turn_id, trace_id, ending.code, ending.reason, stop
+            )
 
 
 def _step_span(trace_id: str, decision):
@@ -1207,4 +1367,3 @@ def _step_span(trace_id: str, decision):
         "agentstream.step": getattr(decision, "step", None),
     }
     return tracing.span("agentstream.step", parent=turn.metadata, attributes=attributes)
-

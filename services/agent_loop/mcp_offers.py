@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 from agentstream.app.base import Agent
 from agentstream.errors import Deferred
-from agentstream.wire.events import Event, ToolsOffered, TurnFailed, TurnInput
-from agentstream.runtime.mcp_catalogs import read_catalogs
 from agentstream.mcp_tools.offers import desired_offer, latest_offer, offer_digest, offered_tool
+from agentstream.runtime.mcp_catalogs import read_catalogs
 from agentstream.runtime.store import TraceStore
+from agentstream.wire.events import Event, ToolsOffered, TurnFailed, TurnInput
 
 log = logging.getLogger("agentstream.agent_loop")
 
@@ -42,8 +42,14 @@ class McpOffers:
         self._reported: set[str] = set()
 
     async def before_call(
-        self, trace_id: str, token: int, turn: TurnInput, agent: Agent, step: int,
-        entries: Sequence[tuple[str, Event]], events: Sequence[Event],
+        self,
+        trace_id: str,
+        token: int,
+        turn: TurnInput,
+        agent: Agent,
+        step: int,
+        entries: Sequence[tuple[str, Event]],
+        events: Sequence[Event],
     ) -> bool | TurnFailed:
         """Make the trace record the MCP tools this call offers, if they changed.
 
@@ -72,8 +78,11 @@ class McpOffers:
                 )
                 if waited_s < self.wait_s:
                     raise Deferred(min(1.0, max(self.wait_s - waited_s, 0.05)), what)
-                return TurnFailed(turn_id=turn.turn_id, code=TOOLS_UNAVAILABLE,
-                                  reason=f"{what}; the turn waited {waited_s:.0f} s for it")
+                return TurnFailed(
+                    turn_id=turn.turn_id,
+                    code=TOOLS_UNAVAILABLE,
+                    reason=f"{what}; the turn waited {waited_s:.0f} s for it",
+                )
             desired, problems = desired_offer(agent, catalogs)
             for problem in problems:
                 if problem not in self._reported:
@@ -87,8 +96,14 @@ class McpOffers:
         offer = ToolsOffered(turn_id=turn.turn_id, step=step, agent=agent.name, tools=desired, digest=digest)
         appended = await self.store.append(trace_id, offer, fence=token)
         if appended.created:
-            log.info("trace %s: agent %s offers %d MCP tool(s) from turn %s step %d on", trace_id, agent.name,
-                     len(desired), turn.turn_id, step)
+            log.info(
+                "trace %s: agent %s offers %d MCP tool(s) from turn %s step %d on",
+                trace_id,
+                agent.name,
+                len(desired),
+                turn.turn_id,
+                step,
+            )
         return appended.created
 
     @staticmethod

@@ -7,15 +7,15 @@ import functools
 import httpx
 
 from agentstream.app.base import App
-from agentstream.runtime.cancel import CancelListener
-from agentstream.runtime.consumer import StreamConsumer, group_consumer, partition_consumers
-from agentstream.wire.keys import AGENT_LOOP_GROUP
 from agentstream.models import ChatModel, build_models
 from agentstream.models.endpoints import check_agents, load_endpoints
 from agentstream.ops.settings import Settings
+from agentstream.runtime.cancel import CancelListener
+from agentstream.runtime.consumer import StreamConsumer, group_consumer, partition_consumers
 from agentstream.runtime.store import TraceStore
-from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream.runtime.watchdog import Watchdog
+from agentstream.wire.keys import AGENT_LOOP_GROUP
+from agentstream_services.agent_loop.loop import AgentLoop
 
 
 def _told(handler):
@@ -24,7 +24,12 @@ def _told(handler):
 
 
 def build(
-    app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClient, *, models: dict[str, ChatModel] | None = None
+    app: App,
+    settings: Settings,
+    store: TraceStore,
+    http: httpx.AsyncClient,
+    *,
+    models: dict[str, ChatModel] | None = None,
 ) -> tuple[AgentLoop, list[StreamConsumer | CancelListener]]:
     """The agent loop, its consumers (every partition of turns and wake-ups, cancels), its cancel listener and
     the watchdog of turns waiting on tools (:mod:`.watchdog`).
@@ -41,7 +46,10 @@ def build(
         endpoints = load_endpoints(settings)
         check_agents(endpoints, app.agents)
         models = build_models(
-            endpoints, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries,
+            endpoints,
+            client=http,
+            timeout_s=settings.model_timeout_s,
+            retries=settings.model_retries,
             deadline_s=settings.model_deadline_s,
         )
     loop = AgentLoop(
@@ -66,16 +74,29 @@ def build(
             (keys.wake, loop.on_wake, loop.on_dead_wake),
         )
         for consumer in partition_consumers(  # each handler told its partition, which a report names
-            store.redis, settings, stream=stream, group=AGENT_LOOP_GROUP, handler=_told(handler), on_dead_letter=on_dead,
+            store.redis,
+            settings,
+            stream=stream,
+            group=AGENT_LOOP_GROUP,
+            handler=_told(handler),
+            on_dead_letter=on_dead,
             per_stream=True,
         )
     ]  # every partition of the turns and wake-up streams; the cancel stream has one
-    runners.append(group_consumer(store.redis, settings, stream=keys.cancel, group=AGENT_LOOP_GROUP, handler=loop.on_cancel))
+    runners.append(
+        group_consumer(store.redis, settings, stream=keys.cancel, group=AGENT_LOOP_GROUP, handler=loop.on_cancel)
+    )
     runners.append(CancelListener(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms))
     if settings.watchdog_interval_ms:  # turns whose awaited tool work vanished end with a reason
         runners += [  # one per partition of the awaiting set
-            Watchdog(store.redis, keys, loop.end_lost_work, interval_s=settings.watchdog_interval_ms / 1000.0, partition=p,
-                     publish_owed=loop.publish_owed_replies)
+            Watchdog(
+                store.redis,
+                keys,
+                loop.end_lost_work,
+                interval_s=settings.watchdog_interval_ms / 1000.0,
+                partition=p,
+                publish_owed=loop.publish_owed_replies,
+            )
             for p in range(keys.partitions)
         ]
     return loop, runners

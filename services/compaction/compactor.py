@@ -24,23 +24,23 @@ from collections.abc import Mapping
 
 import msgspec
 
-from agentstream.wire import codec
-from agentstream.ops import logs, metrics, tracing
-from agentstream.runtime import operations
 from agentstream.app.base import App
-from agentstream.steps.summarising import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
 from agentstream.context import CompactionPlan, build_context, compaction_event, settings_of, summary_request
 from agentstream.context.builder import build_from_state, new_state
 from agentstream.delegation import offered_agent
 from agentstream.errors import CompactionError, ContextError, ModelError
-from agentstream.wire.events import Compaction, CompactionFailed, Usage
-from agentstream.wire.keys import COMPACTION_FIELD, Keys
 from agentstream.models import ChatModel, endpoints_of
-from agentstream.steps.fold import FoldCache
+from agentstream.ops import logs, metrics, tracing
+from agentstream.runtime import operations
 from agentstream.runtime.folding import FoldReader
 from agentstream.runtime.reports import report_error
 from agentstream.runtime.store import TraceStore
+from agentstream.steps.fold import FoldCache
+from agentstream.steps.summarising import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
+from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits
+from agentstream.wire.events import Compaction, CompactionFailed, Usage
+from agentstream.wire.keys import COMPACTION_FIELD, Keys
 
 log = logging.getLogger("agentstream.compaction")
 
@@ -58,8 +58,14 @@ class Compactor:
     """
 
     def __init__(
-        self, app: App, store: TraceStore, models: Mapping[str, ChatModel], *, summary_model: str | None = None,
-        limits: WireLimits = DEFAULT_LIMITS, fold_cache_bytes: int = 64 * 1024 * 1024,
+        self,
+        app: App,
+        store: TraceStore,
+        models: Mapping[str, ChatModel],
+        *,
+        summary_model: str | None = None,
+        limits: WireLimits = DEFAULT_LIMITS,
+        fold_cache_bytes: int = 64 * 1024 * 1024,
     ):
         self.app = app
         self.folds = FoldReader(store, FoldCache(fold_cache_bytes))  # traces folded: a job reads what is new
@@ -79,12 +85,24 @@ class Compactor:
         except msgspec.DecodeError as exc:
             log.error("dropping malformed compaction job %s: %s", entry_id, exc)
             shown = codec.entry_shown(fields, COMPACTION_FIELD)
-            await report_error(self.redis, self.keys, f"malformed compaction job {entry_id}: {exc}", shown, self.limits,
-                               source=stream or self.keys.compactions, entry=entry_id)
+            await report_error(
+                self.redis,
+                self.keys,
+                f"malformed compaction job {entry_id}: {exc}",
+                shown,
+                self.limits,
+                source=stream or self.keys.compactions,
+                entry=entry_id,
+            )
             return
-        attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id, "agentstream.step": job.step}
-        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id), tracing.span(
-            "agentstream.compaction", parent=job.trace_context, kind="consumer", attributes=attributes
+        attributes = {
+            "agentstream.trace_id": job.trace_id,
+            "agentstream.turn_id": job.turn_id,
+            "agentstream.step": job.step,
+        }
+        with (
+            logs.bind(trace_id=job.trace_id, turn_id=job.turn_id),
+            tracing.span("agentstream.compaction", parent=job.trace_context, kind="consumer", attributes=attributes),
         ):  # a child of the step that asked for the summary (OpenTelemetry)
             await self.compact(job)
             await self._wake(job.trace_id)
@@ -95,8 +113,12 @@ class Compactor:
             job = decode_job(fields.get(COMPACTION_FIELD) or b"")
         except msgspec.DecodeError:
             return
-        failed = CompactionFailed(turn_id=job.turn_id, kept_from_turn=job.kept_from_turn, code=SUMMARY_FAILED,
-                                  reason=f"the compaction job failed on every delivery ({error})")
+        failed = CompactionFailed(
+            turn_id=job.turn_id,
+            kept_from_turn=job.kept_from_turn,
+            code=SUMMARY_FAILED,
+            reason=f"the compaction job failed on every delivery ({error})",
+        )
         await self.store.append(job.trace_id, failed, key=outcome_key(job.turn_id, job.kept_from_turn))
         await self._wake(job.trace_id)
 
@@ -133,10 +155,14 @@ class Compactor:
             outcome = await self._summarise(state, plan, model, job.step)
             unstorable = self.store.codec.unstorable(outcome)
             if unstorable is not None:
-                raise CompactionError(f"turn {plan.turn_id}: the summary cannot be stored ({unstorable}); nothing was compacted")
+                raise CompactionError(
+                    f"turn {plan.turn_id}: the summary cannot be stored ({unstorable}); nothing was compacted"
+                )
             after = build_context([*events, outcome], agent, turn_id=turn.turn_id, step=job.step)
             if after.request == built.request:
-                raise CompactionError(f"turn {plan.turn_id}: the summary would replace nothing (the next context is unchanged)")
+                raise CompactionError(
+                    f"turn {plan.turn_id}: the summary would replace nothing (the next context is unchanged)"
+                )
         except CompactionError as exc:
             outcome = self._failed(plan, COMPACTION_ERROR, str(exc))
         except (ModelError, ContextError) as exc:
@@ -145,8 +171,12 @@ class Compactor:
         if appended.created:
             metrics.COMPACTIONS.labels(outcome="compacted" if isinstance(outcome, Compaction) else outcome.code).inc()
             if isinstance(outcome, Compaction):
-                log.info("trace %s: a summary now replaces %d turn(s); kept from turn %s", job.trace_id,
-                         outcome.replaced_turns, outcome.kept_from_turn)
+                log.info(
+                    "trace %s: a summary now replaces %d turn(s); kept from turn %s",
+                    job.trace_id,
+                    outcome.replaced_turns,
+                    outcome.kept_from_turn,
+                )
             else:
                 log.warning("trace %s: compaction failed (%s): %s", job.trace_id, outcome.code, outcome.reason)
         return outcome

@@ -8,18 +8,23 @@ import functools
 import httpx
 
 from agentstream.app.base import App
-from agentstream.runtime.consumer import StreamConsumer, partition_consumers
 from agentstream.errors import ConfigError
-from agentstream.wire.keys import COMPACTION_GROUP
 from agentstream.models import ChatModel, build_models
 from agentstream.models.endpoints import load_endpoints
 from agentstream.ops.settings import Settings
+from agentstream.runtime.consumer import StreamConsumer, partition_consumers
 from agentstream.runtime.store import TraceStore
+from agentstream.wire.keys import COMPACTION_GROUP
 from agentstream_services.compaction.compactor import Compactor
 
 
 def build(
-    app: App, settings: Settings, store: TraceStore, http: httpx.AsyncClient, *, models: dict[str, ChatModel] | None = None
+    app: App,
+    settings: Settings,
+    store: TraceStore,
+    http: httpx.AsyncClient,
+    *,
+    models: dict[str, ChatModel] | None = None,
 ) -> tuple[Compactor, list[StreamConsumer]]:
     """The compactor and its consumers (one per partition); ``models`` (endpoint id → model) replaces the configured endpoints.
 
@@ -30,18 +35,33 @@ def build(
     endpoints = load_endpoints(settings) if models is None else dict.fromkeys(models)
     if settings.compaction_model is not None and settings.compaction_model not in endpoints:
         known = ", ".join(sorted(endpoints))
-        raise ConfigError(f"AGENTSTREAM_COMPACTION_MODEL names model {settings.compaction_model!r}, which is not configured (models: {known})")
+        raise ConfigError(
+            f"AGENTSTREAM_COMPACTION_MODEL names model {settings.compaction_model!r}, which is not configured (models: {known})"
+        )
     if models is None:
         models = build_models(
-            endpoints, client=http, timeout_s=settings.model_timeout_s, retries=settings.model_retries,
+            endpoints,
+            client=http,
+            timeout_s=settings.model_timeout_s,
+            retries=settings.model_retries,
             deadline_s=settings.model_deadline_s,
         )
-    compactor = Compactor(app, store, models, summary_model=settings.compaction_model, limits=settings.wire_limits,
-                           fold_cache_bytes=settings.fold_cache_bytes)
+    compactor = Compactor(
+        app,
+        store,
+        models,
+        summary_model=settings.compaction_model,
+        limits=settings.wire_limits,
+        fold_cache_bytes=settings.fold_cache_bytes,
+    )
     stream = settings.keys.compactions
     consumers = partition_consumers(
-        store.redis, settings, stream=stream, group=COMPACTION_GROUP,
-        handler=lambda name: functools.partial(compactor.on_job, stream=name), per_stream=True,  # a report names the partition
+        store.redis,
+        settings,
+        stream=stream,
+        group=COMPACTION_GROUP,
+        handler=lambda name: functools.partial(compactor.on_job, stream=name),
+        per_stream=True,  # a report names the partition
         on_dead_letter=compactor.on_dead_job,
     )
     return compactor, consumers

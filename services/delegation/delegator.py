@@ -21,10 +21,6 @@ import time
 
 import msgspec
 
-from agentstream.wire import codec
-from agentstream.ops import logs, metrics, tracing
-from agentstream.runtime import operations
-from agentstream.runtime.connection import COMMAND_ERRORS
 from agentstream.app.base import App
 from agentstream.delegation import (
     Delegation,
@@ -38,15 +34,20 @@ from agentstream.delegation import (
     task_of,
     timed_out,
 )
-from agentstream.wire.events import CancelMessage, TaskInput, ToolCall, ToolJob, ToolOutput
-from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.ops import logs, metrics, tracing
+from agentstream.runtime import operations
+from agentstream.runtime.connection import COMMAND_ERRORS
 from agentstream.runtime.folding import FoldReader
-from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD, Keys
 from agentstream.runtime.reports import report_error
 from agentstream.runtime.store import TraceStore
+from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_result_refusal
+from agentstream.wire.events import CancelMessage, TaskInput, ToolCall, ToolJob, ToolOutput
+from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD, Keys
 
 log = logging.getLogger("agentstream.delegation")
+
 
 class Delegator:
     """Handles delegation jobs and child endings.
@@ -60,7 +61,12 @@ class Delegator:
     """
 
     def __init__(
-        self, app: App, store: TraceStore, *, max_descendants: int = 100, limits: WireLimits = DEFAULT_LIMITS,
+        self,
+        app: App,
+        store: TraceStore,
+        *,
+        max_descendants: int = 100,
+        limits: WireLimits = DEFAULT_LIMITS,
         fold_cache_bytes: int = 64 * 1024 * 1024,
     ):
         self.app = app
@@ -79,13 +85,23 @@ class Delegator:
         try:
             job = codec.decode_job(codec.entry_field(fields, JOB_FIELD))
         except msgspec.DecodeError as exc:
-            await self._malformed("delegation job", entry_id, codec.entry_shown(fields, JOB_FIELD), exc,
-                                  source=stream or self.keys.delegations)
+            await self._malformed(
+                "delegation job",
+                entry_id,
+                codec.entry_shown(fields, JOB_FIELD),
+                exc,
+                source=stream or self.keys.delegations,
+            )
             return
-        attributes = {"agentstream.trace_id": job.trace_id, "agentstream.turn_id": job.turn_id,
-                      "agentstream.delegation": job.name, "gen_ai.tool.call.id": job.call_id}
-        with logs.bind(trace_id=job.trace_id, turn_id=job.turn_id, call_id=job.call_id), tracing.span(
-            "agentstream.delegation", parent=job.trace_context, kind="consumer", attributes=attributes
+        attributes = {
+            "agentstream.trace_id": job.trace_id,
+            "agentstream.turn_id": job.turn_id,
+            "agentstream.delegation": job.name,
+            "gen_ai.tool.call.id": job.call_id,
+        }
+        with (
+            logs.bind(trace_id=job.trace_id, turn_id=job.turn_id, call_id=job.call_id),
+            tracing.span("agentstream.delegation", parent=job.trace_context, kind="consumer", attributes=attributes),
         ):  # a child of the step that published the job (OpenTelemetry)
             await self.open(job, entry_id=entry_id, source=stream or self.keys.delegations)
 
@@ -94,11 +110,22 @@ class Delegator:
         try:
             ending = decode_child_ended(codec.entry_field(fields, ENDING_FIELD))
         except msgspec.DecodeError as exc:
-            await self._malformed("child ending", entry_id, codec.entry_shown(fields, ENDING_FIELD), exc,
-                                  source=stream or self.keys.child_endings)
+            await self._malformed(
+                "child ending",
+                entry_id,
+                codec.entry_shown(fields, ENDING_FIELD),
+                exc,
+                source=stream or self.keys.child_endings,
+            )
             return
-        with logs.bind(trace_id=ending.trace_id), tracing.span(
-            "agentstream.hand_back", parent=ending.trace_context, kind="consumer", attributes={"agentstream.trace_id": ending.trace_id}
+        with (
+            logs.bind(trace_id=ending.trace_id),
+            tracing.span(
+                "agentstream.hand_back",
+                parent=ending.trace_context,
+                kind="consumer",
+                attributes={"agentstream.trace_id": ending.trace_id},
+            ),
         ):  # a child of the child's last step (OpenTelemetry)
             await self.give_back(ending.trace_id)
 
@@ -108,15 +135,28 @@ class Delegator:
             job = codec.decode_job(fields.get(JOB_FIELD) or b"")
         except msgspec.DecodeError:
             return
-        await self._result(job.trace_id, ToolOutput(
-            turn_id=job.turn_id, call_id=job.call_id, name=job.name, error="dead_letter",
-            text=f"Error: the delegation {job.name!r} could not be started (it failed on every try: {error}).",
-        ))
+        await self._result(
+            job.trace_id,
+            ToolOutput(
+                turn_id=job.turn_id,
+                call_id=job.call_id,
+                name=job.name,
+                error="dead_letter",
+                text=f"Error: the delegation {job.name!r} could not be started (it failed on every try: {error}).",
+            ),
+        )
 
     async def _malformed(self, what: str, entry_id: str, payload: bytes | None, exc: Exception, *, source: str) -> None:
         log.error("dropping malformed %s %s: %s", what, entry_id, exc)
-        await report_error(self.redis, self.keys, f"malformed {what} {entry_id}: {exc}", payload, self.limits,
-                           source=source, entry=entry_id)
+        await report_error(
+            self.redis,
+            self.keys,
+            f"malformed {what} {entry_id}: {exc}",
+            payload,
+            self.limits,
+            source=source,
+            entry=entry_id,
+        )
 
     # --- hand-off -----------------------------------------------------------------------------
 
@@ -136,31 +176,60 @@ class Delegator:
         if fold.ending(job.turn_id) is not None:
             log.info("delegation %s of trace %s: the parent's turn already ended; no child opened", job.call_id, parent)
             return
-        problem = fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments)  # O(the turn), not O(the trace)
+        problem = fold.job_problem(
+            job.trace_id, job.turn_id, job.call_id, job.name, job.arguments
+        )  # O(the turn), not O(the trace)
         if problem:
             if not fold.events:
                 self.folds.folds.forget(parent)  # no such trace: keep no fold of it
-            log.warning("dropping delegation job %s (delegation %s, call %s): %s", entry_id or "?", job.name, job.call_id, problem)
-            await report_error(self.redis, self.keys, f"delegation job {entry_id or '?'} names no call that may run: {problem}",
-                               codec.encode(job), self.limits, source=source or self.keys.delegations, entry=entry_id)
+            log.warning(
+                "dropping delegation job %s (delegation %s, call %s): %s",
+                entry_id or "?",
+                job.name,
+                job.call_id,
+                problem,
+            )
+            await report_error(
+                self.redis,
+                self.keys,
+                f"delegation job {entry_id or '?'} names no call that may run: {problem}",
+                codec.encode(job),
+                self.limits,
+                source=source or self.keys.delegations,
+                entry=entry_id,
+            )
             return
         delegation = self.delegations.get(job.name)
         call = _call(fold, job)
         if delegation is None:
             known = ", ".join(sorted(self.delegations)) or "none"
-            await self._result(parent, ToolOutput(
-                turn_id=job.turn_id, call_id=job.call_id, name=job.name, error="unknown_tool",
-                text=f"Error: there is no delegation named {job.name!r}. Delegations: {known}.",
-            ))
+            await self._result(
+                parent,
+                ToolOutput(
+                    turn_id=job.turn_id,
+                    call_id=job.call_id,
+                    name=job.name,
+                    error="unknown_tool",
+                    text=f"Error: there is no delegation named {job.name!r}. Delegations: {known}.",
+                ),
+            )
             return
-        outcome = hand_off(delegation, parent, fold.events, call, job.turn_id, numbering=fold.numbering(),
-                           turn=fold.turn_input(job.turn_id))
+        outcome = hand_off(
+            delegation,
+            parent,
+            fold.events,
+            call,
+            job.turn_id,
+            numbering=fold.numbering(),
+            turn=fold.turn_input(job.turn_id),
+        )
         if isinstance(outcome, ToolOutput):
             log.info("delegation %s of trace %s refused: %s", job.call_id, parent, outcome.error)
             await self._result(parent, outcome)
             return
-        if not await operations.admit_child(self.redis, self.keys, outcome.task.root_trace_id, outcome.child_trace_id,
-                                            self.max_descendants):
+        if not await operations.admit_child(
+            self.redis, self.keys, outcome.task.root_trace_id, outcome.child_trace_id, self.max_descendants
+        ):
             await self._result(parent, descendants_refused(delegation, call, job.turn_id, self.max_descendants))
             return
         if not await self._start(outcome, delegation, entry_id=entry_id, source=source):
@@ -181,17 +250,33 @@ class Delegator:
         child = handoff.child_trace_id
         first = await self.store.read(child, count=1)
         if first and not _opens(first[0][1], handoff.task):
-            error = (f"delegation {delegation.name!r} (call {handoff.task.call_id} of trace {handoff.task.parent_trace_id!r}) "
-                     f"could not open its child trace {child!r}: that trace already begins with a "
-                     f"{type(first[0][1]).__name__} that is not this task (entry {first[0][0]}); the task did not run")
+            error = (
+                f"delegation {delegation.name!r} (call {handoff.task.call_id} of trace {handoff.task.parent_trace_id!r}) "
+                f"could not open its child trace {child!r}: that trace already begins with a "
+                f"{type(first[0][1]).__name__} that is not this task (entry {first[0][0]}); the task did not run"
+            )
             log.warning("%s", error)
-            await report_error(self.redis, self.keys, error, None, self.limits, source=source or self.keys.delegations,
-                               entry=entry_id, trace_id=child)
-            await self._result(handoff.task.parent_trace_id, ToolOutput(
-                turn_id=handoff.task.parent_turn_id, call_id=handoff.task.call_id, name=delegation.name, error="child_trace_taken",
-                text=f"Error: {delegation.name!r} could not start: its child trace {child!r} is held by another "
-                     "conversation. The task did not run; try the call again (a new call opens a new child trace).",
-            ))
+            await report_error(
+                self.redis,
+                self.keys,
+                error,
+                None,
+                self.limits,
+                source=source or self.keys.delegations,
+                entry=entry_id,
+                trace_id=child,
+            )
+            await self._result(
+                handoff.task.parent_trace_id,
+                ToolOutput(
+                    turn_id=handoff.task.parent_turn_id,
+                    call_id=handoff.task.call_id,
+                    name=delegation.name,
+                    error="child_trace_taken",
+                    text=f"Error: {delegation.name!r} could not start: its child trace {child!r} is held by another "
+                    "conversation. The task did not run; try the call again (a new call opens a new child trace).",
+                ),
+            )
             return False
         deadline_ms = int((time.time() + delegation.deadline_s) * 1000)
         await operations.set_child_deadline(self.redis, self.keys, child, deadline_ms)
@@ -200,8 +285,13 @@ class Delegator:
         appended = await self.store.append(child, task)
         if appended.created:
             metrics.DELEGATIONS.labels(agent=handoff.task.agent).inc()
-            log.info("opened child trace %s (depth %d) for call %s of trace %s", child, handoff.task.depth,
-                     handoff.task.call_id, handoff.task.parent_trace_id)
+            log.info(
+                "opened child trace %s (depth %d) for call %s of trace %s",
+                child,
+                handoff.task.depth,
+                handoff.task.call_id,
+                handoff.task.parent_trace_id,
+            )
         await self._wake(child, "task")
         return True
 
@@ -221,8 +311,13 @@ class Delegator:
         if not await self.store.has_key(parent, f"result:{task.call_id}"):
             result = self._held_to_limit(hand_back(self.delegations.get(task.delegation), events))
             await self.store.append(parent, result)
-            log.info("handed back child trace %s to call %s of trace %s%s", child, task.call_id, parent,
-                     f" (error: {result.error})" if result.error else "")
+            log.info(
+                "handed back child trace %s to call %s of trace %s%s",
+                child,
+                task.call_id,
+                parent,
+                f" (error: {result.error})" if result.error else "",
+            )
         await operations.clear_child_deadline(self.redis, self.keys, child)
         await self._wake(parent, f"result:{task.call_id}")
         return True
@@ -250,8 +345,11 @@ class Delegator:
         too_large = tool_result_refusal(result.name, result.text, result.data, self.limits)
         if too_large is None:
             return result
-        log.warning("the result of call %s (%s) is over AGENTSTREAM_MAX_TOOL_RESULT_BYTES: replaced by an error result",
-                    result.call_id, result.name)
+        log.warning(
+            "the result of call %s (%s) is over AGENTSTREAM_MAX_TOOL_RESULT_BYTES: replaced by an error result",
+            result.call_id,
+            result.name,
+        )
         return msgspec.structs.replace(result, text=too_large, data=None, error="result_too_large", elements=())
 
     # --- publishing ---------------------------------------------------------------------------
@@ -270,8 +368,12 @@ class Delegator:
 
 def _opens(first, task: TaskInput) -> bool:
     """Whether a child trace's first event is ``task`` (the same call of the same parent)."""
-    return (isinstance(first, TaskInput) and first.call_id == task.call_id and first.parent_trace_id == task.parent_trace_id
-            and first.turn_id == task.turn_id)
+    return (
+        isinstance(first, TaskInput)
+        and first.call_id == task.call_id
+        and first.parent_trace_id == task.parent_trace_id
+        and first.turn_id == task.turn_id
+    )
 
 
 def _call(fold: TraceFold, job: ToolJob) -> ToolCall:
@@ -326,5 +428,5 @@ class Supervisor:
                 backoff_s = min(backoff_s * 2, 5.0)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=backoff_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

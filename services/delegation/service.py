@@ -6,17 +6,22 @@ from __future__ import annotations
 import functools
 
 from agentstream.app.base import App
-from agentstream.runtime.consumer import StreamConsumer, partition_consumers
-from agentstream.wire.keys import DELEGATION_GROUP
 from agentstream.ops.settings import Settings
+from agentstream.runtime.consumer import StreamConsumer, partition_consumers
 from agentstream.runtime.store import TraceStore
+from agentstream.wire.keys import DELEGATION_GROUP
 from agentstream_services.delegation.delegator import Delegator, Supervisor
 
 
 def build(app: App, settings: Settings, store: TraceStore) -> tuple[Delegator, list[StreamConsumer | Supervisor]]:
     """The delegator, its two consumers (delegations, child endings) and its supervisor."""
-    delegator = Delegator(app, store, max_descendants=settings.max_descendants, limits=settings.wire_limits,
-                          fold_cache_bytes=settings.fold_cache_bytes)
+    delegator = Delegator(
+        app,
+        store,
+        max_descendants=settings.max_descendants,
+        limits=settings.wire_limits,
+        fold_cache_bytes=settings.fold_cache_bytes,
+    )
     keys = settings.keys
     runners: list[StreamConsumer | Supervisor] = [
         consumer
@@ -25,7 +30,12 @@ def build(app: App, settings: Settings, store: TraceStore) -> tuple[Delegator, l
             (keys.child_endings, delegator.on_child_ended, None),
         )
         for consumer in partition_consumers(  # each handler told its partition, which a report names
-            store.redis, settings, stream=stream, group=DELEGATION_GROUP, on_dead_letter=on_dead, per_stream=True,
+            store.redis,
+            settings,
+            stream=stream,
+            group=DELEGATION_GROUP,
+            on_dead_letter=on_dead,
+            per_stream=True,
             handler=lambda name, handler=handler: functools.partial(handler, stream=name),
         )
     ]

@@ -11,7 +11,6 @@ library, so any number of replicas serve the same clients (a resumed event strea
 another replica: its position is in the ``Last-Event-ID``).
 """
 
-
 import asyncio
 import json
 import logging
@@ -28,24 +27,25 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from agentstream.wire import codec, checks as wire
-from agentstream.runtime import conversations, deadletters, operations, ratelimit
+from agentstream.app.base import App
+from agentstream.delegation import child_trace_refusal, parent_ids
+from agentstream.errors import AgentStreamError, TurnRejected
+from agentstream.models.endpoints import ModelEndpoint
 from agentstream.ops import metrics
 from agentstream.ops.apikeys import ApiKey, KeyRing
-from agentstream.app.base import App
-from agentstream.runtime.cancel import cancel_target, publish_cancel
-from agentstream.delegation import child_trace_refusal, parent_ids
-from agentstream.runtime.deltas import follow
-from agentstream.errors import AgentStreamError, TurnRejected
-from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
-from agentstream.steps.explaining import explain_call
-from agentstream.models.endpoints import ModelEndpoint
-from agentstream.steps.replay import endpoint_settings
 from agentstream.ops.settings import Settings
-from agentstream.runtime.store import TraceStore
-from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.runtime import conversations, deadletters, operations, ratelimit
+from agentstream.runtime.cancel import cancel_target, publish_cancel
+from agentstream.runtime.deltas import follow
 from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.store import TraceStore
+from agentstream.steps.explaining import explain_call
+from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.steps.replay import endpoint_settings
 from agentstream.steps.timeline import conversation_state, reply_from_fold, reply_of, root_of, trace_agents
+from agentstream.wire import checks as wire
+from agentstream.wire import codec
+from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
 from agentstream_services.gateway import schemas
 from agentstream_services.gateway.settings import GatewaySettings
 
@@ -61,8 +61,10 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
     401: {"model": schemas.Problem, "description": "No valid API key."},
     429: {"model": schemas.Problem, "description": "Over the key's rate limit; see Retry-After."},
 }
-_WIRE_REPLY = {"description": "The reply: the wire's own (`agentstream schema reply`), as the agent loop publishes it.",
-               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Reply"}}}}
+_WIRE_REPLY = {
+    "description": "The reply: the wire's own (`agentstream schema reply`), as the agent loop publishes it.",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Reply"}}},
+}
 _NOT_FOUND = {404: {"model": schemas.Problem, "description": "No such trace, or not one of this key's agents'."}}
 
 
@@ -122,13 +124,15 @@ def create_api(
         key = keyring.find(credentials.credentials) if credentials is not None else None
         if key is None:
             metrics.GATEWAY_UNAUTHORIZED.inc()
-            raise HTTPException(401, "a valid API key is needed: Authorization: Bearer <key>",
-                                headers={"WWW-Authenticate": "Bearer"})
+            raise HTTPException(
+                401, "a valid API key is needed: Authorization: Bearer <key>", headers={"WWW-Authenticate": "Bearer"}
+            )
         decision = await ratelimit.hit(store.redis, keys, key.name, limit=gateway.rate_limit_per_min)
         if not decision.allowed:
             metrics.GATEWAY_RATE_LIMITED.labels(key=key.name).inc()
             raise HTTPException(
-                429, f"API key {key.name!r} is over its limit of {gateway.rate_limit_per_min} requests per minute",
+                429,
+                f"API key {key.name!r} is over its limit of {gateway.rate_limit_per_min} requests per minute",
                 headers={"Retry-After": str(decision.retry_after_s)},
             )
         return key
@@ -171,10 +175,18 @@ def create_api(
         response_model=schemas.TurnAccepted,
         summary="Publish a turn",
         tags=["turns"],
-        responses={**_PROBLEMS, 403: {"model": schemas.Problem, "description": "The key may not use this agent or conversation."},
-                   413: {"model": schemas.Problem}, 422: {"model": schemas.Problem, "description": "Not a valid turn."}},
-        openapi_extra={"requestBody": {"required": True, "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/TurnMessage"}}}}},
+        responses={
+            **_PROBLEMS,
+            403: {"model": schemas.Problem, "description": "The key may not use this agent or conversation."},
+            413: {"model": schemas.Problem},
+            422: {"model": schemas.Problem, "description": "Not a valid turn."},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TurnMessage"}}},
+            }
+        },
     )
     async def publish(request: Request, key: Caller) -> schemas.TurnAccepted:
         """Publish a turn: the wire's turn message (``agentstream schema turn``), validated by the
@@ -182,15 +194,22 @@ def create_api(
         its reply at ``reply_url`` or follow it at ``stream_url``."""
         raw = await request.body()
         if len(raw) > gateway.max_body_bytes:
-            raise HTTPException(413, f"the body is {len(raw)} bytes, over the gateway's limit of {gateway.max_body_bytes} "
-                                     "(AGENTSTREAM_GATEWAY_MAX_BODY_BYTES)")
+            raise HTTPException(
+                413,
+                f"the body is {len(raw)} bytes, over the gateway's limit of {gateway.max_body_bytes} "
+                "(AGENTSTREAM_GATEWAY_MAX_BODY_BYTES)",
+            )
         try:  # the wire's rules, as the agent loop applies them (size, depth, schema, ids, metadata, reply stream)
             turn = wire.validate_turn(raw, keys=keys, limits=settings.wire_limits)
         except TurnRejected as exc:
-            raise HTTPException(413 if exc.limit == wire.LIMIT_SETTINGS["max_turn_bytes"] else 422, exc.reason) from None
+            raise HTTPException(
+                413 if exc.limit == wire.LIMIT_SETTINGS["max_turn_bytes"] else 422, exc.reason
+            ) from None
         if app.agent(turn.agent) is None:
             known = ", ".join(sorted(a.name for a in app.agents))
-            raise HTTPException(422, f"turn {turn.turn_id!r} names agent {turn.agent!r}, which this app does not have (agents: {known})")
+            raise HTTPException(
+                422, f"turn {turn.turn_id!r} names agent {turn.agent!r}, which this app does not have (agents: {known})"
+            )
         if not key.may_use(turn.agent):
             raise HTTPException(403, f"API key {key.name!r} may not use agent {turn.agent!r}")
         try:  # the agent's rules: its input type, the tool states the turn asks (other refusals fail the turn)
@@ -203,16 +222,20 @@ def create_api(
             raise HTTPException(403, f"API key {key.name!r} may not add turns to conversation {turn.trace_id!r}")
         if "/" in turn.trace_id:  # a child trace's id: the agent loop would refuse it (and write nothing)
             ancestor = None if existing.events else await conversations.nearest_trace(store, parent_ids(turn.trace_id))
-            refusal = child_trace_refusal(turn.trace_id, turn.turn_id, existing.events[0] if existing.events else None,
-                                          ancestor=ancestor)
+            refusal = child_trace_refusal(
+                turn.trace_id, turn.turn_id, existing.events[0] if existing.events else None, ancestor=ancestor
+            )
             if refusal is not None:
                 raise HTTPException(422, refusal)
         entry_id = await conversations.publish_turn(store, turn)
         metrics.GATEWAY_TURNS.labels(key=key.name, agent=turn.agent).inc()
         base = f"/v1/traces/{turn.trace_id}"
         return schemas.TurnAccepted(
-            trace_id=turn.trace_id, turn_id=turn.turn_id, entry_id=entry_id,
-            reply_url=f"{base}/turns/{turn.turn_id}/reply", stream_url=f"{base}/stream?turn_id={turn.turn_id}",
+            trace_id=turn.trace_id,
+            turn_id=turn.turn_id,
+            entry_id=entry_id,
+            reply_url=f"{base}/turns/{turn.turn_id}/reply",
+            stream_url=f"{base}/stream?turn_id={turn.turn_id}",
         )
 
     @api.get(
@@ -220,13 +243,20 @@ def create_api(
         summary="Wait for a turn's reply (long-poll)",
         tags=["turns"],
         response_class=Response,
-        responses={**_PROBLEMS, **_NOT_FOUND, 200: _WIRE_REPLY, 202: {"model": schemas.Pending, "description": "Not ended yet: ask again."}},
+        responses={
+            **_PROBLEMS,
+            **_NOT_FOUND,
+            200: _WIRE_REPLY,
+            202: {"model": schemas.Pending, "description": "Not ended yet: ask again."},
+        },
     )
     async def wait_reply(
         trace_id: str,
         turn_id: str,
         key: Caller,
-        timeout_s: Annotated[float, Query(ge=0, le=gateway.max_wait_s, description="Longest wait, in seconds.")] = default_wait_s,
+        timeout_s: Annotated[
+            float, Query(ge=0, le=gateway.max_wait_s, description="Longest wait, in seconds.")
+        ] = default_wait_s,
     ) -> Any:
         """The turn's reply once it has ended (200); 202 when it has not ended within
         ``timeout_s``. A turn just published may not be in its trace yet: the wait covers that."""
@@ -240,7 +270,9 @@ def create_api(
             asyncio.get_running_loop().call_later(timeout_s, stop.set)
             after = fold.last_id or "0-0"
             async for _, event in store.follow(trace_id, after=after, block_ms=block_ms, stop=stop):
-                if isinstance(event, TurnInput) or (isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id):
+                if isinstance(event, TurnInput) or (
+                    isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id
+                ):
                     fold = await folds.current(trace_id)
                     if not await may_see_fold(key, fold):
                         raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
@@ -248,8 +280,12 @@ def create_api(
                     if reply is not None:
                         break
         if reply is None:
-            return JSONResponse(status_code=202, content=schemas.Pending(trace_id=trace_id, turn_id=turn_id).model_dump())
-        return Response(codec.encode(reply), media_type="application/json")  # the wire's reply, as the agent loop publishes it
+            return JSONResponse(
+                status_code=202, content=schemas.Pending(trace_id=trace_id, turn_id=turn_id).model_dump()
+            )
+        return Response(
+            codec.encode(reply), media_type="application/json"
+        )  # the wire's reply, as the agent loop publishes it
 
     # --- following ------------------------------------------------------------------------------
 
@@ -257,18 +293,30 @@ def create_api(
         "/v1/traces/{trace_id:path}/stream",
         summary="Follow a conversation as server-sent events",
         tags=["traces"],
-        responses={**_PROBLEMS, **_NOT_FOUND, 200: {"content": {"text/event-stream": {}}, "description": (
-            "Events `trace` (data: {id, event}: a stored event), `delta` (data: a token delta with its "
-            "`attempt` id and `id`), `end` (data: the reply; only with turn_id) and `error`. Each has an id "
-            "`<trace entry id>,<delta entry id>`: reconnect with Last-Event-ID to resume after it.")}},
+        responses={
+            **_PROBLEMS,
+            **_NOT_FOUND,
+            200: {
+                "content": {"text/event-stream": {}},
+                "description": (
+                    "Events `trace` (data: {id, event}: a stored event), `delta` (data: a token delta with its "
+                    "`attempt` id and `id`), `end` (data: the reply; only with turn_id) and `error`. Each has an id "
+                    "`<trace entry id>,<delta entry id>`: reconnect with Last-Event-ID to resume after it."
+                ),
+            },
+        },
     )
     async def stream(
         request: Request,
         trace_id: str,
         key: Caller,
-        turn_id: Annotated[str | None, Query(max_length=256, description="End the stream once this turn has ended.")] = None,
+        turn_id: Annotated[
+            str | None, Query(max_length=256, description="End the stream once this turn has ended.")
+        ] = None,
         after: Annotated[str | None, Query(description="Only trace events after this entry id (default: all).")] = None,
-        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description="Resume after this event id.")] = None,
+        last_event_id: Annotated[
+            str | None, Header(alias="Last-Event-ID", description="Resume after this event id.")
+        ] = None,
     ) -> EventSourceResponse:
         """The conversation's stored events and, while the model writes, its token deltas, in
         the order they happened. Deltas of a failed attempt are followed by an ``abort`` delta:
@@ -276,7 +324,9 @@ def create_api(
         if last_event_id:
             match = _EVENT_ID.match(last_event_id.strip())
             if match is None:
-                raise HTTPException(422, f"Last-Event-ID must be '<trace entry id>,<delta entry id>' as sent, got {last_event_id!r}")
+                raise HTTPException(
+                    422, f"Last-Event-ID must be '<trace entry id>,<delta entry id>' as sent, got {last_event_id!r}"
+                )
             position, delta_position = match.group(1), match.group(2)
         else:
             position, delta_position = _stream_id(after, "after") or "0-0", "0-0"
@@ -286,7 +336,9 @@ def create_api(
             raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
         ended_early = None  # the turn ended at or before the position the client resumes from
         if turn_id:
-            ending_id = next((i for i, e in entries if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == turn_id), None)
+            ending_id = next(
+                (i for i, e in entries if isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == turn_id), None
+            )
             if ending_id is not None and _after_or_at(position, ending_id):
                 ended_early = reply_of(trace_id, events, turn_id)
 
@@ -295,12 +347,15 @@ def create_api(
             metrics.GATEWAY_STREAMS_OPEN.inc()
             try:
                 if ended_early is not None:
-                    yield ServerSentEvent(event="end", id=f"{position},{delta_position}", data=codec.encode(ended_early).decode())
+                    yield ServerSentEvent(
+                        event="end", id=f"{position},{delta_position}", data=codec.encode(ended_early).decode()
+                    )
                     return
                 seen = list(events)
                 cleared = bool(events)  # checked above; else nothing is sent before a turn of the key's agents
-                async for item in follow(store.redis, keys, trace_id, after=position, deltas_after=delta_position,
-                                         block_ms=block_ms):
+                async for item in follow(
+                    store.redis, keys, trace_id, after=position, deltas_after=delta_position, block_ms=block_ms
+                ):
                     if not cleared and not isinstance(item.event, TurnInput):
                         continue
                     if item.delta is not None:
@@ -314,21 +369,30 @@ def create_api(
                     seen.append(event)
                     if isinstance(event, TurnInput):
                         if not await may_see(key, trace_id, seen):
-                            yield ServerSentEvent(event="error", data=json.dumps({"detail": "this conversation is not among this key's"}))
+                            yield ServerSentEvent(
+                                event="error", data=json.dumps({"detail": "this conversation is not among this key's"})
+                            )
                             return
                         cleared = True
-                    yield ServerSentEvent(event="trace", id=f"{position},{delta_position}",
-                                          data=json.dumps({"id": position, "event": _event_json(event)}))
+                    yield ServerSentEvent(
+                        event="trace",
+                        id=f"{position},{delta_position}",
+                        data=json.dumps({"id": position, "event": _event_json(event)}),
+                    )
                     if turn_id and isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id:
                         reply = reply_of(trace_id, seen, turn_id)
-                        yield ServerSentEvent(event="end", id=f"{position},{delta_position}", data=codec.encode(reply).decode())
+                        yield ServerSentEvent(
+                            event="end", id=f"{position},{delta_position}", data=codec.encode(reply).decode()
+                        )
                         return
             except AgentStreamError as exc:  # an entry that cannot be read
                 yield ServerSentEvent(event="error", data=json.dumps({"detail": str(exc)}))
             finally:
                 metrics.GATEWAY_STREAMS_OPEN.dec()
 
-        return EventSourceResponse(generate(), ping=gateway.sse_ping_s, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return EventSourceResponse(
+            generate(), ping=gateway.sse_ping_s, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        )
 
     # --- cancelling -----------------------------------------------------------------------------
 
@@ -338,8 +402,12 @@ def create_api(
         response_model=schemas.CancelAccepted,
         summary="Cancel a turn",
         tags=["turns"],
-        responses={**_PROBLEMS, **_NOT_FOUND, 400: {"model": schemas.Problem, "description": "The body is not JSON."},
-                   409: {"model": schemas.Problem, "description": "Nothing to cancel (the reason says why)."}},
+        responses={
+            **_PROBLEMS,
+            **_NOT_FOUND,
+            400: {"model": schemas.Problem, "description": "The body is not JSON."},
+            409: {"model": schemas.Problem, "description": "Nothing to cancel (the reason says why)."},
+        },
     )
     async def cancel(trace_id: str, key: Caller, body: schemas.CancelIn | None = None) -> schemas.CancelAccepted:
         """Cancel the turn running now (or ``turn_id``): the in-flight model request is
@@ -356,12 +424,19 @@ def create_api(
 
     # --- reading --------------------------------------------------------------------------------
 
-    @api.get("/v1/conversations", response_model=schemas.ConversationList, summary="Recent conversations", tags=["traces"],
-             responses=_PROBLEMS)
+    @api.get(
+        "/v1/conversations",
+        response_model=schemas.ConversationList,
+        summary="Recent conversations",
+        tags=["traces"],
+        responses=_PROBLEMS,
+    )
     async def list_conversations(
         key: Caller,
         limit: Annotated[int, Query(ge=1, le=LIST_MAX)] = 50,
-        before_ms: Annotated[int | None, Query(ge=0, le=2**53, description="Only conversations older than this (Unix ms).")] = None,
+        before_ms: Annotated[
+            int | None, Query(ge=0, le=2**53, description="Only conversations older than this (Unix ms).")
+        ] = None,
     ) -> schemas.ConversationList:
         """The newest conversations this key may see, each with the state of its newest turn
         (running, waiting on tools, ended, failed or cancelled, with the reason)."""
@@ -375,8 +450,13 @@ def create_api(
         next_before = ids[-1][1] if len(ids) == limit else None
         return schemas.ConversationList(conversations=out, next_before_ms=next_before)
 
-    @api.get("/v1/traces/{trace_id:path}/explain", response_model=schemas.Explanation, summary="Explain a model call",
-             tags=["traces"], responses={**_PROBLEMS, **_NOT_FOUND, 422: {"model": schemas.Problem}})
+    @api.get(
+        "/v1/traces/{trace_id:path}/explain",
+        response_model=schemas.Explanation,
+        summary="Explain a model call",
+        tags=["traces"],
+        responses={**_PROBLEMS, **_NOT_FOUND, 422: {"model": schemas.Problem}},
+    )
     async def explain(
         trace_id: str,
         key: Caller,
@@ -388,19 +468,32 @@ def create_api(
         (what ``agentstream trace explain`` prints)."""
         entries = await visible_events(key, trace_id)
         try:
-            explained = explain_call([e for _, e in entries], app.agent, step=step, turn_id=turn_id, endpoints=endpoints,
-                                     model_name=settings.openai_model)
+            explained = explain_call(
+                [e for _, e in entries],
+                app.agent,
+                step=step,
+                turn_id=turn_id,
+                endpoints=endpoints,
+                model_name=settings.openai_model,
+            )
         except LookupError as exc:
             raise HTTPException(404, f"trace {trace_id!r}: {exc}") from None
         except AgentStreamError as exc:
             raise HTTPException(422, f"trace {trace_id!r}: {exc}") from None
         data = explained.as_json(trace_id)
         data["matches"] = explained.matches
-        data["endpoint"] = endpoint_settings(explained.endpoint, configured=explained.configured) if explained.endpoint else None
+        data["endpoint"] = (
+            endpoint_settings(explained.endpoint, configured=explained.configured) if explained.endpoint else None
+        )
         return schemas.Explanation(**data)
 
-    @api.get("/v1/traces/{trace_id:path}", response_model=schemas.TraceOut, summary="Read a trace", tags=["traces"],
-             responses={**_PROBLEMS, **_NOT_FOUND})
+    @api.get(
+        "/v1/traces/{trace_id:path}",
+        response_model=schemas.TraceOut,
+        summary="Read a trace",
+        tags=["traces"],
+        responses={**_PROBLEMS, **_NOT_FOUND},
+    )
     async def read_trace(
         trace_id: str,
         key: Caller,
@@ -424,8 +517,13 @@ def create_api(
             state=state_out(conversation_state(trace_id, entries)),
         )
 
-    @api.get("/v1/dead-letters", response_model=schemas.DeadLetterList, summary="List dead letters", tags=["operations"],
-             responses={**_PROBLEMS, 403: {"model": schemas.Problem, "description": "Only a key for every agent (\"*\")."}})
+    @api.get(
+        "/v1/dead-letters",
+        response_model=schemas.DeadLetterList,
+        summary="List dead letters",
+        tags=["operations"],
+        responses={**_PROBLEMS, 403: {"model": schemas.Problem, "description": 'Only a key for every agent ("*").'}},
+    )
     async def dead_letters(
         key: Caller,
         limit: Annotated[int, Query(ge=1, le=LIST_MAX)] = 50,
@@ -434,20 +532,32 @@ def create_api(
         """The newest entries of every work stream's dead-letter stream: where each came from,
         how many deliveries it had, its last error and its payload (cut to a bounded excerpt)."""
         if not key.all_agents:
-            raise HTTPException(403, f"API key {key.name!r} may not read the dead letters (it needs agents [\"*\"])")
+            raise HTTPException(403, f'API key {key.name!r} may not read the dead letters (it needs agents ["*"])')
         _stream_id(before, "before")
-        letters = await deadletters.read(store.redis, keys, keys.work_streams(app.tool_queues), count=limit, before=before)
+        letters = await deadletters.read(
+            store.redis, keys, keys.work_streams(app.tool_queues), count=limit, before=before
+        )
         return schemas.DeadLetterList(
             dead_letters=letters,
             next_before=letters[-1].entry_id if len(letters) == limit else None,
         )
 
-    @api.get("/v1/agents", response_model=schemas.AgentList, summary="The agents this key may use", tags=["operations"],
-             responses=_PROBLEMS)
+    @api.get(
+        "/v1/agents",
+        response_model=schemas.AgentList,
+        summary="The agents this key may use",
+        tags=["operations"],
+        responses=_PROBLEMS,
+    )
     async def agents(key: Caller) -> schemas.AgentList:
-        return schemas.AgentList(key=key.name, agents=[
-            schemas.AgentOut(name=a.name, model=a.model, tools=[t.name for t in a.tools]) for a in app.agents if key.may_use(a.name)
-        ])
+        return schemas.AgentList(
+            key=key.name,
+            agents=[
+                schemas.AgentOut(name=a.name, model=a.model, tools=[t.name for t in a.tools])
+                for a in app.agents
+                if key.may_use(a.name)
+            ],
+        )
 
     # --- probes and the console -------------------------------------------------------------------
 
@@ -460,7 +570,9 @@ def create_api(
         try:
             await asyncio.wait_for(operations.ping(store.redis), timeout=2.0)
         except Exception as exc:  # not ready whatever went wrong
-            return JSONResponse(status_code=503, content={"status": "not ready", "detail": f"Redis: {type(exc).__name__}"})
+            return JSONResponse(
+                status_code=503, content={"status": "not ready", "detail": f"Redis: {type(exc).__name__}"}
+            )
         return JSONResponse(content={"status": "ready"})
 
     if gateway.console:
@@ -473,8 +585,11 @@ def create_api(
 
     if gateway.cors_origin_list:
         api.add_middleware(
-            CORSMiddleware, allow_origins=gateway.cors_origin_list, allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"], max_age=600,
+            CORSMiddleware,
+            allow_origins=gateway.cors_origin_list,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+            max_age=600,
         )
 
     @api.exception_handler(AgentStreamError)

@@ -13,14 +13,14 @@ import logging
 import time
 
 import uvicorn
-from sse_starlette.sse import AppStatus
 from fastapi import FastAPI
+from sse_starlette.sse import AppStatus
 
-from agentstream.ops import metrics
-from agentstream.ops.apikeys import load_keys
 from agentstream.app.base import App
 from agentstream.errors import ConfigError
 from agentstream.models.endpoints import load_endpoints
+from agentstream.ops import metrics
+from agentstream.ops.apikeys import load_keys
 from agentstream.ops.settings import Settings
 from agentstream.runtime.store import TraceStore
 from agentstream_services.gateway.api import create_api
@@ -58,8 +58,14 @@ class GatewayRunner:
         self.port = gateway.port
         self.started = asyncio.Event()
         config = uvicorn.Config(
-            api, host=gateway.host, port=gateway.port, log_config=None, access_log=False, lifespan="off",
-            timeout_graceful_shutdown=max(1, int(grace_s)), proxy_headers=True,
+            api,
+            host=gateway.host,
+            port=gateway.port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=max(1, int(grace_s)),
+            proxy_headers=True,
         )
         self.server = _Server(config)
 
@@ -83,7 +89,9 @@ class GatewayRunner:
         serving.result()  # an error starting it (port in use) fails the service
 
 
-def build(app: App, settings: Settings, store: TraceStore, gateway: GatewaySettings | None = None) -> tuple[FastAPI, list[GatewayRunner]]:
+def build(
+    app: App, settings: Settings, store: TraceStore, gateway: GatewaySettings | None = None
+) -> tuple[FastAPI, list[GatewayRunner]]:
     """The gateway's ASGI app and its runner.
 
     Raises:
@@ -100,9 +108,12 @@ def build(app: App, settings: Settings, store: TraceStore, gateway: GatewaySetti
         endpoints = {}
     api = create_api(app, settings, gateway, store, keyring, endpoints=endpoints)
     _count_requests(api)
-    log.info("gateway: %d API key(s); rate limit %s; CORS %s", len(keyring.keys),
-             f"{gateway.rate_limit_per_min}/min per key" if gateway.rate_limit_per_min else "off",
-             ", ".join(gateway.cors_origin_list) or "off")
+    log.info(
+        "gateway: %d API key(s); rate limit %s; CORS %s",
+        len(keyring.keys),
+        f"{gateway.rate_limit_per_min}/min per key" if gateway.rate_limit_per_min else "off",
+        ", ".join(gateway.cors_origin_list) or "off",
+    )
     return api, [GatewayRunner(api, store, gateway, grace_s=settings.shutdown_grace_s)]
 
 
@@ -125,7 +136,9 @@ class _RequestMetrics:
                 status["code"] = message["status"]
                 route = scope.get("route")
                 template = getattr(route, "path", "other") if route is not None else "other"
-                metrics.GATEWAY_REQUESTS.labels(method=scope["method"], route=template, status=str(status["code"])).inc()
+                metrics.GATEWAY_REQUESTS.labels(
+                    method=scope["method"], route=template, status=str(status["code"])
+                ).inc()
                 metrics.GATEWAY_REQUEST_SECONDS.labels(route=template).observe(time.perf_counter() - start)
             await send(message)
 

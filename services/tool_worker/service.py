@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentstream.app.base import App
+from agentstream.ops.settings import Settings
 from agentstream.runtime.cancel import CancelListener
 from agentstream.runtime.consumer import StreamConsumer, partition_consumers
-from agentstream.wire.keys import TOOL_WORKER_GROUP
-from agentstream.ops.settings import Settings
 from agentstream.runtime.store import TraceStore
+from agentstream.wire.keys import TOOL_WORKER_GROUP
 from agentstream_services.tool_worker.worker import ToolWorker
 
 
@@ -25,15 +25,22 @@ def build(
             variable it takes a header or environment value from).
     """
     # a dead worker's call is taken over once its entry is claimed and its run key expired
-    worker = ToolWorker(app, store, worker_name=settings.consumer, run_ttl_ms=settings.lease_ttl_ms, limits=settings.wire_limits)
+    worker = ToolWorker(
+        app, store, worker_name=settings.consumer, run_ttl_ms=settings.lease_ttl_ms, limits=settings.wire_limits
+    )
     keys = settings.keys
     served = list(queues or app.tool_queues or ["default"])
     runners: list[StreamConsumer | CancelListener] = [
         consumer
         for queue in served
         for consumer in partition_consumers(  # every partition of the queue's stream
-            store.redis, settings, stream=keys.tools(queue), group=TOOL_WORKER_GROUP,
-            handler=worker.handler_for, per_stream=True, on_dead_letter=worker.on_dead_job,
+            store.redis,
+            settings,
+            stream=keys.tools(queue),
+            group=TOOL_WORKER_GROUP,
+            handler=worker.handler_for,
+            per_stream=True,
+            on_dead_letter=worker.on_dead_job,
         )
     ]
     runners.append(CancelListener(store.redis, keys, worker.on_cancel_broadcast, block_ms=settings.block_ms))

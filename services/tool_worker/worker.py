@@ -36,19 +36,19 @@ import time
 
 import msgspec
 
-from agentstream.wire import codec
+from agentstream.app.base import App
+from agentstream.app.tool_context import CallContext, set_current_call
+from agentstream.errors import Deferred
 from agentstream.ops import metrics, tracing
 from agentstream.runtime import operations
-from agentstream.app.base import App
+from agentstream.runtime.call_runs import CallRuns, job_problem
+from agentstream.runtime.reports import report_error
+from agentstream.runtime.store import TraceStore
+from agentstream.wire import codec
+from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_arguments_refusal, tool_result_refusal
 from agentstream.wire.events import CancelMessage, ToolJob, ToolOutput, ToolStarted
 from agentstream.wire.keys import JOB_FIELD, Keys
 from agentstream.wire.registry import check_elements
-from agentstream.runtime.reports import report_error
-from agentstream.runtime.store import TraceStore
-from agentstream.errors import Deferred
-from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_arguments_refusal, tool_result_refusal
-from agentstream.app.tool_context import CallContext, set_current_call
-from agentstream.runtime.call_runs import CallRuns, job_problem
 
 log = logging.getLogger("agentstream.tool_worker")
 
@@ -70,7 +70,13 @@ class ToolWorker:
     """
 
     def __init__(
-        self, app: App, store: TraceStore, *, worker_name: str = "", run_ttl_ms: int = 30_000, limits: WireLimits = DEFAULT_LIMITS
+        self,
+        app: App,
+        store: TraceStore,
+        *,
+        worker_name: str = "",
+        run_ttl_ms: int = 30_000,
+        limits: WireLimits = DEFAULT_LIMITS,
     ):
         self.app = app
         self.store = store
@@ -112,11 +118,20 @@ class ToolWorker:
         except msgspec.DecodeError as exc:
             log.error("dropping malformed tool job %s: %s", entry_id, exc)
             shown = codec.entry_shown(fields, JOB_FIELD)
-            await report_error(self.redis, self.keys, f"malformed tool job {entry_id}: {exc}", shown, self.limits,
-                               source=stream, entry=entry_id)
+            await report_error(
+                self.redis,
+                self.keys,
+                f"malformed tool job {entry_id}: {exc}",
+                shown,
+                self.limits,
+                source=stream,
+                entry=entry_id,
+            )
             return
         # a child of the step that published the job (OpenTelemetry); the tool runs inside it
-        with tracing.span("agentstream.tool_call", parent=job.trace_context, kind="consumer", attributes=_span_attributes(job)):
+        with tracing.span(
+            "agentstream.tool_call", parent=job.trace_context, kind="consumer", attributes=_span_attributes(job)
+        ):
             await self._on_job(job, entry_id, stream)
 
     async def _on_job(self, job: ToolJob, entry_id: str, stream: str) -> None:
@@ -124,39 +139,56 @@ class ToolWorker:
         ref = f"{stream}/{entry_id}"
         run = self.runs.run(job.trace_id, job.call_id)
         # one step, no event read: the call checked against its markers, claimed, its run key taken
-        state = await self.store.begin_call(job.trace_id, job.turn_id, job.call_id, ref, name=job.name, arguments=job.arguments,
-                                            run=run)
+        state = await self.store.begin_call(
+            job.trace_id, job.turn_id, job.call_id, ref, name=job.name, arguments=job.arguments, run=run
+        )
         if state.unchecked:  # no marker of the call: read its turn (never the whole trace) to decide
             events = [e for _, e in await self.store.read(job.trace_id, from_id=state.turn_entry)]
             problem = job_problem(events, job)
             if not problem:
-                state = await self.store.begin_call(job.trace_id, job.turn_id, job.call_id, ref, name=job.name, run=run,
-                                                    checked=True)
+                state = await self.store.begin_call(
+                    job.trace_id, job.turn_id, job.call_id, ref, name=job.name, run=run, checked=True
+                )
         else:
             problem = state.problem
         if problem:  # not a call of this trace's running turn: run nothing, write no trace
             self.strays += 1
             log.warning("dropping tool job %s (tool %s, call %s): %s", ref, job.name, job.call_id, problem)
-            await report_error(self.redis, self.keys, f"tool job {ref} names no call that may run: {problem}", codec.encode(job),
-                               self.limits, source=stream, entry=entry_id)
+            await report_error(
+                self.redis,
+                self.keys,
+                f"tool job {ref} names no call that may run: {problem}",
+                codec.encode(job),
+                self.limits,
+                source=stream,
+                entry=entry_id,
+            )
             return
         if state.should_skip:
             if not state.has_result:
                 self.skipped += 1
                 # a queued job of a cancelled turn, or a re-sent job of a turn that ended: legitimate
                 (log.debug if state.turn_ended else log.info)(
-                    "skipping job %s: call %s of trace %s belongs to a cancelled or ended turn", ref, job.call_id, job.trace_id)
+                    "skipping job %s: call %s of trace %s belongs to a cancelled or ended turn",
+                    ref,
+                    job.call_id,
+                    job.trace_id,
+                )
             self._unrecorded.pop(key, None)
             await self._wake(job)  # the result (or the cancel) is in; make sure the loop heard
             return
         if not state.claimed:
             self.duplicates += 1
-            log.info("dropping job %s: call %s of trace %s runs under job %s", ref, job.call_id, job.trace_id, state.holder)
+            log.info(
+                "dropping job %s: call %s of trace %s runs under job %s", ref, job.call_id, job.trace_id, state.holder
+            )
             return
         if not state.run_taken:  # another worker runs this call now (its entry was claimed from it): wait
             self.run_elsewhere += 1
-            raise Deferred(max(0.05, state.run_left_ms / 1000.0 + 0.05),
-                           f"call {job.call_id} of trace {job.trace_id} runs on {state.run_holder}")
+            raise Deferred(
+                max(0.05, state.run_left_ms / 1000.0 + 0.05),
+                f"call {job.call_id} of trace {job.trace_id} runs on {state.run_holder}",
+            )
         # the result check and the run key were one step: a runner that finished first left its result
         async with self.runs.held(job.trace_id, job.call_id) as held:
             await self._run_claimed(job, ref, state, held)
@@ -175,7 +207,10 @@ class ToolWorker:
             metrics.TOOL_OUTCOMES_UNKNOWN.labels(tool=job.name).inc()
             log.warning(
                 "call %s of trace %s (tool %s, side effects) started before and its worker stopped mid-run: "
-                "recording an outcome-unknown result instead of running it again", job.call_id, job.trace_id, job.name,
+                "recording an outcome-unknown result instead of running it again",
+                job.call_id,
+                job.trace_id,
+                job.name,
             )
             await self.store.append(job.trace_id, _outcome_unknown(job), release=held.release)
             held.released = True
@@ -198,12 +233,21 @@ class ToolWorker:
                 await self.store.append(job.trace_id, result, release=held.release, hints=hints, failed_hints=unsent)
             else:
                 _, late = await self.store.append_result(
-                    job.trace_id, result, self._events.get(key, ()), release=held.release, hints=hints, failed_hints=unsent,
+                    job.trace_id,
+                    result,
+                    self._events.get(key, ()),
+                    release=held.release,
+                    hints=hints,
+                    failed_hints=unsent,
                 )
                 if late:
                     self.late += 1
                     metrics.LATE_RESULTS.labels(tool=job.name).inc()
-                    log.info("call %s of trace %s was answered before its result came; recorded it as late", job.call_id, job.trace_id)
+                    log.info(
+                        "call %s of trace %s was answered before its result came; recorded it as late",
+                        job.call_id,
+                        job.trace_id,
+                    )
         except BaseException:
             self._unrecorded[key] = result
             raise
@@ -276,7 +320,11 @@ class ToolWorker:
         too_large = tool_arguments_refusal(job.name, job.arguments, self.limits)
         if tool is None:
             names = ", ".join(sorted([*self.app.tools, *(self.mcp.tool_names() if self.mcp else ())])) or "none"
-            value_text, data, error = f"Error: there is no tool named {job.name!r}. Available tools: {names}.", None, "unknown_tool"
+            value_text, data, error = (
+                f"Error: there is no tool named {job.name!r}. Available tools: {names}.",
+                None,
+                "unknown_tool",
+            )
             elements = ()
         elif too_large is not None:
             value_text, data, error, elements = too_large, None, "arguments_too_large", ()
@@ -287,13 +335,24 @@ class ToolWorker:
             unstorable = self._unstorable(job.name, value_text, data, value.error, elements)
             if unstorable is not None:  # recorded as an error result now, not retried on every delivery
                 value_text, data, error, elements, events = f"Error: {unstorable}", None, "invalid_result", (), ()
-                log.warning("tool %s call %s of trace %s returned an unstorable result: %s", job.name, job.call_id, job.trace_id,
-                            unstorable)
+                log.warning(
+                    "tool %s call %s of trace %s returned an unstorable result: %s",
+                    job.name,
+                    job.call_id,
+                    job.trace_id,
+                    unstorable,
+                )
             if elements or events:
                 problem = self._invalid(job.name, elements, events)
                 if problem is not None:
                     value_text, data, error, elements, events = f"Error: {problem}", None, "invalid_result", (), ()
-                    log.warning("tool %s call %s of trace %s returned an invalid result: %s", job.name, job.call_id, job.trace_id, problem)
+                    log.warning(
+                        "tool %s call %s of trace %s returned an invalid result: %s",
+                        job.name,
+                        job.call_id,
+                        job.trace_id,
+                        problem,
+                    )
             if events:
                 self._events[(job.trace_id, job.call_id)] = events
             too_large = tool_result_refusal(job.name, value_text, data, self.limits)
@@ -321,8 +380,13 @@ class ToolWorker:
         """Why a tool's result cannot be stored in the trace and read back (a lone UTF-16
         surrogate in its text or error, a value JSON has no form for in its data), or None."""
         problem = self.store.codec.unstorable(
-            ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, error=error, elements=elements))  # type: ignore[arg-type]
-        return None if problem is None else f"tool {name!r} returned a result that cannot be stored ({problem}); none of it was recorded"
+            ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, error=error, elements=elements)
+        )  # type: ignore[arg-type]
+        return (
+            None
+            if problem is None
+            else f"tool {name!r} returned a result that cannot be stored ({problem}); none of it was recorded"
+        )
 
     def _invalid(self, name: str, elements: tuple, events: tuple) -> str | None:
         """What is wrong with the elements and events a tool returned, or None (see agentstream.wire.registry)."""
@@ -333,11 +397,15 @@ class ToolWorker:
         for index, event in enumerate(events):
             if type(event) not in self.app.types.event_types:
                 names = ", ".join(c.__name__ for c in self.app.types.event_types) or "none"
-                return (f"tool {name!r} returned event {index}, a {type(event).__name__}, which is not one of the app's own "
-                        f"event types (registered: {names}; add it to App(event_types=...))")
+                return (
+                    f"tool {name!r} returned event {index}, a {type(event).__name__}, which is not one of the app's own "
+                    f"event types (registered: {names}; add it to App(event_types=...))"
+                )
             problem = self.store.codec.unstorable(event)
             if problem is not None:
-                return f"tool {name!r} returned event {index} ({type(event).__name__}), which cannot be stored: {problem}"
+                return (
+                    f"tool {name!r} returned event {index} ({type(event).__name__}), which cannot be stored: {problem}"
+                )
         return None
 
     async def _wake(self, job: ToolJob) -> None:

@@ -20,10 +20,11 @@ The services (``agentstream_services``) import the runtime and the pure layers, 
 """
 
 from agentstream.app.base import Agent, AgentSettings, App, Tool, ToolResult, ToolResultValue, load_app, tool
+from agentstream.app.inputs import ChatTurnInput, Text, ToolDeclaration, ToolState, TurnDenied
+from agentstream.app.tool_context import CallContext, current_call
 from agentstream.delegation import Delegation
 from agentstream.errors import AgentStreamError, ToolCancelled
 from agentstream.mcp_tools import McpServer
-from agentstream.app.inputs import ChatTurnInput, Text, ToolDeclaration, ToolState, TurnDenied
 from agentstream.wire.events import (
     TRACE_SCHEMA_VERSION,
     CitedSource,
@@ -40,7 +41,6 @@ from agentstream.wire.events import (
     TurnInput,
     TurnMessage,
 )
-from agentstream.app.tool_context import CallContext, current_call
 
 __all__ = [
     "TRACE_SCHEMA_VERSION",

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.timeout(900)  # about two minutes alone; a machine shared with other work takes longer
 def test_kill_9_chaos_every_turn_ends_exactly_once(redis_url, namespace, tmp_path, capsys):
-    config = ChaosConfig(conversations=50, turns_per_conversation=4, publish_over_s=20.0, kill_every_s=(0.5, 2.0), seed=7)
+    config = ChaosConfig(
+        conversations=50, turns_per_conversation=4, publish_over_s=20.0, kill_every_s=(0.5, 2.0), seed=7
+    )
     result = ChaosRun(redis_url, namespace, tmp_path, config).run()
     with capsys.disabled():
         print("\nchaos figures:\n" + result.report())

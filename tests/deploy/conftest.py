@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tests.deploy.deploy_support import CHART, FULL_VALUES, K8S_NAMESPACE, RELEASE, Render, Rendered, find_tool, run
 
 

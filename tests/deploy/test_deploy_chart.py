@@ -60,7 +60,9 @@ def test_rendered_manifests_pass_kubernetes_validate(request: pytest.FixtureRequ
     # Only the CRDs (KEDA, Prometheus Operator) may be unknown to the bundled schemas.
     for line in output.splitlines():
         if line.startswith("WARN"):
-            assert re.search(r"kind (ScaledObject|TriggerAuthentication|ServiceMonitor|PodMonitor|PrometheusRule) ", line), line
+            assert re.search(
+                r"kind (ScaledObject|TriggerAuthentication|ServiceMonitor|PodMonitor|PrometheusRule) ", line
+            ), line
 
 
 # ---------------------------------------------------------------- every workload
@@ -120,7 +122,11 @@ def test_agentstream_containers_probe_the_metrics_port_and_get_their_settings(
         assert env["REDIS_URL"]["value"].startswith(("redis://", "rediss://")), where
         assert c["command"] == ["tini", "--", "agentstream"], where
         service = component(d)
-        model_env = {n for n in env if n.startswith(("OPENAI_", "AGENTSTREAM_KEY_", "AGENTSTREAM_MODELS_FILE", "AGENTSTREAM_DEFAULT_MODEL"))}
+        model_env = {
+            n
+            for n in env
+            if n.startswith(("OPENAI_", "AGENTSTREAM_KEY_", "AGENTSTREAM_MODELS_FILE", "AGENTSTREAM_DEFAULT_MODEL"))
+        }
         if service in MODEL_SERVICES:
             assert env["OPENAI_BASE_URL"]["value"] == values["models"][0]["baseUrl"], where
             assert env["OPENAI_MODEL"]["value"] == values["models"][0]["model"], where
@@ -200,7 +206,10 @@ def test_external_redis_url_has_tls_and_the_password_by_reference(full_render: R
         password = env[names.index("REDIS_PASSWORD")]
         assert password["valueFrom"]["secretKeyRef"] == {"name": "redis-auth", "key": "redis-password"}
         url = env[names.index("REDIS_URL")]["value"]
-        assert url == "rediss://agentstream:$(REDIS_PASSWORD)@redis.example.com:6380/2?ssl_ca_certs=/etc/agentstream/redis-tls/ca.crt"
+        assert (
+            url
+            == "rediss://agentstream:$(REDIS_PASSWORD)@redis.example.com:6380/2?ssl_ca_certs=/etc/agentstream/redis-tls/ca.crt"
+        )
 
 
 # ---------------------------------------------------------------- secrets
@@ -282,7 +291,11 @@ def test_rendered_models_file_loads_in_agentstream(full_render: Rendered, tmp_pa
     endpoints = load_rendered_models(full_render, tmp_path, keys)
     assert set(endpoints) == {"local-small", "claude", "ollama"}, "the OpenAI-compatible default goes as OPENAI_*"
     claude = endpoints["claude"]
-    assert (claude.provider, claude.base_url, claude.model) == ("anthropic", "https://api.anthropic.com", "claude-sonnet-4-5")
+    assert (claude.provider, claude.base_url, claude.model) == (
+        "anthropic",
+        "https://api.anthropic.com",
+        "claude-sonnet-4-5",
+    )
     assert claude.window_tokens == 200000 and claude.thinking_budget_tokens == 2048
     assert claude.api_key is not None and claude.api_key.get_secret_value() == "key-of-AGENTSTREAM_KEY_CLAUDE"
     local = endpoints["local-small"]
@@ -292,7 +305,9 @@ def test_rendered_models_file_loads_in_agentstream(full_render: Rendered, tmp_pa
     assert endpoints["ollama"].api_key is None and endpoints["ollama"].provider == "openai"
 
 
-def test_default_model_options_reach_the_default_endpoint(full_render: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_model_options_reach_the_default_endpoint(
+    full_render: Rendered, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from agentstream.models.endpoints import default_endpoint
     from agentstream.ops.settings import Settings
 
@@ -300,7 +315,11 @@ def test_default_model_options_reach_the_default_endpoint(full_render: Rendered,
     for name in ("OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS"):
         monkeypatch.setenv(name, env[name]["value"])
     endpoint = default_endpoint(Settings())
-    assert (endpoint.provider, endpoint.base_url, endpoint.model) == ("openai", "https://api.openai.com/v1", "gpt-4o-mini")
+    assert (endpoint.provider, endpoint.base_url, endpoint.model) == (
+        "openai",
+        "https://api.openai.com/v1",
+        "gpt-4o-mini",
+    )
     assert endpoint.window_tokens == 128000
     assert endpoint.quirks.max_tokens_field == "max_completion_tokens"
 
@@ -330,7 +349,9 @@ def test_an_anthropic_default_goes_into_the_models_file(render: Any, tmp_path: P
     assert endpoints["default"].provider == "anthropic"
 
 
-def test_inline_tool_schemas_reaches_both_kinds_of_endpoint(render: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inline_tool_schemas_reaches_both_kinds_of_endpoint(
+    render: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`inlineToolSchemas` is the endpoint setting `inline_tool_schemas`
     (agentstream.models.endpoints): on the default endpoint it goes in
     AGENTSTREAM_DEFAULT_MODEL_OPTIONS, on another in the models file; off when unset."""
@@ -338,8 +359,18 @@ def test_inline_tool_schemas_reaches_both_kinds_of_endpoint(render: Any, tmp_pat
     from agentstream.ops.settings import Settings
 
     models = [
-        {"id": "default", "baseUrl": "https://gemini.example/v1beta/openai", "model": "gemini-2.5-flash", "inlineToolSchemas": True},
-        {"id": "gemini", "baseUrl": "https://gemini.example/v1beta/openai", "model": "gemini-2.5-pro", "inlineToolSchemas": True},
+        {
+            "id": "default",
+            "baseUrl": "https://gemini.example/v1beta/openai",
+            "model": "gemini-2.5-flash",
+            "inlineToolSchemas": True,
+        },
+        {
+            "id": "gemini",
+            "baseUrl": "https://gemini.example/v1beta/openai",
+            "model": "gemini-2.5-pro",
+            "inlineToolSchemas": True,
+        },
         {"id": "plain", "baseUrl": "https://api.example/v1", "model": "m"},
     ]
     r = render(values={"models": models})
@@ -405,7 +436,9 @@ def test_keda_on_bundled_redis_dials_the_fully_qualified_service(render: Any) ->
         assert "enableTLS" not in t["metadata"]
         assert t["authenticationRef"]["name"] == f"{FULLNAME}-redis-auth"
     (auth,) = r.of_kind("TriggerAuthentication")
-    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": f"{FULLNAME}-redis-auth", "key": "redis-password"}]
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": f"{FULLNAME}-redis-auth", "key": "redis-password"}
+    ]
 
 
 def test_hpa_is_the_alternative_to_keda(hpa_render: Rendered, full_values: dict[str, Any]) -> None:

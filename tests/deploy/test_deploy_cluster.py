@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.deploy.deploy_support import CHART, RELEASE, Render, run
 
 from agentstream.wire.keys import Keys
+from tests.deploy.deploy_support import CHART, RELEASE, Render, run
 
 CLUSTER = {
     "redis": {
@@ -78,8 +78,10 @@ def test_partitions_on_a_single_redis_keep_redis_streams_triggers(render: Render
     (so,) = r.of_kind("ScaledObject")
     assert {t["type"] for t in so["spec"]["triggers"]} == {"redis-streams"}
     assert sorted((t["name"], t["metadata"]["stream"]) for t in so["spec"]["triggers"]) == [
-        ("lag-p0", "agentstream:tools:default"), ("lag-p1", "agentstream:tools:default:p1"),
-        ("pending-p0", "agentstream:tools:default"), ("pending-p1", "agentstream:tools:default:p1"),
+        ("lag-p0", "agentstream:tools:default"),
+        ("lag-p1", "agentstream:tools:default:p1"),
+        ("pending-p0", "agentstream:tools:default"),
+        ("pending-p1", "agentstream:tools:default:p1"),
     ]
     assert all("databaseIndex" in t["metadata"] for t in so["spec"]["triggers"])
 
@@ -88,7 +90,8 @@ def test_one_partition_keeps_the_trigger_names_and_streams_of_before(render: Ren
     r = render(values={"autoscaling": {"keda": {"enabled": True}}})
     (so,) = r.of_kind("ScaledObject")
     assert sorted((t["name"], t["metadata"]["stream"]) for t in so["spec"]["triggers"]) == [
-        ("lag", "agentstream:tools:default"), ("pending", "agentstream:tools:default"),
+        ("lag", "agentstream:tools:default"),
+        ("pending", "agentstream:tools:default"),
     ]
     assert {_env(c)["AGENTSTREAM_PARTITIONS"] for c in _pods(r)} == {"1"}
 
@@ -96,7 +99,9 @@ def test_one_partition_keeps_the_trigger_names_and_streams_of_before(render: Ren
 def test_cluster_values_that_cannot_work_are_refused(render: Render) -> None:
     bundled = render(values={"redis": {"external": {"cluster": True}}})
     assert bundled.returncode != 0 and "redis.external.cluster needs redis.external.enabled=true" in bundled.stderr
-    database = render(values={"redis": {**CLUSTER["redis"], "external": {**CLUSTER["redis"]["external"], "url": "redis://r:7000/3"}}})
+    database = render(
+        values={"redis": {**CLUSTER["redis"], "external": {**CLUSTER["redis"]["external"], "url": "redis://r:7000/3"}}}
+    )
     assert database.returncode != 0 and "database other than 0" in database.stderr
     zero = render(values={"partitions": 0})
     assert zero.returncode != 0 and "partitions" in zero.stderr
@@ -112,7 +117,9 @@ def test_notes_tell_a_cluster_backend_how_to_publish_to_a_partition(helm: str, t
     )
     values = tmp_path / "cluster.yaml"
     values.write_text(yaml.safe_dump(CLUSTER))
-    proc = run([helm, "template", RELEASE, str(chart), "--show-only", "templates/zz-notes-under-test.yaml", "-f", str(values)])
+    proc = run(
+        [helm, "template", RELEASE, str(chart), "--show-only", "templates/zz-notes-under-test.yaml", "-f", str(values)]
+    )
     assert proc.returncode == 0, proc.stderr
     notes = yaml.safe_load(proc.stdout)["data"]["notes"]
     assert "redis-cli -c -u 'redis://redis-cluster.example.com:7000/0'" in notes  # redis-cli's own scheme, cluster mode

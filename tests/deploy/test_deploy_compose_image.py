@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tests.deploy.deploy_support import CHART, REPO, find_tool, run
 
 COMPOSE = REPO / "docker-compose.yml"
@@ -54,7 +55,13 @@ METRICS = (
 
 
 MODEL_SERVICES = ("agent-loop", "compaction")  # the services that call models
-MODEL_VARS = ("OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL", "AGENTSTREAM_MODELS_FILE", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS")
+MODEL_VARS = (
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
+    "OPENAI_MODEL",
+    "AGENTSTREAM_MODELS_FILE",
+    "AGENTSTREAM_DEFAULT_MODEL_OPTIONS",
+)
 
 
 def test_docker_compose_config_is_valid() -> None:
@@ -172,7 +179,9 @@ def test_dockerfile_runs_any_service_as_non_root_with_a_health_check() -> None:
     assert uid.isdigit() and int(uid) != 0, "numeric and non-root, so runAsNonRoot can verify it"
     (healthcheck,) = [a for ins, a in final_stage if ins == "HEALTHCHECK"]
     assert "python" in healthcheck and "/healthz" in healthcheck and "AGENTSTREAM_METRICS_PORT" in healthcheck
-    assert ("ENTRYPOINT", '["tini", "--", "agentstream"]') in final_stage, "tini is PID 1: it forwards signals and reaps"
+    assert ("ENTRYPOINT", '["tini", "--", "agentstream"]') in final_stage, (
+        "tini is PID 1: it forwards signals and reaps"
+    )
     (cmd,) = [json.loads(a) for ins, a in final_stage if ins == "CMD"]
     assert cmd == ["serve", "agent-loop", "--app", "agentstream.demo.app:app"]
     env = " ".join(a for ins, a in final_stage if ins == "ENV")
@@ -193,7 +202,11 @@ def test_the_image_gets_every_source_folder_of_the_distribution() -> None:
     package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
     folders = {d.split("/")[0] for d in package_dirs}  # the top-level folder of each package
     dockerfile = (REPO / "Dockerfile").read_text()
-    allowed = {line.strip()[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line.startswith("!")}
+    allowed = {
+        line.strip()[1:].rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
     for folder in folders:
         assert re.search(rf"^COPY {folder} \./{folder}$", dockerfile, re.M), f"Dockerfile does not COPY {folder}/"
         assert folder in allowed, f".dockerignore leaves out {folder}/"

@@ -11,11 +11,19 @@ from tests.deploy.deploy_support import FULL_VALUES, Rendered, find_tool, run
 
 FULLNAME = "t-agentstream-gateway"
 ON = {"gateway": {"enabled": True, "keys": {"existingSecret": "gateway-keys"}}}
-TLS = {"gateway": {**ON["gateway"], "ingress": {
-    "enabled": True, "className": "nginx", "annotations": {"nginx.ingress.kubernetes.io/proxy-buffering": "off"},
-    "hosts": [{"host": "agents.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]}],
-    "tls": [{"secretName": "agents-tls", "hosts": ["agents.example.com"]}]}},
-    "networkPolicy": {"enabled": True}}
+TLS = {
+    "gateway": {
+        **ON["gateway"],
+        "ingress": {
+            "enabled": True,
+            "className": "nginx",
+            "annotations": {"nginx.ingress.kubernetes.io/proxy-buffering": "off"},
+            "hosts": [{"host": "agents.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]}],
+            "tls": [{"secretName": "agents-tls", "hosts": ["agents.example.com"]}],
+        },
+    },
+    "networkPolicy": {"enabled": True},
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +38,9 @@ def _container(rendered: Rendered) -> dict[str, Any]:
 
 def test_off_by_default(default_render: Rendered, full_render: Rendered) -> None:
     for rendered in (default_render, full_render):
-        assert not [m for m in rendered.manifests if m["metadata"]["labels"].get("app.kubernetes.io/component") == "gateway"]
+        assert not [
+            m for m in rendered.manifests if m["metadata"]["labels"].get("app.kubernetes.io/component") == "gateway"
+        ]
 
 
 def test_on_without_a_keys_secret_fails_to_render(render: Any) -> None:
@@ -44,8 +54,10 @@ def test_the_gateway_deployment(gateway_render: Rendered, full_values: dict[str,
     c = _container(gateway_render)
     assert deployment["spec"]["replicas"] == 2
     assert c["args"] == ["serve", "gateway", "--app", full_values["app"]]
-    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
-                          {"name": "metrics", "containerPort": full_values["metricsPort"], "protocol": "TCP"}]
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": full_values["metricsPort"], "protocol": "TCP"},
+    ]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert pod["terminationGracePeriodSeconds"] == full_values["shutdownGraceSeconds"] + 5
@@ -54,20 +66,33 @@ def test_the_gateway_deployment(gateway_render: Rendered, full_values: dict[str,
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert env["AGENTSTREAM_GATEWAY_KEYS_FILE"]["value"] == mounts["keys"]["mountPath"] + "/keys.yaml"
-    assert volumes["keys"]["secret"] == {"secretName": "gateway-keys", "items": [{"key": "keys.yaml", "path": "keys.yaml"}]}
+    assert volumes["keys"]["secret"] == {
+        "secretName": "gateway-keys",
+        "items": [{"key": "keys.yaml", "path": "keys.yaml"}],
+    }
     assert env["AGENTSTREAM_GATEWAY_RATE_LIMIT_PER_MIN"]["value"] == "600"
     assert env["AGENTSTREAM_GATEWAY_CORS_ORIGINS"]["value"] == ""
     assert env["AGENTSTREAM_METRICS_PORT"]["value"] == str(full_values["metricsPort"])
     # the endpoints' settings for explain, never a key
     assert env["OPENAI_BASE_URL"]["value"] == full_values["models"][0]["baseUrl"]
     assert env["AGENTSTREAM_MODELS_FILE"]["value"] == mounts["models"]["mountPath"] + "/models.yaml"
-    assert not [n for n in env if n.endswith("API_KEY") or n.startswith("AGENTSTREAM_KEY_") or "valueFrom" in env[n]
-                and "secretKeyRef" in env[n]["valueFrom"] and n != "REDIS_PASSWORD"]
+    assert not [
+        n
+        for n in env
+        if n.endswith("API_KEY")
+        or n.startswith("AGENTSTREAM_KEY_")
+        or "valueFrom" in env[n]
+        and "secretKeyRef" in env[n]["valueFrom"]
+        and n != "REDIS_PASSWORD"
+    ]
 
 
 def test_service_pdb_ingress_with_tls_and_network_policy(gateway_render: Rendered) -> None:
     service = gateway_render.named("Service", FULLNAME)
-    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", 9464, "metrics"), ("http", 80, "http")]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("metrics", 9464, "metrics"),
+        ("http", 80, "http"),
+    ]
     assert service["metadata"]["labels"]["agentstream.io/metrics"] == "true"
     assert gateway_render.named("PodDisruptionBudget", FULLNAME)["spec"]["maxUnavailable"] == 1
     ingress = gateway_render.named("Ingress", FULLNAME)
@@ -82,7 +107,9 @@ def test_service_pdb_ingress_with_tls_and_network_policy(gateway_render: Rendere
 
 
 def test_gateway_manifests_pass_kubernetes_validate(gateway_render: Rendered) -> None:
-    proc = run([find_tool("kubernetes-validate"), "--strict", "-k", "1.31.0", "-"], stdin=gateway_render.stdout, timeout_s=120)
+    proc = run(
+        [find_tool("kubernetes-validate"), "--strict", "-k", "1.31.0", "-"], stdin=gateway_render.stdout, timeout_s=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -116,7 +143,11 @@ def test_compose_runs_the_gateway_with_its_keys_file_and_no_model_key() -> None:
     assert not [v for v in env if v.endswith("_API_KEY")], "the gateway calls no model"
     assert {"OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_MODELS_FILE"} <= set(env)
     (port,) = gateway["ports"]
-    assert port["host_ip"] == "127.0.0.1" and port["target"] == 8080 if isinstance(port, dict) else port.startswith("127.0.0.1:")
+    assert (
+        port["host_ip"] == "127.0.0.1" and port["target"] == 8080
+        if isinstance(port, dict)
+        else port.startswith("127.0.0.1:")
+    )
 
 
 def test_notes_tell_where_the_gateway_is(helm: str, tmp_path) -> None:

@@ -8,13 +8,11 @@ import os
 from typing import Any
 from unittest import mock
 
-import pytest
 import yaml
 
 from agentstream.ops.settings import Settings
 from agentstream.wire.checks import DEFAULT_LIMITS, LIMIT_SETTINGS
 from tests.deploy.deploy_support import REPO, find_tool, run
-
 
 NUMERIC = {name: var for name, var in LIMIT_SETTINGS.items() if name != "reply_streams"}
 
@@ -45,13 +43,21 @@ def test_the_chart_gives_every_service_the_default_limits_and_deadlines(default_
 
 
 def test_chart_values_reach_the_settings(render) -> None:
-    rendered = render(values={
-        "limits": {"maxToolResultBytes": 4194304, "maxTurnBytes": 2097152, "replyStreams": ["app:*:replies", "billing:replies"]},
-        "deadlines": {"modelSeconds": 90, "turnSeconds": 600},
-    })
+    rendered = render(
+        values={
+            "limits": {
+                "maxToolResultBytes": 4194304,
+                "maxTurnBytes": 2097152,
+                "replyStreams": ["app:*:replies", "billing:replies"],
+            },
+            "deadlines": {"modelSeconds": 90, "turnSeconds": 600},
+        }
+    )
     for where, env in containers(rendered):
         settings = settings_from(env)
-        assert settings.wire_limits.max_tool_result_bytes == 4_194_304 and settings.wire_limits.max_turn_bytes == 2_097_152, where
+        assert (
+            settings.wire_limits.max_tool_result_bytes == 4_194_304 and settings.wire_limits.max_turn_bytes == 2_097_152
+        ), where
         assert settings.wire_limits.reply_streams == ("app:*:replies", "billing:replies")
         assert settings.model_deadline_s == 90 and settings.turn_deadline_s == 600
     bad = render(values={"limits": {"maxTurnBytes": 10}})

@@ -23,7 +23,9 @@ def test_mcp_pools_lint_and_validate(helm: str, mcp_render: Rendered) -> None:
     proc = run([helm, "lint", "--strict", str(CHART), "-f", str(FULL_VALUES), "-f", str(MCP_VALUES)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert mcp_render.returncode == 0, mcp_render.stderr
-    proc = run([find_tool("kubernetes-validate"), "--strict", "-k", "1.31.0", "-"], stdin=mcp_render.stdout, timeout_s=120)
+    proc = run(
+        [find_tool("kubernetes-validate"), "--strict", "-k", "1.31.0", "-"], stdin=mcp_render.stdout, timeout_s=120
+    )
     assert proc.returncode == 0 and "ERROR" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     names = {d["metadata"]["name"] for d in mcp_render.of_kind("Deployment")}
     assert {f"{FULLNAME}-tool-worker-mcp-files", f"{FULLNAME}-tool-worker-mcp-search"} <= names
@@ -64,7 +66,10 @@ def test_an_http_pool_gets_the_url_and_its_headers_from_a_secret(mcp_render: Ren
     container = _container(mcp_render, "mcp-search")
     env = {e["name"]: e for e in container["env"]}
     header = env["AGENTSTREAM_MCP_SEARCH_HEADER_AUTHORIZATION"]
-    assert "value" not in header and header["valueFrom"]["secretKeyRef"] == {"name": "search-mcp", "key": "authorization"}
+    assert "value" not in header and header["valueFrom"]["secretKeyRef"] == {
+        "name": "search-mcp",
+        "key": "authorization",
+    }
     transport = McpServer(name="search").transport(_plain_env(container, {("search-mcp", "authorization"): "Bearer t"}))
     assert transport.url == "https://mcp.example.com/mcp" and transport.headers == {"authorization": "Bearer t"}
 
@@ -73,9 +78,18 @@ def test_an_http_pool_gets_the_url_and_its_headers_from_a_secret(mcp_render: Ren
     ("mcp", "message"),
     [
         ({"server": "s", "command": ["x"], "url": "https://h/mcp"}, "not both"),
-        ({"server": "s", "command": ["x"], "headers": [{"name": "Authorization", "secretName": "a", "secretKey": "b"}]},
-         "mcp.headers apply to a streamable-HTTP server"),
-        ({"server": "s", "url": "https://h/mcp", "env": [{"name": "A", "value": "1"}]}, "mcp.env is the environment of a stdio command"),
+        (
+            {
+                "server": "s",
+                "command": ["x"],
+                "headers": [{"name": "Authorization", "secretName": "a", "secretKey": "b"}],
+            },
+            "mcp.headers apply to a streamable-HTTP server",
+        ),
+        (
+            {"server": "s", "url": "https://h/mcp", "env": [{"name": "A", "value": "1"}]},
+            "mcp.env is the environment of a stdio command",
+        ),
         ({"server": "s", "url": "https://user:pw@h/mcp"}, "must not contain credentials"),
         ({"command": ["x"]}, "server"),
         ({"server": "s", "url": "ftp://h"}, "url"),

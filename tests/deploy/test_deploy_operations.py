@@ -15,18 +15,15 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.deploy.deploy_support import CHART, FULL_VALUES, K8S_NAMESPACE, REPO, Rendered, Render, find_tool, run
+
+from tests.deploy.deploy_support import CHART, K8S_NAMESPACE, REPO, Render, Rendered, find_tool, run
 
 FULLNAME = "t-agentstream"
 AGENTSTREAM_COMPONENTS = {"agent-loop", "tool-worker", "delegation", "compaction"}
 
 
 def containers(r: Rendered) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    return [
-        (d, c)
-        for d in r.of_kind("Deployment")
-        for c in d["spec"]["template"]["spec"]["containers"]
-    ]
+    return [(d, c) for d in r.of_kind("Deployment") for c in d["spec"]["template"]["spec"]["containers"]]
 
 
 # ---------------------------------------------------------------- the root-user guard
@@ -78,8 +75,11 @@ SIMILAR_POOLS = [{"name": "browser-heavy-one", "queue": "one"}, {"name": "browse
 @pytest.fixture(scope="module")
 def long_render(helm: str) -> Rendered:
     assert len(LONG_RELEASE) == 43
-    values = {"toolWorkers": {"pools": SIMILAR_POOLS}, "autoscaling": {"keda": {"enabled": True}},
-              "monitoring": {"prometheusRule": {"enabled": True}, "podMonitor": {"enabled": True}}}
+    values = {
+        "toolWorkers": {"pools": SIMILAR_POOLS},
+        "autoscaling": {"keda": {"enabled": True}},
+        "monitoring": {"prometheusRule": {"enabled": True}, "podMonitor": {"enabled": True}},
+    }
     path = Path(run(["mktemp", "--suffix=.yaml"]).stdout.strip())
     path.write_text(yaml.safe_dump(values))
     proc = run([helm, "template", LONG_RELEASE, str(CHART), "--namespace", K8S_NAMESPACE, "-f", str(path)])
@@ -135,7 +135,9 @@ def test_keda_pending_target_is_the_pools_concurrency(full_render: Rendered) -> 
     assert pending_target(default_pool) == "16", "toolWorkers.concurrency's default: 16 jobs per pod"
     assert pending_target(browser) == "4", "the pool's own concurrency"
     for name, want in (("default", "16"), ("browser", "4")):
-        (c,) = full_render.named("Deployment", f"{FULLNAME}-tool-worker-{name}")["spec"]["template"]["spec"]["containers"]
+        (c,) = full_render.named("Deployment", f"{FULLNAME}-tool-worker-{name}")["spec"]["template"]["spec"][
+            "containers"
+        ]
         env = {e["name"]: e for e in c["env"]}
         assert env["AGENTSTREAM_CONCURRENCY"]["value"] == want, "the pods run as many jobs as the target assumes"
 
@@ -174,7 +176,10 @@ def test_redis_tls_ca_reaches_the_scaler_and_the_pods(full_render: Rendered) -> 
         mounts = {m["name"]: m for m in c["volumeMounts"]}
         assert mounts["redis-tls"]["mountPath"] == "/etc/agentstream/redis-tls"
         volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
-        assert volumes["redis-tls"]["secret"] == {"secretName": "redis-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+        assert volumes["redis-tls"]["secret"] == {
+            "secretName": "redis-ca",
+            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+        }
 
 
 def test_redis_py_reads_the_ca_from_the_rendered_url(full_render: Rendered) -> None:
@@ -191,7 +196,10 @@ def test_redis_py_reads_the_ca_from_the_rendered_url(full_render: Rendered) -> N
     "values, message",
     [
         ({"redis": {"bundled": {"maxmemoryPolicy": "allkeys-lru"}}}, "would let Redis delete keys"),
-        ({"redis": {"external": {"tlsCA": {"existingSecret": "ca"}}}}, "tlsCA.existingSecret needs redis.external.tls=true"),
+        (
+            {"redis": {"external": {"tlsCA": {"existingSecret": "ca"}}}},
+            "tlsCA.existingSecret needs redis.external.tls=true",
+        ),
     ],
     ids=["evicting policy", "ca without tls"],
 )
@@ -255,7 +263,12 @@ def test_prometheus_rule_alerts_on_what_operators_watch(full_render: Rendered) -
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (group,) = rule["spec"]["groups"]
     alerts = {r["alert"]: r for r in group["rules"]}
-    assert {"AgentstreamDeadLetters", "AgentstreamConsumerLag", "AgentstreamTurnsFailing", "AgentstreamNoConsumer"} <= set(alerts)
+    assert {
+        "AgentstreamDeadLetters",
+        "AgentstreamConsumerLag",
+        "AgentstreamTurnsFailing",
+        "AgentstreamNoConsumer",
+    } <= set(alerts)
     known = _metric_names()
     for name, r in alerts.items():
         used = set(re.findall(r"\bagentstream_[a-z_]+", r["expr"]))
@@ -298,7 +311,10 @@ def test_bundled_redis_is_secure_by_default(default_render: Rendered) -> None:
     assert env["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
     for d, ac in containers(default_render):
         aenv = {e["name"]: e for e in ac["env"]}
-        assert aenv["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "redis-password"}
+        assert aenv["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": secret["metadata"]["name"],
+            "key": "redis-password",
+        }
     assert default_render.named("NetworkPolicy", f"{FULLNAME}-redis"), "network policies are on by default"
 
 
@@ -307,7 +323,10 @@ def test_an_existing_secret_replaces_the_generated_password(render: Render) -> N
     assert not r.of_kind("Secret")
     (sts,) = r.of_kind("StatefulSet")
     (c,) = sts["spec"]["template"]["spec"]["containers"]
-    assert {e["name"]: e for e in c["env"]}["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "pw"}
+    assert {e["name"]: e for e in c["env"]}["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mine",
+        "key": "pw",
+    }
 
 
 def test_redis_memory_limit_is_above_maxmemory(default_values: dict[str, Any]) -> None:
@@ -373,9 +392,14 @@ def test_image_has_tini_oci_labels_and_installs_from_the_lock_file() -> None:
 
 def test_lock_file_pins_every_dependency_with_hashes() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    wanted = project["dependencies"] + project["optional-dependencies"]["otel"] + project["optional-dependencies"]["mcp"]
+    wanted = (
+        project["dependencies"] + project["optional-dependencies"]["otel"] + project["optional-dependencies"]["mcp"]
+    )
     lock = (REPO / "requirements.lock").read_text()
-    pinned = {m.group(1).lower().replace("_", "-"): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.M)}
+    pinned = {
+        m.group(1).lower().replace("_", "-"): m.group(2)
+        for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, re.M)
+    }
     for requirement in wanted:
         name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower().replace("_", "-")
         assert name in pinned, f"{name} (pyproject.toml) is not in requirements.lock: run scripts/lock"

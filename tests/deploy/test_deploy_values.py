@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from tests.deploy.deploy_support import CHART, FULL_VALUES, RELEASE, Render, run
 
 PARAM_LINE = re.compile(r"^\s*## @param (\S+) (.+)$")
@@ -49,9 +50,7 @@ def documented() -> dict[str, str]:
 def test_every_value_has_a_param_line(default_values: dict[str, Any]) -> None:
     params = documented()
     undocumented = [
-        path
-        for path in leaf_paths(default_values)
-        if not any(path == p or path.startswith(p + ".") for p in params)
+        path for path in leaf_paths(default_values) if not any(path == p or path.startswith(p + ".") for p in params)
     ]
     assert not undocumented, f"values without a `## @param` line: {undocumented}"
 
@@ -105,7 +104,10 @@ BAD_COMBINATIONS = {
         {"redis": {"external": {"enabled": True, "url": "redis://r:6379/0"}}},
         "redis.bundled.enabled and redis.external.enabled are both true",
     ),
-    "no redis": ({"redis": {"bundled": {"enabled": False}}}, "neither redis.bundled.enabled nor redis.external.enabled"),
+    "no redis": (
+        {"redis": {"bundled": {"enabled": False}}},
+        "neither redis.bundled.enabled nor redis.external.enabled",
+    ),
     "external without url": (
         {"redis": {"bundled": {"enabled": False}, "external": {"enabled": True}}},
         "redis.external.url is empty",
@@ -127,7 +129,7 @@ BAD_COMBINATIONS = {
     "pool without name": ({"toolWorkers": {"pools": [{"queue": "q"}]}}, "toolWorkers.pools[0] has no name"),
     "pool queue named like a partition": (
         {"toolWorkers": {"pools": [{"name": "heavy", "queue": "heavy:p1"}]}},
-        "queue \"heavy:p1\" ends in the partition suffix ':p<k>' of work streams (its stream would be a partition of queue \"heavy\"",
+        'queue "heavy:p1" ends in the partition suffix \':p<k>\' of work streams (its stream would be a partition of queue "heavy"',
     ),
     "duplicate pool": (
         {"toolWorkers": {"pools": [{"name": "a", "queue": "a"}, {"name": "a", "queue": "b"}]}},
@@ -155,8 +157,13 @@ BAD_COMBINATIONS = {
         'no model has id "default"',
     ),
     "two ids, one key variable": (
-        {"models": [{"id": "default", "baseUrl": "http://m/v1", "model": "m"}, {"id": "a-b", "baseUrl": "http://m/v1", "model": "m"},
-                    {"id": "a.b", "baseUrl": "http://m/v1", "model": "m"}]},
+        {
+            "models": [
+                {"id": "default", "baseUrl": "http://m/v1", "model": "m"},
+                {"id": "a-b", "baseUrl": "http://m/v1", "model": "m"},
+                {"id": "a.b", "baseUrl": "http://m/v1", "model": "m"},
+            ]
+        },
         "both give the key variable AGENTSTREAM_KEY_A_B",
     ),
     "thinking budget on an openai endpoint": (
@@ -164,7 +171,11 @@ BAD_COMBINATIONS = {
         "thinkingBudgetTokens is an Anthropic setting",
     ),
     "model secret without key": (
-        {"models": [{"id": "default", "baseUrl": "http://m/v1", "model": "m", "apiKey": {"existingSecret": "s", "key": ""}}]},
+        {
+            "models": [
+                {"id": "default", "baseUrl": "http://m/v1", "model": "m", "apiKey": {"existingSecret": "s", "key": ""}}
+            ]
+        },
         "apiKey.key is empty",
     ),
 }

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.support.redis_server import sync_client
 
 

@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded
 from agentstream.models.endpoints import load_endpoints
-from agentstream.steps.replay import rebuild_calls
 from agentstream.ops.settings import Settings
+from agentstream.steps.replay import rebuild_calls
+from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded
 from tests.support import answer_apps
 from tests.support.procs import Services, publish_turn, trace_events, wait_replies
 
@@ -38,8 +38,14 @@ def models_file(tmp_path, scripted_model):
 @pytest.fixture
 def services(redis_url, namespace, scripted_model, tmp_path, models_file):
     scripted_model.rule = answer_apps.rule
-    s = Services(redis_url=redis_url, namespace=namespace, model_url=scripted_model.base_url,
-                 app="tests.support.answer_apps:app", log_dir=tmp_path, extra_env={"AGENTSTREAM_MODELS_FILE": str(models_file)})
+    s = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=scripted_model.base_url,
+        app="tests.support.answer_apps:app",
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_MODELS_FILE": str(models_file)},
+    )
     s.start("loop", "agent-loop")
     s.start("tools", "tool-worker")
     s.start("delegation", "delegation")
@@ -57,8 +63,11 @@ def test_each_answer_to_a_request_starts_the_passes_count_again(client, keys, se
     results = [e for e in events if isinstance(e, ToolOutput)]
     assert [(r.name, r.error) for r in results] == [("ask_helper", None)] * 3
     assert [r.text for r in results] == [f"helped with task {n}" for n in (1, 2, 3)]
-    manager_bodies = [json.loads(raw) for raw in scripted_model.requests
-                      if json.loads(raw)["messages"][0]["content"].startswith("MANAGER")]
+    manager_bodies = [
+        json.loads(raw)
+        for raw in scripted_model.requests
+        if json.loads(raw)["messages"][0]["content"].startswith("MANAGER")
+    ]
     assert [bool(b.get("tools")) for b in manager_bodies] == [True, True, True, True]
     assert sum(isinstance(e, ModelOutput) for e in events) == 4
 
@@ -78,26 +87,48 @@ def rebuilt(client, keys, trace_id, scripted_model, models_file, monkeypatch):
 
 
 def test_a_prompt_file_layer_is_chosen_per_call_and_a_cited_answer_comes_back(
-        client, keys, services, scripted_model, models_file, monkeypatch):
+    client, keys, services, scripted_model, models_file, monkeypatch
+):
     publish_turn(client, keys, trace_id="pf-1", turn_id="t1", agent="writer", text="How much leave do I get?")
-    client.xadd(keys.turns, {"turn": json.dumps({"trace_id": "pf-1", "turn_id": "t2", "agent": "writer",
-                                                "text": "And again, on the big model?", "model": "big"})})
+    client.xadd(
+        keys.turns,
+        {
+            "turn": json.dumps(
+                {
+                    "trace_id": "pf-1",
+                    "turn_id": "t2",
+                    "agent": "writer",
+                    "text": "And again, on the big model?",
+                    "model": "big",
+                }
+            )
+        },
+    )
     first, second = wait_replies(client, keys, 2, timeout_s=60)
     for reply in (first, second):
         assert reply.status == "ended" and reply.answer == "Staff get 25 days.", reply
         (cited,) = reply.citations  # the sources the answer's marks resolved to, in the reply
         assert (cited.id, cited.title, cited.url) == ("hb:leave#0", "Leave policy", "https://handbook.example/leave")
     bodies = bodies_of(scripted_model, "WRITER")
-    default, big = [b for b in bodies if b["model"] == "scripted-model"], [b for b in bodies if b["model"] == "scripted-big"]
+    default, big = (
+        [b for b in bodies if b["model"] == "scripted-model"],
+        [b for b in bodies if b["model"] == "scripted-big"],
+    )
     assert default and big
     # the layer naming each call's endpoint, with the citation style's example filled in
-    assert {b["messages"][0]["content"] for b in default} == {"WRITER. Default layer: be brief. Cite each source like [1]."}
+    assert {b["messages"][0]["content"] for b in default} == {
+        "WRITER. Default layer: be brief. Cite each source like [1]."
+    }
     assert {b["messages"][0]["content"] for b in big} == {
-        "WRITER. Answer plainly. Big layer: be thorough. Cite each source like [1]."}
+        "WRITER. Answer plainly. Big layer: be thorough. Cite each source like [1]."
+    }
     # the file's tool texts replace the tool's own description, per endpoint
     assert default[0]["tools"][0]["function"]["description"] == "Search the staff handbook (base text)."
     tool = big[0]["tools"][0]["function"]
-    assert tool["description"] == "Search the handbook (big layer)." and tool["parameters"]["properties"]["topic"]["description"] == "One word."
+    assert (
+        tool["description"] == "Search the handbook (big layer)."
+        and tool["parameters"]["properties"]["topic"]["description"] == "One word."
+    )
     events = trace_events(client, keys, "pf-1")
     endings = [e for e in events if isinstance(e, TurnEnded)]
     assert [len(e.citations) for e in endings] == [1, 1] and endings[0].citations[0].id == "hb:leave#0"  # in the trace
@@ -105,10 +136,16 @@ def test_a_prompt_file_layer_is_chosen_per_call_and_a_cited_answer_comes_back(
     digests = {o.endpoint: o.prompt_digest for o in outputs}
     assert digests["default"] and digests["big"] and digests["default"] != digests["big"]  # what a rebuild compares
     calls = rebuilt(client, keys, "pf-1", scripted_model, models_file, monkeypatch)
-    assert len(calls) == len(outputs) and all(c.matches and not c.prompt_changed for c in calls)  # rebuilt from the trace
+    assert len(calls) == len(outputs) and all(
+        c.matches and not c.prompt_changed for c in calls
+    )  # rebuilt from the trace
     # the prompt file edited since: the rebuild differs, and says the prompt file is what changed
-    edited = dataclasses.replace(answer_apps.app.agent("writer"), system_prompt=answer_apps.WRITER_PROMPTS.model_copy(
-        update={"system": answer_apps.WRITER_PROMPTS.system.replace("Cite each", "Always cite each")}))
+    edited = dataclasses.replace(
+        answer_apps.app.agent("writer"),
+        system_prompt=answer_apps.WRITER_PROMPTS.model_copy(
+            update={"system": answer_apps.WRITER_PROMPTS.system.replace("Cite each", "Always cite each")}
+        ),
+    )
     again = rebuild_calls(trace_events(client, keys, "pf-1"), lambda name: edited, endpoints=load_endpoints(Settings()))
     assert all(not c.matches and c.prompt_changed for c in again)
 
@@ -118,28 +155,40 @@ def test_a_prompt_function_writes_each_turns_system_prompt(client, keys, service
     (reply,) = wait_replies(client, keys, 1)
     assert reply.status == "ended", reply
     (body,) = bodies_of(scripted_model, "SCRIBE")
-    assert body["messages"][0]["content"] == "SCRIBE. The turn says 'Hello {citation} {context}'; cite like [1]; {braces} stay."
+    assert (
+        body["messages"][0]["content"]
+        == "SCRIBE. The turn says 'Hello {citation} {context}'; cite like [1]; {braces} stay."
+    )
 
 
 def test_a_text_prompt_fills_the_turns_context_and_the_citation_in_one_pass(client, keys, services, scripted_model):
-    turn = {"trace_id": "ctx-1", "turn_id": "t1", "agent": "briefer",
-            "input": {"text": "Hi", "context": "  The user {citation} is a pupil.  "}}
+    turn = {
+        "trace_id": "ctx-1",
+        "turn_id": "t1",
+        "agent": "briefer",
+        "input": {"text": "Hi", "context": "  The user {citation} is a pupil.  "},
+    }
     client.xadd(keys.turns, {"turn": json.dumps(turn)})
     (reply,) = wait_replies(client, keys, 1)
     assert reply.status == "ended", reply
     (body,) = bodies_of(scripted_model, "BRIEFER")
     # the turn's text is never read as a placeholder; other braces stay; the spaces around it go
-    assert body["messages"][0]["content"] == "BRIEFER. Context: The user {citation} is a pupil.. Cite like [1]; {other} braces stay."
+    assert (
+        body["messages"][0]["content"]
+        == "BRIEFER. Context: The user {citation} is a pupil.. Cite like [1]; {other} braces stay."
+    )
 
 
 def test_a_tools_result_is_the_answer_and_the_model_is_not_called_again(
-        client, keys, services, scripted_model, models_file, monkeypatch):
+    client, keys, services, scripted_model, models_file, monkeypatch
+):
     publish_turn(client, keys, trace_id="ans-1", turn_id="t1", agent="adder", text="What is 20 + 22?")
     (reply,) = wait_replies(client, keys, 1)
     assert reply.status == "ended" and reply.answer == "20 + 22 = 42", reply
     assert len(bodies_of(scripted_model, "ADDER")) == 1  # one call: it chose the tool; the tool answered
     assert bodies_of(scripted_model, "ADDER")[0]["messages"][0]["content"] == (
-        "ADDER. Use the add tool; a {placeholder} of another name stays.")
+        "ADDER. Use the add tool; a {placeholder} of another name stays."
+    )
     events = trace_events(client, keys, "ans-1")
     (result,) = [e for e in events if isinstance(e, ToolOutput)]
     (ended,) = [e for e in events if isinstance(e, TurnEnded)]

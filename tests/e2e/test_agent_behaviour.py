@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from agentstream.wire.events import ModelOutput, ToolOutput, TurnFailed
 from agentstream.steps.decision import PASSES_CAP_CODE
+from agentstream.wire.events import ModelOutput, ToolOutput, TurnFailed
 from tests.support.procs import Services, publish_turn, trace_events, wait_replies
 from tests.support.scripted_model import ScriptedModelServer
 
@@ -20,9 +20,20 @@ def always_calls_tools(body):
     """Call ``lookup`` whenever tools are offered; answer only when they are not."""
     if body.get("tools"):
         n = sum(1 for m in body["messages"] if m["role"] == "assistant")
-        return {"message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{n}", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"q": f"w{n}"})}}
-        ]}, "finish_reason": "tool_calls"}
+        return {
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{n}",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": json.dumps({"q": f"w{n}"})},
+                    }
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
     results = sum(1 for m in body["messages"] if m["role"] == "tool")
     return {"message": {"role": "assistant", "content": f"Answer after {results} results."}, "finish_reason": "stop"}
 
@@ -50,8 +61,14 @@ models:
 def services(redis_url, namespace, model, tmp_path):
     models = tmp_path / "models.yaml"
     models.write_text(MODELS_FILE.format(url=model.base_url))
-    s = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url,
-                 app="tests.support.agent_apps:app", log_dir=tmp_path, extra_env={"AGENTSTREAM_MODELS_FILE": str(models)})
+    s = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=model.base_url,
+        app="tests.support.agent_apps:app",
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_MODELS_FILE": str(models)},
+    )
     s.start("loop", "agent-loop")
     s.start("tools", "tool-worker")
     yield s
@@ -84,7 +101,7 @@ def test_a_turn_runs_wholly_on_the_model_it_names(client, keys, services, model)
     assert len(bodies) >= 2 and {b["model"] for b in bodies} == {"scripted-big"}  # every call of the turn
     publish_turn(client, keys, trace_id="m-1", turn_id="t2", agent="chooser", text="And again")
     wait_replies(client, keys, 2)
-    later = [json.loads(raw)["model"] for raw in model.requests[len(bodies):]]
+    later = [json.loads(raw)["model"] for raw in model.requests[len(bodies) :]]
     assert later and set(later) == {"scripted-model"}  # a turn that names none runs on the agent's own
 
 
@@ -106,10 +123,15 @@ def test_an_agent_without_a_default_model_runs_only_turns_that_name_one_it_allow
         client.xadd(keys.turns, {"turn": json.dumps(turn if named is None else {**turn, "model": named})})
     replies = {r.trace_id: r for r in wait_replies(client, keys, 3)}
     assert all(r.status == "failed" and r.code == "bad_turn" for r in replies.values()), replies
-    assert "names no model in its field `model`" in replies["p-1"].reason and "no default model" in replies["p-1"].reason
+    assert (
+        "names no model in its field `model`" in replies["p-1"].reason and "no default model" in replies["p-1"].reason
+    )
     assert "big, small" in replies["p-1"].reason  # what to name instead
     for n, named in [(2, "default"), (3, "nowhere")]:
-        assert f"model {named!r}" in replies[f"p-{n}"].reason and "does not allow (allowed: big, small)" in replies[f"p-{n}"].reason
+        assert (
+            f"model {named!r}" in replies[f"p-{n}"].reason
+            and "does not allow (allowed: big, small)" in replies[f"p-{n}"].reason
+        )
     assert model.requests == []  # no model call was made
     assert [type(e) for e in trace_events(client, keys, "p-1")] == [TurnFailed]  # nothing of it stored but its ending
     publish_turn(client, keys, trace_id="p-4", turn_id="t1", agent="picky", text="Look it up", model="small")

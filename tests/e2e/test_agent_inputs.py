@@ -25,7 +25,7 @@ def _current_turn(body):
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         return "", []
-    return messages[users[-1]]["content"], messages[users[-1] + 1:]
+    return messages[users[-1]]["content"], messages[users[-1] + 1 :]
 
 
 def rule(body):
@@ -34,17 +34,35 @@ def rule(body):
     user, after = _current_turn(body)
     names = [t["function"]["name"] for t in body.get("tools", [])]
     if body["messages"][0]["content"].startswith("You answer weather questions.") and names and not after:
-        return {"message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "w1", "type": "function", "function": {"name": names[0], "arguments": json.dumps({"city": "Oslo"})}}
-        ]}, "finish_reason": "tool_calls"}
+        return {
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "w1",
+                        "type": "function",
+                        "function": {"name": names[0], "arguments": json.dumps({"city": "Oslo"})},
+                    }
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
     if "REPEAT" in user and names:
         calls = sum(1 for m in after if m["role"] == "assistant")
         if calls < 3:
             tool = "fresh" if "FRESH" in user else "lookup"
             arguments = ['{"q": "same"}', '{"q":"same"}', '{ "q" : "same" }'][calls]
-            return {"message": {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"r{calls}", "type": "function", "function": {"name": tool, "arguments": arguments}}
-            ]}, "finish_reason": "tool_calls"}
+            return {
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": f"r{calls}", "type": "function", "function": {"name": tool, "arguments": arguments}}
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
         results = [m["content"] for m in after if m["role"] == "tool"]
         return {"message": {"role": "assistant", "content": "Results: " + " | ".join(results)}, "finish_reason": "stop"}
     if after and after[-1]["role"] == "tool":
@@ -70,8 +88,14 @@ models:
 def _services(redis_url, namespace, model, tmp_path, app, extra_env=None):
     models = tmp_path / "models.yaml"
     models.write_text(MODELS_FILE.format(url=model.base_url))
-    s = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url, app=app, log_dir=tmp_path,
-                 extra_env={"AGENTSTREAM_MODELS_FILE": str(models), **(extra_env or {})})
+    s = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=model.base_url,
+        app=app,
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_MODELS_FILE": str(models), **(extra_env or {})},
+    )
     s.start("loop", "agent-loop")
     s.start("tools", "tool-worker")
     return s
@@ -95,8 +119,14 @@ def bodies(model):
 def verified(services, trace_id, calls):
     """``agentstream trace verify``: every model call rebuilt from the stored trace alone (the
     context library, pure) has the fingerprint of the body that was sent."""
-    proc = subprocess.run([sys.executable, "-m", "agentstream", "trace", "verify", trace_id, "--app", services.app],
-                          env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentstream", "trace", "verify", trace_id, "--app", services.app],
+        env=services.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{calls}/{calls} model calls rebuilt from the stored trace match" in proc.stderr, proc.stderr
 
@@ -122,13 +152,16 @@ def test_a_chat_turn_asks_tool_states_and_a_required_tool_gets_its_instruction(c
     verified(services, "s-1", 2)
 
 
-@pytest.mark.parametrize(("asked", "why"), [
-    ({"text": "x", "tools": {"clock": "off"}}, "locks it at 'auto'"),
-    ({"text": "x", "tools": {"nope": "auto"}}, "'nope', which its agent does not declare"),
-    ({"text": "x", "tools": {"absent": "required"}}, "'absent', which this app does not supply"),
-    ({"text": "x", "tools": {"lookup": "sometimes"}}, "`$.input.tools.lookup`"),
-    ({"text": "x", "tols": {"lookup": "off"}}, "unknown field `$.input.tols`"),
-])
+@pytest.mark.parametrize(
+    ("asked", "why"),
+    [
+        ({"text": "x", "tools": {"clock": "off"}}, "locks it at 'auto'"),
+        ({"text": "x", "tools": {"nope": "auto"}}, "'nope', which its agent does not declare"),
+        ({"text": "x", "tools": {"absent": "required"}}, "'absent', which this app does not supply"),
+        ({"text": "x", "tools": {"lookup": "sometimes"}}, "`$.input.tools.lookup`"),
+        ({"text": "x", "tols": {"lookup": "off"}}, "unknown field `$.input.tols`"),
+    ],
+)
 def test_a_turn_asking_what_its_agent_does_not_allow_is_refused(client, keys, services, model, asked, why):
     publish(client, keys, trace_id="r-1", turn_id="t1", agent="chat", input=asked)
     (reply,) = wait_replies(client, keys, 1)
@@ -163,13 +196,20 @@ def test_per_turn_settings_and_their_refusal(client, keys, services, model):
     publish(client, keys, trace_id="g-3", turn_id="t1", agent="gated", text="Hello")
     wait_replies(client, keys, 3)
     prompts = {b["model"]: b["messages"][0]["content"] for b in bodies(model)}
-    assert prompts == {"scripted-big": "You are the big model's agent.", "scripted-model": "You are the small model's agent."}
+    assert prompts == {
+        "scripted-big": "You are the big model's agent.",
+        "scripted-model": "You are the small model's agent.",
+    }
     verified(services, "g-2", 1)
 
 
 def test_a_typed_input_is_rendered_by_its_hook_and_an_unparsable_one_as_recorded(client, keys, services, model):
     chat = {"text": "Hi", "tools": {"lookup": "off"}}
-    turns = [("chat", chat), ("tickets", {"text": "Printer broken", "ticket": 7}), ("tickets", {"text": "hidden", "ticket": 8})]
+    turns = [
+        ("chat", chat),
+        ("tickets", {"text": "Printer broken", "ticket": 7}),
+        ("tickets", {"text": "hidden", "ticket": 8}),
+    ]
     for n, (agent, payload) in enumerate(turns, 1):  # one after the other: the trace holds them in this order
         publish(client, keys, trace_id="k-1", turn_id=f"t{n}", agent=agent, input=payload)
         wait_replies(client, keys, n)
@@ -178,7 +218,10 @@ def test_a_typed_input_is_rendered_by_its_hook_and_an_unparsable_one_as_recorded
     # the chat turn does not parse as a Ticket: shown as recorded (its payload as JSON); the
     # app's hook renders a ticket; the hook's None keeps the third input from the model
     assert users == [json.dumps(chat, sort_keys=True), "Ticket #7: Printer broken"]
-    assert [e.input for e in trace_events(client, keys, "k-1") if isinstance(e, TurnInput)][2] == {"text": "hidden", "ticket": 8}
+    assert [e.input for e in trace_events(client, keys, "k-1") if isinstance(e, TurnInput)][2] == {
+        "text": "hidden",
+        "ticket": 8,
+    }
     verified(services, "k-1", 3)
 
 
@@ -193,8 +236,14 @@ def _readme_section():
 def test_the_readme_chat_turn_published_from_redis_cli(client, keys, redis_url, namespace, model, tmp_path):
     code, payload = _readme_section()
     (tmp_path / "readme_weather.py").write_text(code)
-    s = _services(redis_url, namespace, model, tmp_path, "readme_weather:app",
-                  extra_env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    s = _services(
+        redis_url,
+        namespace,
+        model,
+        tmp_path,
+        "readme_weather:app",
+        extra_env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+    )
     try:
         client.xadd(keys.turns, {"turn": payload})  # exactly the README's payload
         (reply,) = wait_replies(client, keys, 1)

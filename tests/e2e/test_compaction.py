@@ -23,8 +23,14 @@ APP = "tests.support.compaction_apps:app"
 @pytest.fixture
 def services(redis_url, namespace, scripted_model, tmp_path):
     scripted_model.rule = compaction_apps.rule
-    s = Services(redis_url=redis_url, namespace=namespace, model_url=scripted_model.base_url, app=APP, log_dir=tmp_path,
-                 extra_env={"AGENTSTREAM_SHUTDOWN_GRACE_S": "2", "AGENTSTREAM_MODEL_RETRIES": "0"})
+    s = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=scripted_model.base_url,
+        app=APP,
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_SHUTDOWN_GRACE_S": "2", "AGENTSTREAM_MODEL_RETRIES": "0"},
+    )
     services_started = s
     yield services_started
     s.stop_all()
@@ -75,8 +81,14 @@ def test_a_long_conversation_compacts_twice_and_still_answers(client, keys, serv
     assert users == [f"turn {n}" for n in range(int(newest.kept_from_turn[1:]), turns + 1)]
 
     # every model call's request rebuilds, from the stored trace, to the fingerprint it was sent with
-    proc = subprocess.run([sys.executable, "-m", "agentstream", "trace", "verify", "long", "--app", APP],
-                          env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentstream", "trace", "verify", "long", "--app", APP],
+        env=services.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     outputs = [e for e in events if isinstance(e, ModelOutput)]
     assert f"{len(outputs)}/{len(outputs)} model calls rebuilt" in proc.stderr
@@ -85,7 +97,12 @@ def test_a_long_conversation_compacts_twice_and_still_answers(client, keys, serv
 def test_c24_when_summarising_fails_the_turn_falls_back_to_trimming_and_says_so(client, keys, services, scripted_model):
     services.start("loop-1", "agent-loop")
     services.start("compaction-1", "compaction")
-    texts = [turn_text(1, extra="FAIL-SUMMARIES"), turn_text(2), turn_text(3), turn_text(4, 10_000)]  # t4 does not fit with the rest
+    texts = [
+        turn_text(1, extra="FAIL-SUMMARIES"),
+        turn_text(2),
+        turn_text(3),
+        turn_text(4, 10_000),
+    ]  # t4 does not fit with the rest
     replies = talk(client, keys, "fails", texts)
     assert replies[-1].status == "ended" and replies[-1].answer == "Noted turn 4."
     (failed,) = [e for e in events_of(client, keys, "fails") if isinstance(e, CompactionFailed)]
@@ -96,7 +113,9 @@ def test_c24_when_summarising_fails_the_turn_falls_back_to_trimming_and_says_so(
     assert users[-1] == "turn 4:" and "turn 1:" not in users
 
 
-def test_c04_when_the_summary_fails_and_the_running_turn_alone_cannot_fit_the_turn_fails_context_full(client, keys, services, scripted_model):
+def test_c04_when_the_summary_fails_and_the_running_turn_alone_cannot_fit_the_turn_fails_context_full(
+    client, keys, services, scripted_model
+):
     # issue 11 item 8: the fallback trim never sends the system prompt without the user's message
     services.start("loop-1", "agent-loop")
     services.start("compaction-1", "compaction")
@@ -105,7 +124,10 @@ def test_c04_when_the_summary_fails_and_the_running_turn_alone_cannot_fit_the_tu
     assert [r.status for r in replies[:3]] == ["ended"] * 3
     last = replies[-1]
     assert last.status == "failed" and last.code == "context_full", last
-    assert "the summary failed and trimming cannot help" in last.reason and "over the model's window of 4000 tokens" in last.reason
+    assert (
+        "the summary failed and trimming cannot help" in last.reason
+        and "over the model's window of 4000 tokens" in last.reason
+    )
     assert "needs about" in last.reason and "output reserve 256" in last.reason, last.reason
     for body in chat_requests(scripted_model):
         assert any(m["role"] == "user" for m in body["messages"]), body["messages"]  # never the system prompt alone

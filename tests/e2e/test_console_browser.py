@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-
 import uuid
 from pathlib import Path
 
@@ -22,8 +21,14 @@ pytestmark = pytest.mark.e2e
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 ARTIFACTS = Path(os.environ.get("AGENTSTREAM_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "console"
 
@@ -33,8 +38,9 @@ def console(redis_url, tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (scripts/test installs it: apt-get install -y chromium)")
     with StreamingModelServer() as model:
-        services = Services(redis_url=redis_url, namespace=f"console-{uuid.uuid4().hex[:8]}", model_url=model.base_url,
-                            log_dir=tmp_path)
+        services = Services(
+            redis_url=redis_url, namespace=f"console-{uuid.uuid4().hex[:8]}", model_url=model.base_url, log_dir=tmp_path
+        )
         services.start("loop-1", "agent-loop")
         services.start("tools-1", "tool-worker")
         try:
@@ -49,7 +55,10 @@ def page(tmp_path):
 
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True,
+            str(tmp_path / "profile"),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_FLAGS,
+            headless=True,
             viewport={"width": 1280, "height": 800},
         )
         page = context.new_page()
@@ -82,7 +91,9 @@ def test_watch_a_conversation_live_cancel_it_and_explain_a_call(console, page):
     ended_trace, running_trace = f"ended-{uuid.uuid4().hex[:6]}", f"running-{uuid.uuid4().hex[:6]}"
     ended = gw.post("/v1/turns", json=turn(ended_trace, "t1", "What is 12*12?"), headers=auth(CALC_KEY)).json()
     assert gw.get(ended["reply_url"], params={"timeout_s": 30}, headers=auth(CALC_KEY)).json()["status"] == "ended"
-    assert gw.post("/v1/turns", json=turn(running_trace, "t1", "WRITE 600 60"), headers=auth(CALC_KEY)).status_code == 202
+    assert (
+        gw.post("/v1/turns", json=turn(running_trace, "t1", "WRITE 600 60"), headers=auth(CALC_KEY)).status_code == 202
+    )
 
     # the key, entered once
     page.goto(console + "/")
@@ -102,8 +113,11 @@ def test_watch_a_conversation_live_cancel_it_and_explain_a_call(console, page):
     live = page.get_by_test_id("live-text")
     live.filter(has_text="word3").wait_for(timeout=20_000)
     first = len(live.inner_text())
-    page.wait_for_function("n => (document.querySelector('[data-testid=live-text]')?.textContent.length || 0) > n + 20",
-                           arg=first, timeout=20_000)
+    page.wait_for_function(
+        "n => (document.querySelector('[data-testid=live-text]')?.textContent.length || 0) > n + 20",
+        arg=first,
+        timeout=20_000,
+    )
     shot(page, "2-conversation-live")
 
     # cancel it from the page, and see it end as cancelled
@@ -112,7 +126,9 @@ def test_watch_a_conversation_live_cancel_it_and_explain_a_call(console, page):
     page.get_by_test_id("timeline").get_by_text("turn failed: cancelled").wait_for()
     assert page.get_by_test_id("cancel").is_disabled()
     shot(page, "3-conversation-cancelled")
-    reply = gw.get(f"/v1/traces/{running_trace}/turns/t1/reply", params={"timeout_s": 10}, headers=auth(CALC_KEY)).json()
+    reply = gw.get(
+        f"/v1/traces/{running_trace}/turns/t1/reply", params={"timeout_s": 10}, headers=auth(CALC_KEY)
+    ).json()
     assert reply["code"] == "cancelled"
 
     # the ended conversation's timeline, and the explain view of its second model call
@@ -143,4 +159,3 @@ def test_watch_a_conversation_live_cancel_it_and_explain_a_call(console, page):
     gw.close()
     if os.environ.get("AGENTSTREAM_CONSOLE_SCREENSHOT"):  # refresh the README's screenshot
         shutil.copy(ARTIFACTS / "4-timeline.png", os.environ["AGENTSTREAM_CONSOLE_SCREENSHOT"])
-

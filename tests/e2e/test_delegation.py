@@ -8,13 +8,14 @@ import sys
 
 import pytest
 
-from agentstream.wire import codec
 from agentstream.delegation import child_trace_id
+from agentstream.wire import codec
 from agentstream.wire.events import CancelMessage, ModelOutput, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
 from agentstream.wire.keys import CANCEL_FIELD
 from tests.support import delegation_apps
 from tests.support.procs import ROOT, Services, publish_turn, wait_replies
-from tests.support.procs import trace_events as events_of, wait_until as wait_for
+from tests.support.procs import trace_events as events_of
+from tests.support.procs import wait_until as wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -24,8 +25,14 @@ APP = "tests.support.delegation_apps:app"
 @pytest.fixture
 def services(redis_url, namespace, scripted_model, tmp_path):
     scripted_model.rule = delegation_apps.rule
-    s = Services(redis_url=redis_url, namespace=namespace, model_url=scripted_model.base_url, app=APP, log_dir=tmp_path,
-                 extra_env={"AGENTSTREAM_SHUTDOWN_GRACE_S": "2", "AGENTSTREAM_SUPERVISE_INTERVAL_MS": "200"})
+    s = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=scripted_model.base_url,
+        app=APP,
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_SHUTDOWN_GRACE_S": "2", "AGENTSTREAM_SUPERVISE_INTERVAL_MS": "200"},
+    )
     yield s
     s.stop_all()
 
@@ -58,15 +65,27 @@ def test_a_parent_delegates_two_tasks_in_parallel_and_answers_from_their_results
         child = events_of(client, keys, child_trace_id("p1", call.id))
         task = child[0]
         assert isinstance(task, TaskInput)
-        assert (task.call_id, task.parent_trace_id, task.parent_turn_id, task.root_trace_id, task.depth) == (call.id, "p1", "t1", "p1", 1)
+        assert (task.call_id, task.parent_trace_id, task.parent_turn_id, task.root_trace_id, task.depth) == (
+            call.id,
+            "p1",
+            "t1",
+            "p1",
+            1,
+        )
         assert task.agent == "researcher" and task.text == topic
         assert len(endings(child)) == 1 and isinstance(endings(child)[0], TurnEnded)
     # the children ran concurrently: B's child ended before A's, yet the results read in call order
     assert len(client.xrange(keys.replies)) == 1  # children answer their parent, not the replies stream
     # a child's model calls rebuild from its own trace like any other
     child = child_trace_id("p1", asked.tool_calls[0].id)
-    proc = subprocess.run([sys.executable, "-m", "agentstream", "trace", "verify", child, "--app", APP],
-                          env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentstream", "trace", "verify", child, "--app", APP],
+        env=services.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and "2/2 model calls rebuilt" in proc.stderr, proc.stdout + proc.stderr
 
 
@@ -121,7 +140,9 @@ def test_cancelling_a_parent_cancels_every_descendant(client, keys, services):
         return (level1_id, level2_id) if running else None
 
     level1_id, level2_id = wait_for(grandchild, 60, "the grandchild's slow lookup")
-    client.xadd(keys.cancel, {CANCEL_FIELD: codec.encode(CancelMessage(trace_id="c1", by="user", reason="changed my mind"))})
+    client.xadd(
+        keys.cancel, {CANCEL_FIELD: codec.encode(CancelMessage(trace_id="c1", by="user", reason="changed my mind"))}
+    )
     (reply,) = wait_replies(client, keys, 1, timeout_s=60)
     assert reply.status == "failed" and reply.code == "cancelled"
     for trace_id in (level1_id, level2_id):

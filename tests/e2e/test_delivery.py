@@ -31,7 +31,9 @@ def model():
 
 @pytest.fixture
 def services(redis_url, namespace, model, tmp_path):
-    s = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path, extra_env=dict(FAST))
+    s = Services(
+        redis_url=redis_url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path, extra_env=dict(FAST)
+    )
     yield s
     s.stop_all()
 
@@ -62,7 +64,9 @@ def test_sigterm_past_the_grace_period_releases_the_call_for_another_worker(clie
     # One hour of min_idle: only the release on shutdown lets the second worker take the job now.
     services.env["AGENTSTREAM_MIN_IDLE_MS"] = "3600000"
     services.start("loop-1", "agent-loop")
-    worker = services.start("tools-1", "tool-worker", env={"AGENTSTREAM_SHUTDOWN_GRACE_S": "0.5", "AGENTSTREAM_TEST_RECORD_S": "60"})
+    worker = services.start(
+        "tools-1", "tool-worker", env={"AGENTSTREAM_SHUTDOWN_GRACE_S": "0.5", "AGENTSTREAM_TEST_RECORD_S": "60"}
+    )
     publish_turn(client, keys, trace_id="g2", turn_id="t1", agent="plan", text="do: record(invoice-7)")
     wait_until(lambda: any(isinstance(e, ToolStarted) for e in events(client, keys, "g2")), what="record started")
     worker.terminate()
@@ -91,7 +95,9 @@ def test_kill_9_mid_run_side_effects_are_not_repeated_unless_retry_safe(client, 
     assert reply.status == "ended" and "outcome of this call is unknown" in reply.answer
 
 
-def test_poison_job_that_kills_its_worker_is_dead_lettered_and_the_model_sees_an_error(client, keys, namespace, services):
+def test_poison_job_that_kills_its_worker_is_dead_lettered_and_the_model_sees_an_error(
+    client, keys, namespace, services
+):
     services.env["AGENTSTREAM_MAX_DELIVERIES"] = "2"
     services.start("loop-1", "agent-loop")
     services.start("tools-1", "tool-worker")
@@ -119,7 +125,11 @@ def test_agentstream_cancel_stops_a_turn_and_waits_for_its_end(client, keys, ser
     wait_until(lambda: any(b"SLOW" in r for r in model.requests), what="the slow model request")
     proc = subprocess.run(
         [sys.executable, "-m", "agentstream", "cancel", "g5", "--reason", "no longer needed"],
-        env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env=services.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "turn failed (cancelled)" in proc.stdout and "no longer needed" in proc.stdout
@@ -132,7 +142,9 @@ def test_agentstream_cancel_stops_a_turn_and_waits_for_its_end(client, keys, ser
 def test_redis_restart_with_aof_every_turn_still_finishes(namespace, keys, model, tmp_path):
     with RestartableRedis() as server:
         client = redis_sync.Redis.from_url(server.url)
-        services = Services(redis_url=server.url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path, extra_env=dict(FAST))
+        services = Services(
+            redis_url=server.url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path, extra_env=dict(FAST)
+        )
         try:
             services.start("loop-1", "agent-loop")
             services.start("loop-2", "agent-loop")
@@ -140,7 +152,9 @@ def test_redis_restart_with_aof_every_turn_still_finishes(namespace, keys, model
             turns = []
             for i in range(24):
                 trace, turn = f"r{i % 8}", f"t{i}"
-                publish_turn(client, keys, trace_id=trace, turn_id=turn, agent="plan", text=f"{turn} do: work(150) work(20)")
+                publish_turn(
+                    client, keys, trace_id=trace, turn_id=turn, agent="plan", text=f"{turn} do: work(150) work(20)"
+                )
                 turns.append((trace, turn))
             wait_until(lambda: client.xlen(keys.replies) >= 4, what="the first replies")
             in_flight = len(turns) - client.xlen(keys.replies)

@@ -21,9 +21,20 @@ def trip_rule(body):
     """Book the trip on the first pass; then answer with the tool's result."""
     last = body["messages"][-1]
     if last["role"] == "user" and not any(m["role"] == "tool" for m in body["messages"]):
-        return {"message": {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_trip", "type": "function", "function": {"name": "book_trip", "arguments": json.dumps(TRIP)}}
-        ]}, "finish_reason": "tool_calls"}
+        return {
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_trip",
+                        "type": "function",
+                        "function": {"name": "book_trip", "arguments": json.dumps(TRIP)},
+                    }
+                ],
+            },
+            "finish_reason": "tool_calls",
+        }
     result = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "tool")
     return {"message": {"role": "assistant", "content": f"Done: {result}"}, "finish_reason": "stop"}
 
@@ -36,8 +47,14 @@ def model():
 
 def run_turn(client, keys, redis_url, namespace, model, tmp_path, options: dict | None = None) -> list[dict]:
     env = {"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options)} if options else {}
-    services = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url,
-                        app="tests.support.schema_apps:app", extra_env=env, log_dir=tmp_path)
+    services = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=model.base_url,
+        app="tests.support.schema_apps:app",
+        extra_env=env,
+        log_dir=tmp_path,
+    )
     try:
         services.start("loop", "agent-loop")
         services.start("tools", "tool-worker")
@@ -61,14 +78,18 @@ def refs_in(node) -> list[str]:
     return []
 
 
-def test_a_tool_only_assistant_message_is_replayed_with_null_content_by_default(client, keys, redis_url, namespace, model, tmp_path):
+def test_a_tool_only_assistant_message_is_replayed_with_null_content_by_default(
+    client, keys, redis_url, namespace, model, tmp_path
+):
     first, second = run_turn(client, keys, redis_url, namespace, model, tmp_path)
     message = assistant_with_calls(second)
     assert "content" in message and message["content"] is None  # the OpenAI API's documented form
 
 
 def test_the_llama_cpp_quirk_replays_an_empty_string(client, keys, redis_url, namespace, model, tmp_path):
-    _, second = run_turn(client, keys, redis_url, namespace, model, tmp_path, {"quirks": {"tool_call_content": "empty"}})
+    _, second = run_turn(
+        client, keys, redis_url, namespace, model, tmp_path, {"quirks": {"tool_call_content": "empty"}}
+    )
     assert assistant_with_calls(second)["content"] == ""
 
 
@@ -85,7 +106,9 @@ def test_tool_schemas_are_sent_as_pydantic_writes_them_by_default(client, keys, 
     assert "$defs" in parameters and refs_in(parameters)
 
 
-def test_an_endpoint_with_inline_tool_schemas_gets_no_ref_and_no_defs(client, keys, redis_url, namespace, model, tmp_path):
+def test_an_endpoint_with_inline_tool_schemas_gets_no_ref_and_no_defs(
+    client, keys, redis_url, namespace, model, tmp_path
+):
     first, second = run_turn(client, keys, redis_url, namespace, model, tmp_path, {"inline_tool_schemas": True})
     for body in (first, second):
         parameters = body["tools"][0]["function"]["parameters"]
@@ -97,12 +120,28 @@ def test_an_endpoint_with_inline_tool_schemas_gets_no_ref_and_no_defs(client, ke
 
 
 def test_a_recursive_tool_model_is_refused_at_startup_naming_the_tool(redis_url, namespace, model):
-    env = {**Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url).env,
-           "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps({"inline_tool_schemas": True})}
+    env = {
+        **Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url).env,
+        "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps({"inline_tool_schemas": True}),
+    }
     proc = subprocess.run(
-        [sys.executable, "-m", "agentstream", "serve", "agent-loop", "--app", "tests.support.schema_apps:recursive_app"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "agentstream",
+            "serve",
+            "agent-loop",
+            "--app",
+            "tests.support.schema_apps:recursive_app",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode != 0
-    assert "walk_tree" in proc.stderr and "recursive" in proc.stderr and "#/$defs/Node -> #/$defs/Node" in proc.stderr, proc.stderr
+    assert (
+        "walk_tree" in proc.stderr and "recursive" in proc.stderr and "#/$defs/Node -> #/$defs/Node" in proc.stderr
+    ), proc.stderr
     assert "Traceback" not in proc.stderr

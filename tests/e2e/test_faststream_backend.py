@@ -36,7 +36,9 @@ def load_example(monkeypatch, redis_url: str, namespace: str):
 
 @pytest.mark.e2e
 @FASTSTREAM_ONE_SERVER
-async def test_a_faststream_app_publishes_a_turn_and_consumes_its_reply(redis_url, namespace, scripted_model, tmp_path, monkeypatch):
+async def test_a_faststream_app_publishes_a_turn_and_consumes_its_reply(
+    redis_url, namespace, scripted_model, tmp_path, monkeypatch
+):
     example = load_example(monkeypatch, redis_url, namespace)
     services = Services(redis_url=redis_url, namespace=namespace, model_url=scripted_model.base_url, log_dir=tmp_path)
     try:
@@ -72,8 +74,13 @@ async def test_the_faststream_app_sees_a_failed_reply(redis_url, namespace, scri
 def test_schema_asyncapi_prints_a_valid_asyncapi_3_document_of_every_public_channel():
     import jsonschema
 
-    proc = subprocess.run([sys.executable, "-m", "agentstream", "schema", "asyncapi"], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "AGENTSTREAM_NAMESPACE": "prod"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentstream", "schema", "asyncapi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "AGENTSTREAM_NAMESPACE": "prod"},
+    )
     assert proc.returncode == 0, proc.stderr
     document = json.loads(proc.stdout)
     assert ASYNCAPI_SCHEMA.is_file(), "run scripts/install-deploy-tools (it fetches the AsyncAPI schemas)"
@@ -81,7 +88,14 @@ def test_schema_asyncapi_prints_a_valid_asyncapi_3_document_of_every_public_chan
     assert not errors, [f"{list(e.path)}: {e.message[:200]}" for e in errors[:5]]
     assert document["asyncapi"] == "3.0.0"
     channels = {c["address"]: c for c in document["channels"].values()}
-    assert set(channels) == {"prod:turns", "prod:replies", "prod:cancel", "prod:errors", "prod:trace:{trace_id}", "prod:trace:{trace_id}:deltas"}
+    assert set(channels) == {
+        "prod:turns",
+        "prod:replies",
+        "prod:cancel",
+        "prod:errors",
+        "prod:trace:{trace_id}",
+        "prod:trace:{trace_id}:deltas",
+    }
     assert channels["prod:trace:{trace_id}"]["parameters"]["trace_id"]
     schemas = document["components"]["schemas"]
     turn_field = schemas["TurnEntry"]["properties"]["turn"]

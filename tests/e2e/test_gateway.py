@@ -15,8 +15,8 @@ from agentstream.wire import codec
 from agentstream.wire.keys import CANCEL_FIELD
 from tests.support.gateway import ADMIN_KEY, CALC_KEY, LEAD_KEY, LIMITED_KEY, PLAN_KEY, auth, start_gateway, turn
 from tests.support.procs import Services
-from tests.support.streaming_model import StreamingModelServer
 from tests.support.redis_server import sync_client
+from tests.support.streaming_model import StreamingModelServer
 
 pytestmark = pytest.mark.e2e
 
@@ -33,9 +33,13 @@ def stack(redis_url, model, tmp_path_factory):
     import uuid
 
     namespace = f"gw-{uuid.uuid4().hex[:8]}"
-    services = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url,
-                        log_dir=tmp_path_factory.mktemp("gateway-logs"),
-                        extra_env={"AGENTSTREAM_MAX_DELIVERIES": "2", "AGENTSTREAM_MIN_IDLE_MS": "500"})
+    services = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=model.base_url,
+        log_dir=tmp_path_factory.mktemp("gateway-logs"),
+        extra_env={"AGENTSTREAM_MAX_DELIVERIES": "2", "AGENTSTREAM_MIN_IDLE_MS": "500"},
+    )
     services.start("loop-1", "agent-loop")
     services.start("tools-1", "tool-worker")
     urls = [start_gateway(services, "gateway-1"), start_gateway(services, "gateway-2")]
@@ -129,7 +133,9 @@ def test_stream_resumes_after_a_dropped_connection_on_another_replica(stack):
                     break  # the connection drops here, mid-answer
     assert last_id
     with httpx.Client(base_url=second, timeout=30.0) as two:
-        with connect_sse(two, "GET", accepted["stream_url"], headers={**auth(CALC_KEY), "Last-Event-ID": last_id}) as source:
+        with connect_sse(
+            two, "GET", accepted["stream_url"], headers={**auth(CALC_KEY), "Last-Event-ID": last_id}
+        ) as source:
             for sse in source.iter_sse():
                 seen.append((sse.event, sse.data))
                 if sse.event == "end":
@@ -171,8 +177,13 @@ def test_without_a_valid_key_every_route_is_401_and_gives_no_data(gw):
     assert len(routes) >= 8
     for headers in ({}, auth("ask_wrong"), {"Authorization": f"Basic {CALC_KEY}"}, {"Authorization": "Bearer"}):
         for method, path in routes:
-            response = gw.request(method, path, headers=headers, params={"step": 0, "timeout_s": 0},
-                                  json=turn(trace_id, "t-x", "hi") if method == "POST" else None)
+            response = gw.request(
+                method,
+                path,
+                headers=headers,
+                params={"step": 0, "timeout_s": 0},
+                json=turn(trace_id, "t-x", "hi") if method == "POST" else None,
+            )
             assert response.status_code == 401, (method, path, headers, response.text)
             assert response.headers["www-authenticate"] == "Bearer"
             assert set(response.json()) == {"detail"} and trace_id not in response.text and "42" not in response.text
@@ -197,7 +208,9 @@ def test_a_key_sees_only_its_agents_conversations(gw):
 
 
 def test_bad_turns_are_refused_with_the_wire_reasons(gw):
-    bad_json = gw.post("/v1/turns", content=b"{not json", headers={**auth(CALC_KEY), "content-type": "application/json"})
+    bad_json = gw.post(
+        "/v1/turns", content=b"{not json", headers={**auth(CALC_KEY), "content-type": "application/json"}
+    )
     assert bad_json.status_code == 422 and "not valid JSON" in bad_json.json()["detail"]
     missing = gw.post("/v1/turns", json={"trace_id": "c", "turn_id": "t", "agent": "calc"}, headers=auth(CALC_KEY))
     assert missing.status_code == 422 and "text" in missing.json()["detail"]
@@ -221,8 +234,9 @@ def test_read_trace_and_explain_a_model_call(gw):
     assert len(page["events"]) == 2 and page["next_after"] == page["events"][1]["id"]
     rest = gw.get(f"/v1/traces/{trace_id}", params={"after": page["next_after"]}, headers=auth(CALC_KEY)).json()
     assert [e["id"] for e in page["events"] + rest["events"]] == [e["id"] for e in trace["events"]]
-    explained = gw.get(f"/v1/traces/{trace_id}/explain", params={"step": 1, "turn_id": accepted["turn_id"]},
-                       headers=auth(CALC_KEY)).json()
+    explained = gw.get(
+        f"/v1/traces/{trace_id}/explain", params={"step": 1, "turn_id": accepted["turn_id"]}, headers=auth(CALC_KEY)
+    ).json()
     assert explained["made"] and explained["matches"] is True
     assert explained["rebuilt_sha256"] == explained["recorded_sha256"]
     roles = [m["role"] for m in explained["body"]["messages"]]
@@ -261,7 +275,10 @@ def test_dead_letters_are_listed_for_an_all_agents_key(gw, stack, redis_url):
 def test_over_the_rate_limit_is_429_with_retry_after_across_replicas(stack):
     services, _, _ = stack
     limited = {"AGENTSTREAM_GATEWAY_RATE_LIMIT_PER_MIN": "5"}
-    urls = [start_gateway(services, "gateway-limited-1", env=limited), start_gateway(services, "gateway-limited-2", env=limited)]
+    urls = [
+        start_gateway(services, "gateway-limited-1", env=limited),
+        start_gateway(services, "gateway-limited-2", env=limited),
+    ]
     try:
         clients = [httpx.Client(base_url=url, timeout=10.0) for url in urls]
         for attempt in range(3):  # the requests must fall in one fixed window (a minute): again in a fresh one
@@ -287,7 +304,9 @@ def test_over_the_rate_limit_is_429_with_retry_after_across_replicas(stack):
 
 
 def test_cors_is_off_by_default(gw):
-    preflight = gw.options("/v1/turns", headers={"Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"})
+    preflight = gw.options(
+        "/v1/turns", headers={"Origin": "https://elsewhere.example", "Access-Control-Request-Method": "POST"}
+    )
     assert "access-control-allow-origin" not in preflight.headers
     plain = gw.get("/v1/agents", headers={**auth(CALC_KEY), "Origin": "https://elsewhere.example"})
     assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers

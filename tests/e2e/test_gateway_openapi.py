@@ -23,24 +23,53 @@ pytestmark = pytest.mark.e2e
 
 def test_no_server_error_whatever_is_sent(redis_url, tmp_path):
     with ScriptedModelServer() as model:
-        services = Services(redis_url=redis_url, namespace=f"fuzz-{uuid.uuid4().hex[:8]}", model_url=model.base_url,
-                            log_dir=tmp_path)
+        services = Services(
+            redis_url=redis_url, namespace=f"fuzz-{uuid.uuid4().hex[:8]}", model_url=model.base_url, log_dir=tmp_path
+        )
         services.start("loop-1", "agent-loop")
         services.start("tools-1", "tool-worker")
         try:
-            url = start_gateway(services, env={"AGENTSTREAM_GATEWAY_RATE_LIMIT_PER_MIN": "0", "AGENTSTREAM_GATEWAY_MAX_WAIT_S": "1"})
+            url = start_gateway(
+                services, env={"AGENTSTREAM_GATEWAY_RATE_LIMIT_PER_MIN": "0", "AGENTSTREAM_GATEWAY_MAX_WAIT_S": "1"}
+            )
             # a conversation to find, so that some generated requests reach real data
             with httpx.Client(base_url=url, timeout=30) as client:
-                accepted = client.post("/v1/turns", json=turn("fuzz", "t1", "What is 2+2?"), headers=auth(CALC_KEY)).json()
+                accepted = client.post(
+                    "/v1/turns", json=turn("fuzz", "t1", "What is 2+2?"), headers=auth(CALC_KEY)
+                ).json()
                 client.get(accepted["reply_url"], params={"timeout_s": 1}, headers=auth(CALC_KEY))
             run = subprocess.run(
-                [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json",
-                 "--checks", "not_a_server_error,status_code_conformance",
-                 "--header", f"Authorization: Bearer {ADMIN_KEY}",
-                 "--exclude-path-regex", "/stream$",
-                 "--phases", "coverage,fuzzing", "--max-examples", "20", "--max-time", "90", "--request-timeout", "10",
-                 "--seed", "1", "--suppress-health-check", "all", "--workers", "1"],
-                cwd=tmp_path, capture_output=True, text=True, timeout=400,
+                [
+                    sys.executable,
+                    "-m",
+                    "schemathesis.cli",
+                    "run",
+                    f"{url}/openapi.json",
+                    "--checks",
+                    "not_a_server_error,status_code_conformance",
+                    "--header",
+                    f"Authorization: Bearer {ADMIN_KEY}",
+                    "--exclude-path-regex",
+                    "/stream$",
+                    "--phases",
+                    "coverage,fuzzing",
+                    "--max-examples",
+                    "20",
+                    "--max-time",
+                    "90",
+                    "--request-timeout",
+                    "10",
+                    "--seed",
+                    "1",
+                    "--suppress-health-check",
+                    "all",
+                    "--workers",
+                    "1",
+                ],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=400,
             )
             log = services.log("gateway-1")
         finally:
@@ -48,4 +77,3 @@ def test_no_server_error_whatever_is_sent(redis_url, tmp_path):
     report = run.stdout[-6000:] + run.stderr[-2000:]
     assert run.returncode == 0, f"schemathesis found problems:\n{report}\n--- gateway log (tail) ---\n{log[-3000:]}"
     assert "Traceback" not in log, log[-3000:]
-

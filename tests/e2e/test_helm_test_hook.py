@@ -17,9 +17,17 @@ SCRIPT = CHART / "files" / "turn_test.py"
 
 
 def run_script(redis_url: str, namespace: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    env = {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace, "TEST_AGENT": "calc",
-           "TEST_TEXT": "What is 2*2?", "TEST_TIMEOUT_S": str(timeout_s), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=timeout_s + 30)
+    env = {
+        "REDIS_URL": redis_url,
+        "AGENTSTREAM_NAMESPACE": namespace,
+        "TEST_AGENT": "calc",
+        "TEST_TEXT": "What is 2*2?",
+        "TEST_TIMEOUT_S": str(timeout_s),
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=timeout_s + 30
+    )
 
 
 def test_helm_test_script_passes_when_the_turn_is_answered(redis_url, namespace, scripted_model, tmp_path):

@@ -10,7 +10,15 @@ from collections import Counter
 
 import pytest
 
-from agentstream.wire.keys import AGENT_LOOP_GROUP, CANCEL_FIELD, TOOL_WORKER_GROUP, JOB_FIELD, TURN_FIELD, WAKE_FIELD, Keys
+from agentstream.wire.keys import (
+    AGENT_LOOP_GROUP,
+    CANCEL_FIELD,
+    JOB_FIELD,
+    TOOL_WORKER_GROUP,
+    TURN_FIELD,
+    WAKE_FIELD,
+    Keys,
+)
 from tests.support.procs import Services, publish_turn, wait_replies
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
 
@@ -45,7 +53,10 @@ def test_no_payload_on_any_stream_stops_a_service(redis_url, namespace, tmp_path
     keys = Keys(namespace)
     with ScriptedModelServer(parallel_rule) as model:
         services = Services(
-            redis_url=redis_url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path,
+            redis_url=redis_url,
+            namespace=namespace,
+            model_url=model.base_url,
+            log_dir=tmp_path,
             extra_env={"AGENTSTREAM_MIN_IDLE_MS": "1000", "AGENTSTREAM_MAX_DELIVERIES": "2"},
         )
         try:
@@ -53,8 +64,12 @@ def test_no_payload_on_any_stream_stops_a_service(redis_url, namespace, tmp_path
             worker = services.start("tools", "tool-worker")
             publish_turn(client, keys, trace_id="ok", turn_id="before", agent="plan", text="do: work(1)")
             wait_replies(client, keys, 1, timeout_s=30)  # both up and listening
-            for stream, field in ((keys.cancel, CANCEL_FIELD), (keys.turns, TURN_FIELD), (keys.wake, WAKE_FIELD),
-                                  (keys.tools("default"), JOB_FIELD)):
+            for stream, field in (
+                (keys.cancel, CANCEL_FIELD),
+                (keys.turns, TURN_FIELD),
+                (keys.wake, WAKE_FIELD),
+                (keys.tools("default"), JOB_FIELD),
+            ):
                 for payload in hostile_payloads(b'{"trace_id":"h1","turn_id":"ht","call_id":"hc","name":"work"}'):
                     client.xadd(stream, {field: payload.replace(REPLIES_PREFIX, keys.replies.encode() + b":")})
                 client.xadd(stream, {b"no-such-field": b"1"})
@@ -67,7 +82,9 @@ def test_no_payload_on_any_stream_stops_a_service(redis_url, namespace, tmp_path
             assert worker.poll() is None, services.log("tools")[-3000:]
             publish_turn(client, keys, trace_id="ok", turn_id="after", agent="plan", text="do: work(1) record(z)")
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and "after" not in (got := {r.turn_id: r for r in wait_replies(client, keys, 1)}):
+            while time.monotonic() < deadline and "after" not in (
+                got := {r.turn_id: r for r in wait_replies(client, keys, 1)}
+            ):
                 time.sleep(0.1)
             assert got["after"].status == "ended"
             assert loop.poll() is None and worker.poll() is None
@@ -77,23 +94,38 @@ def test_no_payload_on_any_stream_stops_a_service(redis_url, namespace, tmp_path
             assert not [k for k in client.scan_iter(f"{namespace}*") if b"\x00" in k or b"\xe2\x80\xae" in k]
             assert client.exists(keys.replies + ":") == 0
             doubled = [f for _, f in client.xrange(keys.errors) if b"given 2 times" in f[b"error"]]
-            assert {f[b"source"] for f in doubled} >= {keys.cancel.encode(), keys.wake.encode(), keys.tools("default").encode()}, doubled
+            assert {f[b"source"] for f in doubled} >= {
+                keys.cancel.encode(),
+                keys.wake.encode(),
+                keys.tools("default").encode(),
+            }, doubled
             twice = [r for r in wait_replies(client, keys, 1) if r.turn_id == "twice"]
             assert [(r.status, r.code) for r in twice] == [("failed", "bad_turn")], twice  # never run, one reply
             assert "field 'turn' given 2 times" in twice[0].reason
 
             def pending() -> int:
                 total = 0
-                for stream, group in ((keys.turns, AGENT_LOOP_GROUP), (keys.wake, AGENT_LOOP_GROUP), (keys.cancel, AGENT_LOOP_GROUP),
-                                      (keys.tools("default"), TOOL_WORKER_GROUP)):
+                for stream, group in (
+                    (keys.turns, AGENT_LOOP_GROUP),
+                    (keys.wake, AGENT_LOOP_GROUP),
+                    (keys.cancel, AGENT_LOOP_GROUP),
+                    (keys.tools("default"), TOOL_WORKER_GROUP),
+                ):
                     total += client.xpending(stream, group)["pending"]
                 return total
 
             deadline = time.monotonic() + 40
             while pending() and time.monotonic() < deadline:
                 time.sleep(0.2)
-            stuck = {s: client.xpending_range(s, g, "-", "+", 10) for s, g in ((keys.turns, AGENT_LOOP_GROUP),
-                     (keys.wake, AGENT_LOOP_GROUP), (keys.cancel, AGENT_LOOP_GROUP), (keys.tools("default"), TOOL_WORKER_GROUP))}
+            stuck = {
+                s: client.xpending_range(s, g, "-", "+", 10)
+                for s, g in (
+                    (keys.turns, AGENT_LOOP_GROUP),
+                    (keys.wake, AGENT_LOOP_GROUP),
+                    (keys.cancel, AGENT_LOOP_GROUP),
+                    (keys.tools("default"), TOOL_WORKER_GROUP),
+                )
+            }
             assert pending() == 0, (stuck, services.log("loop")[-4000:])  # every hostile entry acknowledged
         finally:
             services.stop_all()
@@ -106,7 +138,10 @@ def test_a_burst_of_refused_turns_on_two_agent_loops_answers_each_turn_once(redi
     keys = Keys(namespace)
     with ScriptedModelServer(parallel_rule) as model:
         services = Services(
-            redis_url=redis_url, namespace=namespace, model_url=model.base_url, log_dir=tmp_path,
+            redis_url=redis_url,
+            namespace=namespace,
+            model_url=model.base_url,
+            log_dir=tmp_path,
             extra_env={"AGENTSTREAM_MAX_TURN_BYTES": "4096"},
         )
         try:
@@ -122,9 +157,16 @@ def test_a_burst_of_refused_turns_on_two_agent_loops_answers_each_turn_once(redi
 
             entries, expected = [], set()
             for i in range(4):
-                entries += [turn(f"u{i}", colour="x"), turn(f"a{i}", agent="nobody"), turn(f"o{i}", text="x" * 5000),
-                            b'{"trace_id": "b", "turn_id": "m%d", ' % i, turn(f"d{i}", colour="y"), turn(f"d{i}", colour="y"),
-                            turn(f"e{i}", text=""), turn(f"g{i}")]
+                entries += [
+                    turn(f"u{i}", colour="x"),
+                    turn(f"a{i}", agent="nobody"),
+                    turn(f"o{i}", text="x" * 5000),
+                    b'{"trace_id": "b", "turn_id": "m%d", ' % i,
+                    turn(f"d{i}", colour="y"),
+                    turn(f"d{i}", colour="y"),
+                    turn(f"e{i}", text=""),
+                    turn(f"g{i}"),
+                ]
                 expected |= {f"{k}{i}" for k in "uaomdeg"}
             pipe = client.pipeline(transaction=False)
             for payload in entries:

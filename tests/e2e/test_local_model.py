@@ -21,7 +21,11 @@ def test_main_job_on_the_embedded_defaults(tmp_path):
     env["XDG_CACHE_HOME"] = str(tmp_path)  # the embedded Redis keeps its data under the cache: this test's own
     proc = subprocess.run(
         [sys.executable, "-m", "agentstream", "run", "What is 365 * 24?"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     out = proc.stdout
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr[-3000:]}"
@@ -29,4 +33,6 @@ def test_main_job_on_the_embedded_defaults(tmp_path):
     assert re.search(r"← tool result calculator \[[^\]]+\]: 8760", out), out
     # the answer is the tool's result (the local model copies short numbers reliably)
     assert re.search(r"✓ answer: .*8,?760", out), out
-    assert re.search(r"fingerprints: (\d+)/\1 model calls rebuilt from the stored trace match", proc.stderr), proc.stderr
+    assert re.search(r"fingerprints: (\d+)/\1 model calls rebuilt from the stored trace match", proc.stderr), (
+        proc.stderr
+    )

@@ -23,7 +23,8 @@ from agentstream.wire.events import CancelMessage, Document, Image, ModelOutput,
 from agentstream.wire.keys import CANCEL_FIELD, REPLY_FIELD
 from tests.support.mcp_apps import mcp_rule
 from tests.support.procs import ROOT, Services, publish_turn, trace_events, wait_replies
-from tests.support.procs import request_bodies as bodies, wait_until as wait_for
+from tests.support.procs import request_bodies as bodies
+from tests.support.procs import wait_until as wait_for
 from tests.support.scripted_model import ScriptedModelServer
 
 pytestmark = pytest.mark.e2e
@@ -46,15 +47,27 @@ def mcp_dir(tmp_path) -> Path:
 
 @pytest.fixture
 def services(redis_url, namespace, model, tmp_path, mcp_dir):
-    s = Services(redis_url=redis_url, namespace=namespace, model_url=model.base_url, app=APP, log_dir=tmp_path,
-                 extra_env={"MCP_TEST_DIR": str(mcp_dir), "AGENTSTREAM_MIN_IDLE_MS": "2000"})
+    s = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=model.base_url,
+        app=APP,
+        log_dir=tmp_path,
+        extra_env={"MCP_TEST_DIR": str(mcp_dir), "AGENTSTREAM_MIN_IDLE_MS": "2000"},
+    )
     yield s
     s.stop_all()
 
 
 def verify(services, trace_id: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "agentstream", "trace", "verify", trace_id, "--app", APP],
-                          env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentstream", "trace", "verify", trace_id, "--app", APP],
+        env=services.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stderr
 
@@ -82,7 +95,14 @@ def test_stdio_tools_are_offered_with_their_schemas_called_and_answered(client, 
     assert "$ref" not in nested and "$defs" not in nested  # inlined for the endpoints
     assert tools["nested"]["parameters"]["properties"]["point"]["properties"]["x"] == {"title": "X", "type": "number"}
     events = trace_events(client, keys, "m1")
-    assert [type(e).__name__ for e in events] == ["TurnInput", "ToolsOffered", "ModelOutput", "ToolOutput", "ModelOutput", "TurnEnded"]
+    assert [type(e).__name__ for e in events] == [
+        "TurnInput",
+        "ToolsOffered",
+        "ModelOutput",
+        "ToolOutput",
+        "ModelOutput",
+        "TurnEnded",
+    ]
     offered = events[1]
     assert isinstance(offered, ToolsOffered) and [t.server for t in offered.tools] == ["local"] * 6
     assert "anyOf" in client.get(keys.mcp_catalog("local")).decode()  # the refusal is published with the catalog
@@ -121,7 +141,9 @@ def test_images_and_resources_become_elements_and_an_error_result_reaches_the_mo
 
 def test_a_cancelled_turn_cancels_the_mcp_request(client, keys, services, mcp_dir):
     start_local(services)
-    publish_turn(client, keys, trace_id="m3", turn_id="t1", agent="local", text='call slow {"seconds": 30, "tag": "c1"}')
+    publish_turn(
+        client, keys, trace_id="m3", turn_id="t1", agent="local", text='call slow {"seconds": 30, "tag": "c1"}'
+    )
     wait_for(lambda: (mcp_dir / "slow-started-c1").exists(), 60, "slow call")
     client.xadd(keys.cancel, {CANCEL_FIELD: codec.encode(CancelMessage(trace_id="m3", reason="user left"))})
     (reply,) = wait_replies(client, keys, 1, timeout_s=30)
@@ -133,7 +155,9 @@ def test_a_cancelled_turn_cancels_the_mcp_request(client, keys, services, mcp_di
 
 def test_a_server_killed_mid_call_gives_an_error_result_and_is_started_again(client, keys, services, mcp_dir):
     start_local(services)
-    publish_turn(client, keys, trace_id="m4", turn_id="t1", agent="local", text='call slow {"seconds": 30, "tag": "k1"}')
+    publish_turn(
+        client, keys, trace_id="m4", turn_id="t1", agent="local", text='call slow {"seconds": 30, "tag": "k1"}'
+    )
     wait_for(lambda: (mcp_dir / "slow-started-k1").exists(), 60, "slow call")
     first_pid = int((mcp_dir / "slow-started-k1").read_text())
     started = time.monotonic()
@@ -172,13 +196,22 @@ def _free_port() -> int:
 
 def test_streamable_http_server_with_a_header_from_the_environment(client, keys, services, model, mcp_dir):
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_servers", "http", "--port", str(port), "--token", "s3cret"],
-                              cwd=ROOT, env={**os.environ, "MCP_TEST_DIR": str(mcp_dir)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.mcp_servers", "http", "--port", str(port), "--token", "s3cret"],
+        cwd=ROOT,
+        env={**os.environ, "MCP_TEST_DIR": str(mcp_dir)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         services.start("loop-1", "agent-loop")
-        services.start("tools-http", "tool-worker", "--queue", "mcp-remote", env={
-            "AGENTSTREAM_MCP_REMOTE_URL": f"http://127.0.0.1:{port}/mcp", "REMOTE_MCP_AUTH": "Bearer s3cret"})
+        services.start(
+            "tools-http",
+            "tool-worker",
+            "--queue",
+            "mcp-remote",
+            env={"AGENTSTREAM_MCP_REMOTE_URL": f"http://127.0.0.1:{port}/mcp", "REMOTE_MCP_AUTH": "Bearer s3cret"},
+        )
         publish_turn(client, keys, trace_id="m6", turn_id="t1", agent="remote", text='call add {"a": 20, "b": 22}')
         (reply,) = wait_replies(client, keys, 1, timeout_s=60)
         assert reply.answer == "Result: 42"
@@ -205,13 +238,17 @@ def test_a_server_nobody_serves_fails_the_turn_with_a_reason(client, keys, servi
 
 def reply_of(client, keys, turn_id: str):
     """The (first) reply to turn ``turn_id`` (replies are at-least-once: a turn may get two)."""
+
     def found():
         replies = [codec.decode_reply(fields[REPLY_FIELD]) for _, fields in client.xrange(keys.replies)]
         return next((r for r in replies if r.turn_id == turn_id), None)
+
     return wait_for(found, timeout_s=60, what=f"a reply to {turn_id}")
 
 
-def test_an_mcp_servers_tools_are_declared_with_states_and_locks_like_local_ones(client, keys, services, model, mcp_dir):
+def test_an_mcp_servers_tools_are_declared_with_states_and_locks_like_local_ones(
+    client, keys, services, model, mcp_dir
+):
     start_local(services)
     ask = 'call add {"a": 2, "b": 3.5}'
     turn = {"trace_id": "d1", "agent": "declaring"}
@@ -221,15 +258,27 @@ def test_an_mcp_servers_tools_are_declared_with_states_and_locks_like_local_ones
     assert first.status == "ended" and "there is no tool named 'add'" in first.answer, first
     assert "add" not in [t["function"]["name"] for t in bodies(model)[0]["tools"]]
     assert not (mcp_dir / "calls").exists()
-    client.xadd(keys.turns, {"turn": json.dumps({**turn, "turn_id": "t2", "input": {"text": ask, "tools": {"add": "required"}}})})
+    client.xadd(
+        keys.turns,
+        {"turn": json.dumps({**turn, "turn_id": "t2", "input": {"text": ask, "tools": {"add": "required"}}})},
+    )
     second = reply_of(client, keys, "t2")
     assert second.status == "ended" and second.answer == "Result: 5.5", second  # asked for: offered, run by the server
     asked = [b for b in bodies(model) if "add" in [t["function"]["name"] for t in b.get("tools", [])]]
     assert asked and "Use the add tool for this message." in json.dumps(asked[0]["messages"][-1])
     assert (mcp_dir / "calls").read_text().splitlines() == ['add {"a": 2.0, "b": 3.5}']
-    client.xadd(keys.turns, {"turn": json.dumps({**turn, "turn_id": "t3", "input": {"text": ask, "tools": {"grow": "off"}}})})
-    client.xadd(keys.turns, {"turn": json.dumps({**turn, "turn_id": "t4", "input": {"text": ask, "tools": {"absent": "required"}}})})
+    client.xadd(
+        keys.turns, {"turn": json.dumps({**turn, "turn_id": "t3", "input": {"text": ask, "tools": {"grow": "off"}}})}
+    )
+    client.xadd(
+        keys.turns,
+        {"turn": json.dumps({**turn, "turn_id": "t4", "input": {"text": ask, "tools": {"absent": "required"}}})},
+    )
     third, fourth = reply_of(client, keys, "t3"), reply_of(client, keys, "t4")
     assert third.status == "failed" and third.code == "bad_turn" and "locks it at 'auto'" in third.reason, third
-    assert fourth.status == "failed" and fourth.code == "bad_turn" and "requires tool 'absent', which no MCP server" in fourth.reason, fourth
+    assert (
+        fourth.status == "failed"
+        and fourth.code == "bad_turn"
+        and "requires tool 'absent', which no MCP server" in fourth.reason
+    ), fourth
     assert "model calls rebuilt from the stored trace match" in verify(services, "d1")

@@ -8,8 +8,7 @@ import httpx
 import pytest
 
 from tests.support.procs import Services, publish_turn, wait_replies
-from tests.support.redis_server import free_port
-from tests.support.redis_server import sync_client
+from tests.support.redis_server import free_port, sync_client
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +56,9 @@ def test_metrics_after_a_turn(redis_url, namespace, keys, scripted_model, tmp_pa
     assert 'agentstream_tool_call_seconds_count{tool="calculator"} 2.0' in tools_text
     assert 'agentstream_tool_errors_total{error="tool_error",tool="calculator"} 1.0' in tools_text
     assert f'agentstream_stream_length{{stream="{keys.turns}"}} 2.0' in loop_text
-    assert f'agentstream_consumer_lag{{group="agent-loop",stream="{keys.turns}"}} 0.0' in loop_text, [l for l in loop_text.splitlines() if "lag" in l or "length" in l]
+    assert f'agentstream_consumer_lag{{group="agent-loop",stream="{keys.turns}"}} 0.0' in loop_text, [
+        l for l in loop_text.splitlines() if "lag" in l or "length" in l
+    ]
     for name in ("agentstream_reclaims_total", "agentstream_dead_letters_total"):
         assert f"# TYPE {name} counter" in loop_text, name
 
@@ -66,7 +67,9 @@ def get(port: int, path: str, **headers: str) -> httpx.Response:
     return httpx.get(f"http://127.0.0.1:{port}{path}", headers=headers, timeout=5)
 
 
-def test_metrics_endpoint_paths_formats_freshness_and_operations_metrics(redis_url, namespace, keys, scripted_model, tmp_path):
+def test_metrics_endpoint_paths_formats_freshness_and_operations_metrics(
+    redis_url, namespace, keys, scripted_model, tmp_path
+):
     """/metrics exactly (a query string ignored, other paths 404), OpenMetrics when asked,
     stream gauges read at the scrape although the background interval is 10 minutes, build
     info, handlers in flight and the live consumers of a tool queue nobody consumes."""
@@ -98,7 +101,9 @@ def test_metrics_endpoint_paths_formats_freshness_and_operations_metrics(redis_u
         services.stop_all()
         client.close()
     # fresh at the scrape: the turn was published after the last background reading
-    assert f'agentstream_stream_length{{stream="{keys.turns}"}} 1.0' in text, [l for l in text.splitlines() if "length" in l]
+    assert f'agentstream_stream_length{{stream="{keys.turns}"}} 1.0' in text, [
+        l for l in text.splitlines() if "length" in l
+    ]
     assert f'agentstream_consumer_lag{{group="tool-workers",stream="{tools}"}} 1.0' in text
     assert f'agentstream_stream_consumers{{group="tool-workers",stream="{tools}"}} 0.0' in text
     assert f'agentstream_stream_consumers{{group="agent-loop",stream="{keys.turns}"}} 1.0' in text

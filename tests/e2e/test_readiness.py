@@ -47,8 +47,8 @@ def wait_status(port: int, path: str, status: int, deadline_s: float = 30.0) -> 
 async def test_readiness_needs_every_consumer_group_and_every_consumer_running(redis_url, namespace):
     import asyncio
 
-    from agentstream.runtime.consumer import StreamConsumer
     from agentstream.runtime.connection import connect
+    from agentstream.runtime.consumer import StreamConsumer
     from agentstream.runtime.runner import Readiness
 
     client = connect(redis_url)
@@ -56,7 +56,9 @@ async def test_readiness_needs_every_consumer_group_and_every_consumer_running(r
     async def idle(entry_id, fields):
         return None
 
-    consumer = StreamConsumer(client, stream=f"{namespace}:work", group="g", consumer="c1", handler=idle, dead_stream=f"{namespace}:dead")
+    consumer = StreamConsumer(
+        client, stream=f"{namespace}:work", group="g", consumer="c1", handler=idle, dead_stream=f"{namespace}:dead"
+    )
     stop = asyncio.Event()
     readiness = Readiness([consumer], stop)
     try:
@@ -84,8 +86,13 @@ def test_a_service_that_cannot_authenticate_is_live_but_never_ready(private_redi
     admin.execute_command("ACL", "SETUSER", "svc", "on", ">right-password", "~*", "&*", "+@all")
     host = private_redis.split("://", 1)[1]
     port = free_port()
-    wrong = Services(redis_url=f"redis://svc:wrong-password@{host}", namespace=namespace, model_url=scripted_model.base_url,
-                     log_dir=tmp_path, extra_env={"AGENTSTREAM_METRICS_PORT": str(port)})
+    wrong = Services(
+        redis_url=f"redis://svc:wrong-password@{host}",
+        namespace=namespace,
+        model_url=scripted_model.base_url,
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_METRICS_PORT": str(port)},
+    )
     try:
         wrong.start("loop-wrong", "agent-loop")
         assert probe(port, "/healthz").status_code == 200  # the process and its loop answer
@@ -96,8 +103,13 @@ def test_a_service_that_cannot_authenticate_is_live_but_never_ready(private_redi
         assert "wrong-password" not in ready.text
     finally:
         wrong.stop_all()
-    right = Services(redis_url=f"redis://svc:right-password@{host}", namespace=namespace, model_url=scripted_model.base_url,
-                     log_dir=tmp_path, extra_env={"AGENTSTREAM_METRICS_PORT": str(port)})
+    right = Services(
+        redis_url=f"redis://svc:right-password@{host}",
+        namespace=namespace,
+        model_url=scripted_model.base_url,
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_METRICS_PORT": str(port)},
+    )
     try:
         right.start("loop-right", "agent-loop")
         ready = wait_status(port, "/readyz", 200)
@@ -112,7 +124,11 @@ def test_a_service_that_cannot_authenticate_is_live_but_never_ready(private_redi
     [
         (["--app", "tests.support.apps:app"], {"REDIS_URL": "redis//127.0.0.1:1"}, "is not a Redis URL"),
         (["--app", "tests.support.no_such_module:app"], {}, "cannot import app module"),
-        (["--app", "tests.support.broken_app:app"], {}, "failed to import: RuntimeError: this app module is broken on purpose"),
+        (
+            ["--app", "tests.support.broken_app:app"],
+            {},
+            "failed to import: RuntimeError: this app module is broken on purpose",
+        ),
         (["--app", "tests.support.apps:app"], {"AGENTSTREAM_MAX_TURN_BYTES": "lots"}, "MAX_TURN_BYTES"),
     ],
     ids=["bad-redis-url", "no-app-module", "broken-app-module", "bad-setting"],
@@ -120,9 +136,18 @@ def test_a_service_that_cannot_authenticate_is_live_but_never_ready(private_redi
 def test_an_unhealable_startup_failure_exits_non_zero_with_one_line(redis_url, args, env, expected):
     proc = subprocess.run(
         [sys.executable, "-m", "agentstream", "serve", "agent-loop", *args],
-        env={**os.environ, "REDIS_URL": redis_url, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_MODEL": "m",
-             "PYTHONPATH": str(ROOT), **env},
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={
+            **os.environ,
+            "REDIS_URL": redis_url,
+            "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+            "OPENAI_MODEL": "m",
+            "PYTHONPATH": str(ROOT),
+            **env,
+        },
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     output = (proc.stdout + proc.stderr).strip()
     assert proc.returncode != 0, output

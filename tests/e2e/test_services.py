@@ -126,7 +126,11 @@ def test_every_model_call_rebuilds_to_its_fingerprint_in_a_fresh_process(client,
     assert [o.request_sha256 for o in outputs] == [hashlib.sha256(b).hexdigest() for b in scripted_model.requests]
     proc = subprocess.run(
         [sys.executable, "-m", "agentstream", "trace", "verify", "c8", "--app", "tests.support.apps:app"],
-        env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env=services.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4/4 model calls rebuilt from the stored trace match" in proc.stderr

@@ -14,12 +14,20 @@ from tests.support.procs import Services, publish_turn, wait_replies
 pytestmark = pytest.mark.e2e
 
 
-def test_the_parent_learns_from_the_digest_that_its_silent_subagent_wrote_a_file(client, redis_url, namespace, keys, scripted_model, tmp_path):
+def test_the_parent_learns_from_the_digest_that_its_silent_subagent_wrote_a_file(
+    client, redis_url, namespace, keys, scripted_model, tmp_path
+):
     scripted_model.rule = digest_apps.rule
     notes = tmp_path / "notes"
     notes.mkdir()
-    services = Services(redis_url=redis_url, namespace=namespace, model_url=scripted_model.base_url, app="tests.support.digest_apps:app",
-                        log_dir=tmp_path, extra_env={"AGENTSTREAM_TEST_NOTES_DIR": str(notes), "AGENTSTREAM_SHUTDOWN_GRACE_S": "2"})
+    services = Services(
+        redis_url=redis_url,
+        namespace=namespace,
+        model_url=scripted_model.base_url,
+        app="tests.support.digest_apps:app",
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_TEST_NOTES_DIR": str(notes), "AGENTSTREAM_SHUTDOWN_GRACE_S": "2"},
+    )
     try:
         services.start("loop-1", "agent-loop")
         services.start("tools-1", "tool-worker")

@@ -11,9 +11,8 @@ import pytest
 import redis as redis_sync
 
 from tests.support.procs import Services, publish_turn, wait_replies
-from tests.support.redis_server import free_port
+from tests.support.redis_server import free_port, sync_client
 from tests.support.scripted_model import ScriptedModelServer, calculator_rule
-from tests.support.redis_server import sync_client
 
 pytestmark = pytest.mark.e2e
 
@@ -56,17 +55,26 @@ def test_a_password_in_a_model_url_is_masked_everywhere(redis_url, namespace, ke
     port = free_port()
     with ScriptedModelServer(failing_then_working) as model:
         url = model.base_url.replace("http://", f"http://agent:{SECRET}@")
-        env = {"AGENTSTREAM_MODEL_RETRIES": "0", "AGENTSTREAM_METRICS_PORT": str(port), "AGENTSTREAM_METRICS_INTERVAL_S": "0.2",
-               "AGENTSTREAM_LOG_LEVEL": "DEBUG", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'}
+        env = {
+            "AGENTSTREAM_MODEL_RETRIES": "0",
+            "AGENTSTREAM_METRICS_PORT": str(port),
+            "AGENTSTREAM_METRICS_INTERVAL_S": "0.2",
+            "AGENTSTREAM_LOG_LEVEL": "DEBUG",
+            "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}',
+        }
         if where == "models file":
             models = tmp_path / "models.yaml"
-            models.write_text(f"models:\n  default:\n    provider: openai\n    base_url: {url}\n    model: scripted-model\n    stream: false\n")
+            models.write_text(
+                f"models:\n  default:\n    provider: openai\n    base_url: {url}\n    model: scripted-model\n    stream: false\n"
+            )
             env["AGENTSTREAM_MODELS_FILE"] = str(models)
             url = model.base_url
         services = Services(redis_url=redis_url, namespace=namespace, model_url=url, log_dir=tmp_path, extra_env=env)
         try:
             services.start("loop-1", "agent-loop", "--log-level", "debug")
-            services.start("tools-1", "tool-worker", "--log-level", "debug", env={"AGENTSTREAM_METRICS_PORT": str(free_port())})
+            services.start(
+                "tools-1", "tool-worker", "--log-level", "debug", env={"AGENTSTREAM_METRICS_PORT": str(free_port())}
+            )
             publish_turn(client, keys, trace_id="s1", turn_id="t1", agent="calc", text="please fail")
             publish_turn(client, keys, trace_id="s2", turn_id="t2", agent="calc", text="What is 2 + 2?")
             replies = {r.turn_id: r for r in wait_replies(client, keys, 2, timeout_s=60)}

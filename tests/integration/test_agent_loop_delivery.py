@@ -213,13 +213,18 @@ async def test_a_tool_job_delivered_twice_runs_once(redis, keys, services, store
     ("tool", "runs", "error"),
     [("record", 0, "outcome_unknown"), ("upsert", 1, None), ("work", 1, None)],
 )
-async def test_redelivery_after_a_crash_mid_run_of_a_side_effect_tool(redis, keys, services, store, namespace, tool, runs, error):
+async def test_redelivery_after_a_crash_mid_run_of_a_side_effect_tool(
+    redis, keys, services, store, namespace, tool, runs, error
+):
     # The first delivery claimed the call and (side effects) wrote tool_started, then its worker
     # died. The re-delivery must not run a side-effect tool again unless it is retry_safe.
     arguments = '{"ms": 1}' if tool == "work" else '{"key": "k"}'
     trace, call = await _one_call(store, f"c10-{tool}", tool, arguments)
     stream = keys.tools_for("default", trace)
-    entry = await redis.xadd(stream, {JOB_FIELD: codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name=tool, arguments=arguments))})
+    entry = await redis.xadd(
+        stream,
+        {JOB_FIELD: codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name=tool, arguments=arguments))},
+    )
     ref = f"{stream}/{entry.decode()}"
     state = await store.begin_call(trace, "t1", call, ref)
     assert state.claimed
@@ -237,7 +242,9 @@ async def test_redelivery_after_a_crash_mid_run_of_a_side_effect_tool(redis, key
         assert "unknown" in result.text
 
 
-async def test_a_tool_job_that_fails_every_delivery_gives_the_model_an_error_result(redis, keys, services, store, monkeypatch):
+async def test_a_tool_job_that_fails_every_delivery_gives_the_model_an_error_result(
+    redis, keys, services, store, monkeypatch
+):
     services.env.update({"AGENTSTREAM_MAX_DELIVERIES": "2", "AGENTSTREAM_MIN_IDLE_MS": "200"})
     proc = await services.start("p1", "agent-loop", "tool-worker")
     worker = proc.worker
@@ -258,7 +265,9 @@ async def test_a_tool_job_that_fails_every_delivery_gives_the_model_an_error_res
     assert dead[1][b"dead_deliveries"] == b"2" and b"disk on fire" in dead[1][b"dead_error"]
 
 
-async def test_a_wake_up_that_fails_every_delivery_ends_its_turn_with_a_reason(redis, keys, services, store, monkeypatch):
+async def test_a_wake_up_that_fails_every_delivery_ends_its_turn_with_a_reason(
+    redis, keys, services, store, monkeypatch
+):
     services.env.update({"AGENTSTREAM_MAX_DELIVERIES": "2", "AGENTSTREAM_MIN_IDLE_MS": "200"})
     proc = await services.start("p1", "agent-loop", "tool-worker")
     loop = proc.loop
@@ -315,7 +324,15 @@ async def _true(value):
 async def _one_call(store, trace_id, tool, arguments):
     call_id = f"call-{trace_id}"
     await store.append(trace_id, TurnInput(turn_id="t1", agent="plan", text="x"))
-    await store.append(trace_id, ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id=call_id, name=tool, arguments=arguments),), stop_reason="tool_calls"))
+    await store.append(
+        trace_id,
+        ModelOutput(
+            turn_id="t1",
+            step=0,
+            tool_calls=(ToolCall(id=call_id, name=tool, arguments=arguments),),
+            stop_reason="tool_calls",
+        ),
+    )
     return trace_id, call_id
 
 
@@ -339,14 +356,23 @@ async def test_a_queued_job_of_a_cancelled_turn_is_skipped_by_the_cancel_key(red
 
     trace, call = await _one_call(store, "c16", "work", '{"ms": 1}')
     await store.append(trace, CancelRequested(turn_id="t1", by="user"))
-    await redis.xadd(keys.tools_for("default", trace), {JOB_FIELD: codec.encode(ToolJob(trace_id=trace, turn_id="t1", call_id=call, name="work", arguments='{"ms": 1}'))})
+    await redis.xadd(
+        keys.tools_for("default", trace),
+        {
+            JOB_FIELD: codec.encode(
+                ToolJob(trace_id=trace, turn_id="t1", call_id=call, name="work", arguments='{"ms": 1}')
+            )
+        },
+    )
     proc = await services.start("w1", "tool-worker")
     await wait_for(lambda: _true(proc.worker.skipped == 1), what="the job skipped")
     assert runs_of(await effects(redis, namespace), "work") == 0
     assert not [e for e in await events_of(store, trace) if isinstance(e, ToolOutput)]
 
 
-async def test_an_agent_loop_stopped_mid_model_call_gives_back_the_lease_and_the_entry(redis, keys, services, store, model):
+async def test_an_agent_loop_stopped_mid_model_call_gives_back_the_lease_and_the_entry(
+    redis, keys, services, store, model
+):
     # SIGTERM and the grace period runs out during a (60 s) model call: the step is cancelled,
     # the trace's lease is released and the turn entry is released for another agent loop.
     services.env["AGENTSTREAM_SHUTDOWN_GRACE_S"] = "0.3"

@@ -8,8 +8,8 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from agentstream.runtime.cancel import publish_cancel
 from agentstream.cli.commands import cli
+from agentstream.runtime.cancel import publish_cancel
 from agentstream.wire.events import CancelMessage, CancelRequested
 from tests.support import apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
@@ -47,7 +47,9 @@ async def _handled(redis, keys, entry_id: str) -> None:
     await wait_for(done, what=f"cancel {entry_id} handled")
 
 
-async def test_a_cancel_of_an_unknown_or_ended_turn_records_nothing_and_a_later_turn_of_that_id_runs(redis, keys, services, store):
+async def test_a_cancel_of_an_unknown_or_ended_turn_records_nothing_and_a_later_turn_of_that_id_runs(
+    redis, keys, services, store
+):
     await services.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="c1", turn_id="t1", agent="plan", text="do: work(1)")
     assert (await wait_reply(redis, keys, "t1")).status == "ended"

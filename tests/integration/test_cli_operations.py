@@ -49,7 +49,11 @@ def test_every_serve_option_has_an_environment_variable(monkeypatch):
         seen.update(services=services, app=app_path, queues=queues)
 
     monkeypatch.setattr(cli_module, "_serve", fake_serve)
-    env = {"AGENTSTREAM_APP": "tests.support.apps:app", "AGENTSTREAM_QUEUES": "browser heavy", "AGENTSTREAM_LOG_LEVEL": "debug"}
+    env = {
+        "AGENTSTREAM_APP": "tests.support.apps:app",
+        "AGENTSTREAM_QUEUES": "browser heavy",
+        "AGENTSTREAM_LOG_LEVEL": "debug",
+    }
     result = invoke(["serve", "tool-worker"], env)
     assert result.exit_code == 0, result.output
     assert seen["app"] == "tests.support.apps:app" and seen["queues"] == ["browser", "heavy"]
@@ -69,21 +73,27 @@ def test_every_serve_option_has_an_environment_variable(monkeypatch):
     ids=["concurrency not a number", "concurrency 0", "bad url", "bad busy policy"],
 )
 def test_bad_settings_print_one_line_and_exit_2(env, says):
-    proc = subprocess.run([*AGENTSTREAM, "serve", "tool-worker"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*AGENTSTREAM, "serve", "tool-worker"], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_the_app_module_is_found_from_the_current_directory(tmp_path):
-    (tmp_path / "myagents.py").write_text(textwrap.dedent('''
+    (tmp_path / "myagents.py").write_text(
+        textwrap.dedent("""
         from agentstream import Agent, App
         app = App(agents=[Agent(name="here", system_prompt="s")])
-    '''))
+    """)
+    )
     # the console script (not python -m): sys.path does not start with the current directory
     code = "import sys; from agentstream.cli.commands import main; sys.argv = ['agentstream', 'run', 'hi', '--app', 'myagents:app', '--agent', 'nope']; main()"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     # -I leaves the current directory off sys.path: only load_app's lookup can find myagents
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "has no agent 'nope' (its agents: here)" in proc.stderr, proc.stderr
@@ -115,10 +125,22 @@ async def test_cancel_tells_an_unknown_trace_from_an_idle_one(redis_url, namespa
 
 
 def test_dev_prints_one_ready_line_after_the_export_lines_on_stdout(redis_url, namespace, scripted_model):
-    env = {**os.environ, "REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace, "OPENAI_BASE_URL": scripted_model.base_url,
-           "OPENAI_MODEL": "scripted-model", "AGENTSTREAM_BLOCK_MS": "50"}
-    proc = subprocess.Popen([*AGENTSTREAM, "dev", "--app", "tests.support.apps:app"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "AGENTSTREAM_NAMESPACE": namespace,
+        "OPENAI_BASE_URL": scripted_model.base_url,
+        "OPENAI_MODEL": "scripted-model",
+        "AGENTSTREAM_BLOCK_MS": "50",
+    }
+    proc = subprocess.Popen(
+        [*AGENTSTREAM, "dev", "--app", "tests.support.apps:app"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     lines = []
     try:
         deadline = time.monotonic() + 60
@@ -141,7 +163,9 @@ def test_dev_prints_one_ready_line_after_the_export_lines_on_stdout(redis_url, n
     assert "agent-loop" in ready[0] and "tool-worker" in ready[0]
 
 
-async def test_ask_prints_the_trace_id_before_the_steps_and_the_answer_as_run_does(redis_url, namespace, scripted_model):
+async def test_ask_prints_the_trace_id_before_the_steps_and_the_answer_as_run_does(
+    redis_url, namespace, scripted_model
+):
     """`ask` and `run` both print `trace <id>` first (stderr), then the steps and the answer, so a
     person (or a script reading both streams in order) knows the id before anything else."""
     from tests.support import apps
@@ -153,8 +177,14 @@ async def test_ask_prints_the_trace_id_before_the_steps_and_the_answer_as_run_do
         # unbuffered: both streams reach the one pipe in the order they were written
         env = {**os.environ, "REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace, "PYTHONUNBUFFERED": "1"}
         asked = await asyncio.to_thread(
-            subprocess.run, [*AGENTSTREAM, "ask", "What is 2 + 3?", "--agent", "calc", "--timeout-s", "60"], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+            subprocess.run,
+            [*AGENTSTREAM, "ask", "What is 2 + 3?", "--agent", "calc", "--timeout-s", "60"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+        )
     finally:
         await services.stop_all()
     lines = asked.stdout.splitlines()

@@ -11,15 +11,15 @@ import pytest
 import redis.exceptions
 from typer.testing import CliRunner
 
-from agentstream.wire import codec
 from agentstream.cli import commands as cli_module
 from agentstream.cli.commands import cli, environment_lines
-from agentstream.steps.summarising import sent_request
-from agentstream.runtime.deltas import follow
-from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
-from agentstream.wire.keys import Keys
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint, Quirks
+from agentstream.runtime.deltas import follow
+from agentstream.steps.summarising import sent_request
+from agentstream.wire import codec
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
+from agentstream.wire.keys import Keys
 from tests.support import apps
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,9 @@ def invoke(args, env):
     return result
 
 
-@pytest.mark.parametrize("command", [["trace", "show", "x"], ["trace", "verify", "x", *APP], ["trace", "explain", "x", "--step", "0", *APP]])
+@pytest.mark.parametrize(
+    "command", [["trace", "show", "x"], ["trace", "verify", "x", *APP], ["trace", "explain", "x", "--step", "0", *APP]]
+)
 @pytest.mark.parametrize(
     "url, says",
     [
@@ -46,7 +48,9 @@ def test_trace_commands_fail_with_one_line_when_redis_is_not_reachable(command, 
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.delenv("AGENTSTREAM_DATA_DIR", raising=False)
     # no REDIS_URL and an empty cache: no embedded Redis data to read either
-    result = invoke(command, {"REDIS_URL": url, "XDG_CACHE_HOME": str(tmp_path)} if url else {"XDG_CACHE_HOME": str(tmp_path)})
+    result = invoke(
+        command, {"REDIS_URL": url, "XDG_CACHE_HOME": str(tmp_path)} if url else {"XDG_CACHE_HOME": str(tmp_path)}
+    )
     assert result.exit_code == 2, result.output
     assert says in result.output and "Traceback" not in result.output
     assert "hunter2" not in result.output
@@ -102,7 +106,9 @@ REFUSED_ARGUMENTS = [  # (command line, what the one line must name)
 
 
 @pytest.mark.parametrize("args, says", REFUSED_ARGUMENTS, ids=[" ".join(a) or "-" for a, _ in REFUSED_ARGUMENTS])
-def test_empty_blank_and_out_of_range_arguments_are_refused_in_one_line_with_exit_code_2(args, says, capsys, monkeypatch):
+def test_empty_blank_and_out_of_range_arguments_are_refused_in_one_line_with_exit_code_2(
+    args, says, capsys, monkeypatch
+):
     """Empty or blank ids, names and messages, ids with control characters, negative or zero
     counts: refused by the parsing library before anything runs (no Redis is asked), as one line
     on stderr that names the argument, exit code 2."""
@@ -133,27 +139,52 @@ LLAMA_LIKE = Quirks(tool_call_content="null", required_tool_choice="named", stre
 
 async def test_explain_and_verify_rebuild_with_the_configured_endpoint_and_agree(store, redis_url, namespace):
     options = {"stream": False, "window_tokens": 16000, "quirks": LLAMA_LIKE.model_dump(exclude_defaults=True)}
-    endpoint = ModelEndpoint(id="default", provider="openai", base_url="http://127.0.0.1:9/v1", model="m",
-                             stream=False, window_tokens=16000, quirks=LLAMA_LIKE)
+    endpoint = ModelEndpoint(
+        id="default",
+        provider="openai",
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        stream=False,
+        window_tokens=16000,
+        quirks=LLAMA_LIKE,
+    )
     calc = apps.app.agent("calc")
     from agentstream.delegation import offered_agent
 
     turn = TurnInput(turn_id="t1", agent="calc", text="what is 2 + 3?")
     agent = offered_agent(calc, turn, {"default": endpoint})
     events: list = [turn]
-    for step, output in enumerate([
-        ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="calculator", arguments='{"expression": "2+3"}'),)),
-        ModelOutput(turn_id="t1", step=1, content="5"),
-    ]):
+    for step, output in enumerate(
+        [
+            ModelOutput(
+                turn_id="t1",
+                step=0,
+                tool_calls=(ToolCall(id="c1", name="calculator", arguments='{"expression": "2+3"}'),),
+            ),
+            ModelOutput(turn_id="t1", step=1, content="5"),
+        ]
+    ):
         body = formats.request_body(sent_request(events, agent, turn_id="t1", step=step), endpoint)
-        events.append(type(output)(**{**{f: getattr(output, f) for f in output.__struct_fields__}, "request_sha256": formats.fingerprint(body)}))
+        events.append(
+            type(output)(
+                **{
+                    **{f: getattr(output, f) for f in output.__struct_fields__},
+                    "request_sha256": formats.fingerprint(body),
+                }
+            )
+        )
         if step == 0:
             events.append(ToolOutput(turn_id="t1", call_id="c1", name="calculator", text="5"))
     events.append(TurnEnded(turn_id="t1", answer="5"))
     for event in events:
         await store.append("q", event)
-    env = {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace, "OPENAI_BASE_URL": endpoint.base_url,
-           "OPENAI_MODEL": "m", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options)}
+    env = {
+        "REDIS_URL": redis_url,
+        "AGENTSTREAM_NAMESPACE": namespace,
+        "OPENAI_BASE_URL": endpoint.base_url,
+        "OPENAI_MODEL": "m",
+        "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options),
+    }
     verified = await asyncio.to_thread(invoke, ["trace", "verify", "q", *APP], env)
     assert verified.exit_code == 0, verified.output
     explained = await asyncio.to_thread(invoke, ["trace", "explain", "q", "--step", "1", "--turn-id", "t1", *APP], env)
@@ -177,8 +208,12 @@ def test_dev_prints_the_environment_another_shell_needs(monkeypatch, redis_url):
 
     monkeypatch.setattr(cli_module, "_serve", no_services)
     options = json.dumps({"quirks": {"tool_call_content": "null"}})
-    env = {"REDIS_URL": redis_url, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_MODEL": "smol model",
-           "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": options}
+    env = {
+        "REDIS_URL": redis_url,
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "OPENAI_MODEL": "smol model",
+        "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": options,
+    }
     result = invoke(["dev", *APP], env)
     assert result.exit_code == 0 and served, result.output
     lines = result.output.splitlines()
@@ -200,7 +235,12 @@ class FlakyRedis:
         if self.reads <= self.failures:
             raise redis.exceptions.ConnectionError("Connection refused")
         assert positions[self.keys.trace(self.trace_id)] == "5-0"  # the same position after the outage
-        return [(self.keys.trace(self.trace_id).encode(), [(b"6-0", codec.encode_entry(TurnEnded(turn_id="t", answer="ok")))])]
+        return [
+            (
+                self.keys.trace(self.trace_id).encode(),
+                [(b"6-0", codec.encode_entry(TurnEnded(turn_id="t", answer="ok")))],
+            )
+        ]
 
 
 async def test_following_a_turn_rides_out_a_redis_restart():
@@ -221,7 +261,9 @@ async def test_trace_show_writes_terminal_controls_of_a_published_turn_as_escape
     and a bidi override is shown escaped, never sent raw to the reader's terminal."""
     hostile = "Please wait.\x1b]0;pwned\x07 \x1b[2J \x00 \u202eevil"
     await store.append("esc-1", TurnInput(turn_id="t1", agent="calc", text=hostile))
-    result = await asyncio.to_thread(invoke, ["trace", "show", "esc-1"], {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace})
+    result = await asyncio.to_thread(
+        invoke, ["trace", "show", "esc-1"], {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace}
+    )
     assert result.exit_code == 0, result.output
     assert not any(c in result.output for c in "\x1b\x07\x00\u202e"), repr(result.output)
     assert "\\x1b]0;pwned\\x07" in result.output and "\\u202eevil" in result.output
@@ -234,10 +276,15 @@ def test_a_followed_turn_prints_terminal_controls_as_escapes():
     printer = TurnPrinter("t1", lambda text="", **_: printed.append(text), describe=lambda e: e.text)
     printer.on_event(TurnInput(turn_id="t1", agent="calc", text="hi\x1b[31mred\x9b"))
     assert printed == ["hi\\x1b[31mred\\x9b"]
-    assert terminal_safe("line one\n\tline two, café, 日本, 👨\u200d👩\u200d👧") == "line one\n\tline two, café, 日本, 👨\u200d👩\u200d👧"
+    assert (
+        terminal_safe("line one\n\tline two, café, 日本, 👨\u200d👩\u200d👧")
+        == "line one\n\tline two, café, 日本, 👨\u200d👩\u200d👧"
+    )
 
 
-def test_an_unexpected_error_is_one_line_and_exit_code_1_with_the_traceback_at_log_level_debug(tmp_path, capsys, monkeypatch):
+def test_an_unexpected_error_is_one_line_and_exit_code_1_with_the_traceback_at_log_level_debug(
+    tmp_path, capsys, monkeypatch
+):
     """A data folder whose append-only file is not Redis's (the embedded Redis does not start on
     it): not a usage error anyone foresaw, yet one line `error: unexpected ...`, exit code 1; at
     log level debug the traceback comes first."""
@@ -264,4 +311,6 @@ def test_an_app_factory_that_raises_is_a_configuration_error(tmp_path, capsys, m
     with pytest.raises(SystemExit) as exited:
         cli_module.main(["schema", "turn", "--app", "factoryapp:make"])
     err = capsys.readouterr().err
-    assert exited.value.code == 2 and err.startswith("error: app factory 'factoryapp:make' failed: KeyError: 'REDIS_URL'"), err
+    assert exited.value.code == 2 and err.startswith(
+        "error: app factory 'factoryapp:make' failed: KeyError: 'REDIS_URL'"
+    ), err

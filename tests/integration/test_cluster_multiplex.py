@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.integration, cluster_only("the shared connection per c
 
 
 def _primaries(client) -> list:
-    return sorted({cache[0].name: cache[0] for cache in client.nodes_manager.slots_cache.values()}.values(), key=lambda n: n.name)
+    return sorted(
+        {cache[0].name: cache[0] for cache in client.nodes_manager.slots_cache.values()}.values(), key=lambda n: n.name
+    )
 
 
 async def test_each_command_goes_on_the_shared_connection_of_its_slots_node(redis_url, keys):
@@ -36,7 +38,9 @@ async def test_each_command_goes_on_the_shared_connection_of_its_slots_node(redi
         writes = {name: count_writes(shared) for name, shared in client._shared.items()}
         assert all(await asyncio.gather(*(client.set(name, str(i).encode()) for i, name in enumerate(names))))
         assert all(len(sizes) == 1 for sizes in writes.values()), writes  # 300 commands, one write per node
-        got = await asyncio.gather(*(client.get(name) for name in names), client.hget(names[0], "f"), return_exceptions=True)
+        got = await asyncio.gather(
+            *(client.get(name) for name in names), client.hget(names[0], "f"), return_exceptions=True
+        )
         assert got[:300] == [str(i).encode() for i in range(300)]
         assert isinstance(got[300], redis.exceptions.ResponseError) and "WRONGTYPE" in str(got[300])
         assert {node.name: len(node._connections) for node in nodes} == pooled_before  # no pooled connection was used
@@ -69,7 +73,10 @@ async def test_a_pipeline_goes_on_the_shared_connections_with_redis_pys_errors(r
         assert all(len(sizes) == 1 for sizes in writes.values()), writes  # the pipeline and the GET: one write per node
         with pytest.raises(redis.exceptions.ResponseError, match=r"Command # 2 \(HGET"):  # redis-py's message
             await client.pipeline(transaction=False).get(names[1]).hget(names[1], "f").execute()
-        assert await client.pipeline(transaction=False).get(names[2]).xlen(f"{keys.namespace}:none").execute() == [b"2", 0]
+        assert await client.pipeline(transaction=False).get(names[2]).xlen(f"{keys.namespace}:none").execute() == [
+            b"2",
+            0,
+        ]
         assert await client.pipeline(transaction=False).execute() == []
         assert all(shared.connects == 1 for shared in client._shared.values())
     finally:
@@ -197,7 +204,9 @@ async def test_a_lost_node_connection_fails_its_waiting_commands_and_the_next_on
         await admin.aclose()
 
 
-async def test_a_node_connection_lost_under_a_waiting_command_makes_the_client_learn_the_slot_map_again(redis_url, keys):
+async def test_a_node_connection_lost_under_a_waiting_command_makes_the_client_learn_the_slot_map_again(
+    redis_url, keys
+):
     client = connect(redis_url)
     try:
         tag = f"{{{keys.namespace}:relearn}}"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from agentstream.wire import codec
-from agentstream.steps.summarising import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, outcome_key
 from agentstream.context import estimate_tokens
 from agentstream.errors import ModelUnanswered
+from agentstream.steps.summarising import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, outcome_key
+from agentstream.wire import codec
 from agentstream.wire.events import Compaction, CompactionFailed, ModelOutput, TurnEnded, TurnInput, Usage
 from agentstream.wire.keys import COMPACTION_FIELD
 from agentstream_services.compaction.compactor import Compactor
@@ -30,8 +30,14 @@ class FakeModel:
         value = self.reply(request)
         if isinstance(value, Exception):
             raise value
-        return ModelOutput(turn_id=turn_id, step=step, content=value, provider="fake", model="fake-1",
-                           usage=Usage(prompt_tokens=100, completion_tokens=10))
+        return ModelOutput(
+            turn_id=turn_id,
+            step=step,
+            content=value,
+            provider="fake",
+            model="fake-1",
+            usage=Usage(prompt_tokens=100, completion_tokens=10),
+        )
 
     async def aclose(self):
         pass
@@ -61,7 +67,11 @@ async def test_a_job_delivered_twice_writes_one_summary_and_wakes_the_trace(stor
     assert REGISTRY.get_sample_value("agentstream_compactions_total", {"outcome": "compacted"}) == before + 1
     (summary,) = [e for e in await events(store, "c") if isinstance(e, Compaction)]
     assert (summary.turn_id, summary.kept_from_turn, summary.replaced_turns) == ("t4", "t4", 3)
-    assert summary.summary == "SUMMARY[turn 1, turn 2, turn 3]" and summary.model == "fake-1" and summary.usage.prompt_tokens == 100
+    assert (
+        summary.summary == "SUMMARY[turn 1, turn 2, turn 3]"
+        and summary.model == "fake-1"
+        and summary.usage.prompt_tokens == 100
+    )
     assert len(model.requests) == 1 and model.requests[0].tools == ()
     assert await store.has_key("c", outcome_key("t4", "t4"))
     assert len(await store.redis.xrange(keys.wake)) == 2
@@ -93,14 +103,20 @@ async def test_a_failed_summary_call_is_recorded_and_the_turn_can_go_on(store):
 
 
 async def test_an_empty_summary_is_a_compaction_error(store):
-    outcome = await Compactor(app, store, {"default": FakeModel(lambda request: " ")}).compact(await conversation(store, "e", 4))
-    assert isinstance(outcome, CompactionFailed) and outcome.code == COMPACTION_ERROR and "empty summary" in outcome.reason
+    outcome = await Compactor(app, store, {"default": FakeModel(lambda request: " ")}).compact(
+        await conversation(store, "e", 4)
+    )
+    assert (
+        isinstance(outcome, CompactionFailed) and outcome.code == COMPACTION_ERROR and "empty summary" in outcome.reason
+    )
 
 
 async def test_a_summary_that_cannot_be_stored_is_a_compaction_error_not_a_handler_failure(store):
     # a lone surrogate (an app's own model adapter let it through): before, the append failed the
     # handler, and every delivery of the job called the summary model again
-    outcome = await Compactor(app, store, {"default": FakeModel(lambda request: "a\ud83db")}).compact(await conversation(store, "s", 4))
+    outcome = await Compactor(app, store, {"default": FakeModel(lambda request: "a\ud83db")}).compact(
+        await conversation(store, "s", 4)
+    )
     assert isinstance(outcome, CompactionFailed) and outcome.code == COMPACTION_ERROR
     assert "cannot be stored" in outcome.reason and "UnicodeEncodeError" in outcome.reason
     assert [e for e in await events(store, "s") if isinstance(e, CompactionFailed)] == [outcome]
@@ -140,6 +156,9 @@ async def test_compaction_jobs_read_only_what_their_trace_gained_since_the_last_
         assert isinstance(again, Compaction)
     finally:
         recorder.close()
-    starts = [_text(c[2]) for c in recorder.commands
-              if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == keys.trace("g") and "COUNT" not in map(_text, c[3:])]
+    starts = [
+        _text(c[2])
+        for c in recorder.commands
+        if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == keys.trace("g") and "COUNT" not in map(_text, c[3:])
+    ]
     assert len(starts) == 2 and starts.count("-") == 1, starts  # the second job read what came since the first

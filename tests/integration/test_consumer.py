@@ -14,10 +14,19 @@ pytestmark = pytest.mark.integration
 
 def make(redis, keys, name, handler, **config):
     return StreamConsumer(
-        redis, stream=f"{keys.namespace}:work", group="g", consumer=name, handler=handler,
+        redis,
+        stream=f"{keys.namespace}:work",
+        group="g",
+        consumer=name,
+        handler=handler,
         dead_stream=keys.dead(f"{keys.namespace}:work"),
-        config=ConsumerConfig(block_ms=50, min_idle_ms=config.pop("min_idle_ms", 200), reclaim_interval_ms=50,
-                              retry_delay_s=config.pop("retry_delay_s", 0.05), **config),
+        config=ConsumerConfig(
+            block_ms=50,
+            min_idle_ms=config.pop("min_idle_ms", 200),
+            reclaim_interval_ms=50,
+            retry_delay_s=config.pop("retry_delay_s", 0.05),
+            **config,
+        ),
     )
 
 
@@ -109,8 +118,12 @@ async def _run_until_dead_lettered(redis, keys, consumer, stream: str, settle_s:
     return await redis.xrange(keys.dead(stream))
 
 
-@pytest.mark.parametrize("max_deliveries", [1, Settings.model_fields["max_deliveries"].default])  # the default, AGENTSTREAM_MAX_DELIVERIES=5
-async def test_a_poison_entry_is_delivered_exactly_max_deliveries_times_and_its_dead_letter_says_so(redis, keys, max_deliveries):
+@pytest.mark.parametrize(
+    "max_deliveries", [1, Settings.model_fields["max_deliveries"].default]
+)  # the default, AGENTSTREAM_MAX_DELIVERIES=5
+async def test_a_poison_entry_is_delivered_exactly_max_deliveries_times_and_its_dead_letter_says_so(
+    redis, keys, max_deliveries
+):
     # "5" means: the handler starts at most 5 times; the dead letter's count is those starts
     stream = f"{keys.namespace}:work"
     starts = []

@@ -74,9 +74,16 @@ def trickling():
         ({"AGENTSTREAM_MODEL_DEADLINE_S": "60", "AGENTSTREAM_TURN_DEADLINE_S": "2"}, "AGENTSTREAM_TURN_DEADLINE_S"),
     ],
 )
-async def test_a_trickling_stream_cannot_hold_a_call_past_its_deadline(redis_url, namespace, redis, keys, store, trickling, env, variable):
-    services = InProcess(apps.app, redis_url, namespace, trickling.base_url,
-                         env={"AGENTSTREAM_MODEL_TIMEOUT_S": "3", "AGENTSTREAM_MODEL_RETRIES": "2", **env})
+async def test_a_trickling_stream_cannot_hold_a_call_past_its_deadline(
+    redis_url, namespace, redis, keys, store, trickling, env, variable
+):
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        trickling.base_url,
+        env={"AGENTSTREAM_MODEL_TIMEOUT_S": "3", "AGENTSTREAM_MODEL_RETRIES": "2", **env},
+    )
     try:
         await services.start("p1", "agent-loop")
         started = time.monotonic()
@@ -92,10 +99,20 @@ async def test_a_trickling_stream_cannot_hold_a_call_past_its_deadline(redis_url
     assert failed.code == "deadline"
 
 
-async def test_a_turn_past_its_deadline_is_not_given_another_model_call(redis_url, namespace, redis, keys, store, scripted_model):
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
-                         env={"AGENTSTREAM_TURN_DEADLINE_S": "1", "AGENTSTREAM_TEST_TOOL_DELAY_S": "1.5",
-                              "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps({"stream": False})})
+async def test_a_turn_past_its_deadline_is_not_given_another_model_call(
+    redis_url, namespace, redis, keys, store, scripted_model
+):
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={
+            "AGENTSTREAM_TURN_DEADLINE_S": "1",
+            "AGENTSTREAM_TEST_TOOL_DELAY_S": "1.5",
+            "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps({"stream": False}),
+        },
+    )
     import os
 
     os.environ["AGENTSTREAM_TEST_TOOL_DELAY_S"] = "1.5"  # the tool runs in this process
@@ -106,5 +123,7 @@ async def test_a_turn_past_its_deadline_is_not_given_another_model_call(redis_ur
     finally:
         os.environ.pop("AGENTSTREAM_TEST_TOOL_DELAY_S", None)
         await services.stop_all()
-    assert reply.code == "deadline" and "AGENTSTREAM_TURN_DEADLINE_S" in reply.reason and "model call 1" in reply.reason, reply
+    assert (
+        reply.code == "deadline" and "AGENTSTREAM_TURN_DEADLINE_S" in reply.reason and "model call 1" in reply.reason
+    ), reply
     assert len(scripted_model.requests) == 1  # the call after the slow tool was never made

@@ -10,9 +10,18 @@ import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
-from agentstream.wire import codec
 from agentstream.delegation import ChildEnded, child_trace_id
-from agentstream.wire.events import ModelOutput, TaskInput, ToolCall, ToolJob, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire import codec
+from agentstream.wire.events import (
+    ModelOutput,
+    TaskInput,
+    ToolCall,
+    ToolJob,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+)
 from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD
 from agentstream_services.delegation.delegator import Delegator, Supervisor
 from tests.support.delegation_apps import app
@@ -22,7 +31,13 @@ pytestmark = pytest.mark.integration
 
 def _delegations_opened() -> float:
     """agentstream_delegations_total summed over its labels."""
-    return sum(s.value for m in REGISTRY.collect() if m.name == "agentstream_delegations" for s in m.samples if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in REGISTRY.collect()
+        if m.name == "agentstream_delegations"
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 async def parent_with_calls(store, trace_id: str, *topics: str) -> list[ToolJob]:
@@ -113,8 +128,11 @@ async def test_a_delegation_reads_only_what_its_parent_gained_since_the_last_one
             await store.append("lp", TurnEnded(turn_id=f"t{n}", answer="compared"))
     finally:
         recorder.close()
-    starts = [_text(c[2]) for c in recorder.commands
-              if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == keys.trace("lp") and "COUNT" not in map(_text, c[3:])]
+    starts = [
+        _text(c[2])
+        for c in recorder.commands
+        if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == keys.trace("lp") and "COUNT" not in map(_text, c[3:])
+    ]
     assert len(starts) == 4 and starts.count("-") == 1, starts  # whole once (the first look), then what is new
 
 
@@ -133,13 +151,21 @@ async def test_a_childs_answer_is_held_to_the_tool_result_limit(store):
         child = child_trace_id("p", f"call_{topic}")
         (task,) = await events(store, child)
         await store.append(child, TurnEnded(turn_id=task.turn_id, answer=answer))
-        await delegator.on_child_ended(f"{i + 3}-0", {ENDING_FIELD: codec.encode(ChildEnded(trace_id=child, turn_id=task.turn_id))})
+        await delegator.on_child_ended(
+            f"{i + 3}-0", {ENDING_FIELD: codec.encode(ChildEnded(trace_id=child, turn_id=task.turn_id))}
+        )
     results = {r.call_id: r for r in await events(store, "p") if isinstance(r, ToolOutput)}
     big = results["call_A"]
-    assert big.error == "result_too_large" and "AGENTSTREAM_MAX_TOOL_RESULT_BYTES=1,000" in big.text and "5,000 bytes" in big.text
+    assert (
+        big.error == "result_too_large"
+        and "AGENTSTREAM_MAX_TOOL_RESULT_BYTES=1,000" in big.text
+        and "5,000 bytes" in big.text
+    )
     assert len(codec.encode(big)) < 1000 and big.data is None
     assert results["call_B"].error is None and results["call_B"].text == "b" * 900
-    assert [e.answer for e in await events(store, child_trace_id("p", "call_A")) if isinstance(e, TurnEnded)] == ["a" * 5000]
+    assert [e.answer for e in await events(store, child_trace_id("p", "call_A")) if isinstance(e, TurnEnded)] == [
+        "a" * 5000
+    ]
 
 
 async def test_a_delegation_job_for_no_call_of_its_parent_opens_nothing_and_is_reported(store, keys):
@@ -166,7 +192,9 @@ async def test_a_delegation_job_for_no_call_of_its_parent_opens_nothing_and_is_r
     assert isinstance((await events(store, child_trace_id("p", "call_A")))[0], TaskInput)
 
 
-async def test_a_turn_published_to_a_child_trace_id_is_refused_and_a_child_trace_begun_by_another_is_not_used(store, keys, redis):
+async def test_a_turn_published_to_a_child_trace_id_is_refused_and_a_child_trace_begun_by_another_is_not_used(
+    store, keys, redis
+):
     # The trial: a client publishes a root turn under `<conversation>/<call id>` — before the call
     # comes (its history became the subagent's context, and its first turn hid the task from the
     # hand-back), or into a running child (it ran in the subagent's context and read it back).
@@ -182,7 +210,9 @@ async def test_a_turn_published_to_a_child_trace_id_is_refused_and_a_child_trace
         return {TURN_FIELD: json.dumps(body).encode()}
 
     await loop.on_turn("9-1", turn(child_trace_id("p", "call_A"), "x1"))  # before the call's child opens
-    await loop.on_turn("9-0", turn(child_trace_id("p", "call_A"), "x0", agent="nobody"))  # refused: its failure is not written either
+    await loop.on_turn(
+        "9-0", turn(child_trace_id("p", "call_A"), "x0", agent="nobody")
+    )  # refused: its failure is not written either
     assert not await store.exists(child_trace_id("p", "call_A"))
     await delegator.open(job_a)
     (task,) = await events(store, child_trace_id("p", "call_A"))

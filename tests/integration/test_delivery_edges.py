@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from redis.exceptions import ResponseError
 
-from agentstream.wire import codec
 from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
+from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolJob, ToolOutput, TurnFailed
 from agentstream.wire.keys import JOB_FIELD, TOOL_WORKER_GROUP, TURN_FIELD
 from tests.support import apps
@@ -42,10 +42,23 @@ async def services(redis_url, namespace, model, monkeypatch):
 def consumer(redis, keys, name, handler, on_dead_letter=None, **config):
     stream = f"{keys.namespace}:work"
     return StreamConsumer(
-        redis, stream=stream, group="g", consumer=name, handler=handler, dead_stream=keys.dead(stream),
+        redis,
+        stream=stream,
+        group="g",
+        consumer=name,
+        handler=handler,
+        dead_stream=keys.dead(stream),
         on_dead_letter=on_dead_letter,
-        config=ConsumerConfig(**{"block_ms": 50, "min_idle_ms": 5_000, "reclaim_interval_ms": 50, "retry_delay_s": 0.02,
-                                 "max_deliveries": 3, **config}),
+        config=ConsumerConfig(
+            **{
+                "block_ms": 50,
+                "min_idle_ms": 5_000,
+                "reclaim_interval_ms": 50,
+                "retry_delay_s": 0.02,
+                "max_deliveries": 3,
+                **config,
+            }
+        ),
     )
 
 
@@ -75,8 +88,12 @@ async def test_no_entry_is_handled_twice_with_handlers_near_or_over_the_idle_tim
         starts[entry_id] += 1
         await asyncio.sleep(rng.uniform(*handler_s))
 
-    consumers = [consumer(redis, keys, f"w{i}", handler, min_idle_ms=1000, concurrency=16, batch_size=32,
-                          reclaim_interval_ms=100) for i in range(2)]
+    consumers = [
+        consumer(
+            redis, keys, f"w{i}", handler, min_idle_ms=1000, concurrency=16, batch_size=32, reclaim_interval_ms=100
+        )
+        for i in range(2)
+    ]
     await consumers[0].ensure_group()
     for i in range(ENTRIES):
         await redis.xadd(stream, {b"x": str(i).encode()})
@@ -160,14 +177,18 @@ async def test_a_tool_call_runs_once_when_its_job_is_claimed_by_another_worker_m
 # --- 8. a tool job runs only for a call of its trace's running turn ---------------------------------
 
 
-async def test_a_tool_job_for_a_call_its_trace_never_made_is_dropped_and_reported(redis, keys, namespace, services, store):
+async def test_a_tool_job_for_a_call_its_trace_never_made_is_dropped_and_reported(
+    redis, keys, namespace, services, store
+):
     await services.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="real", turn_id="t1", agent="plan", text="do: work(1)")
     await wait_reply(redis, keys, "t1")
     strays = [
         ToolJob(trace_id="nowhere", turn_id="t1", call_id="c1", name="work", arguments='{"ms": 1}'),  # no such trace
         ToolJob(trace_id="real", turn_id="t9", call_id="c1", name="work", arguments='{"ms": 1}'),  # no such turn
-        ToolJob(trace_id="real", turn_id="t1", call_id="forged", name="work", arguments='{"ms": 1}'),  # ended turn, no call
+        ToolJob(
+            trace_id="real", turn_id="t1", call_id="forged", name="work", arguments='{"ms": 1}'
+        ),  # ended turn, no call
     ]
     before = len(await events_of(store, "real"))
     for job in strays:
@@ -183,7 +204,9 @@ async def test_a_tool_job_for_a_call_its_trace_never_made_is_dropped_and_reporte
     assert services.procs["p1"].worker.strays == 3
 
 
-async def test_a_resent_job_of_a_real_call_of_an_ended_turn_is_skipped_without_a_report(redis, keys, namespace, services, store):
+async def test_a_resent_job_of_a_real_call_of_an_ended_turn_is_skipped_without_a_report(
+    redis, keys, namespace, services, store
+):
     # a legitimate redelivery (a backend or an operator published the job again): not an error
     await services.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="real2", turn_id="t1", agent="plan", text="do: work(1)")
@@ -329,7 +352,9 @@ async def test_a_reply_that_never_can_be_written_is_dead_lettered_with_the_reaso
 
 async def test_idle_consumers_that_own_nothing_are_deleted_and_owners_kept(redis, keys):
     stream = f"{keys.namespace}:work"
-    c = consumer(redis, keys, "live", lambda *_: asyncio.sleep(0), delete_idle_consumers_ms=300, reclaim_interval_ms=100)
+    c = consumer(
+        redis, keys, "live", lambda *_: asyncio.sleep(0), delete_idle_consumers_ms=300, reclaim_interval_ms=100
+    )
     await c.ensure_group()
     await redis.xgroup_createconsumer(stream, "g", "gone-empty")
     await redis.xadd(stream, {b"x": b"1"})
@@ -435,7 +460,9 @@ async def test_the_watchdog_leaves_a_turn_whose_job_only_waits_for_a_worker(redi
     await wait_for(lambda: _not_awaiting(redis, keys, "w2"), 10, "the trace leaves the awaiting set")
 
 
-async def test_a_turn_whose_results_are_in_but_whose_wake_up_never_came_is_woken_by_the_watchdog(redis, keys, services, store):
+async def test_a_turn_whose_results_are_in_but_whose_wake_up_never_came_is_woken_by_the_watchdog(
+    redis, keys, services, store
+):
     """A careless client makes the wake-up stream a string: the tool worker records the result
     but every wake-up it sends is refused, until its job goes to the dead-letter stream. Once the
     key is repaired, the watchdog wakes the turn (every result in, the turn not ended), instead of
@@ -450,7 +477,9 @@ async def test_a_turn_whose_results_are_in_but_whose_wake_up_never_came_is_woken
     await redis.set(wake, "not a stream")
     await publish(redis, keys, trace_id="w3", turn_id="t1", agent="plan", text="do: work(1)")
     await wait_for(lambda: store.has_key("w3", "jobs:t1:0"), 10)
-    calls = [e.tool_calls[0].id for e in await events_of(store, "w3") if isinstance(e, ModelOutput) and e.turn_id == "t1"]
+    calls = [
+        e.tool_calls[0].id for e in await events_of(store, "w3") if isinstance(e, ModelOutput) and e.turn_id == "t1"
+    ]
     await wait_for(lambda: store.has_key("w3", f"result:{calls[0]}"), 15, "the result is recorded all the same")
     await asyncio.sleep(1.0)  # the worker's wake-ups are refused meanwhile
     assert not await store.has_key("w3", "end:t1")
@@ -482,11 +511,15 @@ async def test_the_watchdog_still_reads_the_per_call_records_of_an_older_version
 
     stream = keys.tools_for("default", "w9")
     kept = (await redis.xadd(stream, {b"job": b"x"})).decode()  # still waits (no group has read it)
-    await redis.hset(keys.trace_keys("w9"), mapping={
-        "job:c1": json.dumps(["t1", stream, "1-1"]),  # its entry is gone
-        "job:c2": json.dumps(["t1", stream, kept]),
-        "job:c3": json.dumps(["t0", stream, "1-2"]), "end:t0": "1",  # an ended turn's: not looked at
-    })
+    await redis.hset(
+        keys.trace_keys("w9"),
+        mapping={
+            "job:c1": json.dumps(["t1", stream, "1-1"]),  # its entry is gone
+            "job:c2": json.dumps(["t1", stream, kept]),
+            "job:c3": json.dumps(["t0", stream, "1-2"]),
+            "end:t0": "1",  # an ended turn's: not looked at
+        },
+    )
     await redis.zadd(awaiting_key(keys, keys.partition("w9")), {"w9": int(time.time() * 1000) - 60_000})
     assert await Watchdog(redis, keys, end_turn, interval_s=1.0, partition=keys.partition("w9")).check_once() == 1
     assert ended == [("w9", "t1", ["c1"])]
@@ -507,8 +540,13 @@ async def test_a_watchdog_whose_awaiting_set_is_squatted_logs_the_failure_once_n
         for _ in range(REPEAT_LOG_ROUNDS + 1):
             await watchdog.round()
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-        assert len(errors) == 2 and errors[0].exc_info and "WRONGTYPE" in errors[1].getMessage(), [r.getMessage() for r in errors]
+        assert len(errors) == 2 and errors[0].exc_info and "WRONGTYPE" in errors[1].getMessage(), [
+            r.getMessage() for r in errors
+        ]
         assert f"{REPEAT_LOG_ROUNDS} in a row" in errors[1].getMessage()
         await redis.delete(awaiting_key(keys, 0))
         await watchdog.round()
-        assert watchdog.failed_rounds == 0 and f"succeeded again after {REPEAT_LOG_ROUNDS + 1} failed rounds" in caplog.records[-1].getMessage()
+        assert (
+            watchdog.failed_rounds == 0
+            and f"succeeded again after {REPEAT_LOG_ROUNDS + 1} failed rounds" in caplog.records[-1].getMessage()
+        )

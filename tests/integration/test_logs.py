@@ -52,7 +52,9 @@ async def test_a_failed_turn_logs_one_warning_retries_log_at_info_and_lines_carr
     failed = [x for x in lines if x["level"] == "WARNING" and "failed" in x["message"] and "log-t1" in x["message"]]
     assert len(failed) == 1, lines
     assert "model_error" in failed[0]["message"] and "overloaded" in failed[0]["message"]
-    retries = [x for x in lines if x["level"] == "INFO" and "retrying" in x["message"] and x["logger"] == "agentstream.models"]
+    retries = [
+        x for x in lines if x["level"] == "INFO" and "retrying" in x["message"] and x["logger"] == "agentstream.models"
+    ]
     assert len(retries) == 1 and "HTTP 503" in retries[0]["message"]
     for line in [*failed, *retries]:
         assert (line["trace_id"], line["turn_id"]) == ("log-c1", "log-t1"), line
@@ -67,7 +69,12 @@ async def test_the_consumers_own_lines_about_an_entry_carry_its_ids(redis, keys,
         raise RuntimeError("tool worker crashed")
 
     consumer = StreamConsumer(
-        redis, stream=stream, group="g", consumer="w1", handler=failing, dead_stream=keys.dead(stream),
+        redis,
+        stream=stream,
+        group="g",
+        consumer="w1",
+        handler=failing,
+        dead_stream=keys.dead(stream),
         config=ConsumerConfig(block_ms=50, retry_delay_s=0.05),
     )
     await consumer.ensure_group()

@@ -17,16 +17,22 @@ from pathlib import Path
 import pytest
 
 from agentstream import McpServer
-from agentstream.runtime.mcp_catalogs import read_catalogs
 from agentstream.mcp_tools.host import SERVER_STOPPED, McpHost
+from agentstream.runtime.mcp_catalogs import read_catalogs
 from tests.support.procs import ROOT
 
 pytestmark = pytest.mark.integration
 
 
 def stdio_server(tmp_path: Path, **kwargs) -> McpServer:
-    return McpServer(name="local", command=[sys.executable, "-m", "tests.support.mcp_servers", "stdio"],
-                     env={"MCP_TEST_DIR": str(tmp_path)}, cwd=str(ROOT), connect_timeout_s=30, **kwargs)
+    return McpServer(
+        name="local",
+        command=[sys.executable, "-m", "tests.support.mcp_servers", "stdio"],
+        env={"MCP_TEST_DIR": str(tmp_path)},
+        cwd=str(ROOT),
+        connect_timeout_s=30,
+        **kwargs,
+    )
 
 
 async def running(host: McpHost):
@@ -41,7 +47,9 @@ async def stopped(stop: asyncio.Event, task: asyncio.Task) -> None:
 
 
 async def test_the_catalog_is_published_and_a_killed_server_is_started_again(redis, keys, tmp_path):
-    host = McpHost([stdio_server(tmp_path, tools=["add", "slow", "either", "nested"])], redis, keys, probe_interval_s=1.0)
+    host = McpHost(
+        [stdio_server(tmp_path, tools=["add", "slow", "either", "nested"])], redis, keys, probe_interval_s=1.0
+    )
     stop, task = await running(host)
     try:
         connection = host.connections[0]
@@ -72,23 +80,31 @@ async def test_hostile_arguments_never_reach_the_server(redis, keys, tmp_path):
     try:
         await asyncio.wait_for(host.connections[0].ready.wait(), 40)
         add = host.tool("add")
-        for raw, words in [("{not json", "not valid JSON"), ("[1, 2]", "must be a JSON object, got list"),
-                           ('{"a": 1, "b": "x", "c": 3}', "b: 'x' is not of type 'number'"), ("\x00\xff", "not valid JSON")]:
+        for raw, words in [
+            ("{not json", "not valid JSON"),
+            ("[1, 2]", "must be a JSON object, got list"),
+            ('{"a": 1, "b": "x", "c": 3}', "b: 'x' is not of type 'number'"),
+            ("\x00\xff", "not valid JSON"),
+        ]:
             value = await add.invoke(raw)
             assert value.error == "invalid_arguments" and words in value.text, value.text
         # a lone surrogate escape (high, low, in a key, a raw one) was sent and the SDK's transport
         # failed to write it: the session dropped, with its other calls, "may have partly run"
         fail = host.tool("fail")
-        for raw, words in [('{"reason": "x\\ud800y"}', "lone high UTF-16 surrogate"),
-                           ('{"reason": "\\udfff"}', "lone low UTF-16 surrogate"),
-                           ('{"re\\ud83dson": "a"}', "lone high UTF-16 surrogate"),
-                           ('{"reason": "\ud800"}', "not UTF-8")]:
+        for raw, words in [
+            ('{"reason": "x\\ud800y"}', "lone high UTF-16 surrogate"),
+            ('{"reason": "\\udfff"}', "lone low UTF-16 surrogate"),
+            ('{"re\\ud83dson": "a"}', "lone high UTF-16 surrogate"),
+            ('{"reason": "\ud800"}', "not UTF-8"),
+        ]:
             value = await fail.invoke(raw)
             assert value.error == "invalid_arguments" and words in value.text and "'fail'" in value.text, value.text
         assert host.connections[0].sessions == 1  # the session lives on
         assert (await add.invoke('{"a": 1, "b": 2}', timeout_s=20)).text == "3"
         assert host.connections[0].sessions == 1
-        assert [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()] == ["add"]  # only the good call ran
+        assert [line.split()[0] for line in (tmp_path / "calls").read_text().splitlines()] == [
+            "add"
+        ]  # only the good call ran
         unknown = await host.connections[0].call("nope", {}, call_id="c1")
         assert unknown.error == "unknown_tool" and "add" in unknown.text
     finally:
@@ -114,10 +130,16 @@ async def test_an_http_server_that_refuses_the_token_is_reported_without_it(redi
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.mcp_servers", "http", "--port", str(port), "--token", "right"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.mcp_servers", "http", "--port", str(port), "--token", "right"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wrong = McpServer(name="remote", url=f"http://127.0.0.1:{port}/mcp", headers_env={"Authorization": "T"}, connect_timeout_s=5)
+        wrong = McpServer(
+            name="remote", url=f"http://127.0.0.1:{port}/mcp", headers_env={"Authorization": "T"}, connect_timeout_s=5
+        )
         host = McpHost([wrong], redis, keys, environ={"T": "Bearer wrong-token-123"})
         stop, task = await running(host)
         caplog.set_level(logging.WARNING, logger="agentstream.mcp")
@@ -127,7 +149,9 @@ async def test_an_http_server_that_refuses_the_token_is_reported_without_it(redi
             assert "wrong-token-123" not in value.text and "wrong-token-123" not in caplog.text
         finally:
             await stopped(stop, task)
-        right = McpServer(name="remote", url=f"http://127.0.0.1:{port}/mcp", headers_env={"Authorization": "T"}, connect_timeout_s=20)
+        right = McpServer(
+            name="remote", url=f"http://127.0.0.1:{port}/mcp", headers_env={"Authorization": "T"}, connect_timeout_s=20
+        )
         host = McpHost([right], redis, keys, environ={"T": "Bearer right"})
         stop, task = await running(host)
         try:

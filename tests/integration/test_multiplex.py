@@ -15,7 +15,9 @@ from agentstream.runtime.multiplex import MultiplexedPipeline
 from tests.support.redis_server import single_node_only
 from tests.support.shared_connections import count_writes
 
-pytestmark = single_node_only("the single client's shared connection (a cluster's, one per node: test_cluster_multiplex.py)")
+pytestmark = single_node_only(
+    "the single client's shared connection (a cluster's, one per node: test_cluster_multiplex.py)"
+)
 
 
 async def test_commands_issued_together_leave_in_one_write_and_each_caller_gets_its_own_reply(redis_url, keys):
@@ -28,9 +30,13 @@ async def test_commands_issued_together_leave_in_one_write_and_each_caller_gets_
         names = [f"{keys.namespace}:mux:{i}" for i in range(200)]
         assert all(await asyncio.gather(*(client.set(name, str(i).encode()) for i, name in enumerate(names))))
         assert len(writes) == 1  # 200 commands, one write
-        got = await asyncio.gather(*(client.get(name) for name in names), client.hget(names[0], "f"), return_exceptions=True)
+        got = await asyncio.gather(
+            *(client.get(name) for name in names), client.hget(names[0], "f"), return_exceptions=True
+        )
         assert got[:200] == [str(i).encode() for i in range(200)]
-        assert isinstance(got[200], redis.exceptions.ResponseError) and "WRONGTYPE" in str(got[200])  # an error reply stays its own
+        assert isinstance(got[200], redis.exceptions.ResponseError) and "WRONGTYPE" in str(
+            got[200]
+        )  # an error reply stays its own
         # a pipeline goes out with what else is queued in the same turn of the event loop
         pipe = client.pipeline(transaction=False)
         assert isinstance(pipe, MultiplexedPipeline)
@@ -43,7 +49,9 @@ async def test_commands_issued_together_leave_in_one_write_and_each_caller_gets_
         with pytest.raises(redis.exceptions.ResponseError, match=r"Command # 2 \(HGET"):  # redis-py's message
             await client.pipeline(transaction=False).get(names[1]).hget(names[1], "f").execute()
         # a transaction is redis-py's own (a connection of the pool, MULTI/EXEC)
-        assert await client.pipeline(transaction=True).incr(f"{keys.namespace}:mux:n").incr(f"{keys.namespace}:mux:n").execute() == [1, 2]
+        assert await client.pipeline(transaction=True).incr(f"{keys.namespace}:mux:n").incr(
+            f"{keys.namespace}:mux:n"
+        ).execute() == [1, 2]
         assert shared.connects == 1
     finally:
         await client.aclose()
@@ -54,7 +62,12 @@ async def test_a_pipeline_with_an_argument_redis_has_no_form_for_sends_none_of_i
     try:
         await client.ping()
         with pytest.raises(redis.exceptions.DataError):
-            await client.pipeline(transaction=False).set(f"{keys.namespace}:a", b"1").set(f"{keys.namespace}:b", None).execute()
+            await (
+                client.pipeline(transaction=False)
+                .set(f"{keys.namespace}:a", b"1")
+                .set(f"{keys.namespace}:b", None)
+                .execute()
+            )
         assert await client.get(f"{keys.namespace}:a") is None  # as redis-py's pipeline: nothing of it ran
     finally:
         await client.aclose()
@@ -65,9 +78,13 @@ async def test_a_caller_that_stops_waiting_does_not_shift_the_replies_of_the_oth
     key = f"{keys.namespace}:mux:slow"
     try:
         await client.set(key, b"v")
-        slow = asyncio.create_task(client.eval(  # about 0.3 s of Lua, then a reply nobody waits for
-            "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
-            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 300000 return 'late'", 0))
+        slow = asyncio.create_task(
+            client.eval(  # about 0.3 s of Lua, then a reply nobody waits for
+                "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
+                "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 300000 return 'late'",
+                0,
+            )
+        )
         await asyncio.sleep(0.05)
         after = [asyncio.create_task(client.incr(f"{key}:{i}")) for i in range(20)]
         slow.cancel()
@@ -164,8 +181,10 @@ async def test_the_socket_timeout_counts_from_when_a_command_starts_waiting(redi
     last reply came), not from an earlier command's: a command sent after an idle second still
     has its whole timeout; one whose reply is later than the timeout raises TimeoutError."""
     client = connect(f"{redis_url}{'&' if '?' in redis_url else '?'}socket_timeout=1.2", block_ms=1000)
-    spin = ("local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
-            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > tonumber(ARGV[1]) return 1")
+    spin = (
+        "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > tonumber(ARGV[1]) return 1"
+    )
     try:
         assert await client.ping()
         await asyncio.sleep(0.9)  # the timer armed by the PING is still pending

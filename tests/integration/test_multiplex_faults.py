@@ -17,7 +17,6 @@ import gc
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,7 +31,9 @@ import redis.exceptions
 from agentstream.runtime.connection import connect
 from tests.support.redis_server import RestartableRedis, free_port, single_node_only, start_server, stop_server
 
-pytestmark = single_node_only("the single client's shared connection (a cluster's, one per node: test_cluster_multiplex.py)")
+pytestmark = single_node_only(
+    "the single client's shared connection (a cluster's, one per node: test_cluster_multiplex.py)"
+)
 
 TOKEN = "return ARGV[1]"
 """A script that answers its own argument: the reply names the caller it belongs to."""
@@ -81,7 +82,7 @@ class _Load:
         self.wrong: list[tuple] = []
         self.tasks: list[asyncio.Task] = []
 
-    def start(self) -> "_Load":
+    def start(self) -> _Load:
         self.tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
         return self
 
@@ -129,6 +130,7 @@ class _Load:
 
 # 1. huge replies -------------------------------------------------------------------------------
 
+
 async def test_huge_replies_in_front_of_and_behind_small_ones_each_go_to_their_own_caller(redis_url, keys):
     """A 100 000-entry XRANGE and a 50 MB GET (and the 50 MB SET) issued in one turn with small
     commands before, between and after them: every caller gets its own reply, on one connection."""
@@ -136,8 +138,16 @@ async def test_huge_replies_in_front_of_and_behind_small_ones_each_go_to_their_o
     stream, big = f"{keys.namespace}:mux:big-stream", f"{keys.namespace}:mux:big-string"
     value = (bytes(range(256)) * (50 * 4096))[: 50 * 2**20]
     try:
-        assert await client.eval("for i = 0, tonumber(ARGV[1]) - 1 do redis.call('XADD', KEYS[1], '*', 'i', i) end "
-                                 "return redis.call('XLEN', KEYS[1])", 1, stream, 100_000) == 100_000
+        assert (
+            await client.eval(
+                "for i = 0, tonumber(ARGV[1]) - 1 do redis.call('XADD', KEYS[1], '*', 'i', i) end "
+                "return redis.call('XLEN', KEYS[1])",
+                1,
+                stream,
+                100_000,
+            )
+            == 100_000
+        )
         small = [client.eval(TOKEN, 0, f"before-set:{i}") for i in range(100)]
         got = await asyncio.gather(*small[:50], client.set(big, value), *small[50:])
         assert got[:50] + got[51:] == [f"before-set:{i}".encode() for i in range(100)] and got[50] is True
@@ -145,8 +155,16 @@ async def test_huge_replies_in_front_of_and_behind_small_ones_each_go_to_their_o
         def tokens(tag: str, n: int = 100):
             return [client.eval(TOKEN, 0, f"{tag}:{i}") for i in range(n)]
 
-        got = await asyncio.gather(*tokens("a"), client.xrange(stream), *tokens("b"), client.get(big), *tokens("c"),
-                                   client.get(big), client.xrange(stream, count=5), *tokens("d"))
+        got = await asyncio.gather(
+            *tokens("a"),
+            client.xrange(stream),
+            *tokens("b"),
+            client.get(big),
+            *tokens("c"),
+            client.get(big),
+            client.xrange(stream, count=5),
+            *tokens("d"),
+        )
         assert got[:100] == [f"a:{i}".encode() for i in range(100)]
         entries = got[100]
         assert len(entries) == 100_000 and [int(fields[b"i"]) for _id, fields in entries] == list(range(100_000))
@@ -173,7 +191,7 @@ class _SlowProxy:
         self.tasks: set[asyncio.Task] = set()
         self.writers: list[asyncio.StreamWriter] = []
 
-    async def __aenter__(self) -> "_SlowProxy":
+    async def __aenter__(self) -> _SlowProxy:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
         return self
@@ -195,8 +213,10 @@ class _SlowProxy:
     async def _serve(self, client_reader, client_writer) -> None:
         server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target)
         self.writers += [client_writer, server_writer]
-        for task in (asyncio.create_task(self._pipe(client_reader, server_writer, slow=False)),
-                     asyncio.create_task(self._pipe(server_reader, client_writer, slow=True))):
+        for task in (
+            asyncio.create_task(self._pipe(client_reader, server_writer, slow=False)),
+            asyncio.create_task(self._pipe(server_reader, client_writer, slow=True)),
+        ):
             self.tasks.add(task)
 
     async def _pipe(self, reader, writer, *, slow: bool) -> None:
@@ -241,8 +261,11 @@ async def test_a_reply_that_streams_in_for_longer_than_the_socket_timeout_does_n
             assert await client.ping()
             started = time.monotonic()
             async with asyncio.timeout(HANG_S):
-                got = await asyncio.gather(client.eval(TOKEN, 0, "front"), client.get(key),
-                                           *(client.eval(TOKEN, 0, f"behind:{i}") for i in range(50)))
+                got = await asyncio.gather(
+                    client.eval(TOKEN, 0, "front"),
+                    client.get(key),
+                    *(client.eval(TOKEN, 0, f"behind:{i}") for i in range(50)),
+                )
             took_s = time.monotonic() - started
             assert got[0] == b"front" and got[1] == value
             assert got[2:] == [f"behind:{i}".encode() for i in range(50)]
@@ -256,7 +279,9 @@ async def test_a_reply_that_streams_in_for_longer_than_the_socket_timeout_does_n
             await client.aclose()
 
 
-async def test_a_connection_lost_in_the_middle_of_a_huge_reply_fails_it_and_the_ones_behind_then_reconnects(redis_url, keys):
+async def test_a_connection_lost_in_the_middle_of_a_huge_reply_fails_it_and_the_ones_behind_then_reconnects(
+    redis_url, keys
+):
     """The connection reset while a 4 MB reply trickles in (part of it parsed), with commands
     behind it: each of them raises ConnectionError, none hangs, and the next command gets its
     own reply on a new connection (no byte of the old reply is read as its)."""
@@ -266,7 +291,8 @@ async def test_a_connection_lost_in_the_middle_of_a_huge_reply_fails_it_and_the_
         try:
             assert await client.ping()
             waiting = [asyncio.create_task(client.get(key))] + [
-                asyncio.create_task(client.eval(TOKEN, 0, f"behind:{i}")) for i in range(20)]
+                asyncio.create_task(client.eval(TOKEN, 0, f"behind:{i}")) for i in range(20)
+            ]
             await asyncio.sleep(0.5)  # about half a megabyte in
             assert not any(task.done() for task in waiting)
             proxy.cut()
@@ -282,6 +308,7 @@ async def test_a_connection_lost_in_the_middle_of_a_huge_reply_fails_it_and_the_
 
 
 # 2. Redis killed and restarted under load ------------------------------------------------------
+
 
 async def test_redis_killed_and_restarted_under_load_fails_the_waiting_commands_and_the_client_recovers():
     """SIGKILL with ~64 callers in flight (single commands, multiplexed pipelines, a pipeline
@@ -318,8 +345,11 @@ async def test_commands_that_meet_redis_loading_its_data_raise_busy_loading_inst
     value, a script's result, an XADD's id). The connection stays up and works once loaded.
 
     (A restart does not show it: a connection made while Redis loads fails in its handshake.)"""
-    with RestartableRedis(durable=False, binary=_binary(),
-                          options=("--enable-debug-command", "yes", "--loading-process-events-interval-bytes", "1024")) as server:
+    with RestartableRedis(
+        durable=False,
+        binary=_binary(),
+        options=("--enable-debug-command", "yes", "--loading-process-events-interval-bytes", "1024"),
+    ) as server:
         seed = redis.Redis(host="127.0.0.1", port=server.port)
         try:
             pipe = seed.pipeline(transaction=False)
@@ -338,9 +368,17 @@ async def test_commands_that_meet_redis_loading_its_data_raise_busy_loading_inst
             tasks.append(reload)
             await asyncio.sleep(0.1)  # Redis saves, then loads for ~2 s, answering LOADING meanwhile
             async with asyncio.timeout(HANG_S):
-                outcomes = await asyncio.gather(*map(_outcome, (
-                    client.get("k1"), client.eval(TOKEN, 0, "t"), client.xadd("s", {"f": "v"}),
-                    client.pipeline(transaction=False).get("k1").eval(TOKEN, 0, "p").execute())))
+                outcomes = await asyncio.gather(
+                    *map(
+                        _outcome,
+                        (
+                            client.get("k1"),
+                            client.eval(TOKEN, 0, "t"),
+                            client.xadd("s", {"f": "v"}),
+                            client.pipeline(transaction=False).get("k1").eval(TOKEN, 0, "p").execute(),
+                        ),
+                    )
+                )
             assert [o[:2] for o in outcomes] == [("raised", "BusyLoadingError")] * 4, outcomes
             async with asyncio.timeout(HANG_S):
                 await reload
@@ -353,6 +391,7 @@ async def test_commands_that_meet_redis_loading_its_data_raise_busy_loading_inst
 
 
 # 3. CLIENT KILL of the shared connection -------------------------------------------------------
+
 
 async def _kill_clients_named(admin, name: str) -> int:
     killed = 0
@@ -391,13 +430,16 @@ async def test_client_kill_of_the_shared_connection_under_load(redis_url):
 
 # 4. callers cancelled in flight ----------------------------------------------------------------
 
+
 async def test_callers_cancelled_before_and_after_the_write_leave_the_others_replies_aligned(redis_url):
     """Of 300 commands issued together, every third is cancelled before its write (same turn),
     every third after it (in flight); a slow script in front makes some wait_for timeouts fire
     with replies still to come: the others get their own replies, on the same connection."""
     client = connect(redis_url)
-    spin = ("local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
-            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 200000 return ARGV[1]")
+    spin = (
+        "local t = redis.call('TIME') local s = t[1] * 1e6 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 200000 return ARGV[1]"
+    )
     try:
         assert await client.ping()
         slow = asyncio.create_task(client.eval(spin, 0, "slow"))
@@ -420,7 +462,8 @@ async def test_callers_cancelled_before_and_after_the_write_leave_the_others_rep
                 assert isinstance(result, asyncio.CancelledError)
         assert all(isinstance(r, asyncio.TimeoutError) for r in timed_out)
         assert await asyncio.gather(*(client.eval(TOKEN, 0, f"after{i}") for i in range(50))) == [
-            f"after{i}".encode() for i in range(50)]
+            f"after{i}".encode() for i in range(50)
+        ]
         # a pipeline given up halfway through its replies
         pipe = client.pipeline(transaction=False)
         for i in range(50):
@@ -475,31 +518,41 @@ async def test_a_caller_cancelled_during_the_handshake_leaves_no_socket_open():
 
 # 5. error replies beside good ones -------------------------------------------------------------
 
+
 async def _batch(client, key: str) -> list:
     """One turn's commands: good ones and every kind of error reply, each beside the others →
     each one's :func:`_outcome`."""
-    return await asyncio.gather(*map(_outcome, (
-        client.eval(TOKEN, 0, "ok0"),
-        client.hget(key, "f"),                                   # WRONGTYPE
-        client.eval(TOKEN, 0, "ok1"),
-        client.eval("return redis.call('NOSUCHCOMMAND')", 0),    # a script's error: unknown command
-        client.eval("return syntax error here", 0),              # a script that does not compile
-        client.incr(key),                                        # ERR value is not an integer
-        client.eval(TOKEN, 0, "ok2"),
-        client.evalsha("0" * 40, 0),                             # NOSCRIPT
-        client.eval("return redis.error_reply('MYERR custom')", 0),
-        client.execute_command("NOSUCHCOMMAND", "x"),            # not multiplexed: a pooled connection
-        client.xadd(key, {"f": "v"}),                            # WRONGTYPE
-        client.eval("return redis.error_reply('READONLY fake')", 0),
-        client.eval("return redis.error_reply('LOADING fake')", 0),       # redis-py: BusyLoadingError, raised
-        client.eval("return redis.error_reply('NOAUTH fake')", 0),        # redis-py: AuthenticationError, raised
-        client.eval(TOKEN, 0, "ok3"),
-        client.eval("return {1, redis.error_reply('NESTED x'), 'y'}", 0),  # an error inside an array
-        client.eval("return {redis.error_reply('LOADING first'), 'y'}", 0),  # redis-py: raised (first in an array)
-    )))
+    return await asyncio.gather(
+        *map(
+            _outcome,
+            (
+                client.eval(TOKEN, 0, "ok0"),
+                client.hget(key, "f"),  # WRONGTYPE
+                client.eval(TOKEN, 0, "ok1"),
+                client.eval("return redis.call('NOSUCHCOMMAND')", 0),  # a script's error: unknown command
+                client.eval("return syntax error here", 0),  # a script that does not compile
+                client.incr(key),  # ERR value is not an integer
+                client.eval(TOKEN, 0, "ok2"),
+                client.evalsha("0" * 40, 0),  # NOSCRIPT
+                client.eval("return redis.error_reply('MYERR custom')", 0),
+                client.execute_command("NOSUCHCOMMAND", "x"),  # not multiplexed: a pooled connection
+                client.xadd(key, {"f": "v"}),  # WRONGTYPE
+                client.eval("return redis.error_reply('READONLY fake')", 0),
+                client.eval("return redis.error_reply('LOADING fake')", 0),  # redis-py: BusyLoadingError, raised
+                client.eval("return redis.error_reply('NOAUTH fake')", 0),  # redis-py: AuthenticationError, raised
+                client.eval(TOKEN, 0, "ok3"),
+                client.eval("return {1, redis.error_reply('NESTED x'), 'y'}", 0),  # an error inside an array
+                client.eval(
+                    "return {redis.error_reply('LOADING first'), 'y'}", 0
+                ),  # redis-py: raised (first in an array)
+            ),
+        )
+    )
 
 
-async def test_error_replies_beside_good_ones_are_each_their_callers_and_as_redis_py_gives_them(redis_url, keys, monkeypatch):
+async def test_error_replies_beside_good_ones_are_each_their_callers_and_as_redis_py_gives_them(
+    redis_url, keys, monkeypatch
+):
     """The same batch on the shared connection and through redis-py's pool (multiplexing off):
     each position has the same outcome (the same value, or the same exception raised, not returned)."""
     key = f"{keys.namespace}:mux:str"
@@ -512,8 +565,17 @@ async def test_error_replies_beside_good_ones_are_each_their_callers_and_as_redi
         assert pooled.connection_pool.shared is None and client.connection_pool.shared is not None
         await client.set(key, b"text")
         muxed, plain = await _batch(client, key), await _batch(pooled, key)
-        assert [muxed[i] for i in (0, 2, 6, 14)] == [("value", b"ok0"), ("value", b"ok1"), ("value", b"ok2"), ("value", b"ok3")]
-        assert muxed[12] == ("raised", "BusyLoadingError", "fake") and muxed[13] == ("raised", "AuthenticationError", "fake")
+        assert [muxed[i] for i in (0, 2, 6, 14)] == [
+            ("value", b"ok0"),
+            ("value", b"ok1"),
+            ("value", b"ok2"),
+            ("value", b"ok3"),
+        ]
+        assert muxed[12] == ("raised", "BusyLoadingError", "fake") and muxed[13] == (
+            "raised",
+            "AuthenticationError",
+            "fake",
+        )
         assert muxed == plain
         assert muxed[16] == ("raised", "BusyLoadingError", "first")
 
@@ -537,6 +599,7 @@ async def test_error_replies_beside_good_ones_are_each_their_callers_and_as_redi
 
 
 # 6. two event loops ----------------------------------------------------------------------------
+
 
 def test_one_client_used_from_two_event_loops_in_turn(redis_url):
     """asyncio.run twice with the same client (the second after the first ended with commands
@@ -570,6 +633,7 @@ def test_one_client_used_from_two_event_loops_in_turn(redis_url):
 
 # 7. TLS ----------------------------------------------------------------------------------------
 
+
 def _tls_supported(binary: str) -> bool:
     try:
         out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=10).stdout
@@ -586,14 +650,59 @@ def tls_redis():
         pytest.skip("openssl or a TLS-enabled redis-server is missing")
     folder = tempfile.mkdtemp(prefix="agentstream-test-tls-")
     cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            cert,
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     port = free_port()
-    proc = start_server([binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--save", "",
-                         "--appendonly", "no", "--dir", folder, "--tls-cert-file", cert, "--tls-key-file", key,
-                         "--tls-ca-cert-file", cert, "--tls-auth-clients", "no", "--daemonize", "no",
-                         "--loglevel", "warning"])
+    proc = start_server(
+        [
+            binary,
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder,
+            "--tls-cert-file",
+            cert,
+            "--tls-key-file",
+            key,
+            "--tls-ca-cert-file",
+            cert,
+            "--tls-auth-clients",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+        ]
+    )
     try:
         client = redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=cert)
         end = time.monotonic() + 20
@@ -627,8 +736,11 @@ async def test_the_shared_connection_over_tls(tls_redis):
         shared = client.connection_pool.shared
         assert shared is not None
         assert await client.set("big", value)
-        got = await asyncio.gather(*(client.eval(TOKEN, 0, f"a{i}") for i in range(100)), client.get("big"),
-                                   *(client.eval(TOKEN, 0, f"b{i}") for i in range(100)))
+        got = await asyncio.gather(
+            *(client.eval(TOKEN, 0, f"a{i}") for i in range(100)),
+            client.get("big"),
+            *(client.eval(TOKEN, 0, f"b{i}") for i in range(100)),
+        )
         assert got[:100] == [f"a{i}".encode() for i in range(100)] and got[100] == value
         assert got[101:] == [f"b{i}".encode() for i in range(100)]
         assert await client.pipeline(transaction=False).eval(TOKEN, 0, "p").get("big").execute() == [b"p", value]

@@ -64,7 +64,9 @@ async def test_each_trace_goes_through_its_own_partition_and_every_partition_is_
     for partition, trace in traces.items():
         for stream, field in ((pkeys.partitions_of(tools), JOB_FIELD), (pkeys.partitions_of(pkeys.wake), WAKE_FIELD)):
             holders = {
-                name for name in stream for _, f in await redis.xrange(name)
+                name
+                for name in stream
+                for _, f in await redis.xrange(name)
                 if json.loads(f[field])["trace_id"] == trace
             }
             assert holders == {stream[partition]}, (trace, holders)  # its jobs and wake-ups: its partition only
@@ -98,12 +100,17 @@ def test_the_cli_names_the_partition_and_its_turns_stream(namespace) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "agentstream", "partition", "conversation-42", "--json"],
         env={"AGENTSTREAM_NAMESPACE": namespace, "AGENTSTREAM_PARTITIONS": "5", "PATH": ""},
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     got = json.loads(out)
     assert got == {
-        "trace_id": "conversation-42", "partitions": 5, "partition": keys.partition("conversation-42"),
-        "turns": keys.turns_for("conversation-42"), "wake": keys.wake_for("conversation-42"),
+        "trace_id": "conversation-42",
+        "partitions": 5,
+        "partition": keys.partition("conversation-42"),
+        "turns": keys.turns_for("conversation-42"),
+        "wake": keys.wake_for("conversation-42"),
     }
 
 
@@ -112,11 +119,15 @@ def _scraped(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 
     return {
         tuple(sorted(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples if s.name == name
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
     }
 
 
-async def test_the_gateways_stream_gauges_cover_every_partition_of_the_turns_stream(redis, redis_url, pkeys, monkeypatch):
+async def test_the_gateways_stream_gauges_cover_every_partition_of_the_turns_stream(
+    redis, redis_url, pkeys, monkeypatch
+):
     # defect of issue 12's closing note: the gateway's metrics watched partition 0 only, so a turn
     # published to partition 1 or 2 (two thirds of them with 3 partitions) showed no length and no lag
     import asyncio
@@ -140,11 +151,18 @@ async def test_the_gateways_stream_gauges_cover_every_partition_of_the_turns_str
         stream = pkeys.turns_for(trace)
         await redis.xgroup_create(stream, AGENT_LOOP_GROUP, id="0", mkstream=True)  # as the agent loop makes it
         for n in range(published[partition]):
-            await redis.xadd(stream, {TURN_FIELD: codec.encode(TurnMessage(trace_id=trace, turn_id=f"t{n}", agent="calc", text="hi"))})
+            await redis.xadd(
+                stream,
+                {TURN_FIELD: codec.encode(TurnMessage(trace_id=trace, turn_id=f"t{n}", agent="calc", text="hi"))},
+            )
     client = connect(redis_url)
-    _, runners = build(apps.app, settings, TraceStore(client, pkeys), GatewaySettings(host="127.0.0.1", port=0, keys=KEYS_DOCUMENT))
+    _, runners = build(
+        apps.app, settings, TraceStore(client, pkeys), GatewaySettings(host="127.0.0.1", port=0, keys=KEYS_DOCUMENT)
+    )
     port, stop = free_port(), asyncio.Event()
-    task = asyncio.create_task(run_consumers(runners, stop=stop, metrics_port=port, metrics_interval_s=0.2, handle_signals=False))
+    task = asyncio.create_task(
+        run_consumers(runners, stop=stop, metrics_port=port, metrics_interval_s=0.2, handle_signals=False)
+    )
     try:
         streams = pkeys.partitions_of(pkeys.turns)
         assert streams[1] == f"{pkeys.turns}:p1" and len(streams) == PARTITIONS
@@ -158,7 +176,9 @@ async def test_the_gateways_stream_gauges_cover_every_partition_of_the_turns_str
                 if all((("stream", s),) in lengths for s in streams):
                     break
                 await asyncio.sleep(0.1)
-        assert {s: lengths.get((("stream", s),)) for s in streams} == {streams[p]: float(n) for p, n in published.items()}
+        assert {s: lengths.get((("stream", s),)) for s in streams} == {
+            streams[p]: float(n) for p, n in published.items()
+        }
         lags = _scraped(text, "agentstream_consumer_lag")
         assert {s: lags.get((("group", AGENT_LOOP_GROUP), ("stream", s))) for s in streams} == {
             streams[p]: float(n) for p, n in published.items()
@@ -174,22 +194,40 @@ async def test_the_gateways_stream_gauges_cover_every_partition_of_the_turns_str
 
 
 @pytest.mark.parametrize("queue", ["x:p1", "x:p2", "x:p01"])
-def test_a_tool_worker_of_a_queue_named_like_a_partition_is_refused_before_it_touches_redis(redis_url, namespace, queue) -> None:
+def test_a_tool_worker_of_a_queue_named_like_a_partition_is_refused_before_it_touches_redis(
+    redis_url, namespace, queue
+) -> None:
     # queue "x:p1" would have consumed ns:tools:x:p1, which is partition 1 of queue "x": the two
     # queues' jobs mixed in one stream, each pool running the other's tools (or failing them)
-    env = {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace, "AGENTSTREAM_PARTITIONS": str(PARTITIONS),
-           "PATH": "", "AGENTSTREAM_BLOCK_MS": "100"}
-    for args, extra in (([ "--queue", queue], {}), ([], {"AGENTSTREAM_QUEUES": f"default {queue}"})):
+    env = {
+        "REDIS_URL": redis_url,
+        "AGENTSTREAM_NAMESPACE": namespace,
+        "AGENTSTREAM_PARTITIONS": str(PARTITIONS),
+        "PATH": "",
+        "AGENTSTREAM_BLOCK_MS": "100",
+    }
+    for args, extra in ((["--queue", queue], {}), ([], {"AGENTSTREAM_QUEUES": f"default {queue}"})):
         try:
-            done = subprocess.run([sys.executable, "-m", "agentstream", "serve", "tool-worker", "--app", "tests.support.apps:app", *args],
-                                  env={**env, **extra}, capture_output=True, text=True, timeout=30)
+            done = subprocess.run(
+                [sys.executable, "-m", "agentstream", "serve", "tool-worker", "--app", "tests.support.apps:app", *args],
+                env={**env, **extra},
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"a tool worker of queue {queue!r} started (it would consume another queue's partition)") from None
+            raise AssertionError(
+                f"a tool worker of queue {queue!r} started (it would consume another queue's partition)"
+            ) from None
         assert done.returncode == 2, done.stderr
         assert repr(queue) in done.stderr and "partition suffix" in done.stderr, done.stderr
     client = sync_client(redis_url)
     keys = Keys(namespace, PARTITIONS)
-    names = [f"{namespace}:tools:{queue}", *keys.partitions_of(keys.tools("x")), *keys.partitions_of(keys.tools("default"))]
+    names = [
+        f"{namespace}:tools:{queue}",
+        *keys.partitions_of(keys.tools("x")),
+        *keys.partitions_of(keys.tools("default")),
+    ]
     try:
         assert [n for n in names if client.exists(n)] == []  # no stream made, no group
     finally:
@@ -212,6 +250,7 @@ async def test_the_refused_names_stream_is_really_another_queues_partition(redis
     await s.start("w1", "tool-worker")
     try:
         partition_1 = f"{namespace}:tools:x:p1"  # Keys.tools("x:p1") before the rule
+
         async def consumed() -> bool:
             try:
                 return TOOL_WORKER_GROUP.encode() in {g["name"] for g in await redis.xinfo_groups(partition_1)}
@@ -229,10 +268,13 @@ async def test_the_refused_names_stream_is_really_another_queues_partition(redis
 
 
 @cluster_only("CLUSTER KEYSLOT needs the Redis Cluster pass")
-async def test_hash_tag_characters_in_a_name_would_split_a_stream_from_its_attempts_hash_on_a_cluster(redis, namespace) -> None:
+async def test_hash_tag_characters_in_a_name_would_split_a_stream_from_its_attempts_hash_on_a_cluster(
+    redis, namespace
+) -> None:
     # why "{" and "}" are refused in queue names and namespaces: the cluster's own slots (CLUSTER KEYSLOT)
     from agentstream.errors import ConfigError
-    from agentstream.wire.keys import TOOL_WORKER_GROUP as group, attempts_key
+    from agentstream.wire.keys import TOOL_WORKER_GROUP as group
+    from agentstream.wire.keys import attempts_key
 
     async def slot(key: str) -> int:
         return int(await redis.execute_command("CLUSTER KEYSLOT", key))
@@ -240,7 +282,9 @@ async def test_hash_tag_characters_in_a_name_would_split_a_stream_from_its_attem
     broken = f"{namespace}:tools:a}}b"  # what Keys.tools("a}b") gave before the rule
     assert await slot(broken) != await slot(attempts_key(broken, group))  # acknowledging it: a cross-slot script
     pinned = f"{namespace}:tools:{{x}}"
-    assert len({await slot(partition) for partition in Keys(namespace, PARTITIONS).partitions_of(pinned)}) == 1  # no spread
+    assert (
+        len({await slot(partition) for partition in Keys(namespace, PARTITIONS).partitions_of(pinned)}) == 1
+    )  # no spread
     keys = Keys(namespace, PARTITIONS)
     for name in ("a}b", "{x}", "a{b"):
         with pytest.raises(ConfigError, match="hash tag"):

@@ -15,17 +15,19 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from agentstream.errors import ConfigError
+from agentstream.ops.settings import Settings
 from agentstream.runtime.connection import SOCKET_TIMEOUT_MARGIN_S, connect, socket_timeout_s
 from tests.support.redis_server import single_node_only
-from agentstream.ops.settings import Settings
 
 pytestmark = pytest.mark.integration
 
 BLOCK_MS = 6000
 
 
-@single_node_only("it compares with a plain redis-py client of one server and follows one connection by CLIENT ID "
-                  "(a cluster client's commands go to several nodes); the next test covers the long block on a cluster")
+@single_node_only(
+    "it compares with a plain redis-py client of one server and follows one connection by CLIENT ID "
+    "(a cluster client's commands go to several nodes); the next test covers the long block on a cluster"
+)
 async def test_a_read_blocking_longer_than_redis_pys_default_timeout_ends_empty_on_the_same_connection(redis_url, keys):
     client = connect(redis_url, block_ms=BLOCK_MS)
     plain = aioredis.Redis.from_url(redis_url)  # redis-py's defaults: what the services had before
@@ -55,6 +57,7 @@ async def test_an_entry_added_during_a_long_block_is_read_by_that_block(redis_ur
     writer = connect(redis_url)
     stream = f"{keys.namespace}:late"
     try:
+
         async def add_later():
             await asyncio.sleep(5.5)  # after redis-py's default timeout would have fired
             await writer.xadd(stream, {"cancel": "x"})

@@ -26,7 +26,9 @@ MAX_TURN_BYTES = 4096
 
 
 def turn(trace_id: str, turn_id: str, **extra) -> bytes:
-    return json.dumps({"trace_id": trace_id, "turn_id": turn_id, "agent": "calc", "text": "What is 2 + 2?", **extra}).encode()
+    return json.dumps(
+        {"trace_id": trace_id, "turn_id": turn_id, "agent": "calc", "text": "What is 2 + 2?", **extra}
+    ).encode()
 
 
 def burst(trace_id: str, n_good: int = 3) -> tuple[list[bytes], set[str], set[str]]:
@@ -63,8 +65,11 @@ async def replies_per_turn(redis, stream: str) -> Counter:
 async def test_a_burst_of_refused_turns_of_one_trace_with_two_agent_loops_gets_one_reply_per_turn(
     redis_url, namespace, redis, keys, store, scripted_model
 ):
-    env = {"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_MAX_TURN_BYTES": str(MAX_TURN_BYTES),
-           "AGENTSTREAM_CONCURRENCY": "16"}
+    env = {
+        "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}',
+        "AGENTSTREAM_MAX_TURN_BYTES": str(MAX_TURN_BYTES),
+        "AGENTSTREAM_CONCURRENCY": "16",
+    }
     services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url, env=env)
     traces = [f"burst-{n}" for n in range(4)]
     try:

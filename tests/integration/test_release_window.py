@@ -61,11 +61,16 @@ def _hint_inside_the_window(loop, trace_id: str, taken_by_hint: list) -> None:
 def _at_least(items: list, n: int):
     async def reached():
         return len(items) >= n
+
     return reached
 
 
 async def _replies_of(redis, keys, turn_id: str) -> list:
-    return [r for r in (codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(keys.replies)) if r.turn_id == turn_id]
+    return [
+        r
+        for r in (codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(keys.replies))
+        if r.turn_id == turn_id
+    ]
 
 
 async def test_a_hint_that_takes_the_lease_just_released_does_not_reply_again(redis, keys, services, store):  # noqa: F811
@@ -92,7 +97,9 @@ async def test_a_hint_that_takes_the_lease_just_released_does_not_publish_the_jo
     assert await redis.xlen(keys.tools_for("default", "w2")) == 2  # one job per call, not four
 
 
-async def test_the_turns_entry_handled_again_before_the_reply_went_out_does_not_reply_twice(redis, keys, services, store):  # noqa: F811
+async def test_the_turns_entry_handled_again_before_the_reply_went_out_does_not_reply_twice(
+    redis, keys, services, store
+):  # noqa: F811
     # The turn has ended in the trace and its step loop is about to publish the reply when the
     # entry that brought the turn is handled again (its claim lapsed, or a copy deferred earlier
     # comes back): it must leave the reply to the lease's holder, not race it.

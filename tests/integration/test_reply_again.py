@@ -32,7 +32,16 @@ async def test_a_turn_published_again_after_it_ended_gets_the_same_reply_on_the_
 
     try:
         await services.start("p1", "agent-loop", "tool-worker")
-        await publish(redis, keys, trace_id="r1", turn_id="t1", agent="plan", text="do: work(1)", reply_to=mine, metadata={"user": "u7"})
+        await publish(
+            redis,
+            keys,
+            trace_id="r1",
+            turn_id="t1",
+            agent="plan",
+            text="do: work(1)",
+            reply_to=mine,
+            metadata={"user": "u7"},
+        )
         (first,) = await wait_for(replies, what="the first reply")
         assert first.status == "ended"
         calls = len(model.requests)
@@ -51,7 +60,9 @@ async def _two(replies):
     return got if len(got) >= 2 else None
 
 
-async def test_the_redelivery_of_the_entry_that_brought_the_turn_does_not_reply_again(redis, keys, redis_url, namespace, model, monkeypatch):
+async def test_the_redelivery_of_the_entry_that_brought_the_turn_does_not_reply_again(
+    redis, keys, redis_url, namespace, model, monkeypatch
+):
     # Its worker died after the turn ended, before the ack: the reply went out once; no second one.
     monkeypatch.setenv("REDIS_URL", redis_url)
     services = InProcess(apps.app, redis_url, namespace, model.base_url)

@@ -71,7 +71,9 @@ async def test_a_reply_its_own_stream_refuses_goes_to_the_default_stream_and_is_
     assert mine.encode() in report[b"error"] and b"WRONGTYPE" in report[b"error"] and report[b"turn_id"] == b"t1"
     # the same on the other paths: a turn's end, and a reply sent again
     await operations.publish_turn_end(redis, keys, "tr", "t2", [(mine, {REPLY_FIELD: reply})])
-    await operations.send_reply(redis, keys, "tr", "t3", mine, Reply(trace_id="tr", turn_id="t3", status="ended", answer="7"))
+    await operations.send_reply(
+        redis, keys, "tr", "t3", mine, Reply(trace_id="tr", turn_id="t3", status="ended", answer="7")
+    )
     assert await operations.replies_sent(redis, keys, "tr", ["t2", "t3"]) == [True, True]
     assert await redis.xlen(keys.replies) == 3 and await redis.xlen(keys.errors) == 3
     # a reply whose default stream itself refuses has nowhere else to go: raised, not marked

@@ -16,10 +16,10 @@ import pytest
 from redis.asyncio.client import Pipeline, Redis
 
 from agentstream import App, tool
-from agentstream.wire import codec
-from agentstream.wire.keys import JOB_FIELD
 from agentstream.steps.replay import rebuild_calls
+from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, TurnInput
+from agentstream.wire.keys import JOB_FIELD
 from tests.integration.test_agent_loop_delivery import model, services  # noqa: F401 (fixtures)
 from tests.support import apps
 from tests.support.inprocess import events_of, publish, wait_for, wait_reply
@@ -99,7 +99,9 @@ class _Recorder:
         def pipe_execute_of(original):
             async def pipe_execute(pipe, raise_on_error: bool = True):
                 # a multiplexed pipeline that runs as redis-py's (super().execute) is counted once
-                if pipe.connection_pool is getattr(client, "connection_pool", None) and not getattr(pipe, "_recorded", False):
+                if pipe.connection_pool is getattr(client, "connection_pool", None) and not getattr(
+                    pipe, "_recorded", False
+                ):
                     pipe._recorded = True
                     recorder.commands += [c[0] for c in pipe.command_stack]
                     recorder.trips.append([c[0] for c in pipe.command_stack])
@@ -155,12 +157,17 @@ class _Recorder:
 
 def _whole_reads(commands: list[tuple], trace_key: str) -> int:
     """XRANGEs of the trace from its first entry without a count (a read of the whole trace)."""
+
     def text(value) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)
 
     return sum(
-        1 for c in commands
-        if text(c[0]).upper() == "XRANGE" and text(c[1]) == trace_key and text(c[2]) == "-" and "COUNT" not in map(text, c[3:])
+        1
+        for c in commands
+        if text(c[0]).upper() == "XRANGE"
+        and text(c[1]) == trace_key
+        and text(c[2]) == "-"
+        and "COUNT" not in map(text, c[3:])
     )
 
 
@@ -191,7 +198,9 @@ _HOUSEKEEPING_SCRIPTS = ("local kept = {}", "XINFO", "MINID")
 _HOUSEKEEPING = {"XAUTOCLAIM", "XPENDING", "XINFO", "XTRIM", "ZRANGEBYSCORE", "INFO"}
 
 
-def _per_turn(recorders: dict[str, _Recorder], sources: dict[str, str], deltas: str, turns: int) -> dict[str, dict[str, float]]:
+def _per_turn(
+    recorders: dict[str, _Recorder], sources: dict[str, str], deltas: str, turns: int
+) -> dict[str, dict[str, float]]:
     """Commands per turn by service and command (a script by its first words), housekeeping and
     the token-delta stream apart."""
     out: dict[str, dict[str, float]] = {}
@@ -219,9 +228,9 @@ def _script_sources() -> dict[str, tuple[str, str]]:
     """``(name, Lua)`` of every script the runtime runs, by SHA-1 (to name EVALSHA calls)."""
     import hashlib
 
-    from agentstream.runtime import claims, consumer, conversations, store, retention as trimming
-    from agentstream.runtime import watchdog
     from agentstream.runtime import call_runs as calls
+    from agentstream.runtime import claims, consumer, conversations, store, watchdog
+    from agentstream.runtime import retention as trimming
 
     out = {}
     for module in (store, consumer, claims, conversations, trimming, watchdog, calls):
@@ -240,7 +249,10 @@ services together, housekeeping on timers and token deltas apart."""
 
 
 async def test_a_tool_using_turn_costs_at_most_20_redis_commands_whatever_the_conversation_length(
-    redis, keys, services, store  # noqa: F811
+    redis,
+    keys,
+    services,
+    store,  # noqa: F811
 ):
     services.env["AGENTSTREAM_BLOCK_MS"] = "5000"  # few idle polls (they are set apart anyway)
     loop = await services.start("p1", "agent-loop")
@@ -269,7 +281,9 @@ async def test_a_tool_using_turn_costs_at_most_20_redis_commands_whatever_the_co
             assert (await wait_reply(redis, keys, f"long-{n}")).status == "ended"
     for per_turn in rounds:
         total = sum(sum(c.values()) for c in per_turn.values())
-        breakdown = {s: {k: round(v, 2) for k, v in sorted(c.items(), key=lambda kv: -kv[1])} for s, c in per_turn.items()}
+        breakdown = {
+            s: {k: round(v, 2) for k, v in sorted(c.items(), key=lambda kv: -kv[1])} for s, c in per_turn.items()
+        }
         print(f"commands per tool-using turn: {total:.2f}", breakdown)
         assert total <= COMMANDS_PER_TURN, breakdown
         assert not any(k.startswith(("XRANGE", "XREVRANGE")) for c in per_turn.values() for k in c), breakdown
@@ -291,7 +305,11 @@ async def test_a_tool_job_reads_no_event_of_its_trace(redis, keys, services, sto
         recorder.close()
     assert reply.status == "ended" and reply.answer == "Results: worked 3 ms | recorded last"
     trace = keys.trace("r6")
-    reads = [c for c in recorder.commands if _text(c[0]).upper() in ("XRANGE", "XREVRANGE", "XREAD") and trace in map(_text, c)]
+    reads = [
+        c
+        for c in recorder.commands
+        if _text(c[0]).upper() in ("XRANGE", "XREVRANGE", "XREAD") and trace in map(_text, c)
+    ]
     assert reads == []  # the call was checked, claimed and its run key taken by one script
 
 
@@ -304,8 +322,12 @@ async def test_a_job_for_a_call_recorded_without_its_marker_reads_only_its_turn(
         assert (await wait_reply(redis, keys, f"w{n}")).status == "ended"
     turn = TurnInput(turn_id="t1", agent="plan", text="do: work(1)")
     await store.append("r7", turn)
-    output = ModelOutput(turn_id="t1", step=0, stop_reason="tool_calls",
-                         tool_calls=(ToolCall(id="old-call", name="work", arguments='{"ms": 1}'),))
+    output = ModelOutput(
+        turn_id="t1",
+        step=0,
+        stop_reason="tool_calls",
+        tool_calls=(ToolCall(id="old-call", name="work", arguments='{"ms": 1}'),),
+    )
     await store.append("r7", output)
     await redis.hdel(keys.trace_keys("r7"), "call:old-call")  # as an older version wrote it
     worker = await services.start("p2", "tool-worker")
@@ -378,14 +400,23 @@ async def test_a_pooled_connection_left_with_an_unread_reply_is_not_handed_out_a
         await client.aclose()
 
 
-async def test_conversations_whose_folds_are_evicted_by_the_byte_bound_fold_again_correctly(redis, keys, services, store):  # noqa: F811
+async def test_conversations_whose_folds_are_evicted_by_the_byte_bound_fold_again_correctly(
+    redis, keys, services, store
+):  # noqa: F811
     # a cache too small for two conversations: each step of one evicts the other's fold, whose
     # next step folds it again from its first entry; answers and requests are as from scratch
     services.env["AGENTSTREAM_FOLD_CACHE_BYTES"] = "1"
     proc = await services.start("p1", "agent-loop", "tool-worker")
     for n in range(4):
         for trace in ("e1", "e2"):
-            await publish(redis, keys, trace_id=trace, turn_id=f"{trace}-t{n}", agent="plan", text=f"do: work({n}) record({trace}{n})")
+            await publish(
+                redis,
+                keys,
+                trace_id=trace,
+                turn_id=f"{trace}-t{n}",
+                agent="plan",
+                text=f"do: work({n}) record({trace}{n})",
+            )
             reply = await wait_reply(redis, keys, f"{trace}-t{n}")
             assert reply.status == "ended" and reply.answer == f"Results: worked {n} ms | recorded {trace}{n}"
     assert proc.loop.folds.evictions >= 6 and len(proc.loop.folds) == 1
@@ -437,7 +468,9 @@ async def test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip(redis
     finally:
         recorder.close()
     wake = keys.wake_for("r9")
-    wakes = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == wake for c in trip)]
+    wakes = [
+        trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == wake for c in trip)
+    ]
     assert len(wakes) == 3, recorder.trips
     for trip in wakes:
         names = [_text(c[0]).upper() for c in trip]
@@ -463,10 +496,14 @@ async def held(key: str) -> str:
 
 
 # the delivery tests' "plan" agent with ``work`` and ``held`` as its tools
-_GATED = App(agents=[dataclasses.replace(next(a for a in apps.app.agents if a.name == "plan"), tools=[apps.work, held])])
+_GATED = App(
+    agents=[dataclasses.replace(next(a for a in apps.app.agents if a.name == "plan"), tools=[apps.work, held])]
+)
 
 
-async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_with_its_append(redis, keys, services, store, redis_url):  # noqa: F811
+async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_with_its_append(
+    redis, keys, services, store, redis_url
+):  # noqa: F811
     """The agent loop's critical path: on one Redis the append of a model output with tool calls
     publishes their jobs, records them for the watchdog and releases the lease in the same
     script (one round trip), and the append of the answer with the turn's ending publishes the
@@ -488,14 +525,19 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
         # the wake-up of the first result was read, acknowledged and its step let the lease go
         last = (await redis.xinfo_stream(wakes))["last-generated-id"]
         group = next(g for g in await redis.xinfo_groups(wakes) if _text(g["name"]) == "agent-loop")
-        return (_text(group["last-delivered-id"]) == _text(last) and group["pending"] == 0
-                and await redis.get(keys.lease("r10")) is None)
+        return (
+            _text(group["last-delivered-id"]) == _text(last)
+            and group["pending"] == 0
+            and await redis.get(keys.lease("r10")) is None
+        )
 
     recorder = _Recorder(loop.redis)
     try:
         for n in range(3):
             wakes_before = await redis.xlen(wakes)
-            await publish(redis, keys, trace_id="r10", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) held(r10-t{n})")
+            await publish(
+                redis, keys, trace_id="r10", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) held(r10-t{n})"
+            )
             await wait_for(lambda: _grew(redis, wakes, wakes_before), timeout_s=10, what="the first result's wake-up")
             await wait_for(first_wake_up_handled, timeout_s=10, what="the first wake-up's step")
             _GATES.setdefault(f"r10-t{n}", asyncio.Event()).set()
@@ -507,17 +549,32 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
         _GATES.clear()  # a gate already open would let a rerun in this process race again
     jobs = keys.tools_for("default", "r10")
     names = [[_text(c[0]).upper() for c in trip] for trip in recorder.trips]
-    publishing = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == jobs for c in trip)]
-    scripts = [trip for trip in recorder.trips if len(trip) == 1 and _text(trip[0][0]).upper() == "EVALSHA" and jobs in map(_text, trip[0])]
+    publishing = [
+        trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == jobs for c in trip)
+    ]
+    scripts = [
+        trip
+        for trip in recorder.trips
+        if len(trip) == 1 and _text(trip[0][0]).upper() == "EVALSHA" and jobs in map(_text, trip[0])
+    ]
     if is_cluster_url(redis_url):
         assert len(publishing) == 3 and not scripts, names
     else:
         assert not publishing and len(scripts) == 3, names  # no XADD of a job outside the append's script
-        assert not any(_text(c[0]).upper() == "HSET" and _text(c[2]) == AWAITED_FIELD for trip in recorder.trips for c in trip), names
+        assert not any(
+            _text(c[0]).upper() == "HSET" and _text(c[2]) == AWAITED_FIELD for trip in recorder.trips for c in trip
+        ), names
     # the answer's append carries the turn's ending, and on one Redis its reply and the release
-    replying = [trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == keys.replies for c in trip)]
-    with_reply = [trip for trip in recorder.trips if len(trip) == 1 and _text(trip[0][0]).upper() == "EVALSHA"
-                  and keys.replies in map(_text, trip[0])]
+    replying = [
+        trip
+        for trip in recorder.trips
+        if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == keys.replies for c in trip)
+    ]
+    with_reply = [
+        trip
+        for trip in recorder.trips
+        if len(trip) == 1 and _text(trip[0][0]).upper() == "EVALSHA" and keys.replies in map(_text, trip[0])
+    ]
     if is_cluster_url(redis_url):
         assert len(replying) == 3 and not with_reply, names
     else:
@@ -528,8 +585,13 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     from agentstream.runtime.consumer import _ACK_LUA
 
     ack_sha = hashlib.sha1(_ACK_LUA.encode()).hexdigest()
-    acked = [_text(c[3]) for trip in recorder.trips for c in trip if _text(c[0]).upper() == "EVALSHA" and _text(c[1]) == ack_sha
-             for _entry in c[6:]]  # EVALSHA sha 2 stream counters group id...: one per entry acknowledged
+    acked = [
+        _text(c[3])
+        for trip in recorder.trips
+        for c in trip
+        if _text(c[0]).upper() == "EVALSHA" and _text(c[1]) == ack_sha
+        for _entry in c[6:]
+    ]  # EVALSHA sha 2 stream counters group id...: one per entry acknowledged
     # two results, two wake-ups a turn: the first one's step finds a result missing and lets the
     # lease go (the wake-up acknowledged on its own), the second one's append ends the turn
     assert acked.count(keys.turns_for("r10")) == (3 if is_cluster_url(redis_url) else 0), acked

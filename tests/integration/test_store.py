@@ -69,7 +69,10 @@ async def test_follow_yields_appends_as_they_happen(store):
 
 
 async def test_keys_of_one_trace_share_a_hash_tag(keys):
-    tags = {k[k.index("{") : k.index("}") + 1] for k in (keys.trace("x"), keys.trace_keys("x"), keys.lease("x"), keys.dirty("x"))}
+    tags = {
+        k[k.index("{") : k.index("}") + 1]
+        for k in (keys.trace("x"), keys.trace_keys("x"), keys.lease("x"), keys.dirty("x"))
+    }
     assert tags == {"{x}"}
 
 
@@ -106,7 +109,6 @@ async def test_a_hint_goes_out_with_its_append_and_with_a_repeat_that_appends_no
 
 
 async def test_a_hint_its_stream_refuses_does_not_undo_the_append(store, redis, keys):
-    from redis.exceptions import ResponseError
 
     from agentstream.runtime.operations import wake_entry
 
@@ -128,8 +130,9 @@ async def test_an_append_with_hints_survives_a_server_that_lost_its_scripts(stor
     await redis.script_flush()
     unsent: list = []
     hint = wake_entry(keys, "h3", "result:c1")
-    appended = await store.append("h3", ToolOutput(turn_id="t", call_id="c1", name="x", text="ok"), hints=[hint],
-                                  failed_hints=unsent)
+    appended = await store.append(
+        "h3", ToolOutput(turn_id="t", call_id="c1", name="x", text="ok"), hints=[hint], failed_hints=unsent
+    )
     assert appended.created
     assert unsent == [hint]  # it went out before the append ran: the caller sends it again
 
@@ -137,14 +140,23 @@ async def test_an_append_with_hints_survives_a_server_that_lost_its_scripts(stor
 # --- a model output's append with its jobs' publication and the release (one Redis server) -------
 
 
-_one_server = single_node_only("the publication writes keys of several hash slots in one script; a cluster publishes after the append")
+_one_server = single_node_only(
+    "the publication writes keys of several hash slots in one script; a cluster publishes after the append"
+)
 
 
 def _output(turn_id: str = "t1", calls: int = 2):
     from agentstream.wire.events import ModelOutput, ToolCall
 
-    return ModelOutput(turn_id=turn_id, step=0, stop_reason="tool_calls", provider="openai", model="m", endpoint="default",
-                       tool_calls=tuple(ToolCall(id=f"{turn_id}-c{n}", name="f", arguments="{}") for n in range(calls)))
+    return ModelOutput(
+        turn_id=turn_id,
+        step=0,
+        stop_reason="tool_calls",
+        provider="openai",
+        model="m",
+        endpoint="default",
+        tool_calls=tuple(ToolCall(id=f"{turn_id}-c{n}", name="f", arguments="{}") for n in range(calls)),
+    )
 
 
 async def _started(store, trace_id: str = "tp"):
@@ -163,14 +175,21 @@ async def _publish(store, keys, output, token, after, trace_id: str = "tp", jobs
     from agentstream.runtime.watchdog import awaiting_key
 
     appended, read, outcome, entry_ids, _acked = await store.append_publish_release(
-        trace_id, [output], then=list(then), fence=token, after=after,
-        entries=jobs if jobs is not None else _jobs(keys, output, trace_id), marks=list(marks),
+        trace_id,
+        [output],
+        then=list(then),
+        fence=token,
+        after=after,
+        entries=jobs if jobs is not None else _jobs(keys, output, trace_id),
+        marks=list(marks),
         awaiting_key=awaiting_key(keys, keys.partition(trace_id)),
     )
     return (appended[0] if not then else appended), read, outcome, entry_ids
 
 
-async def _published(redis, keys, trace_id: str = "tp") -> tuple[list, bytes | None, bytes | None, float | None, bytes | None]:
+async def _published(
+    redis, keys, trace_id: str = "tp"
+) -> tuple[list, bytes | None, bytes | None, float | None, bytes | None]:
     """(the job entries, the jobs marker, the awaited record, the trace's awaiting score, the lease)."""
     from agentstream.runtime.watchdog import awaiting_key
 
@@ -190,11 +209,16 @@ async def test_an_output_its_jobs_their_watchdog_record_and_the_release_go_in_on
     assert appended.created and outcome == "released" and len(entry_ids) == 2
     assert [e for _, e in read.entries] == [output]  # what came after `after`: the output
     jobs, marker, awaited, score, lease = await _published(redis, keys)
-    assert [j[0].decode() for j in jobs] == entry_ids and [j[1] for j in jobs] == [{b"job": b'{"call_id":"t1-c0"}'},
-                                                                                    {b"job": b'{"call_id":"t1-c1"}'}]
+    assert [j[0].decode() for j in jobs] == entry_ids and [j[1] for j in jobs] == [
+        {b"job": b'{"call_id":"t1-c0"}'},
+        {b"job": b'{"call_id":"t1-c1"}'},
+    ]
     # what record_jobs writes: [[turn, call, stream, entry id]], read by the watchdog
     stream = keys.tools_for("default", "tp")
-    assert marker == b"1" and json.loads(awaited) == [["t1", "t1-c0", stream, entry_ids[0]], ["t1", "t1-c1", stream, entry_ids[1]]]
+    assert marker == b"1" and json.loads(awaited) == [
+        ["t1", "t1-c0", stream, entry_ids[0]],
+        ["t1", "t1-c1", stream, entry_ids[1]],
+    ]
     assert score is not None and lease is None
     assert [e for _, e in await store.read("tp")][-1] == output
 
@@ -258,8 +282,11 @@ async def test_a_key_of_another_type_leaves_the_whole_publication_to_the_step_lo
     output = _output()
     first, second = keys.tools_for("default", "tp"), keys.tools_for("other", "tp")
     jobs = [("t1-c0", first, b"job", b"0"), ("t1-c1", second, b"job", b"1")]
-    target = {"first job stream": first, "second job stream": second,
-              "awaiting set": awaiting_key(keys, keys.partition("tp"))}[hostile]
+    target = {
+        "first job stream": first,
+        "second job stream": second,
+        "awaiting set": awaiting_key(keys, keys.partition("tp")),
+    }[hostile]
     await redis.set(target, "hostile")  # a client wrote over it
     appended, _read, outcome, entry_ids = await _publish(store, keys, output, token, after, jobs=jobs)
     assert appended.created and outcome is None and entry_ids == []
@@ -267,8 +294,12 @@ async def test_a_key_of_another_type_leaves_the_whole_publication_to_the_step_lo
         if stream != target:
             assert await redis.xlen(stream) == 0  # nothing published, to be published once by the step loop
     marker, awaited = await redis.hmget(keys.trace_keys("tp"), ["jobs:t1:0", "awaited"])
-    assert marker is None and awaited is None and int(await redis.get(keys.lease("tp"))) == token  # nothing of the release
-    assert [e for _, e in await store.read("tp")][-1] == output  # the output is in; the step loop publishes (and reports)
+    assert (
+        marker is None and awaited is None and int(await redis.get(keys.lease("tp"))) == token
+    )  # nothing of the release
+    assert [e for _, e in await store.read("tp")][
+        -1
+    ] == output  # the output is in; the step loop publishes (and reports)
 
 
 @_one_server
@@ -280,8 +311,14 @@ async def test_a_work_stream_of_another_type_is_left_to_the_consumer_to_acknowle
     await redis.set(stream, "hostile")
     output = _output()
     _appended, _read, outcome, _ids, acked = await store.append_publish_release(
-        "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
-        awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=(stream, "g", f"{{{stream}}}:attempts:g", "1-0"),
+        "tp",
+        [output],
+        fence=token,
+        after=after,
+        entries=_jobs(keys, output),
+        marks=["jobs:t1:0"],
+        awaiting_key=awaiting_key(keys, keys.partition("tp")),
+        ack=(stream, "g", f"{{{stream}}}:attempts:g", "1-0"),
     )
     assert outcome == "released" and not acked  # published and released; the consumer's own ack reports the stream
 
@@ -297,11 +334,14 @@ async def test_an_answer_its_turns_ending_and_the_reply_go_in_one_script(store, 
     token, after = await _started(store)
     ending = TurnEnded(turn_id="t1", answer="done")
     reply = [("", keys.replies, b"reply", b'{"turn_id":"t1"}')]
-    appended, read, outcome, entry_ids = await _publish(store, keys, _answer(), token, after, jobs=reply, then=[ending],
-                                                        marks=["reply:t1"])
+    appended, read, outcome, entry_ids = await _publish(
+        store, keys, _answer(), token, after, jobs=reply, then=[ending], marks=["reply:t1"]
+    )
     assert [a.created for a in appended] == [True, True] and outcome == "released"
     assert [e for _, e in read.entries] == [_answer(), ending]
-    assert [(i.decode(), f) for i, f in await redis.xrange(keys.replies)] == [(entry_ids[0], {b"reply": b'{"turn_id":"t1"}'})]
+    assert [(i.decode(), f) for i, f in await redis.xrange(keys.replies)] == [
+        (entry_ids[0], {b"reply": b'{"turn_id":"t1"}'})
+    ]
     marker, awaited = await redis.hmget(keys.trace_keys("tp"), ["reply:t1", "awaited"])
     assert marker == b"1" and awaited is None  # a reply is no tool job: no watchdog record
     assert await redis.get(keys.lease("tp")) is None
@@ -312,8 +352,16 @@ async def test_no_reply_goes_out_when_the_turns_ending_was_left_out(store, redis
     token, after = await _started(store)
     await store.append("tp", TurnInput(turn_id="t2", agent="a", text="meanwhile"))
     reply = [("", keys.replies, b"reply", b'{"turn_id":"t1"}')]
-    appended, _read, outcome, _ids = await _publish(store, keys, _answer(), token, after, jobs=reply,
-                                                    then=[TurnEnded(turn_id="t1", answer="done")], marks=["reply:t1"])
+    appended, _read, outcome, _ids = await _publish(
+        store,
+        keys,
+        _answer(),
+        token,
+        after,
+        jobs=reply,
+        then=[TurnEnded(turn_id="t1", answer="done")],
+        marks=["reply:t1"],
+    )
     assert appended[0].created and appended[1] is None and outcome is None  # the step decides again
     assert await redis.xlen(keys.replies) == 0 and await redis.hget(keys.trace_keys("tp"), "reply:t1") is None
     assert int(await redis.get(keys.lease("tp"))) == token
@@ -340,8 +388,14 @@ async def test_the_work_entry_is_acknowledged_with_a_release_not_with_a_kept_lea
         await store.mark_dirty("tp", ttl_ms=10_000)
     output = _output()
     _appended, _read, outcome, _ids, acked = await store.append_publish_release(
-        "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
-        awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=ack,
+        "tp",
+        [output],
+        fence=token,
+        after=after,
+        entries=_jobs(keys, output),
+        marks=["jobs:t1:0"],
+        awaiting_key=awaiting_key(keys, keys.partition("tp")),
+        ack=ack,
     )
     assert acked is (not dirty)
     pending = (await redis.xpending(ack[0], "g"))["pending"]
@@ -361,7 +415,18 @@ async def test_the_work_entry_is_not_acknowledged_when_nothing_was_published(sto
     await store.append("tp", TurnInput(turn_id="t2", agent="a", text="meanwhile"))
     output = _output()
     _appended, _read, outcome, _ids, acked = await store.append_publish_release(
-        "tp", [output], fence=token, after=after, entries=_jobs(keys, output), marks=["jobs:t1:0"],
-        awaiting_key=awaiting_key(keys, keys.partition("tp")), ack=ack,
+        "tp",
+        [output],
+        fence=token,
+        after=after,
+        entries=_jobs(keys, output),
+        marks=["jobs:t1:0"],
+        awaiting_key=awaiting_key(keys, keys.partition("tp")),
+        ack=ack,
     )
-    assert outcome is None and not acked and (await redis.xpending(ack[0], "g"))["pending"] == 1 and await redis.hlen(ack[2]) == 2
+    assert (
+        outcome is None
+        and not acked
+        and (await redis.xpending(ack[0], "g"))["pending"] == 1
+        and await redis.hlen(ack[2]) == 2
+    )

@@ -31,8 +31,8 @@ async def test_a_key_of_another_type_does_not_blank_the_other_streams(redis, nam
 
 
 def test_the_watchdog_is_not_given_stream_gauges():
-    from agentstream.wire.keys import Keys
     from agentstream.runtime.watchdog import Watchdog
+    from agentstream.wire.keys import Keys
 
     async def end_turn(*_):
         return None

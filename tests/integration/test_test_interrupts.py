@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -128,13 +127,31 @@ def test_ctrl_c_stops_pytest_and_the_fixtures_stop_every_server_and_service(tmp_
     (suite / "conftest.py").write_text(TINY_CONFTEST)
     (suite / "test_tiny.py").write_text(TINY_TESTS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "AGENTSTREAM_"))}
-    env.update(PYTHONPATH=str(ROOT), TINY_OUT=str(out), DOCKER_HOST="unix:///nonexistent/docker.sock")  # a local redis-server
+    env.update(
+        PYTHONPATH=str(ROOT), TINY_OUT=str(out), DOCKER_HOST="unix:///nonexistent/docker.sock"
+    )  # a local redis-server
     if redis_kind == "cluster":
         env["AGENTSTREAM_TEST_REDIS"] = "cluster"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-o", "asyncio_default_fixture_loop_scope=function",
-         "--rootdir", str(suite), str(suite)],
-        cwd=suite, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "asyncio_default_fixture_loop_scope=function",
+            "--rootdir",
+            str(suite),
+            str(suite),
+        ],
+        cwd=suite,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,  # its own group, as a terminal's foreground job
     )
     pids: list[int] = []
@@ -193,8 +210,15 @@ def test_ctrl_c_ends_scripts_test_without_its_cluster_pass(tmp_path):
     calls.write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTSTREAM_")}
     env.update(STUB_CALLS=str(calls), PATH=f"{stubs}:{env.get('PATH', '')}")
-    proc = subprocess.Popen(["bash", str(root / "scripts" / "test")], cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", str(root / "scripts" / "test")],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         first = proc.stdout.readline()
         assert first.strip() == "READY", first + proc.communicate(timeout=30)[0]

@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from agentstream import Agent, App, tool
+from agentstream.app.testing import (
+    FunctionModel,
+    RealModelCallBlocked,
+    ScriptedModel,
+    TestBed,
+    TestModel,
+    UnexpectedModelCall,
+    call,
+)
 from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded
-from agentstream.app.testing import FunctionModel, RealModelCallBlocked, ScriptedModel, TestBed, TestModel, UnexpectedModelCall, call
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +29,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def readme_blocks(after_heading: str) -> list[str]:
     text = README.read_text()
-    section = text[text.index(after_heading):]
+    section = text[text.index(after_heading) :]
     section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
@@ -42,7 +50,14 @@ async def test_the_readme_app_example_tests_pass_as_written(redis_url):
     tests_code = readme_blocks("### Testing your app")[0]
     module = types.ModuleType("readme_tests")
     module.app = app
-    exec(compile(tests_code.replace("TestBed(app,", f"TestBed(app, redis_url={redis_url!r},"), "README.md (Testing your app)", "exec"), module.__dict__)
+    exec(
+        compile(
+            tests_code.replace("TestBed(app,", f"TestBed(app, redis_url={redis_url!r},"),
+            "README.md (Testing your app)",
+            "exec",
+        ),
+        module.__dict__,
+    )
     tests = [v for k, v in vars(module).items() if k.startswith("test_")]
     assert len(tests) == 2
     for test in tests:
@@ -104,7 +119,9 @@ async def test_scripted_model_fails_the_test_on_unconsumed_replies(redis_url):
 
 async def test_bad_arguments_from_a_double_reach_the_model_as_an_error_result(redis_url):
     app = readme_app()
-    script = ScriptedModel([call("get_weather", "{not json"), lambda request, info: f"saw: {info.results[0].text[:40]}"])
+    script = ScriptedModel(
+        [call("get_weather", "{not json"), lambda request, info: f"saw: {info.results[0].text[:40]}"]
+    )
     async with TestBed(app, model=script, redis_url=redis_url) as bed:
         reply = await bed.ask("Weather?")
         events = await bed.trace(reply.trace_id)
@@ -180,8 +197,17 @@ async def test_the_bed_asks_with_a_typed_input(redis_url):
         seen.append(([t.name for t in request.tools], request.messages[-1].text))
         return "ok"
 
-    app = App(agents=[Agent(name="w", system_prompt="S", input=ChatTurnInput, tools=[forecast],
-                            declared=[ToolDeclaration(name="forecast", default="off")])])
+    app = App(
+        agents=[
+            Agent(
+                name="w",
+                system_prompt="S",
+                input=ChatTurnInput,
+                tools=[forecast],
+                declared=[ToolDeclaration(name="forecast", default="off")],
+            )
+        ]
+    )
     async with TestBed(app, model=FunctionModel(rule), redis_url=redis_url) as bed:
         assert (await bed.ask("Hi")).answer == "ok"
         assert (await bed.ask(input={"text": "Oslo?", "tools": {"forecast": "required"}})).answer == "ok"

@@ -17,11 +17,11 @@ import pytest
 
 from agentstream import Agent, App, ToolResult, tool
 from agentstream.app.testing import ScriptedModel, call
+from agentstream.runtime.store import TraceStore
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, ToolStarted, TurnFailed, TurnInput
 from agentstream.wire.keys import JOB_FIELD, TURN_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
-from agentstream.runtime.store import TraceStore
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support.inprocess import errors_of, events_of, replies_on
 
@@ -82,7 +82,9 @@ def odd(kind: str) -> object:
     return ToolResult(text="deep", data=_deep(5000))
 
 
-APP = App(agents=[Agent(name="a", system_prompt="x", tools=[lone_surrogate, odd_data, record, odd])], event_types=[Score])
+APP = App(
+    agents=[Agent(name="a", system_prompt="x", tools=[lone_surrogate, odd_data, record, odd])], event_types=[Score]
+)
 
 
 async def _call(store, trace_id: str, name: str, arguments: str) -> ToolJob:
@@ -146,7 +148,9 @@ async def test_a_model_output_that_cannot_be_stored_fails_its_turn_once(store, r
     await loop.on_turn("1-1", {TURN_FIELD: turn.encode()})  # no exception: the handler is done
     events = await events_of(store, trace_id)
     (failed,) = [e for e in events if isinstance(e, TurnFailed)]
-    assert failed.code == "model_error" and "cannot be stored" in failed.reason and "UnicodeEncodeError" in failed.reason
+    assert (
+        failed.code == "model_error" and "cannot be stored" in failed.reason and "UnicodeEncodeError" in failed.reason
+    )
     assert not [e for e in events if isinstance(e, ModelOutput)]
     (sent,) = [r for r in await replies_on(redis, keys.replies) if r.turn_id == "t1"]
     assert sent.status == "failed" and sent.code == "model_error"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream.wire import codec
 from agentstream.steps.summarising import decode_job as decode_compaction_job
+from agentstream.wire import codec
 from agentstream.wire.events import Compaction, TaskInput
 from agentstream.wire.keys import COMPACTION_FIELD, JOB_FIELD
 from tests.support import apps, compaction_apps, delegation_apps
@@ -54,8 +54,15 @@ async def test_tool_and_model_call_spans_continue_the_turns_trace(redis, keys, s
     s = services(apps.app)
     await s.start("p1", "agent-loop", "tool-worker")
     parent = Parent.new()
-    await publish(redis, keys, trace_id="c1", turn_id="t1", agent="calc", text="What is 6*7?",
-                  metadata={"traceparent": parent.traceparent, "tracestate": "vendor=x"})
+    await publish(
+        redis,
+        keys,
+        trace_id="c1",
+        turn_id="t1",
+        agent="calc",
+        text="What is 6*7?",
+        metadata={"traceparent": parent.traceparent, "tracestate": "vendor=x"},
+    )
     reply = await wait_reply(redis, keys, "t1")
     assert reply.status == "ended" and "42" in reply.answer
     spans = await finished(exporter, "agentstream.model_call", "agentstream.tool_call", count=1)
@@ -97,11 +104,20 @@ async def test_delegation_spans_reach_into_child_traces(redis, keys, services, s
     s = services(delegation_apps.app, delegation_apps.rule)
     await s.start("p1", "agent-loop", "tool-worker", "delegation")
     parent = Parent.new()
-    await publish(redis, keys, trace_id="d1", turn_id="t1", agent="lead", text="Compare A and B",
-                  metadata={"traceparent": parent.traceparent})
+    await publish(
+        redis,
+        keys,
+        trace_id="d1",
+        turn_id="t1",
+        agent="lead",
+        text="Compare A and B",
+        metadata={"traceparent": parent.traceparent},
+    )
     reply = await wait_reply(redis, keys, "t1")
     assert reply.status == "ended", reply.reason
-    spans = await finished(exporter, "agentstream.delegation", "agentstream.hand_back", "agentstream.tool_call", count=2)
+    spans = await finished(
+        exporter, "agentstream.delegation", "agentstream.hand_back", "agentstream.tool_call", count=2
+    )
     for span in spans:
         assert hex_trace_id(span) == parent.trace_id, span.name
         assert parent.span_id in ancestors(span, spans), f"{span.name} is not below the publisher's span"
@@ -120,7 +136,9 @@ async def test_delegation_spans_reach_into_child_traces(redis, keys, services, s
     for child_trace, delegation in children.items():
         (task,) = [e for e in await events_of(store, child_trace) if isinstance(e, TaskInput)]
         assert task.metadata["traceparent"] == f"00-{parent.trace_id}-{hex_span_id(delegation)}-01"
-        lookups = [x for x in named(spans, "agentstream.tool_call") if x.attributes["agentstream.trace_id"] == child_trace]
+        lookups = [
+            x for x in named(spans, "agentstream.tool_call") if x.attributes["agentstream.trace_id"] == child_trace
+        ]
         assert lookups and all(hex_span_id(delegation) in ancestors(x, spans) for x in lookups)
     for hand_back in named(spans, "agentstream.hand_back"):  # a child of the child's last step
         step = by_id[parent_id(hand_back)]
@@ -133,8 +151,15 @@ async def test_compaction_span_is_a_child_of_the_step_that_asked(redis, keys, se
     parents = {}
     for n in range(1, 7):
         parents[f"t{n}"] = Parent.new()
-        await publish(redis, keys, trace_id="k1", turn_id=f"t{n}", agent="chatty", text=compaction_apps.turn_text(n),
-                      metadata={"traceparent": parents[f"t{n}"].traceparent})
+        await publish(
+            redis,
+            keys,
+            trace_id="k1",
+            turn_id=f"t{n}",
+            agent="chatty",
+            text=compaction_apps.turn_text(n),
+            metadata={"traceparent": parents[f"t{n}"].traceparent},
+        )
         assert (await wait_reply(redis, keys, f"t{n}")).status == "ended"
     compactions = [e for e in await events_of(store, "k1") if isinstance(e, Compaction)]
     assert compactions, "the conversation compacted"
@@ -149,5 +174,8 @@ async def test_compaction_span_is_a_child_of_the_step_that_asked(redis, keys, se
         assert parent_id(asking) == parent.span_id
         summary_calls = [x for x in named(spans, "agentstream.model_call") if parent_id(x) == hex_span_id(span)]
         assert summary_calls, "the summary calls are children of the compaction"
-    jobs = [decode_compaction_job(f[COMPACTION_FIELD]) for _, f in await redis.xrange(keys.for_trace(keys.compactions, "k1"))]
+    jobs = [
+        decode_compaction_job(f[COMPACTION_FIELD])
+        for _, f in await redis.xrange(keys.for_trace(keys.compactions, "k1"))
+    ]
     assert jobs and all(parents[j.turn_id].trace_id in j.trace_context["traceparent"] for j in jobs)

@@ -68,7 +68,12 @@ async def test_consumers_trim_what_they_acknowledged_as_they_run(redis, keys):
         seen.append(entry_id)
 
     c = StreamConsumer(
-        redis, stream=stream, group="g", consumer="w1", handler=ok, dead_stream=keys.dead(stream),
+        redis,
+        stream=stream,
+        group="g",
+        consumer="w1",
+        handler=ok,
+        dead_stream=keys.dead(stream),
         config=ConsumerConfig(block_ms=50, trim_interval_ms=100),
     )
     await c.ensure_group()

@@ -36,7 +36,11 @@ async def services(redis_url, namespace, model, monkeypatch):
 
 
 async def _replies_of(redis, keys, turn_id: str) -> list:
-    return [r for r in (codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(keys.replies)) if r.turn_id == turn_id]
+    return [
+        r
+        for r in (codec.decode_reply(f[REPLY_FIELD]) for _, f in await redis.xrange(keys.replies))
+        if r.turn_id == turn_id
+    ]
 
 
 async def _copy(redis, keys, trace_id: str, text: str) -> tuple[str, dict]:
@@ -55,7 +59,9 @@ async def test_copies_published_while_the_turn_runs_get_no_second_reply(redis, k
     await publish(redis, keys, trace_id="dup", turn_id="t1", agent="plan", text=SLOW_TOOL)
     await wait_for(lambda: _running(store, "dup"), 10, "the turn's tool call")
     copies = [await _copy(redis, keys, "dup", SLOW_TOOL) for _ in range(2)]  # published twice more while it runs
-    await wait_for(lambda: _handled(redis, keys.turns_for("dup"), AGENT_LOOP_GROUP, copies[-1][0]), 10, "the copies handled")
+    await wait_for(
+        lambda: _handled(redis, keys.turns_for("dup"), AGENT_LOOP_GROUP, copies[-1][0]), 10, "the copies handled"
+    )
     reply = await wait_reply(redis, keys, "t1")
     assert reply.status == "ended" and reply.answer == "Results: worked 1200 ms"
     calls = len(model.requests)
@@ -80,7 +86,9 @@ async def test_a_copy_deferred_while_the_lease_is_held_gets_no_second_reply(redi
     await wait_for(lambda: _running(store, "dup2"), 10, "the turn's tool call")
     taken = await wait_for(lambda: _take(store, "dup2"), 10, "the lease")  # held by "another process"
     entry_id, _ = await _copy(redis, keys, "dup2", "do: work(1000)")
-    await wait_for(lambda: _handled(redis, keys.turns_for("dup2"), AGENT_LOOP_GROUP, entry_id, acked=False), 10, "the copy read")
+    await wait_for(
+        lambda: _handled(redis, keys.turns_for("dup2"), AGENT_LOOP_GROUP, entry_id, acked=False), 10, "the copy read"
+    )
     await asyncio.sleep(0.2)  # admitted, then deferred (the lease is held)
     await store.release_lease("dup2", taken.token, keep_if_dirty=False)
     await wait_reply(redis, keys, "t1")  # the tool's wake-up ends the turn within ~1 s; the copy waits ~3 s
@@ -117,7 +125,11 @@ async def test_a_copy_with_another_body_is_reported_and_absorbed(redis, keys, se
     assert len(await _replies_of(redis, keys, "t1")) == 1
     errors = await errors_of(redis, keys)
     assert errors and all(e["trace_id"] == "dup3" and e["turn_id"] == "t1" and e["entry"] == entry_id for e in errors)
-    assert "differs from the admitted one" in errors[0]["error"] and "'t1'" in errors[0]["error"] and "'dup3'" in errors[0]["error"]
+    assert (
+        "differs from the admitted one" in errors[0]["error"]
+        and "'t1'" in errors[0]["error"]
+        and "'dup3'" in errors[0]["error"]
+    )
     assert "do: work(5)" in errors[0]["payload"]
     texts = [e.text for e in await events_of(store, "dup3") if type(e).__name__ == "TurnInput"]
     assert texts == [SLOW_TOOL]  # the copy's body never entered the trace

@@ -29,7 +29,9 @@ def readme_acl(namespace: str) -> list[str]:
     return match.group(0).replace("agentstream:", f"{namespace}:").split()[2:]
 
 
-async def test_the_readme_acl_confines_a_backend_to_turns_cancels_and_its_replies(redis7_url, namespace, scripted_model):
+async def test_the_readme_acl_confines_a_backend_to_turns_cancels_and_its_replies(
+    redis7_url, namespace, scripted_model
+):
     keys = Keys(namespace)
     admin = aioredis.Redis.from_url(redis7_url)
     rules = readme_acl(namespace)
@@ -38,7 +40,13 @@ async def test_the_readme_acl_confines_a_backend_to_turns_cancels_and_its_replie
     await admin.execute_command("ACL", "SETUSER", user, *rules[1:])
     host_port = redis7_url.split("://", 1)[1]
     backend = aioredis.Redis.from_url(f"redis://{user}:{password}@{host_port}")
-    services = InProcess(apps.app, redis7_url, namespace, scripted_model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+    services = InProcess(
+        apps.app,
+        redis7_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+    )
     mine = f"{keys.replies}:backend-7"
     try:
         await services.start("p1", "agent-loop", "tool-worker")
@@ -91,8 +99,9 @@ async def test_a_reply_the_agent_loops_acl_may_not_write_goes_to_the_default_str
     admin = aioredis.Redis.from_url(redis7_url)
     user = f"loop-{namespace}"
     # the agent loop's user may write the default replies, errors and trace keys, not other replies streams
-    await admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "+@all",
-                                f"~{keys.replies}", f"~{keys.errors}", f"~{namespace}:trace:*")
+    await admin.execute_command(
+        "ACL", "SETUSER", user, "on", ">pw", "+@all", f"~{keys.replies}", f"~{keys.errors}", f"~{namespace}:trace:*"
+    )
     host_port = redis7_url.split("://", 1)[1]
     loop_client = aioredis.Redis.from_url(f"redis://{user}:pw@{host_port}")
     locked = f"{keys.replies}:locked"

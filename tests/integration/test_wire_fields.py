@@ -10,14 +10,19 @@ import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
 
-from agentstream.runtime.entries import keep_doubled_fields
 from agentstream.errors import EventDecodeError
+from agentstream.runtime.entries import keep_doubled_fields
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.entries import EntryFields
 from agentstream.wire.events import TurnFailed, TurnInput
 from agentstream.wire.keys import (
-    CANCEL_FIELD, COMPACTION_FIELD, ENDING_FIELD, JOB_FIELD, TURN_FIELD, WAKE_FIELD,
+    CANCEL_FIELD,
+    COMPACTION_FIELD,
+    ENDING_FIELD,
+    JOB_FIELD,
+    TURN_FIELD,
+    WAKE_FIELD,
 )
 from tests.support import apps
 from tests.support.inprocess import InProcess, errors_of, events_of, replies_on, wait_for
@@ -49,19 +54,45 @@ async def all_pending(redis, streams: list[str]) -> dict[str, int]:
 async def test_an_entry_giving_a_field_twice_is_refused_on_every_work_stream_and_nothing_else_is_lost(
     redis_url, namespace, redis, keys, store, scripted_model
 ):
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
-                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+    )
     try:
         await services.start("p1", "agent-loop", "tool-worker", "compaction", "delegation")
         # a turn whose two `turn` values agree on where it goes: refused there, bad_turn, naming the field
         same = turn_json(trace_id="d1", turn_id="t1")
-        await xadd_pairs(redis, keys.turns_for("d1"), TURN_FIELD, same, TURN_FIELD, turn_json(trace_id="d1", turn_id="t1", text="rm -rf"))
+        await xadd_pairs(
+            redis,
+            keys.turns_for("d1"),
+            TURN_FIELD,
+            same,
+            TURN_FIELD,
+            turn_json(trace_id="d1", turn_id="t1", text="rm -rf"),
+        )
         # two turns of different conversations in one entry: which one is meant is unknown, so neither
-        await xadd_pairs(redis, keys.turns_for("d2"), TURN_FIELD, turn_json(trace_id="d2", turn_id="t2"),
-                         TURN_FIELD, turn_json(trace_id="d3", turn_id="t3"))
+        await xadd_pairs(
+            redis,
+            keys.turns_for("d2"),
+            TURN_FIELD,
+            turn_json(trace_id="d2", turn_id="t2"),
+            TURN_FIELD,
+            turn_json(trace_id="d3", turn_id="t3"),
+        )
         # another field given twice beside one good `turn`: refused too, the failure to its ids
-        await xadd_pairs(redis, keys.turns_for("d4"), "trace_id", "d4", TURN_FIELD, turn_json(trace_id="d4", turn_id="t4"),
-                         "trace_id", "d5")
+        await xadd_pairs(
+            redis,
+            keys.turns_for("d4"),
+            "trace_id",
+            "d4",
+            TURN_FIELD,
+            turn_json(trace_id="d4", turn_id="t4"),
+            "trace_id",
+            "d5",
+        )
         hints = {  # every other work stream a client can reach: (stream, field)
             "wake-up": (keys.wake_for("d6"), WAKE_FIELD, json.dumps({"trace_id": "d6", "reason": "x"})),
             "cancel": (keys.cancel, CANCEL_FIELD, json.dumps({"trace_id": "d6"})),
@@ -95,11 +126,15 @@ async def test_an_entry_giving_a_field_twice_is_refused_on_every_work_stream_and
         assert len(doubled) == 1 + len(hints), errors
         refused_turn = next(e for e in doubled if "'turn'" in e["error"])
         assert refused_turn["source"] == keys.turns_for("d2") and keys.turns_for("d2") in refused_turn["error"]
-        assert json.loads(refused_turn["payload"]) == [["turn", turn_json(trace_id="d2", turn_id="t2").decode()],
-                                                       ["turn", turn_json(trace_id="d3", turn_id="t3").decode()]]
+        assert json.loads(refused_turn["payload"]) == [
+            ["turn", turn_json(trace_id="d2", turn_id="t2").decode()],
+            ["turn", turn_json(trace_id="d3", turn_id="t3").decode()],
+        ]
         for what, (stream, field, _value) in hints.items():
-            assert any(f"field '{field.decode()}' given 2 times" in e["error"] and e["source"] == stream and e["entry"]
-                       for e in doubled), (what, doubled)  # the partition the entry was on
+            assert any(
+                f"field '{field.decode()}' given 2 times" in e["error"] and e["source"] == stream and e["entry"]
+                for e in doubled
+            ), (what, doubled)  # the partition the entry was on
         # every entry acknowledged: nothing stays pending, nothing was dead-lettered after retries
         streams = [keys.turns_for("d1"), keys.turns_for("d2"), keys.turns_for("d4"), *(s for s, _, _ in hints.values())]
         pending = await wait_for(lambda: _all_zero(redis, streams), what="every entry acknowledged")
@@ -119,8 +154,11 @@ async def test_a_trace_entry_giving_a_field_twice_is_not_read_by_any_read_of_the
     first = await store.append("tr", TurnInput(turn_id="t1", agent="calc", text="hi"))
     event = codec.encode(TurnFailed(turn_id="t1", code="x", reason="y"))
     await xadd_pairs(redis, keys.trace("tr"), "v", "1", "e", event, "e", event)
-    for read in (lambda: store.read("tr"), lambda: store.read_after("tr", first.entry_id),
-                 lambda: store.take("tr", ttl_ms=1000, after=first.entry_id)):
+    for read in (
+        lambda: store.read("tr"),
+        lambda: store.read_after("tr", first.entry_id),
+        lambda: store.take("tr", ttl_ms=1000, after=first.entry_id),
+    ):
         with pytest.raises(EventDecodeError, match="field 'e' given 2 times"):
             await read()
 
@@ -148,25 +186,42 @@ async def test_every_read_of_stream_entries_keeps_a_repeated_field(client, redis
     one_pair = await xadd_pairs(redis, stream, "turn", "a")
     two = await xadd_pairs(redis, stream, "turn", "a", "x", "1", "turn", "b")
     await redis.xgroup_create(stream, "g", id="0")
-    options = {"resp2": {"protocol": 2}, "resp3": {"protocol": 3}, "resp3-unified": {"protocol": 3, "legacy_responses": False}}
+    options = {
+        "resp2": {"protocol": 2},
+        "resp3": {"protocol": 3},
+        "resp3-unified": {"protocol": 3, "legacy_responses": False},
+    }
     if client == "sync":
         sync = keep_doubled_fields(sync_redis.Redis.from_url(redis_url))
         try:
-            seen = [sync.xrange(stream), sync.xrevrange(stream), sync.xreadgroup("g", "c", {stream: ">"})[0][1],
-                    sync.xautoclaim(stream, "g", "c2", 0)[1], sync.xclaim(stream, "g", "c3", 0, [two])]
+            seen = [
+                sync.xrange(stream),
+                sync.xrevrange(stream),
+                sync.xreadgroup("g", "c", {stream: ">"})[0][1],
+                sync.xautoclaim(stream, "g", "c2", 0)[1],
+                sync.xclaim(stream, "g", "c3", 0, [two]),
+            ]
         finally:
             sync.close()
         _check(seen, one_pair, two)
         return
-    other = redis if client == "connect()" else keep_doubled_fields(aioredis.Redis.from_url(redis_url, **options[client]))
+    other = (
+        redis if client == "connect()" else keep_doubled_fields(aioredis.Redis.from_url(redis_url, **options[client]))
+    )
     try:
         group_read = await other.xreadgroup("g", "c", {stream: ">"})
         plain_read = await other.xread({stream: "0"})
         pipe = other.pipeline(transaction=False)
         pipe.xrange(stream)
-        seen = [await other.xrange(stream), await other.xrevrange(stream), _entries(group_read), _entries(plain_read),
-                (await other.xautoclaim(stream, "g", "c2", 0))[1], await other.xclaim(stream, "g", "c3", 0, [two]),
-                (await pipe.execute())[0]]
+        seen = [
+            await other.xrange(stream),
+            await other.xrevrange(stream),
+            _entries(group_read),
+            _entries(plain_read),
+            (await other.xautoclaim(stream, "g", "c2", 0))[1],
+            await other.xclaim(stream, "g", "c3", 0, [two]),
+            (await pipe.execute())[0],
+        ]
         assert await other.xautoclaim(stream, "g", "c4", 0, justid=True)  # ids only: untouched
     finally:
         if other is not redis:
@@ -190,4 +245,3 @@ def _check(seen, one_pair, two):
         assert doubled == {b"turn": b"b", b"x": b"1"} and doubled.values_of(b"turn") == [b"a", b"b"]
         if one_pair in by_id:
             assert type(by_id[one_pair]) is dict
-

@@ -11,7 +11,15 @@ import json
 import pytest
 
 from agentstream.wire import codec
-from agentstream.wire.events import CANCEL_BY_MAX_CHARS, CANCEL_REASON_MAX_CHARS, CancelMessage, CancelRequested, ToolJob, TurnFailed, TurnInput
+from agentstream.wire.events import (
+    CANCEL_BY_MAX_CHARS,
+    CANCEL_REASON_MAX_CHARS,
+    CancelMessage,
+    CancelRequested,
+    ToolJob,
+    TurnFailed,
+    TurnInput,
+)
 from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, JOB_FIELD, TURN_FIELD, WAKE_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.compaction.compactor import Compactor
@@ -31,7 +39,9 @@ def turn_text(**fields: object) -> str:
 
 async def reports(redis, keys) -> list[str]:
     """Every reason given for a refused turn: the replies' and the errors stream's."""
-    return [r.reason or "" for r in await replies_on(redis, keys.replies)] + [e["error"] for e in await errors_of(redis, keys)]
+    return [r.reason or "" for r in await replies_on(redis, keys.replies)] + [
+        e["error"] for e in await errors_of(redis, keys)
+    ]
 
 
 async def key_names(redis, namespace: str) -> list[str]:
@@ -42,14 +52,23 @@ async def key_names(redis, namespace: str) -> list[str]:
 # --- ids -------------------------------------------------------------------------------------
 
 CONTROL = {
-    "NUL": "\x00", "escape": "\x1b[31m", "newline": "\n", "DEL": "\x7f", "C1 NEL": "\x85",
-    "zero-width space": "\u200b", "right-to-left override": "\u202e", "BOM": "\ufeff", "line separator": "\u2028",
+    "NUL": "\x00",
+    "escape": "\x1b[31m",
+    "newline": "\n",
+    "DEL": "\x7f",
+    "C1 NEL": "\x85",
+    "zero-width space": "\u200b",
+    "right-to-left override": "\u202e",
+    "BOM": "\ufeff",
+    "line separator": "\u2028",
 }
 
 
 @pytest.mark.parametrize("field", ["trace_id", "turn_id", "agent", "model"])
 @pytest.mark.parametrize("name", list(CONTROL))
-async def test_an_id_with_a_control_or_invisible_character_is_refused_and_names_no_key(store, redis, keys, namespace, field, name):
+async def test_an_id_with_a_control_or_invisible_character_is_refused_and_names_no_key(
+    store, redis, keys, namespace, field, name
+):
     bad = f"ab{CONTROL[name]}cd"
     loop = AgentLoop(apps.app, store, {})
     await loop.on_turn("1-0", {TURN_FIELD: turn_text(**{field: bad}).encode()})
@@ -68,7 +87,10 @@ async def test_a_cancel_with_a_control_character_in_an_id_is_reported_not_record
     for i, message in enumerate([{"trace_id": "conv-a\x00"}, {"trace_id": "conv-a", "turn_id": "t1\u202e"}]):
         await loop.on_cancel(f"{i + 1}-0", {CANCEL_FIELD: json.dumps(message).encode()})
     errors = await errors_of(redis, keys)
-    assert [e["source"] for e in errors] == [keys.cancel, keys.cancel] and [e["entry"] for e in errors] == ["1-0", "2-0"]
+    assert [e["source"] for e in errors] == [keys.cancel, keys.cancel] and [e["entry"] for e in errors] == [
+        "1-0",
+        "2-0",
+    ]
     assert "`$.trace_id` holds U+0000" in errors[0]["error"] and "`$.turn_id` holds U+202E" in errors[1]["error"]
     assert [type(e) for e in await events_of(store, "conv-a")] == [TurnInput]  # no cancel recorded
 
@@ -95,9 +117,17 @@ async def test_a_reply_stream_with_an_empty_or_invisible_part_is_refused(store, 
     [
         ('{"trace_id":"conv-a","turn_id":"t1","agent":"calc","agent":"lead","text":"hi"}', "agent", "$"),
         ('{"trace_id":"conv-a","turn_id":"t1","agent":"calc","text":"hi","text":"other"}', "text", "$"),
-        ('{"trace_id":"conv-a","turn_id":"t1","agent":"calc","text":"hi","metadata":{"user":"u1","user":"u2"}}', "user", "$.metadata"),
-        ('{"trace_id":"conv-a","turn_id":"t1","agent":"calc","text":"hi","elements":[{"kind":"document","id":"d",'
-         '"text":"x","id":"e"}]}', "id", "$.elements[0]"),
+        (
+            '{"trace_id":"conv-a","turn_id":"t1","agent":"calc","text":"hi","metadata":{"user":"u1","user":"u2"}}',
+            "user",
+            "$.metadata",
+        ),
+        (
+            '{"trace_id":"conv-a","turn_id":"t1","agent":"calc","text":"hi","elements":[{"kind":"document","id":"d",'
+            '"text":"x","id":"e"}]}',
+            "id",
+            "$.elements[0]",
+        ),
     ],
     ids=["agent", "text", "metadata key", "element key"],
 )
@@ -105,13 +135,19 @@ async def test_a_key_named_twice_is_refused_naming_it_and_where(store, redis, ke
     loop = AgentLoop(apps.app, store, {})
     await loop.on_turn("1-0", {TURN_FIELD: payload.encode()})
     (reply,) = await replies_on(redis, keys.replies)
-    assert reply.code == "bad_turn" and f"names the key `{key}` twice in the object at `{where}`" in reply.reason, reply.reason
+    assert reply.code == "bad_turn" and f"names the key `{key}` twice in the object at `{where}`" in reply.reason, (
+        reply.reason
+    )
     assert [type(e) for e in await events_of(store, "conv-a")] == [TurnFailed]  # never entered as a turn
 
 
 @pytest.mark.parametrize("key", ["trace_id", "turn_id", "reply_to"])
 async def test_a_routing_key_named_twice_routes_nothing_to_either_value(store, redis, keys, namespace, key):
-    values = {"trace_id": ("conv-a", "conv-b"), "turn_id": ("t1", "t2"), "reply_to": (f"{keys.replies}:x", f"{keys.replies}:y")}[key]
+    values = {
+        "trace_id": ("conv-a", "conv-b"),
+        "turn_id": ("t1", "t2"),
+        "reply_to": (f"{keys.replies}:x", f"{keys.replies}:y"),
+    }[key]
     fields = {"trace_id": "conv-a", "turn_id": "t1", "agent": "calc", "text": "hi"}
     fields.pop(key, None)
     body = ",".join(f'"{k}":{json.dumps(v)}' for k, v in fields.items())
@@ -133,7 +169,10 @@ async def test_a_cancel_with_a_key_named_twice_is_reported(store, redis, keys):
     await store.append("conv-a", TurnInput(turn_id="t1", agent="calc", text="running"))
     await loop.on_cancel("7-0", {CANCEL_FIELD: b'{"trace_id":"conv-b","trace_id":"conv-a"}'})
     (error,) = await errors_of(redis, keys)
-    assert "names the key `trace_id` twice" in error["error"] and (error["source"], error["entry"]) == (keys.cancel, "7-0")
+    assert "names the key `trace_id` twice" in error["error"] and (error["source"], error["entry"]) == (
+        keys.cancel,
+        "7-0",
+    )
     assert [type(e) for e in await events_of(store, "conv-a")] == [TurnInput]
 
 
@@ -184,7 +223,10 @@ async def test_a_cancel_that_is_not_unicode_is_reported_saying_what_and_where(st
     loop = AgentLoop(apps.app, store, {})
     await loop.on_cancel("3-0", {CANCEL_FIELD: b'{"trace_id":"conv-\\ud800"}'})
     (error,) = await errors_of(redis, keys)
-    assert "lone high UTF-16 surrogate" in error["error"] and "at byte 18 (in the value of key `trace_id`)" in error["error"]
+    assert (
+        "lone high UTF-16 surrogate" in error["error"]
+        and "at byte 18 (in the value of key `trace_id`)" in error["error"]
+    )
     assert "truncated" not in error["error"] and (error["source"], error["entry"]) == (keys.cancel, "3-0")
 
 
@@ -206,8 +248,14 @@ async def test_every_malformed_work_entry_is_reported_with_its_stream_and_entry(
     errors = await errors_of(redis, keys)
     where = [(e.get("source"), e.get("entry")) for e in errors]
     assert where == [
-        (keys.wake, "1-0"), (keys.cancel, "2-0"), (keys.cancel, "3-0"), (keys.tools("default"), "4-0"),
-        (keys.compactions, "5-0"), (keys.delegations, "6-0"), (keys.child_endings, "7-0"), (keys.turns, "8-0"),
+        (keys.wake, "1-0"),
+        (keys.cancel, "2-0"),
+        (keys.cancel, "3-0"),
+        (keys.tools("default"), "4-0"),
+        (keys.compactions, "5-0"),
+        (keys.delegations, "6-0"),
+        (keys.child_endings, "7-0"),
+        (keys.turns, "8-0"),
     ], errors
 
 
@@ -218,8 +266,18 @@ def test_well_formed_messages_still_read():
     from agentstream.wire.keys import Keys
 
     keys = Keys("ns")
-    turn = wire.validate_turn(turn_text(trace_id="conv é 中", text="a \\ud83d is text; 😀 \ud83d\ude00", reply_to="ns:replies:b7"), keys=keys)
+    turn = wire.validate_turn(
+        turn_text(trace_id="conv é 中", text="a \\ud83d is text; 😀 \ud83d\ude00", reply_to="ns:replies:b7"), keys=keys
+    )
     assert turn.trace_id == "conv é 中" and turn.reply_to == "ns:replies:b7"
-    assert codec.decode_turn(b'{"trace_id":"c","turn_id":"t","agent":"calc","text":"\\\\ud800 \\ud83d\\ude00"}').text == "\\ud800 😀"
+    assert (
+        codec.decode_turn(b'{"trace_id":"c","turn_id":"t","agent":"calc","text":"\\\\ud800 \\ud83d\\ude00"}').text
+        == "\\ud800 😀"
+    )
     assert codec.decode_cancel(codec.encode(CancelMessage(trace_id="c", turn_id="t"))).trace_id == "c"
-    assert codec.decode_job(codec.encode(ToolJob(trace_id="c", turn_id="t", call_id="x", name="n", arguments="{}"))).call_id == "x"
+    assert (
+        codec.decode_job(
+            codec.encode(ToolJob(trace_id="c", turn_id="t", call_id="x", name="n", arguments="{}"))
+        ).call_id
+        == "x"
+    )

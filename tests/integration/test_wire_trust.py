@@ -12,10 +12,21 @@ from pathlib import Path
 import pytest
 
 from agentstream import Agent, App, tool
-from agentstream.wire import codec, checks as wire
-from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
 from agentstream.errors import TurnRejected
-from agentstream.wire.events import CancelMessage, ModelOutput, ToolCall, ToolJob, ToolOutput, TurnEnded, TurnFailed, TurnInput, Wake
+from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
+from agentstream.wire import checks as wire
+from agentstream.wire import codec
+from agentstream.wire.events import (
+    CancelMessage,
+    ModelOutput,
+    ToolCall,
+    ToolJob,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    Wake,
+)
 from agentstream.wire.keys import CANCEL_FIELD, JOB_FIELD, TURN_FIELD, WAKE_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.tool_worker.worker import ToolWorker
@@ -82,14 +93,23 @@ async def test_a_failed_reply_of_a_refused_turn_goes_to_its_valid_reply_to_with_
     assert await redis.xlen(keys.replies) == 0
 
 
-async def test_answers_go_to_allowed_reply_streams_and_a_setting_widens_them(redis_url, namespace, redis, keys, scripted_model):
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
-                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_REPLY_STREAMS": "app:*:replies"})
+async def test_answers_go_to_allowed_reply_streams_and_a_setting_widens_them(
+    redis_url, namespace, redis, keys, scripted_model
+):
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_REPLY_STREAMS": "app:*:replies"},
+    )
     try:
         await services.start("p1", "agent-loop", "tool-worker")
         targets = {"t1": f"{keys.replies}:b1", "t2": f"app:{namespace}:replies", "t3": keys.replies}
         for turn_id, stream in targets.items():
-            await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id=f"c-{turn_id}", turn_id=turn_id, reply_to=stream)})
+            await redis.xadd(
+                keys.turns, {TURN_FIELD: turn_json(trace_id=f"c-{turn_id}", turn_id=turn_id, reply_to=stream)}
+            )
 
         async def all_answered():
             got = {t: await replies_on(redis, s) for t, s in targets.items()}
@@ -100,7 +120,9 @@ async def test_answers_go_to_allowed_reply_streams_and_a_setting_widens_them(red
             assert [r.status for r in replies] == ["ended"], replies
             assert replies[0].answer == "The answer is 4." and replies[0].turn_id == turn_id
         # the widening never reaches agentstream's own streams
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="c-t4", turn_id="t4", reply_to=f"{namespace}:wake")})
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="c-t4", turn_id="t4", reply_to=f"{namespace}:wake")}
+        )
         refused = await wait_for(lambda: _reply_of(redis, keys.replies, "t4"), what="the refusal")
         assert refused.code == "bad_turn" and "not a replies stream" in refused.reason
     finally:
@@ -115,26 +137,41 @@ async def test_a_reply_to_its_stream_refuses_goes_to_the_default_stream_and_the_
     # pattern: only a write can tell it is no stream). Its reply's XADD failed with WRONGTYPE on
     # every look, and as a trace's replies go out in order, every later turn of the conversation
     # was dead-lettered behind it. The reply goes to the default stream, reported.
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
-                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+    )
     bad = f"{keys.replies}:str"
     try:
         await redis.set(bad, "hello")
         await services.start("p1", "agent-loop", "tool-worker")
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id="t1", reply_to=bad, metadata={"req": "r1"})})
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id="t1", reply_to=bad, metadata={"req": "r1"})}
+        )
         first = await wait_for(lambda: _reply_of(redis, keys.replies, "t1"), what="t1's reply, redirected")
         assert first.status == "ended" and first.answer == "The answer is 4." and first.metadata == {"req": "r1"}
         errors = [f for _, f in await redis.xrange(keys.errors)]
-        assert any(bad.encode() in f[b"error"] and b"WRONGTYPE" in f[b"error"] and f.get(b"turn_id") == b"t1" for f in errors), errors
+        assert any(
+            bad.encode() in f[b"error"] and b"WRONGTYPE" in f[b"error"] and f.get(b"turn_id") == b"t1" for f in errors
+        ), errors
         for n in (2, 3):  # the next turns of the conversation are answered at once
             await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id=f"t{n}")})
-            reply = await wait_for(lambda n=n: _reply_of(redis, keys.replies, f"t{n}"), timeout_s=10, what=f"t{n}'s reply")
+            reply = await wait_for(
+                lambda n=n: _reply_of(redis, keys.replies, f"t{n}"), timeout_s=10, what=f"t{n}'s reply"
+            )
             assert reply.status == "ended", reply
         # a refused turn's failure reply, and an ended turn published again, are redirected alike
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG6", turn_id="r1", agent="nobody", reply_to=bad)})
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="hG6", turn_id="r1", agent="nobody", reply_to=bad)}
+        )
         refused = await wait_for(lambda: _reply_of(redis, keys.replies, "r1"), what="the refusal, redirected")
         assert refused.code == "bad_turn"
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id="t1", reply_to=bad, metadata={"req": "r1"})})
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="hG5", turn_id="t1", reply_to=bad, metadata={"req": "r1"})}
+        )
 
         async def twice():
             got = [r for r in await replies_on(redis, keys.replies) if r.turn_id == "t1"]
@@ -155,9 +192,17 @@ async def test_a_default_replies_stream_that_refuses_replies_is_reported_and_the
     # failed with WRONGTYPE and the turns were retried and dead-lettered with nothing on the errors
     # stream. Each refusal is reported, naming the turn, the stream and the fix; once the key is a
     # stream again, the replies owed go out, once each, and the conversation goes on.
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
-                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_MAX_DELIVERIES": "100",
-                              "AGENTSTREAM_MIN_IDLE_MS": "800"})
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={
+            "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}',
+            "AGENTSTREAM_MAX_DELIVERIES": "100",
+            "AGENTSTREAM_MIN_IDLE_MS": "800",
+        },
+    )
     try:
         if squat == "string":
             await redis.set(keys.replies, "hello")
@@ -169,8 +214,14 @@ async def test_a_default_replies_stream_that_refuses_replies_is_reported_and_the
 
         async def reported():
             errors = [f for _, f in await redis.xrange(keys.errors)]
-            turns = {f.get(b"trace_id") for f in errors if keys.replies.encode() in f[b"error"] and b"WRONGTYPE" in f[b"error"]
-                     and b"delete or rename" in f[b"error"] and f.get(b"turn_id") == b"t1"}
+            turns = {
+                f.get(b"trace_id")
+                for f in errors
+                if keys.replies.encode() in f[b"error"]
+                and b"WRONGTYPE" in f[b"error"]
+                and b"delete or rename" in f[b"error"]
+                and f.get(b"turn_id") == b"t1"
+            }
             return turns if turns == {b"hR1", b"hR2"} else None
 
         await wait_for(reported, what="a report of each refused reply")
@@ -183,17 +234,23 @@ async def test_a_default_replies_stream_that_refuses_replies_is_reported_and_the
         first = await wait_for(answered, timeout_s=20, what="the replies owed, once the stream takes them")
         assert all(r.status == "ended" and r.answer == "The answer is 4." for r in first), first
         await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="hR1", turn_id="t2")})
-        second = await wait_for(lambda: _reply_of(redis, keys.replies, "t2"), timeout_s=10, what="the next turn's reply")
+        second = await wait_for(
+            lambda: _reply_of(redis, keys.replies, "t2"), timeout_s=10, what="the next turn's reply"
+        )
         assert second.status == "ended"
         replies = await replies_on(redis, keys.replies)
-        assert sorted((r.trace_id, r.turn_id) for r in replies) == [("hR1", "t1"), ("hR1", "t2"), ("hR2", "t1")], replies
+        assert sorted((r.trace_id, r.turn_id) for r in replies) == [("hR1", "t1"), ("hR1", "t2"), ("hR2", "t1")], (
+            replies
+        )
         for stream in (keys.turns, keys.wake):  # retried, not given up
             assert not await redis.exists(keys.dead(stream)) or await redis.xlen(keys.dead(stream)) == 0
     finally:
         await services.stop_all()
 
 
-async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no_trace_is_counted(store, redis, keys, namespace):
+async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no_trace_is_counted(
+    store, redis, keys, namespace
+):
     # The trial: cancels and wake-ups naming traces (or turns) that do not exist, from a plain
     # client. They were dropped with nothing on the errors stream: a backend that mistyped a
     # conversation id never learned its cancel did nothing. A cancel that lost a race with its
@@ -210,7 +267,9 @@ async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no
     await loop.on_cancel("5-3", cancel(trace_id="hC1", turn_id="t9"))  # no such turn
     await loop.on_cancel("5-4", cancel(trace_id="hC1", turn_id="t1"))  # ended first: a race, not reported
     await loop.on_cancel("5-5", cancel(trace_id="hC1"))  # nothing running: not reported
-    await loop.on_cancel("5-6", cancel(trace_id="hNone3", turn_id="c1", by="parent"))  # `by` is the sender's word: no way out
+    await loop.on_cancel(
+        "5-6", cancel(trace_id="hNone3", turn_id="c1", by="parent")
+    )  # `by` is the sender's word: no way out
     errors = {f[b"entry"]: f for _, f in await redis.xrange(keys.errors)}
     assert sorted(errors) == [b"5-1", b"5-2", b"5-3", b"5-6"], errors
     assert b"'hNone' holds no turn" in errors[b"5-1"][b"error"] and errors[b"5-1"][b"trace_id"] == b"hNone"
@@ -229,9 +288,18 @@ async def test_a_reply_the_squatted_replies_stream_refused_past_the_retries_goes
     # The trial: the squat outlasted the work entry's deliveries; the entry was dead-lettered and
     # the reply waited for the conversation's next turn, which may never come. The watchdog
     # publishes what the trace owes once the stream takes it, once.
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url,
-                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_MAX_DELIVERIES": "2",
-                              "AGENTSTREAM_MIN_IDLE_MS": "400", "AGENTSTREAM_WATCHDOG_INTERVAL_MS": "500"})
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={
+            "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}',
+            "AGENTSTREAM_MAX_DELIVERIES": "2",
+            "AGENTSTREAM_MIN_IDLE_MS": "400",
+            "AGENTSTREAM_WATCHDOG_INTERVAL_MS": "500",
+        },
+    )
     try:
         await redis.set(keys.replies, "squat")
         await services.start("p1", "agent-loop", "tool-worker")
@@ -258,7 +326,9 @@ def test_a_result_the_loop_records_that_the_trace_cannot_store_becomes_an_error_
     # echoes a lone surrogate failed the append on every delivery, calling the model each time.
     loop = AgentLoop(apps.app, store, {})
     good = ToolOutput(turn_id="t1", call_id="c1", name="nope", text="Error: no tool", error="unknown_tool")
-    bad = ToolOutput(turn_id="t1", call_id="c2", name="reopen", text="Error: unknown handle r\ud800", error="invalid_arguments")
+    bad = ToolOutput(
+        turn_id="t1", call_id="c2", name="reopen", text="Error: unknown handle r\ud800", error="invalid_arguments"
+    )
     kept, replaced = loop._storable([good, bad])
     assert kept is good
     assert (replaced.call_id, replaced.error) == ("c2", "invalid_result") and "could not be stored" in replaced.text
@@ -278,7 +348,9 @@ async def test_a_malformed_copy_read_just_after_its_valid_turn_does_not_end_it(s
 
     loop.store.admit_turn = slow_admission
     valid = {TURN_FIELD: turn_json(trace_id="hH2", turn_id="t1")}
-    malformed = {TURN_FIELD: json.dumps({"trace_id": "hH2", "turn_id": "t1", "agent": "calc", "txt": "bad copy"}).encode()}
+    malformed = {
+        TURN_FIELD: json.dumps({"trace_id": "hH2", "turn_id": "t1", "agent": "calc", "txt": "bad copy"}).encode()
+    }
     await asyncio.gather(loop.on_turn("1-1", valid), loop.on_turn("1-2", malformed))
     events = await events_of(store, "hH2")
     assert isinstance(events[0], TurnInput) and events[0].text == "What is 2 + 2?"
@@ -365,9 +437,12 @@ async def test_the_dead_letter_stream_is_capped_and_keeps_bounded_excerpts(redis
     async def fails(entry_id, fields):
         raise RuntimeError("boom " + "e" * 1000)
 
-    config = ConsumerConfig(block_ms=20, max_deliveries=1, retry_delay_s=0.01, dead_maxlen=10, excerpt_bytes=100, min_idle_ms=60_000)
-    consumer = StreamConsumer(redis, stream=stream, group="g", consumer="c1", handler=fails, config=config,
-                              dead_stream=keys.dead(stream))
+    config = ConsumerConfig(
+        block_ms=20, max_deliveries=1, retry_delay_s=0.01, dead_maxlen=10, excerpt_bytes=100, min_idle_ms=60_000
+    )
+    consumer = StreamConsumer(
+        redis, stream=stream, group="g", consumer="c1", handler=fails, config=config, dead_stream=keys.dead(stream)
+    )
     await consumer.ensure_group()
     for i in range(150):
         await redis.xadd(stream, {b"job": b"j" * 50_000, b"n": str(i).encode()})
@@ -411,7 +486,10 @@ async def test_tool_arguments_and_results_over_their_limits_become_error_results
     for i, job in enumerate(jobs):
         await worker.on_job(f"{i + 1}-0", {JOB_FIELD: codec.encode(job)}, stream=keys.tools("default"))
     results = {e.call_id: e for e in await events_of(store, "conv-t") if isinstance(e, ToolOutput)}
-    assert results["c1"].error == "arguments_too_large" and "AGENTSTREAM_MAX_TOOL_ARGUMENTS_BYTES=1,000" in results["c1"].text
+    assert (
+        results["c1"].error == "arguments_too_large"
+        and "AGENTSTREAM_MAX_TOOL_ARGUMENTS_BYTES=1,000" in results["c1"].text
+    )
     assert f"{len(big_args):,} bytes" in results["c1"].text
     assert results["c2"].error == "result_too_large" and "AGENTSTREAM_MAX_TOOL_RESULT_BYTES=2,000" in results["c2"].text
     assert "5,000,000 bytes" in results["c2"].text and len(results["c2"].text) < 500
@@ -442,11 +520,21 @@ async def test_a_rejected_message_never_ends_the_accepted_turn_that_owns_its_id(
 async def test_a_turn_id_reused_in_another_trace_is_another_turn_and_replies_dedupe_by_both_ids(
     redis_url, namespace, redis, keys, scripted_model
 ):
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+    )
     try:
         await services.start("p1", "agent-loop", "tool-worker")
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="conv-1", turn_id="turn-1", text="What is 2 + 3?")})
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="conv-2", turn_id="turn-1", text="What is 4 + 5?")})
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="conv-1", turn_id="turn-1", text="What is 2 + 3?")}
+        )
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="conv-2", turn_id="turn-1", text="What is 4 + 5?")}
+        )
 
         async def both():
             replies = await replies_on(redis, keys.replies)
@@ -454,7 +542,9 @@ async def test_a_turn_id_reused_in_another_trace_is_another_turn_and_replies_ded
 
         await wait_for(both, what="both replies")
         # published again (a backend lost the reply): the same reply again
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="conv-1", turn_id="turn-1", text="What is 2 + 3?")})
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="conv-1", turn_id="turn-1", text="What is 2 + 3?")}
+        )
 
         async def three():
             replies = await replies_on(redis, keys.replies)
@@ -475,8 +565,11 @@ async def test_a_turn_id_reused_in_another_trace_is_another_turn_and_replies_ded
 
 
 def under_reporting_rule(body):
-    return {"message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop",
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    return {
+        "message": {"role": "assistant", "content": "ok"},
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
 
 
 async def test_an_under_reported_prompt_count_is_logged_once_per_endpoint_and_compaction_still_counts(
@@ -486,12 +579,16 @@ async def test_an_under_reported_prompt_count_is_logged_once_per_endpoint_and_co
 
     options = json.dumps({"stream": False, "window_tokens": 4000, "chars_per_token": 3.0})
     with ScriptedModelServer(under_reporting_rule) as model:
-        services = InProcess(apps.app, redis_url, namespace, model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": options})
+        services = InProcess(
+            apps.app, redis_url, namespace, model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": options}
+        )
         try:
             await services.start("p1", "agent-loop")
             with caplog.at_level("WARNING", logger="agentstream.agent_loop"):
                 for i in range(1, 4):
-                    await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="big", turn_id=f"t{i}", text="w" * 4_500)})
+                    await redis.xadd(
+                        keys.turns, {TURN_FIELD: turn_json(trace_id="big", turn_id=f"t{i}", text="w" * 4_500)}
+                    )
                     await wait_for(lambda i=i: _reply_of(redis, keys.replies, f"t{i}"), what=f"reply {i}")
         finally:
             await services.stop_all()
@@ -510,12 +607,22 @@ async def test_an_under_reported_prompt_count_is_logged_once_per_endpoint_and_co
 # --- 7. user text is never a template ----------------------------------------------------------
 
 
-async def test_user_text_and_metadata_reach_the_model_verbatim_never_rendered(redis_url, namespace, redis, keys, scripted_model):
+async def test_user_text_and_metadata_reach_the_model_verbatim_never_rendered(
+    redis_url, namespace, redis, keys, scripted_model
+):
     text = "What is 6 * 7? {{ 7 * 7 }} {% for x in range(3) %}X{% endfor %} {{ cycler.__init__.__globals__ }}"
-    services = InProcess(apps.app, redis_url, namespace, scripted_model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+    )
     try:
         await services.start("p1", "agent-loop", "tool-worker")
-        await redis.xadd(keys.turns, {TURN_FIELD: turn_json(trace_id="tpl", text=text, metadata={"note": "{{ 1 + 1 }}"})})
+        await redis.xadd(
+            keys.turns, {TURN_FIELD: turn_json(trace_id="tpl", text=text, metadata={"note": "{{ 1 + 1 }}"})}
+        )
         reply = await wait_for(lambda: _reply_of(redis, keys.replies, "t1"), what="the reply")
     finally:
         await services.stop_all()
@@ -525,7 +632,9 @@ async def test_user_text_and_metadata_reach_the_model_verbatim_never_rendered(re
     assert reply.metadata == {"note": "{{ 1 + 1 }}"} and reply.status == "ended"
 
 
-async def test_refused_turns_of_one_trace_arriving_together_are_all_answered_without_waiting_a_lease(store, redis, keys):
+async def test_refused_turns_of_one_trace_arriving_together_are_all_answered_without_waiting_a_lease(
+    store, redis, keys
+):
     """Several bad turns of one conversation handled at once compete for its lease for one append
     each: every one fails ``bad_turn`` with its own reply, none is deferred by a lease time."""
     loop = AgentLoop(apps.app, store, {})

@@ -9,9 +9,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from agentstream.wire import codec
 from agentstream.cli.commands import Describer, cli
 from agentstream.errors import TurnRejected
+from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, Reply, ToolCall, ToolOutput, TurnEnded, TurnInput
 from agentstream.wire.keys import WAKE_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
@@ -43,7 +43,10 @@ def test_the_schemas_show_the_constraints_and_the_reply():
     assert result.exit_code == 0, result.output
     reply = json.loads(result.output)["$defs"]["Reply"]
     assert {"status", "answer", "code", "reason", "stop_reason"} <= set(reply["properties"])
-    assert codec.decode_reply(codec.encode(Reply(trace_id="c", turn_id="t", status="ended", answer="a"))).stop_reason is None
+    assert (
+        codec.decode_reply(codec.encode(Reply(trace_id="c", turn_id="t", status="ended", answer="a"))).stop_reason
+        is None
+    )
 
 
 async def test_work_entries_without_their_field_are_reported_by_name(store, redis, keys):
@@ -66,16 +69,19 @@ async def test_work_entries_without_their_field_are_reported_by_name(store, redi
 
 def test_trace_lines_mark_a_cut_off_answer_and_a_late_result():
     describer = Describer()
-    lines = [describer(e) for e in [
-        TurnInput(turn_id="t1", agent="calc", text="hi"),
-        ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="slow", arguments="{}"),)),
-        ModelOutput(turn_id="t1", step=1, content="the answer is 4", stop_reason="length"),
-        TurnEnded(turn_id="t1", answer="the answer is 4"),
-        ToolOutput(turn_id="t1", call_id="c1", name="slow", text="done"),
-        TurnInput(turn_id="t2", agent="calc", text="again"),
-        ModelOutput(turn_id="t2", step=0, content="5"),
-        TurnEnded(turn_id="t2", answer="5"),
-    ]]
+    lines = [
+        describer(e)
+        for e in [
+            TurnInput(turn_id="t1", agent="calc", text="hi"),
+            ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="slow", arguments="{}"),)),
+            ModelOutput(turn_id="t1", step=1, content="the answer is 4", stop_reason="length"),
+            TurnEnded(turn_id="t1", answer="the answer is 4"),
+            ToolOutput(turn_id="t1", call_id="c1", name="slow", text="done"),
+            TurnInput(turn_id="t2", agent="calc", text="again"),
+            ModelOutput(turn_id="t2", step=0, content="5"),
+            TurnEnded(turn_id="t2", answer="5"),
+        ]
+    ]
     assert "length: cut off by the output limit" in lines[2]
     assert lines[3].startswith("✓ answer (cut off by the output limit): the answer is 4")
     assert "late: it arrived after its turn had ended" in lines[4]
@@ -83,10 +89,18 @@ def test_trace_lines_mark_a_cut_off_answer_and_a_late_result():
 
 
 async def test_trace_show_prints_the_marks(store, redis_url, namespace):
-    for event in [TurnInput(turn_id="t1", agent="calc", text="hi"), ModelOutput(turn_id="t1", step=0, content="abc", stop_reason="length"),
-                  TurnEnded(turn_id="t1", answer="abc")]:
+    for event in [
+        TurnInput(turn_id="t1", agent="calc", text="hi"),
+        ModelOutput(turn_id="t1", step=0, content="abc", stop_reason="length"),
+        TurnEnded(turn_id="t1", answer="abc"),
+    ]:
         await store.append("cut", event)
-    result = await asyncio.to_thread(CliRunner().invoke, cli, ["trace", "show", "cut"], env={"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace})
+    result = await asyncio.to_thread(
+        CliRunner().invoke,
+        cli,
+        ["trace", "show", "cut"],
+        env={"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace},
+    )
     assert result.exit_code == 0 and "✓ answer (cut off by the output limit): abc" in result.output, result.output
 
 
@@ -98,7 +112,13 @@ async def test_the_reply_of_a_cut_off_answer_carries_its_stop_reason(redis_url, 
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("AGENTSTREAM_NAMESPACE", namespace)
     with ScriptedModelServer(cut_off_rule) as model:
-        services = InProcess(apps.app, redis_url, namespace, model.base_url, env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'})
+        services = InProcess(
+            apps.app,
+            redis_url,
+            namespace,
+            model.base_url,
+            env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+        )
         try:
             await services.start("p1", "agent-loop")
             await publish(redis, keys, trace_id="c", turn_id="t1", agent="calc", text="what is 2 + 2?")

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from agentstream.wire import codec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from agentstream.context import (
     AssistantMessage,
     ContextCache,
@@ -21,6 +23,8 @@ from agentstream.context import (
     build_messages,
 )
 from agentstream.context.render import MISSING_RESULT_TEXT
+from agentstream.models.openai_format import request_body
+from agentstream.wire import codec
 from agentstream.wire.events import (
     Compaction,
     ModelOutput,
@@ -29,14 +33,12 @@ from agentstream.wire.events import (
     TurnFailed,
     TurnInput,
 )
-from agentstream.models.openai_format import request_body
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from tests.property.traces import AGENTS, traces
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 def calls_of(events: list[Any]) -> list[tuple[int, str, int]]:
@@ -65,7 +67,9 @@ def check_pairing(messages) -> None:
             assert message.tool_calls or message.content.strip(), "an empty assistant message"
             ids = [c.id for c in message.tool_calls]
             results = messages[index : index + len(ids)]
-            assert [getattr(r, "call_id", None) for r in results] == ids, "results not in call order right after their call"
+            assert [getattr(r, "call_id", None) for r in results] == ids, (
+                "results not in call order right after their call"
+            )
             index += len(ids)
 
 
@@ -174,12 +178,26 @@ def test_two_processes_build_identical_bytes(cases):
         for index, turn_id, step in calls_of(events):
             built = build_context(events[:index], agent, turn_id=turn_id, step=step)
             expected.append(hashlib.sha256(request_body(built.request, model="m")).hexdigest())
-            lines.append(json.dumps({
-                "events": [codec.encode(e).decode() for e in events], "agent": agent.name,
-                "index": index, "turn": turn_id, "step": step,
-            }))
+            lines.append(
+                json.dumps(
+                    {
+                        "events": [codec.encode(e).decode() for e in events],
+                        "agent": agent.name,
+                        "index": index,
+                        "turn": turn_id,
+                        "step": step,
+                    }
+                )
+            )
     env = {**os.environ, "PYTHONHASHSEED": "random", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", REBUILD], input="\n".join(lines) + "\n", capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", REBUILD],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == expected

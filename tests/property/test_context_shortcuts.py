@@ -17,6 +17,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from agentstream import Agent
 from agentstream.context import (
     BRACKETS,
@@ -44,26 +47,39 @@ from agentstream.wire.events import (
     TurnInput,
     Usage,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from tests.property.test_context_properties import calls_of
 from tests.property.traces import AGENTS, fetch, search, traces
 
 
 def _agent(name: str, window: int, **policy: Any) -> Agent:
     config = ContextConfig(policy=ContextPolicy(**policy), citations=BRACKETS)
-    return Agent(name=name, system_prompt=f"You are agent {name}.", tools=[search, fetch], max_passes=6,
-                 context=config, model_limits=ModelLimits(window=Tokens(window)))
+    return Agent(
+        name=name,
+        system_prompt=f"You are agent {name}.",
+        tools=[search, fetch],
+        max_passes=6,
+        context=config,
+        model_limits=ModelLimits(window=Tokens(window)),
+    )
 
 
 POLICIES: dict[str, Agent] = {
     **AGENTS,
     "default": _agent("default", 12_000, output_reserve=Tokens(1_000), compact=Compact()),
-    "running_turn": _agent("running_turn", 8_000, output_reserve=Tokens(500), min_gain=Share(0.05),
-                           shrink=(Compress(turns[:]), Stub(turns[:2]), Stub(rounds[:-1], when=Share(0.8)))),
-    "by_result": _agent("by_result", 6_000, output_reserve=Tokens(300), min_gain=Tokens(200),
-                        shrink=(Compress(results[:-2]), Stub(results[:4]), Stub(turns[-2:], when=Share(0.9)))),
+    "running_turn": _agent(
+        "running_turn",
+        8_000,
+        output_reserve=Tokens(500),
+        min_gain=Share(0.05),
+        shrink=(Compress(turns[:]), Stub(turns[:2]), Stub(rounds[:-1], when=Share(0.8))),
+    ),
+    "by_result": _agent(
+        "by_result",
+        6_000,
+        output_reserve=Tokens(300),
+        min_gain=Tokens(200),
+        shrink=(Compress(results[:-2]), Stub(results[:4]), Stub(turns[-2:], when=Share(0.9))),
+    ),
 }
 """The property tests' agents, and agents whose shrinks take each path of the judge."""
 
@@ -71,15 +87,25 @@ MESSY: dict[str, Agent] = {
     "default": _agent("default", 20_000, compact=Compact()),
     "no_compaction": _agent("no_compaction", 12_000),
     "in_band": _agent("in_band", 40_000, compact=Compact()),
-    "by_result": _agent("by_result", 40_000, min_gain=Share(0.05),
-                        shrink=(Compress(results[:-3]), Stub(turns[:-3]), Stub(turns[-3:], when=Share(0.85)))),
-    "running_turn": _agent("running_turn", 14_000, compact=Compact(),
-                           shrink=(Compress(turns[:]), Stub(turns[:3]), Stub(rounds[:-2]), Compress(results[:5]))),
+    "by_result": _agent(
+        "by_result",
+        40_000,
+        min_gain=Share(0.05),
+        shrink=(Compress(results[:-3]), Stub(turns[:-3]), Stub(turns[-3:], when=Share(0.85))),
+    ),
+    "running_turn": _agent(
+        "running_turn",
+        14_000,
+        compact=Compact(),
+        shrink=(Compress(turns[:]), Stub(turns[:3]), Stub(rounds[:-2]), Compress(results[:5])),
+    ),
 }
 """Agents for the long traces: the default policy in several windows (over it, in the band between
 start_at and the compaction threshold, without compaction), and other prefix selections."""
 
-SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @contextmanager
@@ -178,9 +204,18 @@ def conversation(seed: int, agent: Agent, turns_wanted: int) -> list[Any]:
                 elements: tuple = ()
                 if call.name == "search":
                     docs += 1
-                    elements = (Document(id=f"d{docs}", title=text(3)),
-                                *(Passage(id=f"d{docs}#{k}", ref=f"d{docs}", text=text(rng.randint(10, 120))) for k in range(2)))
-                events.append(ToolOutput(turn_id=turn, call_id=call.id, name=call.name, text=text(rng.randint(5, 400)), elements=elements))
+                    elements = (
+                        Document(id=f"d{docs}", title=text(3)),
+                        *(
+                            Passage(id=f"d{docs}#{k}", ref=f"d{docs}", text=text(rng.randint(10, 120)))
+                            for k in range(2)
+                        ),
+                    )
+                events.append(
+                    ToolOutput(
+                        turn_id=turn, call_id=call.id, name=call.name, text=text(rng.randint(5, 400)), elements=elements
+                    )
+                )
         cite = f" [{rng.randint(1, docs * 3)}]" if docs else ""
         events.append(ModelOutput(turn_id=turn, step=step, content=text(rng.randint(10, 60)) + cite))
         events.append(TurnEnded(turn_id=turn, answer="."))
@@ -210,7 +245,15 @@ def messy_trace(seed: int, turns_wanted: int, size: float) -> list[Any]:
             reasoning = rng.choice([None, text(20)])
             if rng.random() < 0.25:
                 cite = rng.choice(["", f" [{rng.randint(1, docs * 3 + 2)}]", f" [{rng.randint(1, docs * 3 + 2)}, 2]"])
-                events.append(ModelOutput(turn_id=turn, step=step, content=text(rng.randint(3, 40)) + cite, usage=usage, reasoning=reasoning))
+                events.append(
+                    ModelOutput(
+                        turn_id=turn,
+                        step=step,
+                        content=text(rng.randint(3, 40)) + cite,
+                        usage=usage,
+                        reasoning=reasoning,
+                    )
+                )
                 break
             ids = [f"c{calls + k}" for k in range(rng.randint(1, 3))]
             calls += len(ids)
@@ -219,8 +262,16 @@ def messy_trace(seed: int, turns_wanted: int, size: float) -> list[Any]:
             names = [rng.choice(["search", "fetch"]) for _ in ids]
             if rng.random() < 0.05:  # a result recorded before its call
                 events.append(ToolOutput(turn_id=turn, call_id=ids[-1], name=names[-1], text=text(30)))
-            events.append(ModelOutput(turn_id=turn, step=step, usage=usage, reasoning=reasoning, stop_reason="tool_calls",
-                                      tool_calls=tuple(ToolCall(id=i, name=n, arguments="{}") for i, n in zip(ids, names))))
+            events.append(
+                ModelOutput(
+                    turn_id=turn,
+                    step=step,
+                    usage=usage,
+                    reasoning=reasoning,
+                    stop_reason="tool_calls",
+                    tool_calls=tuple(ToolCall(id=i, name=n, arguments="{}") for i, n in zip(ids, names)),
+                )
+            )
             order = list(range(len(ids)))
             rng.shuffle(order)
             crash = rng.random() < 0.1
@@ -229,19 +280,39 @@ def messy_trace(seed: int, turns_wanted: int, size: float) -> list[Any]:
                 elements: tuple = ()
                 if rng.random() < 0.6:
                     docs += 1
-                    elements = (Document(id=f"d{docs}", title=text(3)),
-                                *(Passage(id=f"d{docs}#{k}", ref=f"d{docs}", text=text(rng.randint(10, 300) * size)) for k in range(rng.randint(0, 3))))
-                events.append(ToolOutput(turn_id=turn, call_id=ids[position], name=names[position],
-                                         text=text(rng.randint(0, 900) * size), elements=elements))
+                    elements = (
+                        Document(id=f"d{docs}", title=text(3)),
+                        *(
+                            Passage(id=f"d{docs}#{k}", ref=f"d{docs}", text=text(rng.randint(10, 300) * size))
+                            for k in range(rng.randint(0, 3))
+                        ),
+                    )
+                events.append(
+                    ToolOutput(
+                        turn_id=turn,
+                        call_id=ids[position],
+                        name=names[position],
+                        text=text(rng.randint(0, 900) * size),
+                        elements=elements,
+                    )
+                )
                 if rng.random() < 0.1:
-                    events.append(ToolOutput(turn_id=turn, call_id=ids[position], name=names[position], text="DUPLICATE"))
+                    events.append(
+                        ToolOutput(turn_id=turn, call_id=ids[position], name=names[position], text="DUPLICATE")
+                    )
             if crash:
                 failed = True
-                late = [ToolOutput(turn_id=turn, call_id=ids[p], name=names[p], text="LATE") for p in order if p not in answered]
+                late = [
+                    ToolOutput(turn_id=turn, call_id=ids[p], name=names[p], text="LATE")
+                    for p in order
+                    if p not in answered
+                ]
                 break
         if number == turns_wanted - 1 and not failed:
             break  # the last turn is still running
-        events.append(TurnFailed(turn_id=turn, code="cancelled", reason="r") if failed else TurnEnded(turn_id=turn, answer="a"))
+        events.append(
+            TurnFailed(turn_id=turn, code="cancelled", reason="r") if failed else TurnEnded(turn_id=turn, answer="a")
+        )
         events.extend(late)
         finished.append(turn)
         if len(finished) > 2 and rng.random() < 0.08:

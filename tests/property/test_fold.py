@@ -16,18 +16,20 @@ from typing import Any
 
 import msgspec
 import pytest
-from agentstream.context import build_context
-from agentstream.wire.events import CancelRequested, Event, ModelOutput, ToolCall, ToolJob, TurnInput
-from agentstream.runtime.call_runs import job_problem
-from agentstream.steps.fold import FoldCache, TraceFold, entry_key
-from agentstream.steps.timeline import reply_from_fold, reply_of, root_of, trace_agents
-from agentstream.steps.decision import CallModel, active_turn, decide, decide_view, final_stop_reason
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentstream.context import build_context
+from agentstream.runtime.call_runs import job_problem
+from agentstream.steps.decision import CallModel, active_turn, decide, decide_view, final_stop_reason
+from agentstream.steps.fold import FoldCache, TraceFold, entry_key
+from agentstream.steps.timeline import reply_from_fold, reply_of, root_of, trace_agents
+from agentstream.wire.events import CancelRequested, Event, ModelOutput, ToolCall, ToolJob, TurnInput
 from tests.property.traces import AGENTS, traces
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @st.composite
@@ -45,11 +47,19 @@ def hostile_traces(draw: st.DrawFn) -> list[Any]:
         if kind == "cancel":
             event: Any = CancelRequested(turn_id=turn_id, by=draw(st.sampled_from(["", "user"])), reason="stop")
         elif kind == "unknown_tool":
-            event = ModelOutput(turn_id=turn_id, step=90, stop_reason="tool_calls",
-                                tool_calls=(ToolCall(id=f"x{position}", name="nope", arguments="{}"),))
+            event = ModelOutput(
+                turn_id=turn_id,
+                step=90,
+                stop_reason="tool_calls",
+                tool_calls=(ToolCall(id=f"x{position}", name="nope", arguments="{}"),),
+            )
         elif kind == "length":
-            event = ModelOutput(turn_id=turn_id, step=91, stop_reason="length",
-                                tool_calls=(ToolCall(id=f"y{position}", name="search", arguments='{"query": "a'),))
+            event = ModelOutput(
+                turn_id=turn_id,
+                step=91,
+                stop_reason="length",
+                tool_calls=(ToolCall(id=f"y{position}", name="search", arguments='{"query": "a'),),
+            )
         else:
             event = ModelOutput(turn_id=turn_id, step=92, stop_reason=kind, content="partial")
         events.insert(position, event)
@@ -84,21 +94,30 @@ def _check(fold: TraceFold, prefix: list[Any]) -> None:
     calls = [(e.turn_id, c) for e in prefix if isinstance(e, ModelOutput) for c in e.tool_calls]
     turns = sorted({e.turn_id for e in prefix if isinstance(e, TurnInput)} | {"t-none"})
     for turn_id, call in calls[:6]:
-        for job in (ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name=call.name, arguments=call.arguments),
-                    ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name="other", arguments=call.arguments),
-                    ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name=call.name, arguments=call.arguments + " "),
-                    ToolJob(trace_id="tr", turn_id=turns[-1], call_id=call.id, name=call.name, arguments=call.arguments),
-                    ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id + "-x", name=call.name, arguments=call.arguments)):
-            assert fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments) == job_problem(prefix, job)
+        for job in (
+            ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name=call.name, arguments=call.arguments),
+            ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name="other", arguments=call.arguments),
+            ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id, name=call.name, arguments=call.arguments + " "),
+            ToolJob(trace_id="tr", turn_id=turns[-1], call_id=call.id, name=call.name, arguments=call.arguments),
+            ToolJob(trace_id="tr", turn_id=turn_id, call_id=call.id + "-x", name=call.name, arguments=call.arguments),
+        ):
+            assert fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments) == job_problem(
+                prefix, job
+            )
     for turn_id in turns:
         job = ToolJob(trace_id="tr", turn_id=turn_id, call_id="c-none", name="search", arguments="{}")
-        assert fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments) == job_problem(prefix, job)
+        assert fold.job_problem(job.trace_id, job.turn_id, job.call_id, job.name, job.arguments) == job_problem(
+            prefix, job
+        )
     if isinstance(cold, CallModel):
         built_warm = fold.build(cold.agent, turn_id=cold.turn.turn_id, step=cold.step)
         built_cold = build_context(prefix, cold.agent, turn_id=cold.turn.turn_id, step=cold.step)
         assert msgspec.json.encode(built_warm.request) == msgspec.json.encode(built_cold.request)
         assert (built_warm.size_tokens, built_warm.fits, built_warm.compaction) == (
-            built_cold.size_tokens, built_cold.fits, built_cold.compaction)
+            built_cold.size_tokens,
+            built_cold.fits,
+            built_cold.compaction,
+        )
 
 
 @SETTINGS
@@ -183,7 +202,7 @@ def test_folds_evicted_under_the_byte_bound_fold_again_to_the_same_decisions(tra
             fold = TraceFold(f"tr{n}")
             new = entries[n][:cut]
         else:
-            new = entries[n][done[n]:cut]
+            new = entries[n][done[n] : cut]
         fold.feed(new, [len(msgspec.json.encode(e)) for _, e in new])
         cache.put(fold)
         done[n] = cut
@@ -228,8 +247,9 @@ def test_after_an_answer_decided_ahead_the_trace_waits_unless_another_turn_is_qu
         if isinstance(event, ModelOutput) and view.turn is not None and event.turn_id == view.turn.turn_id:
             ahead = decide_view(view.with_output(event), AGENTS.get)
             if isinstance(ahead, EndTurn):
-                ending = TurnEnded(turn_id=event.turn_id, answer=ahead.answer, citations=ahead.citations,
-                                   answer_call=ahead.answer_call)
+                ending = TurnEnded(
+                    turn_id=event.turn_id, answer=ahead.answer, citations=ahead.citations, answer_call=ahead.answer_call
+                )
                 after = decide([*events[: index + 1], ending], AGENTS.get)
                 if fold.others_unended(event.turn_id):
                     assert not isinstance(after, Idle) and after.turn.turn_id != event.turn_id

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentstream.context import build_context
-from agentstream.wire.events import ModelOutput, OfferedTool, ToolsOffered, TurnInput
-from agentstream.mcp_tools.offers import offer_digest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentstream.context import build_context
+from agentstream.mcp_tools.offers import offer_digest
+from agentstream.wire.events import ModelOutput, OfferedTool, ToolsOffered, TurnInput
 from tests.property.test_context_properties import agent_of, calls_of
 from tests.property.test_context_shortcuts import SETTINGS, assert_same_contexts
 from tests.property.traces import traces
@@ -19,8 +19,12 @@ from tests.property.traces import traces
 
 def _offer(agent: str, turn_id: str, step: int, names: list[str], size: int) -> ToolsOffered:
     tools = tuple(
-        OfferedTool(name=n, description="d" * size, server="srv",
-                    parameters={"type": "object", "properties": {"q": {"type": "string", "description": "p" * size}}})
+        OfferedTool(
+            name=n,
+            description="d" * size,
+            server="srv",
+            parameters={"type": "object", "properties": {"q": {"type": "string", "description": "p" * size}}},
+        )
         for n in names
     )
     return ToolsOffered(turn_id=turn_id, step=step, agent=agent, tools=tools, digest=offer_digest(tools))
@@ -49,12 +53,14 @@ def test_each_call_offers_the_tools_recorded_last_and_every_path_agrees(events):
     for index, turn_id, step in calls_of(events):
         own = [t.name for t in agent.offered_tools(turns[turn_id])]  # the agent's own the turn does not turn off
         request = build_context(events[:index], agent, turn_id=turn_id, step=step).request
-        last = next((e for e in reversed(events[:index]) if isinstance(e, ToolsOffered) and e.agent == agent.name), None)
+        last = next(
+            (e for e in reversed(events[:index]) if isinstance(e, ToolsOffered) and e.agent == agent.name), None
+        )
         names = [t.name for t in request.tools]
         if not names:  # the last pass offers no tools
             assert agent.tool_choice_for(step) == "none"
             continue
         wanted = own + ([t.name for t in last.tools] if last is not None else [])
         assert names[: len(wanted)] == wanted, (names, wanted)
-        assert all(n == "reopen" for n in names[len(wanted):])  # then only the context library's reopen tool
+        assert all(n == "reopen" for n in names[len(wanted) :])  # then only the context library's reopen tool
     assert_same_contexts(events, agent)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import strategies as st
+
 from agentstream import Agent, tool
 from agentstream.context import (
     BRACKETS,
@@ -34,7 +36,6 @@ from agentstream.wire.events import (
     TurnInput,
     Usage,
 )
-from hypothesis import strategies as st
 
 
 @tool
@@ -52,8 +53,14 @@ def fetch(url: str) -> str:
 def _agent(name: str, window: int | None, **policy: Any) -> Agent:
     limits = ModelLimits(window=Tokens(window)) if window is not None else None
     config = ContextConfig(policy=ContextPolicy(**policy), citations=BRACKETS)
-    return Agent(name=name, system_prompt=f"You are agent {name}.", tools=[search, fetch], max_passes=6,
-                 context=config, model_limits=limits)
+    return Agent(
+        name=name,
+        system_prompt=f"You are agent {name}.",
+        tools=[search, fetch],
+        max_passes=6,
+        context=config,
+        model_limits=limits,
+    )
 
 
 AGENTS: dict[str, Agent] = {
@@ -103,8 +110,15 @@ def traces(draw: st.DrawFn, agent: str | None = None) -> list[Any]:
         running = number == turn_count - 1 and draw(st.booleans())
         # the tool states a turn recorded when it entered (issue 13): none, all auto, one off, one required
         states, instructions = draw(st.sampled_from(TOOL_STATES))
-        events.append(TurnInput(turn_id=turn_id, agent=name, text=draw(TEXT) + "q" * draw(st.sampled_from([0, 50, 3000])),
-                                tools=states, instructions=instructions))
+        events.append(
+            TurnInput(
+                turn_id=turn_id,
+                agent=name,
+                text=draw(TEXT) + "q" * draw(st.sampled_from([0, 50, 3000])),
+                tools=states,
+                instructions=instructions,
+            )
+        )
         if running and draw(st.booleans()):
             events.append(TurnInput(turn_id=f"q{number}", agent=name, text="queued"))
         late: list[ToolOutput] = []
@@ -113,7 +127,15 @@ def traces(draw: st.DrawFn, agent: str | None = None) -> list[Any]:
             usage = Usage(prompt_tokens=draw(st.one_of(st.none(), st.integers(10, 5_000))))
             if kind != "tools":
                 content = "" if kind == "empty" else draw(TEXT) + draw(st.sampled_from(["", " [1]", " [2, 3]"]))
-                events.append(ModelOutput(turn_id=turn_id, step=step, content=content, usage=usage, reasoning=draw(st.one_of(st.none(), TEXT))))
+                events.append(
+                    ModelOutput(
+                        turn_id=turn_id,
+                        step=step,
+                        content=content,
+                        usage=usage,
+                        reasoning=draw(st.one_of(st.none(), TEXT)),
+                    )
+                )
                 if kind == "answer":
                     break
                 continue
@@ -121,27 +143,57 @@ def traces(draw: st.DrawFn, agent: str | None = None) -> list[Any]:
             ids = [f"call_{calls + i}" for i in range(count)]
             calls += count
             names = [draw(st.sampled_from(["search", "fetch"])) for _ in ids]
-            events.append(ModelOutput(
-                turn_id=turn_id, step=step, usage=usage, stop_reason="tool_calls",
-                tool_calls=tuple(ToolCall(id=i, name=n, arguments='{"query": "' + "a" * draw(SIZES) + '"}') for i, n in zip(ids, names)),
-            ))
+            events.append(
+                ModelOutput(
+                    turn_id=turn_id,
+                    step=step,
+                    usage=usage,
+                    stop_reason="tool_calls",
+                    tool_calls=tuple(
+                        ToolCall(id=i, name=n, arguments='{"query": "' + "a" * draw(SIZES) + '"}')
+                        for i, n in zip(ids, names)
+                    ),
+                )
+            )
             order = draw(st.permutations(list(range(count))))
             crash = draw(st.integers(0, 5)) == 0
             answered = order[: draw(st.integers(0, count - 1))] if crash else order
             for position in answered:
-                events.append(ToolOutput(turn_id=turn_id, call_id=ids[position], name=names[position], **draw(result_payload(ids[position], position))))
+                events.append(
+                    ToolOutput(
+                        turn_id=turn_id,
+                        call_id=ids[position],
+                        name=names[position],
+                        **draw(result_payload(ids[position], position)),
+                    )
+                )
                 if draw(st.integers(0, 6)) == 0:  # a duplicate result: the first one wins
-                    events.append(ToolOutput(turn_id=turn_id, call_id=ids[position], name=names[position], text="DUPLICATE"))
+                    events.append(
+                        ToolOutput(turn_id=turn_id, call_id=ids[position], name=names[position], text="DUPLICATE")
+                    )
             if crash:
-                late = [ToolOutput(turn_id=turn_id, call_id=ids[p], name=names[p], text="LATE") for p in order if p not in answered]
+                late = [
+                    ToolOutput(turn_id=turn_id, call_id=ids[p], name=names[p], text="LATE")
+                    for p in order
+                    if p not in answered
+                ]
                 running = False
                 break
         if running:
             break
-        events.append(draw(st.sampled_from([
-            TurnEnded(turn_id=turn_id, answer="a"), TurnFailed(turn_id=turn_id, code="cancelled", reason="r"),
-            TurnEnded(turn_id=turn_id, answer="a tool's result", answer_call="call_0"),  # result_as_answer: shown as the assistant's
-        ])))
+        events.append(
+            draw(
+                st.sampled_from(
+                    [
+                        TurnEnded(turn_id=turn_id, answer="a"),
+                        TurnFailed(turn_id=turn_id, code="cancelled", reason="r"),
+                        TurnEnded(
+                            turn_id=turn_id, answer="a tool's result", answer_call="call_0"
+                        ),  # result_as_answer: shown as the assistant's
+                    ]
+                )
+            )
+        )
         events.extend(late)
         finished.append(turn_id)
         if finished and draw(st.integers(0, 4)) == 0:

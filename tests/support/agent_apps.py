@@ -11,12 +11,14 @@ def lookup(q: str) -> str:
     return f"found {q}"
 
 
-app = App(agents=[
-    Agent(name="looper", system_prompt="You look things up.", tools=[lookup], max_passes=2),
-    Agent(name="chooser", system_prompt="You look things up.", tools=[lookup], models=["big"]),
-    # no default model: each turn must name one of its models
-    Agent(name="picky", system_prompt="You look things up.", tools=[lookup], model=None, models=["big", "small"]),
-])
+app = App(
+    agents=[
+        Agent(name="looper", system_prompt="You look things up.", tools=[lookup], max_passes=2),
+        Agent(name="chooser", system_prompt="You look things up.", tools=[lookup], models=["big"]),
+        # no default model: each turn must name one of its models
+        Agent(name="picky", system_prompt="You look things up.", tools=[lookup], model=None, models=["big", "small"]),
+    ]
+)
 
 
 # --- typed inputs, tool declarations and per-turn settings (issue 13, sections 1-3) ---------------
@@ -34,7 +36,6 @@ def note(text: str) -> str:
 def clock() -> str:
     """The time now."""
     return "noon"
-
 
 
 @tool(timeout_s=5, repeats=True)
@@ -67,7 +68,10 @@ def render_ticket(parsed, show, turn_input):
 typed_app = App(
     agents=[
         Agent(
-            name="chat", system_prompt="You help.", input=ChatTurnInput, tools=[lookup, note, clock, fresh],  # repeats: the default, off
+            name="chat",
+            system_prompt="You help.",
+            input=ChatTurnInput,
+            tools=[lookup, note, clock, fresh],  # repeats: the default, off
             declared=[
                 ToolDeclaration(name="note", default="off"),
                 ToolDeclaration(name="lookup"),
@@ -76,12 +80,26 @@ typed_app = App(
                 ToolDeclaration(name="absent", required_tool_instruction="Please call {tool} now."),
             ],
         ),
-        Agent(name="gated", system_prompt="You are the small model's agent.", tools=[lookup], models=["big"], settings=per_turn),
-        Agent(name="tickets", system_prompt="You answer tickets.", input=Ticket, render_input=render_ticket, tools=[lookup]),
+        Agent(
+            name="gated",
+            system_prompt="You are the small model's agent.",
+            tools=[lookup],
+            models=["big"],
+            settings=per_turn,
+        ),
+        Agent(
+            name="tickets",
+            system_prompt="You answer tickets.",
+            input=Ticket,
+            render_input=render_ticket,
+            tools=[lookup],
+        ),
         Agent(name="plain", system_prompt="You answer.", tools=[lookup]),
     ],
     resources={"refusal": "that topic is not served here"},
 )
 
 # the same app after its chat agent changed its input type (for the "shown as recorded" test)
-changed_app = App(agents=[Agent(name="chat", system_prompt="You help.", input=Ticket, render_input=render_ticket, tools=[lookup])])
+changed_app = App(
+    agents=[Agent(name="chat", system_prompt="You help.", input=Ticket, render_input=render_ticket, tools=[lookup])]
+)

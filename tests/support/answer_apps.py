@@ -21,25 +21,31 @@ from typing import Any
 import pydantic
 
 from agentstream import Agent, App, Document, Passage, ToolResult, tool
-from agentstream.context import BRACKETS, ContextConfig
-from agentstream.delegation import Delegation
 from agentstream.app.inputs import ChatTurnInput
 from agentstream.app.prompts import PromptFile
+from agentstream.context import BRACKETS, ContextConfig
+from agentstream.delegation import Delegation
 
 
 class Task(pydantic.BaseModel):
     task: str = pydantic.Field(description="The task.")
 
 
-ask_helper = Delegation(name="ask_helper", description="Hand a task to the helper subagent.", input=Task, agent="helper",
-                        max_depth=1)
+ask_helper = Delegation(
+    name="ask_helper", description="Hand a task to the helper subagent.", input=Task, agent="helper", max_depth=1
+)
+
 
 @tool(timeout_s=5)
 def search(topic: str) -> ToolResult:
     """Search the handbook (the tool's own description)."""
-    return ToolResult(text="1 passage.", elements=[
-        Document(id=f"hb:{topic}", title="Leave policy", url="https://handbook.example/leave"),
-        Passage(id=f"hb:{topic}#0", ref=f"hb:{topic}", text="Staff get 25 days of paid leave a year.")])
+    return ToolResult(
+        text="1 passage.",
+        elements=[
+            Document(id=f"hb:{topic}", title="Leave policy", url="https://handbook.example/leave"),
+            Passage(id=f"hb:{topic}#0", ref=f"hb:{topic}", text="Staff get 25 days of paid leave a year."),
+        ],
+    )
 
 
 @tool(timeout_s=5)
@@ -48,33 +54,62 @@ def add(a: int, b: int) -> str:
     return f"{a} + {b} = {a + b}"
 
 
-WRITER_PROMPTS = PromptFile.model_validate({
-    "system": "WRITER. {% block style %}Answer plainly.{% endblock %} Cite each source like {{ citation }}.",
-    "tools": {"search": {"description": "Search the staff handbook (base text)."}},
-    "models": [
-        {"endpoints": ["big"], "blocks": {"style": "{{ super() }} Big layer: be thorough."},
-         "tools": {"search": {"description": "Search the handbook (big layer).", "arguments": {"topic": "One word."}}}},
-        {"endpoints": ["default"], "blocks": {"style": "Default layer: be brief."}},
-    ],
-})
+WRITER_PROMPTS = PromptFile.model_validate(
+    {
+        "system": "WRITER. {% block style %}Answer plainly.{% endblock %} Cite each source like {{ citation }}.",
+        "tools": {"search": {"description": "Search the staff handbook (base text)."}},
+        "models": [
+            {
+                "endpoints": ["big"],
+                "blocks": {"style": "{{ super() }} Big layer: be thorough."},
+                "tools": {
+                    "search": {"description": "Search the handbook (big layer).", "arguments": {"topic": "One word."}}
+                },
+            },
+            {"endpoints": ["default"], "blocks": {"style": "Default layer: be brief."}},
+        ],
+    }
+)
 
 
 def scribe_prompt(turn, citation):
     return f"SCRIBE. The turn says {turn.text!r}; cite like {citation}; {{braces}} stay."
 
 
-app = App(agents=[
-    Agent(name="writer", system_prompt=WRITER_PROMPTS, tools=[search], models=["big"], max_passes=2,
-          context=ContextConfig(citations=BRACKETS)),
-    Agent(name="scribe", system_prompt=scribe_prompt, context=ContextConfig(citations=BRACKETS)),
-    Agent(name="briefer", system_prompt="BRIEFER. Context: {context}. Cite like {citation}; {other} braces stay.",
-          input=ChatTurnInput, context=ContextConfig(citations=BRACKETS)),
-    Agent(name="adder", system_prompt="ADDER. Use the add tool; a {placeholder} of another name stays.", tools=[add],
-          result_as_answer=["add"]),
-    Agent(name="manager", system_prompt="MANAGER. Hand each task to the helper.", tools=[ask_helper], max_passes=1,
-          tool_rounds_after_cap=0, resets_on_answer=True),
-    Agent(name="helper", system_prompt="HELPER. Do the task."),
-])
+app = App(
+    agents=[
+        Agent(
+            name="writer",
+            system_prompt=WRITER_PROMPTS,
+            tools=[search],
+            models=["big"],
+            max_passes=2,
+            context=ContextConfig(citations=BRACKETS),
+        ),
+        Agent(name="scribe", system_prompt=scribe_prompt, context=ContextConfig(citations=BRACKETS)),
+        Agent(
+            name="briefer",
+            system_prompt="BRIEFER. Context: {context}. Cite like {citation}; {other} braces stay.",
+            input=ChatTurnInput,
+            context=ContextConfig(citations=BRACKETS),
+        ),
+        Agent(
+            name="adder",
+            system_prompt="ADDER. Use the add tool; a {placeholder} of another name stays.",
+            tools=[add],
+            result_as_answer=["add"],
+        ),
+        Agent(
+            name="manager",
+            system_prompt="MANAGER. Hand each task to the helper.",
+            tools=[ask_helper],
+            max_passes=1,
+            tool_rounds_after_cap=0,
+            resets_on_answer=True,
+        ),
+        Agent(name="helper", system_prompt="HELPER. Do the task."),
+    ]
+)
 
 
 # --- the scripted model ------------------------------------------------------------------------
@@ -82,9 +117,16 @@ app = App(agents=[
 
 def _calls(name: str, arguments: dict[str, Any], seed: str) -> dict[str, Any]:
     call_id = f"call_{hashlib.sha256(seed.encode()).hexdigest()[:10]}"
-    return {"message": {"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]},
-        "finish_reason": "tool_calls"}
+    return {
+        "message": {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+            ],
+        },
+        "finish_reason": "tool_calls",
+    }
 
 
 def _answer(text: str) -> dict[str, Any]:

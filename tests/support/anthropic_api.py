@@ -39,12 +39,24 @@ def thinking(model: str, text: str) -> dict[str, Any]:
     return {"type": "thinking", "thinking": text, "signature": sign(model, text)}
 
 
-def message(model: str, content: list[dict[str, Any]], stop_reason: str = "end_turn", *, msg_id: str = "msg_01Xfake") -> dict[str, Any]:
+def message(
+    model: str, content: list[dict[str, Any]], stop_reason: str = "end_turn", *, msg_id: str = "msg_01Xfake"
+) -> dict[str, Any]:
     """A Messages API response object."""
     return {
-        "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": stop_reason, "stop_sequence": None,
-        "usage": {"input_tokens": 120, "output_tokens": 48, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": 120,
+            "output_tokens": 48,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
     }
 
 
@@ -52,43 +64,121 @@ def error(kind: str, text: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": text}}
 
 
-def stream_events(model: str, content: list[dict[str, Any]], stop_reason: str = "end_turn", *, piece: int = 6) -> list[Any]:
+def stream_events(
+    model: str, content: list[dict[str, Any]], stop_reason: str = "end_turn", *, piece: int = 6
+) -> list[Any]:
     """The documented event sequence of a streamed response with these content blocks."""
     events: list[Any] = [
-        ("message_start", {"type": "message_start", "message": {
-            "id": "msg_01Xstream", "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 120, "output_tokens": 1}}}),
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_01Xstream",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 120, "output_tokens": 1},
+                },
+            },
+        ),
         ("ping", {"type": "ping"}),
     ]
     for index, block in enumerate(content):
         kind = block["type"]
         if kind == "thinking":
-            events.append(("content_block_start", {"type": "content_block_start", "index": index,
-                                                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+            events.append(
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+                    },
+                )
+            )
             text = block["thinking"]
             for i in range(0, len(text), piece):
-                events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                       "delta": {"type": "thinking_delta", "thinking": text[i:i + piece]}}))
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                   "delta": {"type": "signature_delta", "signature": block["signature"]}}))
+                events.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": index,
+                            "delta": {"type": "thinking_delta", "thinking": text[i : i + piece]},
+                        },
+                    )
+                )
+            events.append(
+                (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "signature_delta", "signature": block["signature"]},
+                    },
+                )
+            )
         elif kind == "redacted_thinking":
-            events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": block}))
+            events.append(
+                ("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+            )
         elif kind == "text":
-            events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}))
+            events.append(
+                (
+                    "content_block_start",
+                    {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+                )
+            )
             text = block["text"]
             for i in range(0, len(text), piece):
-                events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                       "delta": {"type": "text_delta", "text": text[i:i + piece]}}))
+                events.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": index,
+                            "delta": {"type": "text_delta", "text": text[i : i + piece]},
+                        },
+                    )
+                )
         elif kind == "tool_use":
-            events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": {
-                "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}))
+            events.append(
+                (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}},
+                    },
+                )
+            )
             raw = json.dumps(block["input"])
             for i in range(0, len(raw), piece):
-                events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
-                                                       "delta": {"type": "input_json_delta", "partial_json": raw[i:i + piece]}}))
+                events.append(
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": index,
+                            "delta": {"type": "input_json_delta", "partial_json": raw[i : i + piece]},
+                        },
+                    )
+                )
         events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-    events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                                     "usage": {"output_tokens": 48}}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": 48},
+            },
+        )
+    )
     events.append(("message_stop", {"type": "message_stop"}))
     return events
 
@@ -177,11 +267,16 @@ def validate(body: dict[str, Any], headers: dict[str, str]) -> str | None:
     if thinking_on and len(messages) >= 2:
         last_assistant = messages[-2]
         first_user_block = (messages[-1]["content"] or [{}])[0]
-        continued = any(b.get("type") == "tool_use" for b in last_assistant["content"]) and first_user_block.get("type") == "tool_result"
+        continued = (
+            any(b.get("type") == "tool_use" for b in last_assistant["content"])
+            and first_user_block.get("type") == "tool_result"
+        )
         if continued and last_assistant["content"][0].get("type") not in ("thinking", "redacted_thinking"):
             kind = last_assistant["content"][0].get("type")
-            return (f"messages.{len(messages) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{kind}`. "
-                    "When `thinking` is enabled, a final `assistant` message must start with a thinking block.")
+            return (
+                f"messages.{len(messages) - 2}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{kind}`. "
+                "When `thinking` is enabled, a final `assistant` message must start with a thinking block."
+            )
     return None
 
 

@@ -57,8 +57,6 @@ _redis_client = None
 def _redis():
     global _redis_client
     if _redis_client is None:
-        import redis
-
         _redis_client = sync_client(os.environ["REDIS_URL"])
     return _redis_client
 
@@ -84,7 +82,10 @@ def _log_run(tool_name: str, phase: str) -> None:
     from agentstream import current_call
 
     call = current_call()
-    _redis().rpush(runs_key(os.environ["AGENTSTREAM_NAMESPACE"]), f"{call.trace_id}/{call.call_id}|{tool_name}|{phase}|{os.getpid()}")
+    _redis().rpush(
+        runs_key(os.environ["AGENTSTREAM_NAMESPACE"]),
+        f"{call.trace_id}/{call.call_id}|{tool_name}|{phase}|{os.getpid()}",
+    )
 
 
 def _pause(name: str, key: str = "") -> None:
@@ -152,8 +153,17 @@ def sleepy(key: str) -> str:
 
 app = App(
     agents=[
-        Agent(name="calc", system_prompt="You are a calculator agent. Use the calculator tool.", tools=[calculator, slow, explode], max_passes=4),
-        Agent(name="plan", system_prompt="You run the plan in the user's message with tools.",
-              tools=[work, record, upsert, crash, sleepy], max_passes=4),
+        Agent(
+            name="calc",
+            system_prompt="You are a calculator agent. Use the calculator tool.",
+            tools=[calculator, slow, explode],
+            max_passes=4,
+        ),
+        Agent(
+            name="plan",
+            system_prompt="You run the plan in the user's message with tools.",
+            tools=[work, record, upsert, crash, sleepy],
+            max_passes=4,
+        ),
     ]
 )

@@ -55,8 +55,8 @@ from agentstream.wire.keys import (
 )
 from tests.support import apps
 from tests.support.procs import Services, publish_turn
-from tests.support.scripted_model import ScriptedModelServer, parallel_rule
 from tests.support.redis_server import sync_client
+from tests.support.scripted_model import ScriptedModelServer, parallel_rule
 
 
 @dataclass
@@ -138,8 +138,15 @@ class ChaosResult:
     @property
     def ok(self) -> bool:
         return not (
-            self.lost or self.duplicates or self.dangling_calls or self.stray_results or self.failed_without_reason
-            or self.missing_replies or self.left_pending or self.handled_twice or self.false_outcomes_unknown
+            self.lost
+            or self.duplicates
+            or self.dangling_calls
+            or self.stray_results
+            or self.failed_without_reason
+            or self.missing_replies
+            or self.left_pending
+            or self.handled_twice
+            or self.false_outcomes_unknown
             or self.services_stopped
         )
 
@@ -205,18 +212,20 @@ NESTED = b"[" * 2048 + b"]" * 2048
 
 def hostile_payload(rng: random.Random) -> bytes:
     """One entry body that no decoder accepts: deep nesting, wrong types, huge, not JSON, ..."""
-    return rng.choice([
-        b'{"trace_id":"hostile","z":' + NESTED + b"}",
-        b'{"trace_id":"hostile","turn_id":"h","metadata":{"a":' + NESTED + b"}}",
-        NESTED,
-        b'{"trace_id":5,"turn_id":["x"],"call_id":{},"name":null,"agent":true}',
-        b'{"trace_id":"hostile","text":"' + b"x" * 256_000 + b'"}',  # 256 KB
-        b"\xff\xfe\x00not json",
-        b"",
-        b"[]",
-        b'{"trace_id":"hostile-' + str(rng.randint(0, 9)).encode() + b'","turn_id":"h","agent":"nope","text":"x"}',
-        b'{"trace_id":"hostile","turn_id":"h","call_id":"hc","name":"record","arguments":"{}"}',
-    ])
+    return rng.choice(
+        [
+            b'{"trace_id":"hostile","z":' + NESTED + b"}",
+            b'{"trace_id":"hostile","turn_id":"h","metadata":{"a":' + NESTED + b"}}",
+            NESTED,
+            b'{"trace_id":5,"turn_id":["x"],"call_id":{},"name":null,"agent":true}',
+            b'{"trace_id":"hostile","text":"' + b"x" * 256_000 + b'"}',  # 256 KB
+            b"\xff\xfe\x00not json",
+            b"",
+            b"[]",
+            b'{"trace_id":"hostile-' + str(rng.randint(0, 9)).encode() + b'","turn_id":"h","agent":"nope","text":"x"}',
+            b'{"trace_id":"hostile","turn_id":"h","call_id":"hc","name":"record","arguments":"{}"}',
+        ]
+    )
 
 
 class ChaosRun:
@@ -242,8 +251,11 @@ class ChaosRun:
         started = time.monotonic()
         with ScriptedModelServer(parallel_rule) as model:
             services = Services(
-                redis_url=self.redis_url, namespace=self.namespace, model_url=model.base_url,
-                log_dir=self.log_dir, extra_env=dict(cfg.env),
+                redis_url=self.redis_url,
+                namespace=self.namespace,
+                model_url=model.base_url,
+                log_dir=self.log_dir,
+                extra_env=dict(cfg.env),
             )
             roles: dict[str, str] = {}
             generation: Counter = Counter()
@@ -266,7 +278,9 @@ class ChaosRun:
                     now = time.monotonic()
                     while published < total and pending_turns[published][0] <= now - started:
                         _, trace_id, turn_id, text = pending_turns[published]
-                        publish_turn(self.client, self.keys, trace_id=trace_id, turn_id=turn_id, agent="plan", text=text)
+                        publish_turn(
+                            self.client, self.keys, trace_id=trace_id, turn_id=turn_id, agent="plan", text=text
+                        )
                         self.turns.append((trace_id, turn_id))
                         published += 1
                     if cfg.hostile_every_s and now >= next_hostile:
@@ -276,7 +290,9 @@ class ChaosRun:
                         proc = services.procs.get(names[slot])
                         if slot not in down and proc is not None and proc.poll() is not None:
                             self.stopped += 1
-                            self.stopped_logs.append(f"{names[slot]} exited {proc.returncode}: " + services.log(names[slot])[-2000:])
+                            self.stopped_logs.append(
+                                f"{names[slot]} exited {proc.returncode}: " + services.log(names[slot])[-2000:]
+                            )
                             services.procs.pop(names[slot], None)
                             services.start(names[slot], service)
                     for slot, at in list(down.items()):
@@ -296,8 +312,13 @@ class ChaosRun:
                     # recovery then measures the runtime, not how fast a process restarts)
                     # and only a process that is up (it has logged; on a loaded machine a start takes
                     # seconds, and killing a process that never started tests nothing)
-                    killable = [s for s in roles if s not in down and self._up(services, names[s])
-                                and sum(1 for o in roles if roles[o] == roles[s] and o not in down) > 1]
+                    killable = [
+                        s
+                        for s in roles
+                        if s not in down
+                        and self._up(services, names[s])
+                        and sum(1 for o in roles if roles[o] == roles[s] and o not in down) > 1
+                    ]
                     if now >= next_kill and killable:
                         slot = self.rng.choice(killable)
                         self._kill(services, names[slot], roles[slot])
@@ -342,7 +363,12 @@ class ChaosRun:
         """Put one hostile entry, or a duplicate or malformed copy of a live one, on a stream a
         backend can write."""
         k = self.keys
-        streams = [(k.turns, TURN_FIELD), (k.cancel, CANCEL_FIELD), (k.wake, WAKE_FIELD), (k.tools("default"), JOB_FIELD)]
+        streams = [
+            (k.turns, TURN_FIELD),
+            (k.cancel, CANCEL_FIELD),
+            (k.wake, WAKE_FIELD),
+            (k.tools("default"), JOB_FIELD),
+        ]
         draw = self.rng.random()
         if draw < 0.4:
             stream, fld = self.rng.choice(streams)
@@ -354,8 +380,11 @@ class ChaosRun:
             return
         stream, fld = self.rng.choice([(k.turns, TURN_FIELD), (k.tools("default"), JOB_FIELD)])
         stream = self._some_partition(stream)
-        recent = [(eid, f) for eid, f in self.client.xrevrange(stream, count=10)
-                  if f.get(fld, b"").startswith(b'{"') and len(f[fld]) < 10_000]
+        recent = [
+            (eid, f)
+            for eid, f in self.client.xrevrange(stream, count=10)
+            if f.get(fld, b"").startswith(b'{"') and len(f[fld]) < 10_000
+        ]
         if not recent:
             return
         _, fields = self.rng.choice(recent)
@@ -391,8 +420,11 @@ class ChaosRun:
         """The traces of the entries pending on ``consumer`` (what a kill strands)."""
         k = self.keys
         if service == "agent-loop":
-            streams = [(s, AGENT_LOOP_GROUP, fld) for base, fld in ((k.turns, TURN_FIELD), (k.wake, WAKE_FIELD))
-                       for s in k.partitions_of(base)]
+            streams = [
+                (s, AGENT_LOOP_GROUP, fld)
+                for base, fld in ((k.turns, TURN_FIELD), (k.wake, WAKE_FIELD))
+                for s in k.partitions_of(base)
+            ]
         else:
             streams = [(s, TOOL_WORKER_GROUP, JOB_FIELD) for s in k.partitions_of(k.tools("default"))]
         traces = set()
@@ -406,8 +438,11 @@ class ChaosRun:
                 if entry and entry[0][1].get(fld):
                     raw = entry[0][1][fld]
                     try:
-                        decoded = codec.decode_turn(raw) if fld == TURN_FIELD else (
-                            codec.decode_wake(raw) if fld == WAKE_FIELD else codec.decode_job(raw))
+                        decoded = (
+                            codec.decode_turn(raw)
+                            if fld == TURN_FIELD
+                            else (codec.decode_wake(raw) if fld == WAKE_FIELD else codec.decode_job(raw))
+                        )
                     except Exception:  # a hostile entry
                         continue
                     if decoded.trace_id.startswith("chaos-"):
@@ -422,7 +457,9 @@ class ChaosRun:
 
     def _replied(self) -> int:
         ours = {turn_id for _, turn_id in self.turns}
-        return len({codec.decode_reply(f[REPLY_FIELD]).turn_id for _, f in self.client.xrange(self.keys.replies)} & ours)
+        return len(
+            {codec.decode_reply(f[REPLY_FIELD]).turn_id for _, f in self.client.xrange(self.keys.replies)} & ours
+        )
 
     def _pending(self) -> int:
         total = 0
@@ -445,9 +482,15 @@ class ChaosRun:
     # --- checking -------------------------------------------------------------------------
 
     def _verify(self) -> ChaosResult:
-        r = ChaosResult(turns=len(self.turns), kills=len(self.kills), services_stopped=self.stopped,
-                        stopped_logs=self.stopped_logs, hostile_entries=self.injected["hostile"],
-                        duplicate_copies=self.injected["duplicate"], malformed_copies=self.injected["malformed"])
+        r = ChaosResult(
+            turns=len(self.turns),
+            kills=len(self.kills),
+            services_stopped=self.stopped,
+            stopped_logs=self.stopped_logs,
+            hostile_entries=self.injected["hostile"],
+            duplicate_copies=self.injected["duplicate"],
+            malformed_copies=self.injected["malformed"],
+        )
         killed_pids = {kill.pid for kill in self.kills}
         killed_names = {kill.name for kill in self.kills if kill.service == "tool-worker"}
         starts: dict[str, list[int]] = {}  # trace/call → pids of the runs that started, in order
@@ -486,11 +529,15 @@ class ChaosRun:
             started_by = {e.call_id: e.worker for e in events if isinstance(e, ToolStarted)}
             for e in unknown:  # "outcome unknown" is true only when a process that started it died
                 pids = starts.get(f"{trace_id}/{e.call_id}", [])
-                if not (any(p in killed_pids for p in pids) or (not pids and started_by.get(e.call_id) in killed_names)):
+                if not (
+                    any(p in killed_pids for p in pids) or (not pids and started_by.get(e.call_id) in killed_names)
+                ):
                     r.false_outcomes_unknown += 1
             r.duplicate_results += sum(n - 1 for n in results.values() if n > 1)
             r.stray_results += sum(1 for call_id in results if call_id not in calls)
-            r.dangling_calls += sum(1 for call_id, (turn_id, _) in calls.items() if turn_id in endings and call_id not in results)
+            r.dangling_calls += sum(
+                1 for call_id, (turn_id, _) in calls.items() if turn_id in endings and call_id not in results
+            )
         effects = {k.decode(): int(v) for k, v in self.client.hgetall(apps.effects_key(self.namespace)).items()}
         for key, n in effects.items():
             if key.endswith("/record"):

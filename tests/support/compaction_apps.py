@@ -64,6 +64,12 @@ def rule(body: dict[str, Any]) -> dict[str, Any]:
         labels = [m.group(1) for u in users[:-1] if (m := _LABEL.match(u))]
         previous = _PREVIOUS.search(system)
         folded = f"{previous.group(1)} + " if previous else ""
-        return {"message": {"role": "assistant", "content": f"SUMMARY[{folded}{', '.join(labels)}]"}, "finish_reason": "stop"}
+        return {
+            "message": {"role": "assistant", "content": f"SUMMARY[{folded}{', '.join(labels)}]"},
+            "finish_reason": "stop",
+        }
     label = _LABEL.match(users[-1]) if users else None
-    return {"message": {"role": "assistant", "content": f"Noted {label.group(1) if label else 'that'}."}, "finish_reason": "stop"}
+    return {
+        "message": {"role": "assistant", "content": f"Noted {label.group(1) if label else 'that'}."},
+        "finish_reason": "stop",
+    }

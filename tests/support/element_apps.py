@@ -45,8 +45,10 @@ PAGES = {
 def topic_page(topic: str) -> tuple[str, list[str]]:
     if topic in PAGES:
         return PAGES[topic]
-    return f"Page {topic}", [f"Fact one about {topic}: it is rule {topic}-1. " + "x" * 300,
-                             f"Fact two about {topic}: it is rule {topic}-2. " + "y" * 300]
+    return f"Page {topic}", [
+        f"Fact one about {topic}: it is rule {topic}-1. " + "x" * 300,
+        f"Fact two about {topic}: it is rule {topic}-2. " + "y" * 300,
+    ]
 
 
 @tool
@@ -103,25 +105,54 @@ TOOLS = [search, ticket, remember, picture, bad_element, huge_image]
 
 app = App(
     agents=[
-        Agent(name="reader", system_prompt=READER_PROMPT, tools=TOOLS, max_passes=4,
-              context=ContextConfig(citations=BRACKETS, renderers={Note: render_note})),
-        Agent(name="viewer", system_prompt="You describe images.", max_passes=2,
-              context=ContextConfig(policy=ContextPolicy(max_images=1))),
-        Agent(name="long", system_prompt=READER_PROMPT, tools=[search], max_passes=4,
-              model_limits=ModelLimits(window=Tokens(4000), characters_per_token=3.0),
-              context=ContextConfig(citations=BRACKETS, policy=ContextPolicy(output_reserve=Tokens(200), min_gain=None))),
+        Agent(
+            name="reader",
+            system_prompt=READER_PROMPT,
+            tools=TOOLS,
+            max_passes=4,
+            context=ContextConfig(citations=BRACKETS, renderers={Note: render_note}),
+        ),
+        Agent(
+            name="viewer",
+            system_prompt="You describe images.",
+            max_passes=2,
+            context=ContextConfig(policy=ContextPolicy(max_images=1)),
+        ),
+        Agent(
+            name="long",
+            system_prompt=READER_PROMPT,
+            tools=[search],
+            max_passes=4,
+            model_limits=ModelLimits(window=Tokens(4000), characters_per_token=3.0),
+            context=ContextConfig(citations=BRACKETS, policy=ContextPolicy(output_reserve=Tokens(200), min_gain=None)),
+        ),
     ],
     element_types=[Ticket],
     event_types=[Note],
 )
 
 # the same app without its own types: what a reader of an older or other version sees
-plain_app = App(agents=[Agent(name="reader", system_prompt=READER_PROMPT, tools=[search], max_passes=4,
-                              context=ContextConfig(citations=BRACKETS))])
+plain_app = App(
+    agents=[
+        Agent(
+            name="reader",
+            system_prompt=READER_PROMPT,
+            tools=[search],
+            max_passes=4,
+            context=ContextConfig(citations=BRACKETS),
+        )
+    ]
+)
 
 _PLAN = re.compile(r"(\w+)\(([^)]*)\)")
-_ARGUMENT = {"search": "query", "ticket": "key", "remember": "text", "picture": "name", "bad_element": "name",
-             "huge_image": "name"}
+_ARGUMENT = {
+    "search": "query",
+    "ticket": "key",
+    "remember": "text",
+    "picture": "name",
+    "bad_element": "name",
+    "huge_image": "name",
+}
 _CITE = re.compile(r'cite="(\[\d+\])"')
 
 
@@ -142,10 +173,18 @@ def element_rule(body: dict[str, Any]) -> dict[str, Any]:
         text = _text(last["content"]).split("do:", 1)[1]
         digest = hashlib.sha256(_text(last["content"]).encode()).hexdigest()[:10]
         calls = [
-            {"id": f"call_{digest}_{i}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps(
-                 ({"results": [arg]} if arg.startswith("r") else {"elements": [int(arg)]}) if name == "reopen"
-                 else {_ARGUMENT.get(name, "query"): arg})}}
+            {
+                "id": f"call_{digest}_{i}",
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": json.dumps(
+                        ({"results": [arg]} if arg.startswith("r") else {"elements": [int(arg)]})
+                        if name == "reopen"
+                        else {_ARGUMENT.get(name, "query"): arg}
+                    ),
+                },
+            }
             for i, (name, arg) in enumerate(_PLAN.findall(text.split("cite:")[0]))
         ]
         return {"message": {"role": "assistant", "content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}

@@ -96,7 +96,9 @@ class FaultServer:
                 else:
                     self._stream(reply)
 
-            def _json(self, status: int, payload: Any, headers: dict[str, str], content_type: str | None = None) -> None:
+            def _json(
+                self, status: int, payload: Any, headers: dict[str, str], content_type: str | None = None
+            ) -> None:
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", content_type or "application/json")
@@ -149,7 +151,9 @@ class FaultServer:
                 return self.script.pop(0)
         if self.rule is not None:
             return self.rule(recorded)
-        return Reply(status=500, body={"error": {"message": "the fault server's script ran out", "type": "server_error"}})
+        return Reply(
+            status=500, body={"error": {"message": "the fault server's script ran out", "type": "server_error"}}
+        )
 
     @property
     def url(self) -> str:
@@ -184,9 +188,16 @@ def _sse(event: Any) -> bytes:
 # --- OpenAI-shaped replies ------------------------------------------------------------------
 
 
-def chat(content: str | None = None, *, tool_calls: list[dict[str, Any]] | None = None, finish: str | None = "stop",
-         refusal: str | None = None, reasoning: str | None = None, usage: dict[str, int] | None = None,
-         model: str = "fault-model") -> Reply:
+def chat(
+    content: str | None = None,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish: str | None = "stop",
+    refusal: str | None = None,
+    reasoning: str | None = None,
+    usage: dict[str, int] | None = None,
+    model: str = "fault-model",
+) -> Reply:
     """A whole chat-completions response."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls is not None:
@@ -195,11 +206,15 @@ def chat(content: str | None = None, *, tool_calls: list[dict[str, Any]] | None 
         message["refusal"] = refusal
     if reasoning is not None:
         message["reasoning_content"] = reasoning
-    return Reply(body={
-        "id": "chatcmpl-fault", "object": "chat.completion", "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-        "usage": usage or {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
-    })
+    return Reply(
+        body={
+            "id": "chatcmpl-fault",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage or {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        }
+    )
 
 
 def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
@@ -207,10 +222,16 @@ def call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, usage: dict[str, int] | None = None) -> dict[str, Any]:
+def chunk(
+    delta: dict[str, Any] | None = None, *, finish: str | None = None, usage: dict[str, int] | None = None
+) -> dict[str, Any]:
     """One ``chat.completion.chunk``."""
-    out: dict[str, Any] = {"id": "chatcmpl-fault", "object": "chat.completion.chunk", "model": "fault-model",
-                           "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}]}
+    out: dict[str, Any] = {
+        "id": "chatcmpl-fault",
+        "object": "chat.completion.chunk",
+        "model": "fault-model",
+        "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}],
+    }
     if usage is not None:
         out["usage"] = usage
         out["choices"] = []
@@ -221,5 +242,9 @@ def text_stream(*pieces: str, finish: str = "stop") -> list[Any]:
     """The events of a streamed text reply (ending with usage and ``[DONE]``)."""
     events: list[Any] = [chunk({"role": "assistant", "content": ""})]
     events += [chunk({"content": p}) for p in pieces]
-    events += [chunk(finish=finish), chunk(usage={"prompt_tokens": 9, "completion_tokens": len(pieces), "total_tokens": 9 + len(pieces)}), "[DONE]"]
+    events += [
+        chunk(finish=finish),
+        chunk(usage={"prompt_tokens": 9, "completion_tokens": len(pieces), "total_tokens": 9 + len(pieces)}),
+        "[DONE]",
+    ]
     return events

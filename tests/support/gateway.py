@@ -17,13 +17,17 @@ PLAN_KEY = "ask_test-plan-0123456789abcdef0123456789abcdef"
 LIMITED_KEY = "ask_test-limited-0123456789abcdef0123456789abcdef"
 LEAD_KEY = "ask_test-lead-0123456789abcdef0123456789abcdef"
 
-KEYS_DOCUMENT = json.dumps({"keys": [
-    {"name": "admin", "sha256": hash_key(ADMIN_KEY), "agents": ["*"]},
-    {"name": "calc-backend", "sha256": hash_key(CALC_KEY), "agents": ["calc"]},
-    {"name": "plan-backend", "sha256": hash_key(PLAN_KEY), "agents": ["plan"]},
-    {"name": "limited", "sha256": hash_key(LIMITED_KEY), "agents": ["plan"]},
-    {"name": "lead-backend", "sha256": hash_key(LEAD_KEY), "agents": ["lead"]},
-]})
+KEYS_DOCUMENT = json.dumps(
+    {
+        "keys": [
+            {"name": "admin", "sha256": hash_key(ADMIN_KEY), "agents": ["*"]},
+            {"name": "calc-backend", "sha256": hash_key(CALC_KEY), "agents": ["calc"]},
+            {"name": "plan-backend", "sha256": hash_key(PLAN_KEY), "agents": ["plan"]},
+            {"name": "limited", "sha256": hash_key(LIMITED_KEY), "agents": ["plan"]},
+            {"name": "lead-backend", "sha256": hash_key(LEAD_KEY), "agents": ["lead"]},
+        ]
+    }
+)
 
 
 def auth(key: str) -> dict[str, str]:
@@ -39,12 +43,16 @@ def free_port() -> int:
 def start_gateway(services: Services, name: str = "gateway-1", *, env: dict[str, str] | None = None) -> str:
     """Start ``agentstream serve gateway`` on a free port → its base URL once it is ready."""
     port = free_port()
-    services.start(name, "gateway", env={
-        "AGENTSTREAM_GATEWAY_HOST": "127.0.0.1",
-        "AGENTSTREAM_GATEWAY_PORT": str(port),
-        "AGENTSTREAM_GATEWAY_KEYS": KEYS_DOCUMENT,
-        **(env or {}),
-    })
+    services.start(
+        name,
+        "gateway",
+        env={
+            "AGENTSTREAM_GATEWAY_HOST": "127.0.0.1",
+            "AGENTSTREAM_GATEWAY_PORT": str(port),
+            "AGENTSTREAM_GATEWAY_KEYS": KEYS_DOCUMENT,
+            **(env or {}),
+        },
+    )
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, services, name)
     return url

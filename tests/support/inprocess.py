@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from agentstream.wire import codec
 from agentstream.app.base import App
-from agentstream.wire.events import Event, Reply, TurnMessage
-from agentstream.wire.keys import REPLY_FIELD, TURN_FIELD, Keys
+from agentstream.ops.settings import Settings
 from agentstream.runtime.connection import connect
 from agentstream.runtime.runner import run_consumers
-from agentstream.ops.settings import Settings
 from agentstream.runtime.store import TraceStore
+from agentstream.wire import codec
+from agentstream.wire.events import Event, Reply, TurnMessage
+from agentstream.wire.keys import REPLY_FIELD, TURN_FIELD, Keys
 from agentstream_services.agent_loop.service import build as build_loop
 from agentstream_services.tool_worker.service import build as build_worker
 
@@ -104,7 +104,9 @@ class InProcess:
 
             runners += build_compaction(self.app, settings, store, http)[1]
         stop = asyncio.Event()
-        task = asyncio.create_task(run_consumers(runners, stop=stop, grace_s=settings.shutdown_grace_s, handle_signals=False))
+        task = asyncio.create_task(
+            run_consumers(runners, stop=stop, grace_s=settings.shutdown_grace_s, handle_signals=False)
+        )
         proc = Proc(name, stop, task, loop, worker, redis, http)
         self.procs[name] = proc
         return proc

@@ -27,9 +27,16 @@ from agentstream.app.prompts import PromptFile
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PROMPTS = PromptFile.model_validate({
-    "tools": {"add": {"description": "Add two numbers exactly (from the prompt file).", "arguments": {"a": "The first number."}}},
-}).for_model("default")
+PROMPTS = PromptFile.model_validate(
+    {
+        "tools": {
+            "add": {
+                "description": "Add two numbers exactly (from the prompt file).",
+                "arguments": {"a": "The first number."},
+            }
+        },
+    }
+).for_model("default")
 
 local = McpServer(
     name="local",
@@ -43,18 +50,33 @@ local = McpServer(
     connect_timeout_s=30,
 )
 
-remote = McpServer(name="remote", headers_env={"Authorization": "REMOTE_MCP_AUTH"}, tools=["add", "picture", "slow"],
-                   connect_timeout_s=30)
+remote = McpServer(
+    name="remote",
+    headers_env={"Authorization": "REMOTE_MCP_AUTH"},
+    tools=["add", "picture", "slow"],
+    connect_timeout_s=30,
+)
 
-app = App(agents=[
-    Agent(name="local", system_prompt="You use the tools of the local MCP server.", tools=[local], max_passes=4),
-    # the local server's tools declared like the agent's own: add off unless a turn asks for it,
-    # grow locked at auto, and one the server does not list
-    Agent(name="declaring", system_prompt="You use the tools of the local MCP server.", tools=[local], max_passes=4,
-          input=ChatTurnInput, declared=[ToolDeclaration(name="add", default="off"), ToolDeclaration(name="grow", locked=True),
-                                         ToolDeclaration(name="absent")]),
-    Agent(name="remote", system_prompt="You use the tools of the remote MCP server.", tools=[remote], max_passes=4),
-])
+app = App(
+    agents=[
+        Agent(name="local", system_prompt="You use the tools of the local MCP server.", tools=[local], max_passes=4),
+        # the local server's tools declared like the agent's own: add off unless a turn asks for it,
+        # grow locked at auto, and one the server does not list
+        Agent(
+            name="declaring",
+            system_prompt="You use the tools of the local MCP server.",
+            tools=[local],
+            max_passes=4,
+            input=ChatTurnInput,
+            declared=[
+                ToolDeclaration(name="add", default="off"),
+                ToolDeclaration(name="grow", locked=True),
+                ToolDeclaration(name="absent"),
+            ],
+        ),
+        Agent(name="remote", system_prompt="You use the tools of the remote MCP server.", tools=[remote], max_passes=4),
+    ]
+)
 
 _CALL = re.compile(r"call (\w+) (\{.*\})", re.S)
 
@@ -74,19 +96,27 @@ def mcp_rule(body: dict[str, Any]) -> dict[str, Any]:
     as part of the results it follows."""
     from agentstream.models.openai_format import TOOL_IMAGES_NOTE
 
-    messages = [m for m in body["messages"] if not (m["role"] == "user" and _text_of(m["content"]).startswith(TOOL_IMAGES_NOTE))]
+    messages = [
+        m for m in body["messages"] if not (m["role"] == "user" and _text_of(m["content"]).startswith(TOOL_IMAGES_NOTE))
+    ]
     last = messages[-1]
     if last["role"] == "user":
         match = _CALL.search(_text_of(last["content"]))
         if match is None:
             return {"message": {"role": "assistant", "content": "No call asked."}, "finish_reason": "stop"}
         n = sum(1 for m in messages if m["role"] == "user")
-        call = {"id": f"call_{n}_{match.group(1)}", "type": "function",
-                "function": {"name": match.group(1), "arguments": match.group(2)}}
+        call = {
+            "id": f"call_{n}_{match.group(1)}",
+            "type": "function",
+            "function": {"name": match.group(1), "arguments": match.group(2)},
+        }
         return {"message": {"role": "assistant", "content": None, "tool_calls": [call]}, "finish_reason": "tool_calls"}
     results = []
     for m in reversed(messages):
         if m["role"] != "tool":
             break
         results.append(_text_of(m["content"]))
-    return {"message": {"role": "assistant", "content": "Result: " + " | ".join(reversed(results))}, "finish_reason": "stop"}
+    return {
+        "message": {"role": "assistant", "content": "Result: " + " | ".join(reversed(results))},
+        "finish_reason": "stop",
+    }

@@ -30,9 +30,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import EmbeddedResource, ImageContent, TextContent, TextResourceContents
 
-PNG_1X1 = (
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-)
+PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 """A 1x1 PNG, base64."""
 
 
@@ -73,8 +71,12 @@ def build() -> MCPServer:
         return [
             TextContent(type="text", text=f"a picture of {subject}"),
             ImageContent(type="image", data=PNG_1X1, mime_type="image/png"),
-            EmbeddedResource(type="resource", resource=TextResourceContents(
-                uri="memo://caption", mime_type="text/plain", text=f"Caption: {subject} at dawn")),
+            EmbeddedResource(
+                type="resource",
+                resource=TextResourceContents(
+                    uri="memo://caption", mime_type="text/plain", text=f"Caption: {subject} at dawn"
+                ),
+            ),
         ]
 
     @server.tool(description="Always fails.")
@@ -112,15 +114,17 @@ def build() -> MCPServer:
 
     @server.tool(description="Distance of a point from the origin.")
     def nested(point: Point) -> str:
-        return f"{(point.x ** 2 + point.y ** 2) ** 0.5:g}"
+        return f"{(point.x**2 + point.y**2) ** 0.5:g}"
 
     @server.tool(description="A tool whose schema has anyOf at the top.")
     def either(value: str) -> str:
         return value
 
     listed = server._tool_manager.get_tool("either")
-    listed.parameters = {"type": "object", "anyOf": [{"properties": {"value": {"type": "string"}}, "required": ["value"]},
-                                                      {"properties": {}}]}
+    listed.parameters = {
+        "type": "object",
+        "anyOf": [{"properties": {"value": {"type": "string"}}, "required": ["value"]}, {"properties": {}}],
+    }
     return server
 
 
@@ -145,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
             if scope["type"] == "http":
                 headers = dict(scope.get("headers") or [])
                 if headers.get(b"authorization") != f"Bearer {args.token}".encode():
-                    await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+                    await send(
+                        {"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]}
+                    )
                     await send({"type": "http.response.body", "body": b"unauthorized"})
                     return
             await inner(scope, receive, send)

@@ -39,7 +39,10 @@ def install() -> Path:
         (PREFIX / "package.json").write_text('{"private": true}\n')
     proc = subprocess.run(
         [npm, "install", "--no-audit", "--no-fund", f"@dwmkerr/mock-llm@{VERSION}"],
-        cwd=PREFIX, capture_output=True, text=True, timeout=600,
+        cwd=PREFIX,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode != 0 or not MAIN.is_file():
         raise MockLLMUnavailable(f"npm install @dwmkerr/mock-llm@{VERSION} failed: {proc.stderr[-2000:]}")
@@ -63,8 +66,13 @@ class MockLLM:
         main = install()
         env = dict(os.environ, PORT=str(self.port), HOST="127.0.0.1")
         self._logfile = open(self._log, "wb")  # noqa: SIM115 - closed in __exit__
-        self._proc = subprocess.Popen(["node", str(main), "--config", str(self.config_path)], env=env,
-                                      stdout=self._logfile, stderr=subprocess.STDOUT, cwd=self.config_path.parent)
+        self._proc = subprocess.Popen(
+            ["node", str(main), "--config", str(self.config_path)],
+            env=env,
+            stdout=self._logfile,
+            stderr=subprocess.STDOUT,
+            cwd=self.config_path.parent,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -64,9 +64,30 @@ app = App(
     agents=[
         Agent(name="calc", system_prompt="You calculate.", tools=TOOLS, max_passes=4, max_output_tokens=300),
         Agent(name="gpt", system_prompt="You help.", tools=[lookup], max_passes=3),
-        Agent(name="claude-a", system_prompt="You help.", model="claude-a", tools=[lookup], max_passes=3, max_output_tokens=1024),
-        Agent(name="claude-b", system_prompt="You help.", model="claude-b", tools=[lookup], max_passes=3, max_output_tokens=1024),
-        Agent(name="deep", system_prompt="You help.", model="deepseek", tools=[lookup], max_passes=3, context=REPLAY_REASONING),
+        Agent(
+            name="claude-a",
+            system_prompt="You help.",
+            model="claude-a",
+            tools=[lookup],
+            max_passes=3,
+            max_output_tokens=1024,
+        ),
+        Agent(
+            name="claude-b",
+            system_prompt="You help.",
+            model="claude-b",
+            tools=[lookup],
+            max_passes=3,
+            max_output_tokens=1024,
+        ),
+        Agent(
+            name="deep",
+            system_prompt="You help.",
+            model="deepseek",
+            tools=[lookup],
+            max_passes=3,
+            context=REPLAY_REASONING,
+        ),
         Agent(name="deep-plain", system_prompt="You help.", model="deepseek", tools=[lookup], max_passes=3),
     ]
 )

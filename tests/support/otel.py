@@ -19,7 +19,7 @@ class Parent:
     span_id: str
 
     @classmethod
-    def new(cls) -> "Parent":
+    def new(cls) -> Parent:
         return cls(secrets.token_hex(16), secrets.token_hex(8))
 
     @property

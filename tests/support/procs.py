@@ -37,7 +37,16 @@ class Services:
     fixture's teardown (:meth:`stop_all`) stops the services, before the session's Redis stops;
     what a teardown cut short leaves running is killed when the interpreter exits."""
 
-    def __init__(self, *, redis_url: str, namespace: str, model_url: str, app: str = "tests.support.apps:app", extra_env: dict[str, str] | None = None, log_dir: Path | None = None):
+    def __init__(
+        self,
+        *,
+        redis_url: str,
+        namespace: str,
+        model_url: str,
+        app: str = "tests.support.apps:app",
+        extra_env: dict[str, str] | None = None,
+        log_dir: Path | None = None,
+    ):
         self.app = app
         self.log_dir = log_dir
         self.env = {
@@ -125,7 +134,9 @@ def wait_replies(client: redis.Redis, keys: Keys, count: int, timeout_s: float =
     raise AssertionError(f"only {len(client.xrange(keys.replies))} of {count} replies within {timeout_s} s")
 
 
-def trace_events(client: redis.Redis, keys: Keys, trace_id: str, *, trace_codec: codec.TraceCodec = codec.DEFAULT_CODEC) -> list[Event]:
+def trace_events(
+    client: redis.Redis, keys: Keys, trace_id: str, *, trace_codec: codec.TraceCodec = codec.DEFAULT_CODEC
+) -> list[Event]:
     """A trace's events read with a plain client (``trace_codec``: an app's, for its own types)."""
     return [e for _, e in trace_codec.decode_entries(client.xrange(keys.trace(trace_id)), trace_id=trace_id)]
 

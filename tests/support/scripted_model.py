@@ -34,14 +34,20 @@ def calculator_rule(body: dict[str, Any]) -> dict[str, Any]:
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": f"call_{n}_{abs(hash(expression)) % 10**8}", "type": "function",
-                     "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})}}
+                    {
+                        "id": f"call_{n}_{abs(hash(expression)) % 10**8}",
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": json.dumps({"expression": expression})},
+                    }
                 ],
             },
             "finish_reason": "tool_calls",
         }
     if last["role"] == "tool":
-        return {"message": {"role": "assistant", "content": f"The answer is {last['content']}."}, "finish_reason": "stop"}
+        return {
+            "message": {"role": "assistant", "content": f"The answer is {last['content']}."},
+            "finish_reason": "stop",
+        }
     return {"message": {"role": "assistant", "content": "I am not sure."}, "finish_reason": "stop"}
 
 
@@ -71,17 +77,28 @@ def parallel_rule(body: dict[str, Any]) -> dict[str, Any]:
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         for i, (name, arg) in enumerate(_PLAN.findall(text)):
             arguments = {"ms": int(arg or 0)} if name == "work" else {"key": arg}
-            calls.append({"id": f"call_{digest}_{i}", "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(arguments)}})
+            calls.append(
+                {
+                    "id": f"call_{digest}_{i}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)},
+                }
+            )
         if calls:
-            return {"message": {"role": "assistant", "content": None, "tool_calls": calls}, "finish_reason": "tool_calls"}
+            return {
+                "message": {"role": "assistant", "content": None, "tool_calls": calls},
+                "finish_reason": "tool_calls",
+            }
         return {"message": {"role": "assistant", "content": "Nothing to do."}, "finish_reason": "stop"}
     results = []
     for m in reversed(messages):
         if m["role"] != "tool":
             break
         results.append(m["content"] if isinstance(m["content"], str) else json.dumps(m["content"]))
-    return {"message": {"role": "assistant", "content": "Results: " + " | ".join(reversed(results))}, "finish_reason": "stop"}
+    return {
+        "message": {"role": "assistant", "content": "Results: " + " | ".join(reversed(results))},
+        "finish_reason": "stop",
+    }
 
 
 _stopping = threading.Event()
@@ -118,11 +135,19 @@ class ScriptedModelServer:
                     self._send(result["status"], result.get("body", {}), result.get("headers"))
                     return
                 n = len(server.requests)
-                self._send(200, {
-                    "id": f"chatcmpl-{n}", "object": "chat.completion", "model": body.get("model"),
-                    "choices": [{"index": 0, "message": result["message"], "finish_reason": result["finish_reason"]}],
-                    "usage": result.get("usage") or {"prompt_tokens": len(raw) // 4, "completion_tokens": 7, "total_tokens": len(raw) // 4 + 7},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{n}",
+                        "object": "chat.completion",
+                        "model": body.get("model"),
+                        "choices": [
+                            {"index": 0, "message": result["message"], "finish_reason": result["finish_reason"]}
+                        ],
+                        "usage": result.get("usage")
+                        or {"prompt_tokens": len(raw) // 4, "completion_tokens": 7, "total_tokens": len(raw) // 4 + 7},
+                    },
+                )
 
             def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(payload).encode()
@@ -141,7 +166,7 @@ class ScriptedModelServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def __enter__(self) -> "ScriptedModelServer":
+    def __enter__(self) -> ScriptedModelServer:
         _stopping.clear()
         self._thread.start()
         return self

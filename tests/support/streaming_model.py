@@ -60,9 +60,15 @@ class StreamingModelServer:
                 server.requests += 1
                 message, finish, pause_s = _rule(body)
                 if not body.get("stream"):
-                    self._json({"id": "chatcmpl-s", "object": "chat.completion", "model": body.get("model"),
-                                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}})
+                    self._json(
+                        {
+                            "id": "chatcmpl-s",
+                            "object": "chat.completion",
+                            "model": body.get("model"),
+                            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                            "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
+                        }
+                    )
                     return
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream; charset=utf-8")
@@ -80,8 +86,14 @@ class StreamingModelServer:
                                 return
                             self._event(_chunk({"content": word if i == 0 else " " + word}))
                     self._event(_chunk({}, finish=finish))
-                    self._event({"id": "chatcmpl-s", "object": "chat.completion.chunk", "choices": [],
-                                 "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25}})
+                    self._event(
+                        {
+                            "id": "chatcmpl-s",
+                            "object": "chat.completion.chunk",
+                            "choices": [],
+                            "usage": {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25},
+                        }
+                    )
                     self._raw(b"data: [DONE]\n\n")
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
@@ -123,5 +135,9 @@ class StreamingModelServer:
 
 
 def _chunk(delta: dict[str, Any], *, finish: str | None = None) -> dict[str, Any]:
-    return {"id": "chatcmpl-s", "object": "chat.completion.chunk", "model": "scripted-model",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return {
+        "id": "chatcmpl-s",
+        "object": "chat.completion.chunk",
+        "model": "scripted-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }

@@ -26,6 +26,8 @@ def test_a_tuned_service_process_freezes_what_its_start_made_and_collects_less_o
         print(gc.collect() >= 2)  # cycles are still collected
         """
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split("\n")
     assert out[0] == f"{SERVICE_THRESHOLDS} True"
     assert out[1] == "True"

@@ -17,7 +17,6 @@ from agentstream.demo.tools import (
     search_docs,
 )
 
-
 # -- calculator ------------------------------------------------------------------------------
 
 

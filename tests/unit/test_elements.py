@@ -9,11 +9,11 @@ import msgspec
 import pytest
 
 from agentstream import App, ToolResult, tool
-from agentstream.wire.codec import DEFAULT_CODEC, TraceCodec, encode_entry
 from agentstream.context import BRACKETS, ContextConfig, build_request
 from agentstream.context.cited import read_back
 from agentstream.context.elements import Numbering
 from agentstream.errors import ConfigError, UnrenderedEventError
+from agentstream.wire.codec import DEFAULT_CODEC, encode_entry
 from agentstream.wire.events import (
     Document,
     Image,
@@ -28,7 +28,6 @@ from agentstream.wire.events import (
 )
 from agentstream.wire.registry import MAX_IMAGE_BYTES, AppTypes, check_elements
 from tests.support.element_apps import Note, Ticket, app, plain_app
-
 
 # --- registration ------------------------------------------------------------------------------
 
@@ -82,7 +81,9 @@ def test_check_elements_names_what_is_wrong_and_where():
         pass
 
     good = base64.b64encode(b"\x89PNG....").decode()
-    check_elements([Document(id="d", text="x"), Image(id="i", media_type="image/png", data=good), Ticket(id="t")], app.types)
+    check_elements(
+        [Document(id="d", text="x"), Image(id="i", media_type="image/png", data=good), Ticket(id="t")], app.types
+    )
     cases = [
         ([Stray(id="s")], "element 0 is a Stray, which the app does not register"),
         ([Ticket(id="t")], "Ticket, which the app does not register"),  # not registered in the default types
@@ -92,8 +93,14 @@ def test_check_elements_names_what_is_wrong_and_where():
         ([Image(id="i", url="file:///etc/passwd")], "must be http"),
         ([Image(id="i", data="%%%not base64", media_type="image/png")], "not valid base64"),
         ([Image(id="i", data=good, media_type="text/html")], "media_type must be one of"),
-        ([Image(id="i", data=base64.b64encode(b"0" * (MAX_IMAGE_BYTES + 10)).decode(), media_type="image/png")], "over the limit"),
-        ([Source(id="a"), Source(id="b", properties={"x": object()})], "element 1 \\(id 'b'\\): it cannot be stored as JSON"),
+        (
+            [Image(id="i", data=base64.b64encode(b"0" * (MAX_IMAGE_BYTES + 10)).decode(), media_type="image/png")],
+            "over the limit",
+        ),
+        (
+            [Source(id="a"), Source(id="b", properties={"x": object()})],
+            "element 1 \\(id 'b'\\): it cannot be stored as JSON",
+        ),
     ]
     for elements, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -104,29 +111,44 @@ def test_check_elements_names_what_is_wrong_and_where():
 
 
 def test_the_apps_codec_reads_its_elements_and_events_and_other_readers_get_placeholders():
-    result = ToolOutput(turn_id="t1", call_id="c1", name="ticket", text="", elements=(Ticket(id="T-1", text="broken", status="open"),
-                                                                                      Passage(id="p", text="x")))
+    result = ToolOutput(
+        turn_id="t1",
+        call_id="c1",
+        name="ticket",
+        text="",
+        elements=(Ticket(id="T-1", text="broken", status="open"), Passage(id="p", text="x")),
+    )
     note = Note(turn_id="t1", text="hello")
     for event in (result, note):
         fields = encode_entry(event)
         assert app.codec.decode_entry(fields) == event
     plain = DEFAULT_CODEC.decode_entry(encode_entry(result))
     assert isinstance(plain, ToolOutput) and plain.elements[1] == Passage(id="p", text="x")
-    assert plain.elements[0] == UnknownElement(id="T-1", stored_kind="ticket", raw=msgspec.to_builtins(Ticket(id="T-1", text="broken", status="open")))
-    assert DEFAULT_CODEC.decode_entry(encode_entry(note)) == UnknownEvent(stored_type="note", turn_id="t1", raw=msgspec.to_builtins(note))
+    assert plain.elements[0] == UnknownElement(
+        id="T-1", stored_kind="ticket", raw=msgspec.to_builtins(Ticket(id="T-1", text="broken", status="open"))
+    )
+    assert DEFAULT_CODEC.decode_entry(encode_entry(note)) == UnknownEvent(
+        stored_type="note", turn_id="t1", raw=msgspec.to_builtins(note)
+    )
     # a registered kind whose fields are wrong is an error, never a placeholder
     with pytest.raises(Exception, match="entry"):
-        app.codec.decode(b'{"type":"tool_result","turn_id":"t","call_id":"c","name":"n","text":"","elements":[{"kind":"ticket","id":3}]}')
+        app.codec.decode(
+            b'{"type":"tool_result","turn_id":"t","call_id":"c","name":"n","text":"","elements":[{"kind":"ticket","id":3}]}'
+        )
 
 
 def test_the_builder_refuses_a_stored_type_the_app_does_not_know_instead_of_skipping_it():
     agent = plain_app.agent("reader")
-    call = ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="search", arguments="{}"),), stop_reason="tool_calls")
+    call = ModelOutput(
+        turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="search", arguments="{}"),), stop_reason="tool_calls"
+    )
     start = [TurnInput(turn_id="t1", agent="reader", text="hi"), call]
     unknown_event = DEFAULT_CODEC.decode_entry(encode_entry(Note(turn_id="t1", text="x")))
     with pytest.raises(UnrenderedEventError, match="type 'note', which this app does not register"):
         build_request([*start, unknown_event], agent, turn_id="t1", step=1)
-    result = DEFAULT_CODEC.decode_entry(encode_entry(ToolOutput(turn_id="t1", call_id="c1", name="search", text="", elements=(Ticket(id="T"),))))
+    result = DEFAULT_CODEC.decode_entry(
+        encode_entry(ToolOutput(turn_id="t1", call_id="c1", name="search", text="", elements=(Ticket(id="T"),)))
+    )
     with pytest.raises(UnrenderedEventError, match="element of kind 'ticket'"):
         build_request([*start, result], agent, turn_id="t1", step=1)
 
@@ -148,7 +170,12 @@ def test_a_tool_returns_elements_alone_a_list_of_them_or_a_tool_result():
     @tool
     def full() -> ToolResult:
         "Full."
-        return ToolResult(text="t", data={"n": 1}, elements=[Image(id="i", url="https://x/i.png")], events=[Note(turn_id="t", text="n")])
+        return ToolResult(
+            text="t",
+            data={"n": 1},
+            elements=[Image(id="i", url="https://x/i.png")],
+            events=[Note(turn_id="t", text="n")],
+        )
 
     assert asyncio.run(one.invoke("")).elements == (Source(id="s", text="x"),)
     assert asyncio.run(many.invoke("")).elements == (Document(id="d"), Passage(id="d#1", ref="d", text="p"))
@@ -168,9 +195,20 @@ def numbered(*elements):
 
 def test_every_citation_form_resolves_to_the_sources_under_those_numbers():
     doc = Document(id="d", title="Doc", url="https://d")
-    numbering = numbered(doc, Passage(id="d#1", ref="d", text="a"), Source(id="s", text="b", properties={"title": "S"}),
-                         Image(id="img", url="https://i"))
-    for answer in ("A [2]. B [3].", "A [2, 3].", "A [2;3].", "A 【2】【3】.", "A 【2†source】 【3†source】.", "A [2][3]."):
+    numbering = numbered(
+        doc,
+        Passage(id="d#1", ref="d", text="a"),
+        Source(id="s", text="b", properties={"title": "S"}),
+        Image(id="img", url="https://i"),
+    )
+    for answer in (
+        "A [2]. B [3].",
+        "A [2, 3].",
+        "A [2;3].",
+        "A 【2】【3】.",
+        "A 【2†source】 【3†source】.",
+        "A [2][3].",
+    ):
         text, cited = read_back(answer, numbering, BRACKETS)
         assert [c.id for c in cited] == ["d#1", "s"], answer
         assert "[" not in text and "【" not in text, answer
@@ -182,15 +220,27 @@ def test_every_citation_form_resolves_to_the_sources_under_those_numbers():
     assert [text[slice(*span)] for span in first.spans] == ["Leave is 25 days"]
     assert [text[slice(*span)] for span in second.spans] == ["Carry over 5"]
     text, (cited_1, cited_2) = read_back("X holds [2], and Y too [3].", numbering)
-    assert text == "X holds, and Y too." and text[slice(*cited_1.spans[0])] == "X holds" and text[slice(*cited_2.spans[0])] == "and Y too"
+    assert (
+        text == "X holds, and Y too."
+        and text[slice(*cited_1.spans[0])] == "X holds"
+        and text[slice(*cited_2.spans[0])] == "and Y too"
+    )
 
 
 def test_an_agent_that_cites_ends_its_turn_with_the_answer_without_marks_and_the_sources():
     from agentstream.steps.decision import EndTurn, decide
 
     agent = app.agent("reader")
-    call = ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="search", arguments="{}"),), stop_reason="tool_calls")
-    result = ToolOutput(turn_id="t1", call_id="c1", name="search", text="", elements=(Document(id="d", title="D"), Passage(id="d#0", ref="d", text="p")))
+    call = ModelOutput(
+        turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="search", arguments="{}"),), stop_reason="tool_calls"
+    )
+    result = ToolOutput(
+        turn_id="t1",
+        call_id="c1",
+        name="search",
+        text="",
+        elements=(Document(id="d", title="D"), Passage(id="d#0", ref="d", text="p")),
+    )
     answer = ModelOutput(turn_id="t1", step=1, content="It is so [2].")
     decision = decide([TurnInput(turn_id="t1", agent="reader", text="q"), call, result, answer], app.agent)
     assert isinstance(decision, EndTurn) and decision.answer == "It is so."

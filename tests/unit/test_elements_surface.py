@@ -10,8 +10,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from agentstream.wire import codec
+from agentstream.app.base import Agent
 from agentstream.context import ContextConfig, ContextPolicy, build_request
+from agentstream.models import anthropic_format, openai_format
+from agentstream.wire import codec
 from agentstream.wire.events import (
     TRACE_SCHEMA_VERSION,
     CitedSource,
@@ -24,8 +26,6 @@ from agentstream.wire.events import (
     TurnEnded,
     TurnInput,
 )
-from agentstream.app.base import Agent
-from agentstream.models import anthropic_format, openai_format
 from agentstream.wire.registry import NO_APP_TYPES
 from agentstream.wire.schemas import trace_events_schema
 from tests.support.element_apps import Note, Ticket, app
@@ -38,16 +38,34 @@ def test_the_events_schema_covers_every_stored_type_and_the_apps_at_the_trace_ve
     assert schema["x-agentstream-trace-schema-version"] == TRACE_SCHEMA_VERSION
     assert schema["x-agentstream-events"]["note"] == "Note" and schema["x-agentstream-elements"]["ticket"] == "Ticket"
     stored = [
-        TurnInput(turn_id="t", agent="a", text="x", elements=(Document(id="d", title="D"), Image(id="i", url="https://i"))),
-        ToolOutput(turn_id="t", call_id="c", name="n", text="", elements=(Ticket(id="T", status="open"), Passage(id="p", ref="d"))),
+        TurnInput(
+            turn_id="t", agent="a", text="x", elements=(Document(id="d", title="D"), Image(id="i", url="https://i"))
+        ),
+        ToolOutput(
+            turn_id="t",
+            call_id="c",
+            name="n",
+            text="",
+            elements=(Ticket(id="T", status="open"), Passage(id="p", ref="d")),
+        ),
         ModelOutput(turn_id="t", step=0, tool_calls=(ToolCall(id="c", name="n"),)),
         TurnEnded(turn_id="t", answer="a", citations=(CitedSource(number=1, id="p", spans=((0, 1),)),)),
         Note(turn_id="t", text="n"),
     ]
     for event in stored:
         jsonschema.validate(json.loads(codec.encode(event)), schema)
-    for wrong in ({"type": "tool_result", "turn_id": 1}, {"type": "nope"},
-                  {"type": "tool_result", "turn_id": "t", "call_id": "c", "name": "n", "text": "", "elements": [{"kind": "video", "id": "v"}]}):
+    for wrong in (
+        {"type": "tool_result", "turn_id": 1},
+        {"type": "nope"},
+        {
+            "type": "tool_result",
+            "turn_id": "t",
+            "call_id": "c",
+            "name": "n",
+            "text": "",
+            "elements": [{"kind": "video", "id": "v"}],
+        },
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wrong, schema)
     plain = trace_events_schema(NO_APP_TYPES)
@@ -57,9 +75,13 @@ def test_the_events_schema_covers_every_stored_type_and_the_apps_at_the_trace_ve
 
 
 def _images_request(max_images):
-    agent = Agent(name="v", system_prompt="s", tools=(), context=ContextConfig(policy=ContextPolicy(max_images=max_images)))
+    agent = Agent(
+        name="v", system_prompt="s", tools=(), context=ContextConfig(policy=ContextPolicy(max_images=max_images))
+    )
     img = [Image(id=f"i{n}", url=f"https://img.example/{n}.png") for n in range(4)]
-    call = ModelOutput(turn_id="t", step=0, tool_calls=(ToolCall(id="c1", name="look", arguments="{}"),), stop_reason="tool_calls")
+    call = ModelOutput(
+        turn_id="t", step=0, tool_calls=(ToolCall(id="c1", name="look", arguments="{}"),), stop_reason="tool_calls"
+    )
     events = [
         TurnInput(turn_id="t", agent="v", text="look", elements=(img[0], img[1])),
         call,
@@ -71,13 +93,24 @@ def _images_request(max_images):
 def test_max_images_keeps_the_newest_images_on_both_formats_and_notes_the_older_ones():
     request = _images_request(3)
     openai = json.loads(openai_format.request_body(request, model="m"))
-    sent = [part["image_url"]["url"] for m in openai["messages"] if isinstance(m.get("content"), list)
-            for part in m["content"] if part["type"] == "image_url"]
+    sent = [
+        part["image_url"]["url"]
+        for m in openai["messages"]
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if part["type"] == "image_url"
+    ]
     assert sent == ["https://img.example/1.png", "https://img.example/2.png", "https://img.example/3.png"]
     assert "[1 older image left out: the request holds at most 3]" in json.dumps(openai)
     anthropic = json.loads(anthropic_format.request_body(request, model="m"))
     blocks = [b for m in anthropic["messages"] for b in (m["content"] if isinstance(m["content"], list) else [])]
-    nested = [b for block in blocks if block.get("type") == "tool_result" for b in block.get("content", []) if isinstance(b, dict)]
+    nested = [
+        b
+        for block in blocks
+        if block.get("type") == "tool_result"
+        for b in block.get("content", [])
+        if isinstance(b, dict)
+    ]
     urls = [b["source"]["url"] for b in [*blocks, *nested] if b.get("type") == "image"]
     assert urls == ["https://img.example/1.png", "https://img.example/2.png", "https://img.example/3.png"]
     assert "older image left out" in json.dumps(anthropic)
@@ -116,7 +149,11 @@ def test_the_docs_search_follows_a_name_the_query_writes_as_code():
 
 def _readme_blocks():
     text = (ROOT / "README.md").read_text()
-    return [block for block in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if "element_types" in block or "ToolResult" in block]
+    return [
+        block
+        for block in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+        if "element_types" in block or "ToolResult" in block
+    ]
 
 
 def test_the_readmes_element_and_app_type_examples_run():

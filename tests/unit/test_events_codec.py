@@ -3,17 +3,34 @@ import json
 import msgspec
 import pytest
 
-from agentstream.wire import codec
 from agentstream.errors import EventDecodeError, SchemaVersionError, TurnRejected
-from agentstream.wire.events import TRACE_SCHEMA_VERSION, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput, UnknownEvent, Usage
-
+from agentstream.wire import codec
+from agentstream.wire.events import (
+    TRACE_SCHEMA_VERSION,
+    ModelOutput,
+    ToolCall,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    UnknownEvent,
+    Usage,
+)
 
 EVENTS = [
     TurnInput(turn_id="t1", agent="a", text="hi", metadata={"k": "v"}),
     ModelOutput(
-        turn_id="t1", step=0, content="", reasoning="think", tool_calls=(ToolCall(id="c1", name="f", arguments='{"x": 1}'),),
-        provider="openai", model="m", replay_blocks=({"type": "thinking", "signature": "SIG", "thinking": "a\n"},),
-        stop_reason="tool_calls", usage=Usage(prompt_tokens=10, completion_tokens=2, total_tokens=12), request_sha256="ab" * 32,
+        turn_id="t1",
+        step=0,
+        content="",
+        reasoning="think",
+        tool_calls=(ToolCall(id="c1", name="f", arguments='{"x": 1}'),),
+        provider="openai",
+        model="m",
+        replay_blocks=({"type": "thinking", "signature": "SIG", "thinking": "a\n"},),
+        stop_reason="tool_calls",
+        usage=Usage(prompt_tokens=10, completion_tokens=2, total_tokens=12),
+        request_sha256="ab" * 32,
     ),
     ToolOutput(turn_id="t1", call_id="c1", name="f", text="2", data={"v": 2}),
     TurnEnded(turn_id="t1", answer="2"),
@@ -47,13 +64,15 @@ def test_newer_schema_version_is_refused_with_upgrade_hint():
 
 
 def test_an_event_that_cannot_be_read_names_trace_and_entry():
-    for payload in (b'{"kind":"nope"}', b'[1]', b'{"type":"tool_result","turn_id":1}', b'{"type": 3}'):
+    for payload in (b'{"kind":"nope"}', b"[1]", b'{"type":"tool_result","turn_id":1}', b'{"type": 3}'):
         with pytest.raises(EventDecodeError, match=r"trace 'tr' entry 5-0"):
             codec.decode_entry({b"v": b"1", b"e": payload}, trace_id="tr", entry_id="5-0")
 
 
 def test_an_event_of_a_type_this_reader_does_not_register_is_read_as_a_placeholder_holding_it():
-    event = codec.decode_entry({b"v": b"1", b"e": b'{"type":"nope","turn_id":"t1","x":[1]}'}, trace_id="tr", entry_id="5-0")
+    event = codec.decode_entry(
+        {b"v": b"1", b"e": b'{"type":"nope","turn_id":"t1","x":[1]}'}, trace_id="tr", entry_id="5-0"
+    )
     assert event == UnknownEvent(stored_type="nope", turn_id="t1", raw={"type": "nope", "turn_id": "t1", "x": [1]})
 
 
@@ -83,7 +102,9 @@ def test_the_schema_version_went_up_with_tools_offered_and_version_1_entries_sti
 
     assert TRACE_SCHEMA_VERSION == 2 and TRACE_SCHEMA_VERSIONS_READ == (1, 2)
     assert codec.encode_entry(EVENTS[0])[b"v"] == b"2"
-    assert codec.decode_entry(codec.encode_entry(ToolsOffered(turn_id="t1", step=0, agent="a")), trace_id="tr") == ToolsOffered(turn_id="t1", step=0, agent="a")
+    assert codec.decode_entry(
+        codec.encode_entry(ToolsOffered(turn_id="t1", step=0, agent="a")), trace_id="tr"
+    ) == ToolsOffered(turn_id="t1", step=0, agent="a")
     for event in EVENTS:  # written by version 1: the same bytes, read as they were
         old = {b"v": b"1", b"e": codec.encode(event)}
         assert codec.decode_entry(old, trace_id="tr", entry_id="1-0") == event

@@ -11,12 +11,12 @@ import pytest
 
 from agentstream import AgentSettings, ChatTurnInput, Text, ToolDeclaration, TurnDenied
 from agentstream.app.base import Agent, App, tool
+from agentstream.app.inputs import as_recorded, parse_payload, tool_states
 from agentstream.context import build_context
 from agentstream.errors import ConfigError, TurnRejected
-from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput, TurnMessage
-from agentstream.steps.fold import fold_events
-from agentstream.app.inputs import as_recorded, parse_payload, tool_states
 from agentstream.steps.decision import CallModel, FailTurn, RecordResults, RunTools, decide
+from agentstream.steps.fold import fold_events
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput, TurnMessage
 
 
 @tool
@@ -43,7 +43,9 @@ DECLARED = [
     ToolDeclaration(name="search", required_tool_instruction="Search first, with {tool}; cite {{n}}."),
     ToolDeclaration(name="later"),  # declared, not supplied
 ]
-CHAT = Agent(name="chat", system_prompt="S", input=ChatTurnInput, tools=[search, calc, mail], declared=DECLARED)  # repeats off: the default
+CHAT = Agent(
+    name="chat", system_prompt="S", input=ChatTurnInput, tools=[search, calc, mail], declared=DECLARED
+)  # repeats off: the default
 APP = App(agents=[CHAT])
 
 
@@ -59,7 +61,9 @@ def test_a_payload_parses_strictly_and_a_string_is_the_text():
     chat = parse_payload(ChatTurnInput, {"text": "Hi", "tools": {"search": "required"}, "context": "c"})
     assert chat.tools == {"search": "required"} and chat.context == "c"
     assert parse_payload(ChatTurnInput, "Hi") == ChatTurnInput(text="Hi")
-    with pytest.raises(ValueError, match=r"unknown field `\$\.input\.tols`; the fields of ChatTurnInput are: text, tools, context"):
+    with pytest.raises(
+        ValueError, match=r"unknown field `\$\.input\.tols`; the fields of ChatTurnInput are: text, tools, context"
+    ):
         parse_payload(ChatTurnInput, {"text": "Hi", "tols": {}})
     with pytest.raises(ValueError, match=r"`\$\.input\.tools\.search`"):
         parse_payload(ChatTurnInput, {"text": "Hi", "tools": {"search": "sometimes"}})
@@ -71,10 +75,17 @@ def test_a_payload_parses_strictly_and_a_string_is_the_text():
 def test_the_turn_message_takes_text_or_input_not_both_nor_neither():
     from agentstream.wire import codec
 
-    assert codec.decode_turn(b'{"trace_id":"c","turn_id":"t","agent":"a","input":{"text":"Hi"}}').payload == {"text": "Hi"}
+    assert codec.decode_turn(b'{"trace_id":"c","turn_id":"t","agent":"a","input":{"text":"Hi"}}').payload == {
+        "text": "Hi"
+    }
     assert codec.decode_turn(b'{"trace_id":"c","turn_id":"t","agent":"a","text":"Hi"}').payload == "Hi"
-    for body, says in ((b'{"trace_id":"c","turn_id":"t","agent":"a"}', r"has neither `\$\.text` nor `\$\.input`: "),
-                       (b'{"trace_id":"c","turn_id":"t","agent":"a","text":"x","input":"y"}', r"has both `\$\.text` and `\$\.input`: ")):
+    for body, says in (
+        (b'{"trace_id":"c","turn_id":"t","agent":"a"}', r"has neither `\$\.text` nor `\$\.input`: "),
+        (
+            b'{"trace_id":"c","turn_id":"t","agent":"a","text":"x","input":"y"}',
+            r"has both `\$\.text` and `\$\.input`: ",
+        ),
+    ):
         with pytest.raises(TurnRejected, match=says):
             codec.decode_turn(body)
 
@@ -89,17 +100,33 @@ def test_an_input_that_no_longer_parses_is_shown_as_recorded():
 # --- startup checks -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda: ToolDeclaration(name="x", required_tool_instruction="Use {tool} for {topic}."), r"uses \{topic\}"),
-    (lambda: ToolDeclaration(name="x", required_tool_instruction="Use {tool"), "not a valid format string"),
-    (lambda: ToolDeclaration(name="x", default="maybe"), "not one of off, auto, required"),
-    (lambda: Agent(name="a", system_prompt="S", tools=[search], declared=[ToolDeclaration(name="search")] * 2), "declared twice"),
-    (lambda: Agent(name="a", system_prompt="S", tools=[search], declared=[ToolDeclaration(name="search"), ToolDeclaration(name="reopen")]),
-     "the reopen tool"),
-    (lambda: Agent(name="a", system_prompt="S", tools=[search, calc], declared=[ToolDeclaration(name="search")]), r"does not declare: \['calc'\]"),
-    (lambda: Agent(name="a", system_prompt="S", input=dict), "pydantic model class"),
-    (lambda: AgentSettings(name="b"), "not per-turn settings"),
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ToolDeclaration(name="x", required_tool_instruction="Use {tool} for {topic}."), r"uses \{topic\}"),
+        (lambda: ToolDeclaration(name="x", required_tool_instruction="Use {tool"), "not a valid format string"),
+        (lambda: ToolDeclaration(name="x", default="maybe"), "not one of off, auto, required"),
+        (
+            lambda: Agent(name="a", system_prompt="S", tools=[search], declared=[ToolDeclaration(name="search")] * 2),
+            "declared twice",
+        ),
+        (
+            lambda: Agent(
+                name="a",
+                system_prompt="S",
+                tools=[search],
+                declared=[ToolDeclaration(name="search"), ToolDeclaration(name="reopen")],
+            ),
+            "the reopen tool",
+        ),
+        (
+            lambda: Agent(name="a", system_prompt="S", tools=[search, calc], declared=[ToolDeclaration(name="search")]),
+            r"does not declare: \['calc'\]",
+        ),
+        (lambda: Agent(name="a", system_prompt="S", input=dict), "pydantic model class"),
+        (lambda: AgentSettings(name="b"), "not per-turn settings"),
+    ],
+)
 def test_declarations_and_settings_that_cannot_work_fail_at_startup(make, message):
     with pytest.raises(ConfigError, match=message):
         make()
@@ -123,8 +150,11 @@ def test_tool_states_of_a_turn():
     supplied = ["search", "calc", "mail"]
     assert tool_states(DECLARED, supplied, {}) == {"mail": "off", "calc": "auto", "search": "auto", "later": "auto"}
     assert tool_states(DECLARED, supplied, {"mail": "auto", "calc": "auto"})["mail"] == "auto"  # locked, asked as it is
-    for asked, why in [({"calc": "off"}, "locks it at 'auto'"), ({"nope": "off"}, "does not declare"),
-                       ({"later": "required"}, "does not supply")]:
+    for asked, why in [
+        ({"calc": "off"}, "locks it at 'auto'"),
+        ({"nope": "off"}, "does not declare"),
+        ({"later": "required"}, "does not supply"),
+    ]:
         with pytest.raises(TurnDenied, match=why) as info:
             tool_states(DECLARED, supplied, asked)
         assert info.value.code == "bad_turn"
@@ -139,7 +169,9 @@ def test_the_recorded_turn_keeps_the_payload_states_and_instructions():
     assert turn.instructions == ("Search first, with search; cite {n}.",)
     assert [t.name for t in CHAT.offered_tools(turn)] == ["mail", "calc", "search"]  # declaration order
     with pytest.raises(TurnRejected, match="locks it") as info:
-        APP.turn_input(TurnMessage(trace_id="c", turn_id="t2", agent="chat", input={"text": "x", "tools": {"calc": "off"}}))
+        APP.turn_input(
+            TurnMessage(trace_id="c", turn_id="t2", agent="chat", input={"text": "x", "tools": {"calc": "off"}})
+        )
     assert (info.value.code, info.value.trace_id, info.value.turn_id) == ("bad_turn", "c", "t2")
 
 
@@ -147,36 +179,65 @@ def test_the_recorded_turn_keeps_the_payload_states_and_instructions():
 
 
 def test_the_context_offers_the_turns_tools_with_the_required_instruction():
-    turn = APP.turn_input(TurnMessage(trace_id="c", turn_id="t1", agent="chat", input={"text": "Find it", "tools": {"search": "required"}}))
+    turn = APP.turn_input(
+        TurnMessage(
+            trace_id="c", turn_id="t1", agent="chat", input={"text": "Find it", "tools": {"search": "required"}}
+        )
+    )
     request = build_context([turn], CHAT, turn_id="t1", step=0).request
     assert [t.name for t in request.tools] == ["calc", "search"]  # mail is off; declaration order
     assert request.messages[0].text == "Find it\n\nSearch first, with search; cite {n}."
-    later = APP.turn_input(TurnMessage(trace_id="c", turn_id="t2", agent="chat", input={"text": "Mail it", "tools": {"search": "off", "calc": "auto"}}))
+    later = APP.turn_input(
+        TurnMessage(
+            trace_id="c",
+            turn_id="t2",
+            agent="chat",
+            input={"text": "Mail it", "tools": {"search": "off", "calc": "auto"}},
+        )
+    )
     events = [turn, ModelOutput(turn_id="t1", step=0, content="Found."), later]
     request = build_context(events, CHAT, turn_id="t2", step=0).request
     assert [t.name for t in request.tools] == ["calc"]
-    assert [m.text for m in request.messages if hasattr(m, "images")][:1] == ["Find it\n\nSearch first, with search; cite {n}."]
+    assert [m.text for m in request.messages if hasattr(m, "images")][:1] == [
+        "Find it\n\nSearch first, with search; cite {n}."
+    ]
 
 
 def test_an_input_the_agents_type_changed_under_is_shown_as_recorded_and_a_hook_may_hide_one():
     old = TurnInput(turn_id="t1", agent="a", text="", input={"question": "Where?", "lang": "en"})
     new = TurnInput(turn_id="t2", agent="a", text="", input={"text": "Now?", "tools": {}})
     agent = Agent(name="a", system_prompt="S", input=ChatTurnInput)
-    messages = build_context([old, ModelOutput(turn_id="t1", step=0, content="Here."), new], agent, turn_id="t2", step=0).request.messages
+    messages = build_context(
+        [old, ModelOutput(turn_id="t1", step=0, content="Here."), new], agent, turn_id="t2", step=0
+    ).request.messages
     assert messages[0].text == json.dumps({"question": "Where?", "lang": "en"}, sort_keys=True)
     assert messages[-1].text == "Now?"
-    hiding = Agent(name="a", system_prompt="S", input=ChatTurnInput, render_input=lambda p, show, t: None if p.text == "Now?" else p.text.upper())
+    hiding = Agent(
+        name="a",
+        system_prompt="S",
+        input=ChatTurnInput,
+        render_input=lambda p, show, t: None if p.text == "Now?" else p.text.upper(),
+    )
     ok = TurnInput(turn_id="t0", agent="a", text="hi")
-    messages = build_context([ok, ModelOutput(turn_id="t0", step=0, content="Hello."), new], hiding, turn_id="t2", step=0).request.messages
+    messages = build_context(
+        [ok, ModelOutput(turn_id="t0", step=0, content="Hello."), new], hiding, turn_id="t2", step=0
+    ).request.messages
     assert [getattr(m, "text", None) or m.content for m in messages] == ["HI", "Hello."]
 
 
 def test_the_fold_builds_what_a_whole_trace_build_builds():
-    t1 = APP.turn_input(TurnMessage(trace_id="c", turn_id="t1", agent="chat", input={"text": "Find", "tools": {"search": "required"}}))
-    t2 = APP.turn_input(TurnMessage(trace_id="c", turn_id="t2", agent="chat", input={"text": "Again", "tools": {"mail": "auto"}}))
+    t1 = APP.turn_input(
+        TurnMessage(trace_id="c", turn_id="t1", agent="chat", input={"text": "Find", "tools": {"search": "required"}})
+    )
+    t2 = APP.turn_input(
+        TurnMessage(trace_id="c", turn_id="t2", agent="chat", input={"text": "Again", "tools": {"mail": "auto"}})
+    )
     events = [
-        t1, ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="search", arguments='{"q":"x"}'),)),
-        ToolOutput(turn_id="t1", call_id="c1", name="search", text="x"), ModelOutput(turn_id="t1", step=1, content="Found x."), t2,
+        t1,
+        ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="search", arguments='{"q":"x"}'),)),
+        ToolOutput(turn_id="t1", call_id="c1", name="search", text="x"),
+        ModelOutput(turn_id="t1", step=1, content="Found x."),
+        t2,
     ]
     fold = fold_events("c", [(f"{i + 1}-0", e) for i, e in enumerate(events[:3])])
     fold.build(CHAT, turn_id="t1", step=1)  # folded part of the way, then fed the rest
@@ -199,9 +260,14 @@ def test_an_identical_call_gets_the_earlier_result_when_repeats_are_off():
     turn = APP.turn_input(TurnMessage(trace_id="c", turn_id="t1", agent="chat", text="Hi"))
     first = ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="search", arguments='{"q": "x"}'),))
     result = ToolOutput(turn_id="t1", call_id="c1", name="search", text="found x", data={"n": 1})
-    again = ModelOutput(turn_id="t1", step=1, tool_calls=(
-        ToolCall(id="c2", name="search", arguments='{"q":"x"}'), ToolCall(id="c3", name="search", arguments='{"q":"y"}'),
-    ))
+    again = ModelOutput(
+        turn_id="t1",
+        step=1,
+        tool_calls=(
+            ToolCall(id="c2", name="search", arguments='{"q":"x"}'),
+            ToolCall(id="c3", name="search", arguments='{"q":"y"}'),
+        ),
+    )
     decision = decide([turn, first, result, again], APP.agent)
     assert isinstance(decision, RecordResults)
     (repeat,) = decision.results
@@ -226,7 +292,9 @@ def test_repeats_are_off_by_default_and_an_agent_or_a_tool_turns_them_on():
     fresh = tool(search.fn, name="search", repeats=True)  # the tool's own setting wins over the agent's
     tool_on = App(agents=[Agent(name="a", system_prompt="S", tools=[fresh])]).agent
     assert isinstance(decide(events, tool_on), RunTools)
-    tool_off = App(agents=[Agent(name="a", system_prompt="S", tools=[tool(search.fn, name="search", repeats=False)], repeats=True)]).agent
+    tool_off = App(
+        agents=[Agent(name="a", system_prompt="S", tools=[tool(search.fn, name="search", repeats=False)], repeats=True)]
+    ).agent
     assert isinstance(decide(events, tool_off), RecordResults)
 
 
@@ -240,7 +308,11 @@ def test_per_turn_settings_and_their_refusal():
     app = App(agents=[agent], resources="the rules")
     yes = TurnInput(turn_id="t1", agent="a", text="yes")
     decision = decide([yes], app.agent)
-    assert isinstance(decision, CallModel) and decision.agent.system_prompt == "S for default" and decision.agent.max_passes == 2
+    assert (
+        isinstance(decision, CallModel)
+        and decision.agent.system_prompt == "S for default"
+        and decision.agent.max_passes == 2
+    )
     assert decide([yes], app.agent).agent is decision.agent  # the same agent for the same turn: caches keep working
     no = TurnInput(turn_id="t2", agent="a", text="no")
     assert decide([no], app.agent) == FailTurn(no, "forbidden", "refused by the rules")
@@ -267,14 +339,21 @@ def test_per_turn_settings_may_only_give_the_apps_tools():
         app.turn_input(TurnMessage(trace_id="c", turn_id="t", agent="a", text="x"))
     assert info.value.code == "config"
     fine = Agent(name="b", system_prompt="S", tools=[search], settings=lambda r, p, m: AgentSettings(tools=[calc]))
-    assert App(agents=[fine], extra_tools=[calc]).turn_input(TurnMessage(trace_id="c", turn_id="t", agent="b", text="x")).tools == {"calc": "auto"}
+    assert App(agents=[fine], extra_tools=[calc]).turn_input(
+        TurnMessage(trace_id="c", turn_id="t", agent="b", text="x")
+    ).tools == {"calc": "auto"}
 
 
 def test_identical_calls_of_one_model_call_all_run():
     turn = APP.turn_input(TurnMessage(trace_id="c", turn_id="t1", agent="chat", text="Hi"))
-    both = ModelOutput(turn_id="t1", step=0, tool_calls=(
-        ToolCall(id="c1", name="search", arguments='{"q":"x"}'), ToolCall(id="c2", name="search", arguments='{"q":"x"}'),
-    ))
+    both = ModelOutput(
+        turn_id="t1",
+        step=0,
+        tool_calls=(
+            ToolCall(id="c1", name="search", arguments='{"q":"x"}'),
+            ToolCall(id="c2", name="search", arguments='{"q":"x"}'),
+        ),
+    )
     first = ToolOutput(turn_id="t1", call_id="c1", name="search", text="found x")
     decision = decide([turn, both, first], APP.agent)  # c1's result is in, c2's job is out: c2 still runs
     assert isinstance(decision, RunTools) and [c.id for c in decision.calls] == ["c2"]
@@ -282,22 +361,31 @@ def test_identical_calls_of_one_model_call_all_run():
 
 # --- tools of MCP servers, declared like the agent's own ----------------------------------------------
 
+
 def _mcp_app():
     from agentstream import McpServer
 
     server = McpServer(name="srv", command=["srv"])
-    agent = Agent(name="m", system_prompt="S", input=ChatTurnInput, tools=[search, server], declared=[
-        ToolDeclaration(name="search"),
-        ToolDeclaration(name="add", default="off"),  # a tool of the server
-        ToolDeclaration(name="fail", locked=True),
-    ])
+    agent = Agent(
+        name="m",
+        system_prompt="S",
+        input=ChatTurnInput,
+        tools=[search, server],
+        declared=[
+            ToolDeclaration(name="search"),
+            ToolDeclaration(name="add", default="off"),  # a tool of the server
+            ToolDeclaration(name="fail", locked=True),
+        ],
+    )
     return App(agents=[agent])
 
 
 def _offer(*names):
     from agentstream.wire.events import OfferedTool, ToolsOffered
 
-    tools = tuple(OfferedTool(name=n, description=n, parameters={"type": "object", "properties": {}}, server="srv") for n in names)
+    tools = tuple(
+        OfferedTool(name=n, description=n, parameters={"type": "object", "properties": {}}, server="srv") for n in names
+    )
     return ToolsOffered(turn_id="t1", step=0, agent="m", tools=tools, digest="d")
 
 
@@ -307,12 +395,16 @@ def test_an_mcp_servers_tools_follow_their_declarations_and_the_turns_states():
     offer = _offer("add", "fail", "undeclared")
     request = build_context([default, offer], app.agent("m"), turn_id="t1", step=0).request
     assert [t.name for t in request.tools] == ["search", "fail", "undeclared"]  # add: declared off; undeclared: auto
-    asked = app.turn_input(TurnMessage(trace_id="c", turn_id="t1", agent="m", input={"text": "Hi", "tools": {"add": "required"}}))
+    asked = app.turn_input(
+        TurnMessage(trace_id="c", turn_id="t1", agent="m", input={"text": "Hi", "tools": {"add": "required"}})
+    )
     assert asked.tools["add"] == "required" and asked.instructions == ("Use the add tool for this message.",)
     request = build_context([asked, offer], app.agent("m"), turn_id="t1", step=0).request
     assert [t.name for t in request.tools] == ["search", "add", "fail", "undeclared"]
     with pytest.raises(TurnRejected, match="locks it at 'auto'"):  # a locked MCP tool stays as declared
-        app.turn_input(TurnMessage(trace_id="c", turn_id="t1", agent="m", input={"text": "Hi", "tools": {"fail": "off"}}))
+        app.turn_input(
+            TurnMessage(trace_id="c", turn_id="t1", agent="m", input={"text": "Hi", "tools": {"fail": "off"}})
+        )
     # a call of the MCP tool the turn turned off is not run
     call = ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c1", name="add", arguments="{}"),))
     decision = decide([default, offer, call], app.agent)
@@ -321,4 +413,8 @@ def test_an_mcp_servers_tools_follow_their_declarations_and_the_turns_states():
     assert isinstance(decide([asked, offer, call], app.agent), RunTools)
     # required, but the server does not list it: refused before the model is called
     failed = decide([asked, _offer("fail")], app.agent)
-    assert isinstance(failed, FailTurn) and failed.code == "bad_turn" and "requires tool 'add', which no MCP server" in failed.reason
+    assert (
+        isinstance(failed, FailTurn)
+        and failed.code == "bad_turn"
+        and "requires tool 'add', which no MCP server" in failed.reason
+    )

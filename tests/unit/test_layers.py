@@ -61,7 +61,9 @@ def _imports(name: str) -> tuple[set[str], set[str]]:
                 module = ".".join([*base, node.module] if node.module else base)
             else:
                 module = node.module or ""
-            targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module for alias in node.names]
+            targets = [
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module for alias in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -123,8 +125,12 @@ def test_the_wire_imports_only_the_wire_and_errors() -> None:
 def test_only_the_runtime_imports_redis() -> None:
     importers = {name for name, (_, outside) in GRAPH.items() if "redis" in outside and name.startswith("agentstream.")}
     outside_runtime = {name for name in importers if not _in(name, ("agentstream.runtime",))}
-    assert outside_runtime <= REDIS_OUTSIDE_RUNTIME, f"imports redis outside the runtime: {sorted(outside_runtime - REDIS_OUTSIDE_RUNTIME)}"
-    assert outside_runtime == REDIS_OUTSIDE_RUNTIME, f"no longer import redis (drop them from the list): {sorted(REDIS_OUTSIDE_RUNTIME - outside_runtime)}"
+    assert outside_runtime <= REDIS_OUTSIDE_RUNTIME, (
+        f"imports redis outside the runtime: {sorted(outside_runtime - REDIS_OUTSIDE_RUNTIME)}"
+    )
+    assert outside_runtime == REDIS_OUTSIDE_RUNTIME, (
+        f"no longer import redis (drop them from the list): {sorted(REDIS_OUTSIDE_RUNTIME - outside_runtime)}"
+    )
 
 
 SERVICES_IMPORTING_REDIS: set[str] = set()
@@ -133,9 +139,15 @@ named operation of :mod:`agentstream.runtime`)."""
 
 
 def test_services_never_import_redis() -> None:
-    offenders = {name for name, (_, outside) in GRAPH.items() if name.startswith("agentstream_services") and "redis" in outside}
-    assert offenders <= SERVICES_IMPORTING_REDIS, f"services import redis (use a runtime operation instead): {sorted(offenders - SERVICES_IMPORTING_REDIS)}"
-    assert offenders == SERVICES_IMPORTING_REDIS, f"no longer import redis (drop them from the list): {sorted(SERVICES_IMPORTING_REDIS - offenders)}"
+    offenders = {
+        name for name, (_, outside) in GRAPH.items() if name.startswith("agentstream_services") and "redis" in outside
+    }
+    assert offenders <= SERVICES_IMPORTING_REDIS, (
+        f"services import redis (use a runtime operation instead): {sorted(offenders - SERVICES_IMPORTING_REDIS)}"
+    )
+    assert offenders == SERVICES_IMPORTING_REDIS, (
+        f"no longer import redis (drop them from the list): {sorted(SERVICES_IMPORTING_REDIS - offenders)}"
+    )
 
 
 def test_no_import_cycles() -> None:
@@ -176,7 +188,8 @@ def test_no_import_cycles() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
-REDIS_COMMANDS = frozenset("""
+REDIS_COMMANDS = frozenset(
+    """
     pipeline register_script eval evalsha eval_ro evalsha_ro fcall execute_command script_load script_exists
     multi transaction
     xadd xread xreadgroup xrange xrevrange xack xclaim xautoclaim xpending xpending_range xdel xtrim xlen
@@ -186,7 +199,8 @@ REDIS_COMMANDS = frozenset("""
     sadd srem sismember smembers scard zadd zrem zrange zrangebyscore zremrangebyscore zscore zcard
     pttl pexpire persist incr incrby decr mget mset setnx getdel unlink scan scan_iter flushdb flushall
     publish pubsub subscribe psubscribe
-""".split())
+""".split()
+)
 """redis-py command methods (streams, hashes, sets, sorted sets, scripts, pipelines) whose names
 say Redis wherever they are called."""
 
@@ -224,14 +238,20 @@ def _commands_sent(name: str) -> list[str]:
     return _commands_in(MODULES[name].read_text())
 
 
-COMMANDS = {name: sent for name in MODULES if not _in(name, ("agentstream.runtime",)) and (sent := _commands_sent(name))}
+COMMANDS = {
+    name: sent for name in MODULES if not _in(name, ("agentstream.runtime",)) and (sent := _commands_sent(name))
+}
 
 
 def test_only_the_runtime_sends_redis_commands() -> None:
     senders = set(COMMANDS)
     new = {name: COMMANDS[name] for name in sorted(senders - COMMANDS_OUTSIDE_RUNTIME)}
-    assert not new, f"send Redis commands outside the runtime (make them named operations of agentstream.runtime): {new}"
-    assert senders == COMMANDS_OUTSIDE_RUNTIME, f"no longer send Redis commands (drop them from the list): {sorted(COMMANDS_OUTSIDE_RUNTIME - senders)}"
+    assert not new, (
+        f"send Redis commands outside the runtime (make them named operations of agentstream.runtime): {new}"
+    )
+    assert senders == COMMANDS_OUTSIDE_RUNTIME, (
+        f"no longer send Redis commands (drop them from the list): {sorted(COMMANDS_OUTSIDE_RUNTIME - senders)}"
+    )
 
 
 def test_services_send_no_redis_commands() -> None:
@@ -252,4 +272,9 @@ def test_the_command_check_sees_commands() -> None:
         "    self.store.exists('t')\n"
     )
     sent = _commands_in(source)
-    assert [s.split(": ", 1)[1] for s in sent] == ["self.redis.pipeline", "self.redis.register_script", "pipe.xadd", "self.store.redis.get"]
+    assert [s.split(": ", 1)[1] for s in sent] == [
+        "self.redis.pipeline",
+        "self.redis.register_script",
+        "pipe.xadd",
+        "self.store.redis.get",
+    ]

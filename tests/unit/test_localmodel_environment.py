@@ -14,7 +14,12 @@ from agentstream.ops.settings import Settings
 
 class FakeServer:
     def __init__(self, **kwargs):
-        self.base_url, self.model, self.ready_s, self.n_ctx = "http://127.0.0.1:5555/v1", localmodel.MODEL_ALIAS, 0.1, kwargs["n_ctx"]
+        self.base_url, self.model, self.ready_s, self.n_ctx = (
+            "http://127.0.0.1:5555/v1",
+            localmodel.MODEL_ALIAS,
+            0.1,
+            kwargs["n_ctx"],
+        )
 
     endpoint_options = localmodel.LocalModelServer.endpoint_options
 
@@ -38,10 +43,13 @@ def test_main_prints_the_model_options_with_the_quirks(monkeypatch, capsys):
     env = {name: shlex.split(value)[0] for name, value in lines.items()}
     options = json.loads(env["AGENTSTREAM_DEFAULT_MODEL_OPTIONS"])
     assert options["quirks"] == localmodel.LLAMA_CPP_QUIRKS and options["window_tokens"] == 8192
-    settings = Settings(openai_base_url=env["OPENAI_BASE_URL"], openai_model=env["OPENAI_MODEL"],
-                        default_model_options=env["AGENTSTREAM_DEFAULT_MODEL_OPTIONS"])
+    settings = Settings(
+        openai_base_url=env["OPENAI_BASE_URL"],
+        openai_model=env["OPENAI_MODEL"],
+        default_model_options=env["AGENTSTREAM_DEFAULT_MODEL_OPTIONS"],
+    )
     endpoint = default_endpoint(settings)  # what a service started with these lines runs on
-    assert endpoint.quirks.model_dump(exclude_defaults=True) == {k: v for k, v in localmodel.LLAMA_CPP_QUIRKS.items()
-                                                                 if getattr(endpoint.quirks.__class__(), k) != v}
+    assert endpoint.quirks.model_dump(exclude_defaults=True) == {
+        k: v for k, v in localmodel.LLAMA_CPP_QUIRKS.items() if getattr(endpoint.quirks.__class__(), k) != v
+    }
     assert endpoint.window_tokens == 8192
-

@@ -2,8 +2,8 @@ import json
 
 from agentstream.app.base import Agent, tool
 from agentstream.context import build_request
-from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput
 from agentstream.models import openai_format
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput
 
 
 @tool
@@ -15,15 +15,25 @@ def f(x: int) -> int:
 def parse(message, finish="stop", **kw):
     return openai_format.parse_response(
         {"choices": [{"message": message, "finish_reason": finish}], "model": "m", **kw},
-        turn_id="t", step=2, request_sha256="h", latency_ms=1.0, model="m",
+        turn_id="t",
+        step=2,
+        request_sha256="h",
+        latency_ms=1.0,
+        model="m",
     )
 
 
 def test_tool_calls_keep_raw_arguments_and_get_ids():
-    out = parse({"content": None, "tool_calls": [
-        {"function": {"name": "f", "arguments": '{"x": 1}{"x": 2}'}},
-        {"id": "c9", "function": {"name": "f", "arguments": {"x": 3}}},
-    ]}, finish="tool_calls")
+    out = parse(
+        {
+            "content": None,
+            "tool_calls": [
+                {"function": {"name": "f", "arguments": '{"x": 1}{"x": 2}'}},
+                {"id": "c9", "function": {"name": "f", "arguments": {"x": 3}}},
+            ],
+        },
+        finish="tool_calls",
+    )
     assert out.tool_calls[0] == ToolCall(id="call_t_2_0", name="f", arguments='{"x": 1}{"x": 2}')
     assert out.tool_calls[1].arguments == '{"x":3}'
     assert out.stop_reason == "tool_calls" and out.content == ""
@@ -67,7 +77,14 @@ def test_tool_results_restated_as_a_user_message_for_servers_that_drop_tool_mess
     agent = Agent(name="a", system_prompt="S", tools=[f], max_passes=3)
     events = [
         TurnInput(turn_id="t", agent="a", text="go"),
-        ModelOutput(turn_id="t", step=0, tool_calls=(ToolCall(id="c1", name="f", arguments='{"x":1}'), ToolCall(id="c2", name="f", arguments='{"x":2}'))),
+        ModelOutput(
+            turn_id="t",
+            step=0,
+            tool_calls=(
+                ToolCall(id="c1", name="f", arguments='{"x":1}'),
+                ToolCall(id="c2", name="f", arguments='{"x":2}'),
+            ),
+        ),
         ToolOutput(turn_id="t", call_id="c2", name="f", text="2"),
         ToolOutput(turn_id="t", call_id="c1", name="f", text="1"),
     ]
@@ -76,4 +93,7 @@ def test_tool_results_restated_as_a_user_message_for_servers_that_drop_tool_mess
     assert [m["role"] for m in plain["messages"]] == ["system", "user", "assistant", "tool", "tool"]
     quirky = json.loads(openai_format.request_body(request, model="m", quirks=Quirks(tool_results_as_user=True)))
     assert [m["role"] for m in quirky["messages"]] == ["system", "user", "assistant", "tool", "tool", "user"]
-    assert quirky["messages"][-1]["content"] == "Result of f: 1\nResult of f: 2\nAnswer the question in one short sentence."
+    assert (
+        quirky["messages"][-1]["content"]
+        == "Result of f: 1\nResult of f: 2\nAnswer the question in one short sentence."
+    )

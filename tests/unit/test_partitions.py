@@ -21,7 +21,13 @@ def test_one_partition_keeps_every_name_of_before() -> None:
     assert keys.tools_for("default", "any") == "ns:tools:default"
     assert keys.for_trace(keys.delegations, "x") == "ns:delegations"
     assert keys.work_streams(["default"]) == [
-        "ns:turns", "ns:wake", "ns:cancel", "ns:delegations", "ns:child-endings", "ns:compactions", "ns:tools:default",
+        "ns:turns",
+        "ns:wake",
+        "ns:cancel",
+        "ns:delegations",
+        "ns:child-endings",
+        "ns:compactions",
+        "ns:tools:default",
     ]
 
 
@@ -40,8 +46,13 @@ def test_the_partition_does_not_depend_on_the_process() -> None:
     # Python's hash() of a str changes with PYTHONHASHSEED; the partition must not
     code = "from agentstream.wire.keys import partition_of; print([partition_of(f't{i}', 5) for i in range(50)])"
     runs = {
-        subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed, "PATH": ""}, capture_output=True,
-                       text=True, check=True).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PYTHONHASHSEED": seed, "PATH": ""},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for seed in ("1", "2", "3")
     }
     assert len(runs) == 1
@@ -140,7 +151,11 @@ def test_no_two_usable_queue_names_share_a_stream_at_any_partition_count() -> No
 def test_the_namespace_may_end_in_a_suffix_or_hold_colons() -> None:
     # the namespace starts every key, so no partition suffix follows it directly
     for namespace in ("prod:agentstream", "ns:p1", "a.b-c"):
-        assert Keys(namespace, 3).turns_for("t") in {f"{namespace}:turns", f"{namespace}:turns:p1", f"{namespace}:turns:p2"}
+        assert Keys(namespace, 3).turns_for("t") in {
+            f"{namespace}:turns",
+            f"{namespace}:turns:p1",
+            f"{namespace}:turns:p2",
+        }
         assert check_namespace(namespace) == namespace
 
 
@@ -150,10 +165,12 @@ def test_tools_mcp_servers_and_settings_refuse_such_names_at_configuration() -> 
     from agentstream.ops.settings import Settings
 
     with pytest.raises(ConfigError, match=r"tool 'lookup': tool queue name 'x:p1'.*partition 1 of queue 'x'"):
+
         @tool(queue="x:p1")
         def lookup(key: str) -> str:
             """Look a key up."""
             return key
+
     with pytest.raises(ConfigError, match=r"MCP server 'files': tool queue name 'files:p2'"):
         McpServer("files", command=["true"], queue="files:p2")
     assert McpServer("files", command=["true"]).queue == "mcp-files"

@@ -43,7 +43,13 @@ def test_every_name_in_all_imports() -> None:
 
 
 README_IMPORTS = sorted(
-    set(re.findall(r"^\s*(from agentstream[\w.]* import [\w, ]+|import agentstream[\w.]*)\s*$", (ROOT / "README.md").read_text(), re.M))
+    set(
+        re.findall(
+            r"^\s*(from agentstream[\w.]* import [\w, ]+|import agentstream[\w.]*)\s*$",
+            (ROOT / "README.md").read_text(),
+            re.M,
+        )
+    )
 )
 
 

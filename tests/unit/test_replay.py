@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from agentstream import Agent
-from agentstream.steps.summarising import SUMMARY_FAILED, Summarise, next_call, sent_request
 from agentstream.context import (
     BRACKETS,
     Compact,
@@ -21,6 +21,9 @@ from agentstream.context import (
 )
 from agentstream.context.state import TraceState
 from agentstream.delegation import offered_agent
+from agentstream.models import formats
+from agentstream.steps.replay import RebuiltCall, _candidates, _endpoint_of, rebuild_calls
+from agentstream.steps.summarising import SUMMARY_FAILED, Summarise, next_call, sent_request
 from agentstream.wire.events import (
     CompactionFailed,
     Document,
@@ -31,17 +34,20 @@ from agentstream.wire.events import (
     TurnEnded,
     TurnInput,
 )
-from agentstream.models import formats
-from agentstream.steps.replay import RebuiltCall, _candidates, _endpoint_of, rebuild_calls
-
 from tests.property.test_context_shortcuts import messy_trace
 from tests.property.traces import fetch, search
 
 
 def _agent(name: str, window: int) -> Agent:
     policy = ContextPolicy(output_reserve=Tokens(1_000), compact=Compact())
-    return Agent(name=name, system_prompt=f"You are {name}.", tools=[search, fetch], max_passes=6,
-                 context=ContextConfig(policy=policy, citations=BRACKETS), model_limits=ModelLimits(window=Tokens(window)))
+    return Agent(
+        name=name,
+        system_prompt=f"You are {name}.",
+        tools=[search, fetch],
+        max_passes=6,
+        context=ContextConfig(policy=policy, citations=BRACKETS),
+        model_limits=ModelLimits(window=Tokens(window)),
+    )
 
 
 AGENTS = {"a": _agent("a", 16_000), "b": _agent("b", 9_000)}
@@ -62,15 +68,21 @@ def rebuild_each_from_the_start(events: list[Any], agent_of, **kwargs: Any) -> l
             endpoint = _endpoint_of(event, agent, endpoints, kwargs.get("model_name"))
             bodies = list(_candidates(request, endpoint, event, configured=False))
             body = next((b for b in bodies if formats.fingerprint(b) == event.request_sha256), bodies[0])
-            out.append(RebuiltCall(event.turn_id, event.step, body, event.request_sha256, formats.fingerprint(body), endpoint, False))
+            out.append(
+                RebuiltCall(
+                    event.turn_id, event.step, body, event.request_sha256, formats.fingerprint(body), endpoint, False
+                )
+            )
     return out
 
 
 def recorded(events: list[Any]) -> list[Any]:
     """The trace with each model output's fingerprint as a rebuild from the start gives it."""
     calls = iter(rebuild_each_from_the_start(events, AGENTS.get))
-    return [msgspec.structs.replace(e, request_sha256=next(calls).rebuilt_sha256) if isinstance(e, ModelOutput) else e
-            for e in events]
+    return [
+        msgspec.structs.replace(e, request_sha256=next(calls).rebuilt_sha256) if isinstance(e, ModelOutput) else e
+        for e in events
+    ]
 
 
 def agent_loop_trace(seed: int, turns_wanted: int) -> list[Any]:
@@ -92,7 +104,11 @@ def agent_loop_trace(seed: int, turns_wanted: int) -> list[Any]:
         if isinstance(decision, Summarise):
             plan = decision.plan
             if rng.random() < 0.3:
-                events.append(CompactionFailed(turn_id=plan.turn_id, kept_from_turn=plan.kept_from_turn, code=SUMMARY_FAILED, reason="refused"))
+                events.append(
+                    CompactionFailed(
+                        turn_id=plan.turn_id, kept_from_turn=plan.kept_from_turn, code=SUMMARY_FAILED, reason="refused"
+                    )
+                )
             else:
                 events.append(compaction_event(plan, text(50)))
 
@@ -110,9 +126,19 @@ def agent_loop_trace(seed: int, turns_wanted: int) -> list[Any]:
             step += 1
             for tool_call in tool_calls:
                 docs += 1
-                elements = (Document(id=f"d{docs}", title=text(3)), Passage(id=f"d{docs}#0", ref=f"d{docs}", text=text(80)))
-                events.append(ToolOutput(turn_id=turn, call_id=tool_call.id, name=tool_call.name, text=text(rng.randint(5, 500)),
-                                         elements=elements if tool_call.name == "search" else ()))
+                elements = (
+                    Document(id=f"d{docs}", title=text(3)),
+                    Passage(id=f"d{docs}#0", ref=f"d{docs}", text=text(80)),
+                )
+                events.append(
+                    ToolOutput(
+                        turn_id=turn,
+                        call_id=tool_call.id,
+                        name=tool_call.name,
+                        text=text(rng.randint(5, 500)),
+                        elements=elements if tool_call.name == "search" else (),
+                    )
+                )
         call(AGENTS[name], turn, step)
         events.append(ModelOutput(turn_id=turn, step=step, content=text(20) + f" [{rng.randint(1, docs * 2)}]"))
         events.append(TurnEnded(turn_id=turn, answer="."))

@@ -1,10 +1,9 @@
 """The agent loop's decisions, as a pure function of the trace."""
+
 import pytest
 
 from agentstream.app.base import Agent, App, tool
-from agentstream.context import ToolResultMessage, UserMessage, build_messages
-from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
-from agentstream.context import build_request
+from agentstream.context import ToolResultMessage, UserMessage, build_messages, build_request
 from agentstream.steps.decision import (
     PASSES_CAP_CODE,
     PASSES_CAP_DIRECTIVE,
@@ -16,6 +15,7 @@ from agentstream.steps.decision import (
     RunTools,
     decide,
 )
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
 
 @tool
@@ -155,7 +155,9 @@ def test_answers_and_empty_replies_do_not_count_toward_the_cap():
 
 
 def test_no_rounds_after_the_cap():
-    agent = Agent(name="a", system_prompt="S", tools=[get], max_passes=1, tool_rounds_after_cap=0, first_tool_choice="required")
+    agent = Agent(
+        name="a", system_prompt="S", tools=[get], max_passes=1, tool_rounds_after_cap=0, first_tool_choice="required"
+    )
     assert [agent.tool_choice_at(passes, passes) for passes in range(2)] == ["required", "none"]
 
 
@@ -190,14 +192,16 @@ def test_a_queued_turn_is_not_shown_inside_the_running_one():
     r1 = ToolOutput(turn_id="t1", call_id="c1", name="get", text="x")
     msgs = build_messages([T1, t2, out, r1], upto_turn="t1")
     assert not any(isinstance(m, UserMessage) and m.text == "second" for m in msgs)
-    full = build_messages([T1, t2, out, r1, ModelOutput(turn_id="t1", step=1, content="ok"), TurnEnded(turn_id="t1", answer="ok")])
+    full = build_messages(
+        [T1, t2, out, r1, ModelOutput(turn_id="t1", step=1, content="ok"), TurnEnded(turn_id="t1", answer="ok")]
+    )
     assert isinstance(full[-1], UserMessage) and full[-1].text == "second"
 
 
 def test_a_turn_may_name_only_a_model_its_agent_allows_and_the_app_configures():
-    from agentstream.wire.events import TaskInput
     from agentstream.models.endpoints import ModelEndpoint
     from agentstream.steps.decision import model_refusal
+    from agentstream.wire.events import TaskInput
 
     agent = Agent(name="a", system_prompt="S", tools=[get], models=["big", "gone"])
     endpoints = {n: ModelEndpoint(id=n, provider="openai", base_url="http://x/v1", model=n) for n in ("default", "big")}

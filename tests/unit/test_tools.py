@@ -48,7 +48,10 @@ def test_empty_arguments_mean_empty_object(raw):
         ("[1, 2]", "must be a JSON object"),
         ('{"a": 1, "zzz": 3}', "zzz: Extra inputs are not permitted"),
         ("{}", "a: Field required"),
-        ('{"a": 1, "b": "\\ud800"}', r"in the value of key `b`\) is a lone high UTF-16 surrogate"),  # not Unicode (RFC 8259 §8.2)
+        (
+            '{"a": 1, "b": "\\ud800"}',
+            r"in the value of key `b`\) is a lone high UTF-16 surrogate",
+        ),  # not Unicode (RFC 8259 §8.2)
         ('{"a": 1, "b": "\\udc00x"}', "lone low UTF-16 surrogate"),
         ('{"a": 1, "b": "\ud800"}', "not UTF-8"),  # the raw character, not its escape
     ],

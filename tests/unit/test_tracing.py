@@ -11,10 +11,10 @@ import textwrap
 
 import pytest
 
-from agentstream.wire import codec
+from agentstream.delegation import ChildEnded, decode_child_ended
 from agentstream.ops import logs, tracing
 from agentstream.steps.summarising import CompactionJob, decode_job
-from agentstream.delegation import ChildEnded, decode_child_ended
+from agentstream.wire import codec
 from agentstream.wire.events import ToolJob
 from tests.support.otel import Parent, exporter, hex_span_id, hex_trace_id, parent_id  # noqa: F401
 
@@ -127,7 +127,10 @@ def test_json_logs_carry_the_otel_trace_id_while_a_span_records(exporter, capsys
         logs.setup("INFO", fmt="json")
         log = logging.getLogger("agentstream.test")
         parent = Parent.new()
-        with logs.bind(trace_id="c1", turn_id="t1"), tracing.span("agentstream.step", parent={"traceparent": parent.traceparent}):
+        with (
+            logs.bind(trace_id="c1", turn_id="t1"),
+            tracing.span("agentstream.step", parent={"traceparent": parent.traceparent}),
+        ):
             log.info("inside")
         log.info("outside")
     finally:
@@ -143,10 +146,14 @@ def test_json_logs_carry_the_otel_trace_id_while_a_span_records(exporter, capsys
 def test_job_structs_carry_the_context_and_omit_it_when_empty():
     job = ToolJob(trace_id="c", turn_id="t", call_id="k", name="n", arguments="{}")
     assert b"trace_context" not in codec.encode(job)
-    carried = ToolJob(trace_id="c", turn_id="t", call_id="k", name="n", arguments="{}", trace_context={"traceparent": "tp"})
+    carried = ToolJob(
+        trace_id="c", turn_id="t", call_id="k", name="n", arguments="{}", trace_context={"traceparent": "tp"}
+    )
     assert codec.decode_job(codec.encode(carried)) == carried
     assert codec.decode_job(codec.encode(job)).trace_context == {}
-    compaction = CompactionJob(trace_id="c", turn_id="t", step=1, kept_from_turn="t0", trace_context={"traceparent": "tp"})
+    compaction = CompactionJob(
+        trace_id="c", turn_id="t", step=1, kept_from_turn="t0", trace_context={"traceparent": "tp"}
+    )
     assert decode_job(codec.encode(compaction)) == compaction
     assert b"trace_context" not in codec.encode(CompactionJob(trace_id="c", turn_id="t", step=1, kept_from_turn="t0"))
     ending = ChildEnded(trace_id="c/k", turn_id="t", trace_context={"traceparent": "tp"})

@@ -39,10 +39,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import pydantic
 
-from agentstream.errors import ConfigError, PromptError, ToolArgumentsError, ToolCancelled, ToolTimeoutError
-from agentstream.wire.keys import check_queue_name
-from agentstream.wire.jsontext import arguments_unicode_refusal
-from agentstream.wire.codec import ENCODE_ERRORS
 from agentstream.app.inputs import (
     RenderInput,
     Text,
@@ -52,7 +48,6 @@ from agentstream.app.inputs import (
     offered_names,
     parse_payload,
 )
-from agentstream.mcp_tools.server import McpServer
 from agentstream.app.prompts import (
     PROMPT_VARIABLES,
     PromptFile,
@@ -62,6 +57,11 @@ from agentstream.app.prompts import (
     fill_prompt,
     turn_context,
 )
+from agentstream.errors import ConfigError, PromptError, ToolArgumentsError, ToolCancelled, ToolTimeoutError
+from agentstream.mcp_tools.server import McpServer
+from agentstream.wire.codec import ENCODE_ERRORS
+from agentstream.wire.jsontext import arguments_unicode_refusal
+from agentstream.wire.keys import check_queue_name
 
 if TYPE_CHECKING:
     from agentstream.context.limits import ModelLimits
@@ -243,20 +243,25 @@ class Tool:
                 value = await asyncio.wait_for(self.fn(**kwargs), timeout=limit)
             else:
                 value = await asyncio.wait_for(_in_daemon_thread(self.fn, kwargs, self.name), timeout=limit)
-        except (asyncio.TimeoutError, ToolTimeoutError):
-            return ToolResultValue(
-                text=f"Error: tool {self.name!r} did not finish within {limit:g} s", error="timeout"
-            )
+        except (TimeoutError, ToolTimeoutError):
+            return ToolResultValue(text=f"Error: tool {self.name!r} did not finish within {limit:g} s", error="timeout")
         except ToolCancelled as exc:
-            return ToolResultValue(text=f"Cancelled: tool {self.name!r} stopped because its turn was cancelled ({exc}); "
-                                   "it may have partly run.", error="cancelled")
+            return ToolResultValue(
+                text=f"Cancelled: tool {self.name!r} stopped because its turn was cancelled ({exc}); "
+                "it may have partly run.",
+                error="cancelled",
+            )
         except Exception as exc:  # the tool's own failure becomes the model's error result
-            return ToolResultValue(text=f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", error="tool_error")
+            return ToolResultValue(
+                text=f"Error: tool {self.name!r} raised {type(exc).__name__}: {exc}", error="tool_error"
+            )
         try:
             return _as_result(value)
         except Exception as exc:  # not even its str() (nesting past the stack, a failing __str__)
-            return ToolResultValue(text=f"Error: tool {self.name!r} returned a value that cannot be stored "
-                                   f"({type(exc).__name__}: {exc})", error="invalid_result")
+            return ToolResultValue(
+                text=f"Error: tool {self.name!r} returned a value that cannot be stored ({type(exc).__name__}: {exc})",
+                error="invalid_result",
+            )
 
 
 TOOL_THREAD_IDLE_S = 60.0
@@ -406,8 +411,14 @@ def tool(
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(
-            f, name=name, description=description, timeout_s=timeout_s, queue=queue,
-            side_effects=side_effects, retry_safe=retry_safe, repeats=repeats,
+            f,
+            name=name,
+            description=description,
+            timeout_s=timeout_s,
+            queue=queue,
+            side_effects=side_effects,
+            retry_safe=retry_safe,
+            repeats=repeats,
         )
 
     return wrap(fn) if fn is not None else wrap
@@ -545,19 +556,25 @@ class Agent:
                 "give the agent a render_input"
             )
         if self.model is None and not self.models:
-            raise ConfigError(f"agent {self.name!r}: it has no default model (model=None) and no models a turn may name; "
-                              "give it a model or models=[...]")
+            raise ConfigError(
+                f"agent {self.name!r}: it has no default model (model=None) and no models a turn may name; "
+                "give it a model or models=[...]"
+            )
         if self.max_passes < 1:
             raise ConfigError(f"agent {self.name!r}: max_passes must be at least 1, got {self.max_passes}")
         if self.tool_rounds_after_cap < 0:
-            raise ConfigError(f"agent {self.name!r}: tool_rounds_after_cap must be at least 0, got {self.tool_rounds_after_cap}")
+            raise ConfigError(
+                f"agent {self.name!r}: tool_rounds_after_cap must be at least 0, got {self.tool_rounds_after_cap}"
+            )
         servers = [t for t in self.tools if isinstance(t, McpServer)]
         if servers:
             self.tools = [t for t in self.tools if not isinstance(t, McpServer)]
             self.mcp_servers = (*self.mcp_servers, *servers)
         server_names = [s.name for s in self.mcp_servers]
         if len(set(server_names)) != len(server_names):
-            raise ConfigError(f"agent {self.name!r}: MCP server names used twice: {sorted({n for n in server_names if server_names.count(n) > 1})}")
+            raise ConfigError(
+                f"agent {self.name!r}: MCP server names used twice: {sorted({n for n in server_names if server_names.count(n) > 1})}"
+            )
         names = [t.name for t in self.tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -730,7 +747,9 @@ class Agent:
         for this model (copies), the others as they are."""
         if self._described is None:
             prompts = self.prompts()
-            self._described = prompts.described(self.tools) if prompts is not None and prompts.tools else list(self.tools)
+            self._described = (
+                prompts.described(self.tools) if prompts is not None and prompts.tools else list(self.tools)
+            )
         return self._described
 
     def parsed_turn(self, turn: Any) -> Any:
@@ -779,7 +798,9 @@ class Agent:
         except PromptError:
             raise
         except Exception as exc:  # the app's prompt code or template: the turn fails saying why
-            raise PromptError(f"agent {self.name!r}: its system prompt could not be written: {type(exc).__name__}: {exc}") from exc
+            raise PromptError(
+                f"agent {self.name!r}: its system prompt could not be written: {type(exc).__name__}: {exc}"
+            ) from exc
         if not isinstance(text, str):
             raise PromptError(f"agent {self.name!r}: its prompt function returned a {type(text).__name__}, not a text")
         return text
@@ -908,20 +929,29 @@ class App:
                 settings function's :class:`~agentstream.app.inputs.TurnDenied` gives; ``config``:
                 the settings it returned are not valid.
         """
+        from agentstream.app.inputs import payload_text, required_instructions, tool_states
         from agentstream.errors import TurnRejected
         from agentstream.wire.events import TurnInput
-        from agentstream.app.inputs import payload_text, required_instructions, tool_states
 
         def refused(reason: str, code: str = "bad_turn") -> TurnRejected:
             return TurnRejected(
-                f"turn {message.turn_id!r} for agent {message.agent!r}: {reason}", trace_id=message.trace_id,
-                turn_id=message.turn_id, reply_to=message.reply_to, metadata=message.metadata, code=code,
+                f"turn {message.turn_id!r} for agent {message.agent!r}: {reason}",
+                trace_id=message.trace_id,
+                turn_id=message.turn_id,
+                reply_to=message.reply_to,
+                metadata=message.metadata,
+                code=code,
             )
 
         payload = message.payload
         recorded = TurnInput(
-            turn_id=message.turn_id, agent=message.agent, text=payload if isinstance(payload, str) else "",
-            metadata=message.metadata, reply_to=message.reply_to, elements=message.elements, model=message.model,
+            turn_id=message.turn_id,
+            agent=message.agent,
+            text=payload if isinstance(payload, str) else "",
+            metadata=message.metadata,
+            reply_to=message.reply_to,
+            elements=message.elements,
+            model=message.model,
             input=message.input,
         )
         agent = self.agent(message.agent)
@@ -933,12 +963,16 @@ class App:
             raise refused(str(exc)) from None
         text = payload_text(parsed, payload)
         if message.model is None and agent.model is None:
-            raise refused(f"it names no model in its field `model`, and agent {agent.name!r} has no default model: "
-                          f"name one of {', '.join(agent.allowed_models)}")
+            raise refused(
+                f"it names no model in its field `model`, and agent {agent.name!r} has no default model: "
+                f"name one of {', '.join(agent.allowed_models)}"
+            )
         if message.model is not None and message.model not in agent.allowed_models:
             # refused before anything of the turn is stored, as every other refusal of a turn is
-            raise refused(f"it names model {message.model!r} in its field `model`, which agent {agent.name!r} "
-                          f"does not allow (allowed: {', '.join(agent.allowed_models)})")
+            raise refused(
+                f"it names model {message.model!r} in its field `model`, which agent {agent.name!r} "
+                f"does not allow (allowed: {', '.join(agent.allowed_models)})"
+            )
         try:
             turn_agent = agent.for_turn(recorded)
             unknown = [t.name for t in turn_agent.tools if self._tools.get(t.name) is not t]
@@ -952,7 +986,9 @@ class App:
             raise refused(f"its settings for this turn are not valid: {exc}", "config") from None
         if not declared:
             return msgspec.structs.replace(recorded, text=text)
-        return msgspec.structs.replace(recorded, text=text, tools=states, instructions=required_instructions(declared, states))
+        return msgspec.structs.replace(
+            recorded, text=text, tools=states, instructions=required_instructions(declared, states)
+        )
 
     def tool(self, name: str) -> Tool | None:
         """Any agent's tool of that name, or None."""
@@ -1000,7 +1036,9 @@ class AgentSettings:
         known = {f.name for f in dataclasses.fields(Agent) if f.init} - _NOT_PER_TURN
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ConfigError(f"AgentSettings: {unknown} are not per-turn settings of an agent (settings: {sorted(known)})")
+            raise ConfigError(
+                f"AgentSettings: {unknown} are not per-turn settings of an agent (settings: {sorted(known)})"
+            )
         self.changes = changes
 
     def __repr__(self) -> str:
@@ -1079,7 +1117,9 @@ def load_app(path: str) -> App:
         raise ConfigError(f"cannot import app module {module_name!r} (from {path!r}): {exc}") from exc
     except Exception as exc:  # the module itself fails (SyntaxError, NameError, ...): say where
         where = f" ({exc.filename}, line {exc.lineno})" if isinstance(exc, SyntaxError) else ""
-        raise ConfigError(f"app module {module_name!r} (from {path!r}) failed to import: {type(exc).__name__}: {exc}{where}") from exc
+        raise ConfigError(
+            f"app module {module_name!r} (from {path!r}) failed to import: {type(exc).__name__}: {exc}{where}"
+        ) from exc
     try:
         obj = getattr(module, attr)
     except AttributeError:

@@ -47,6 +47,7 @@ TOOL_STATES: tuple[str, ...] = get_args(ToolState)
 DEFAULT_REQUIRED_INSTRUCTION = "Use the {tool} tool for this message."
 """What a turn that requires a tool adds after its message (``{tool}``: the tool's name)."""
 
+
 class Text(pydantic.BaseModel):
     """A plain-text input: the payload is the message. The default input of an agent.
 
@@ -111,13 +112,17 @@ def parse_payload(input_type: type[pydantic.BaseModel], payload: Any) -> pydanti
         problems = []
         for error in exc.errors():
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
-            path = f"`$.input{where}`" if not isinstance(payload, str) else f"`$.text` (as `{input_type.__name__}{where}`)"
+            path = (
+                f"`$.input{where}`" if not isinstance(payload, str) else f"`$.text` (as `{input_type.__name__}{where}`)"
+            )
             if error["type"] == "extra_forbidden":
                 fields = ", ".join(input_type.model_fields) or "none"
                 problems.append(f"unknown field {path}; the fields of {input_type.__name__} are: {fields}")
             else:
                 problems.append(f"{path}: {error['msg']}")
-        raise ValueError(f"the turn's input does not parse into {input_type.__name__}: " + "; ".join(problems)) from None
+        raise ValueError(
+            f"the turn's input does not parse into {input_type.__name__}: " + "; ".join(problems)
+        ) from None
 
 
 def payload_text(parsed: Any, payload: Any) -> str:
@@ -198,11 +203,15 @@ class ToolDeclaration:
 
     def __post_init__(self) -> None:
         if self.default not in TOOL_STATES:
-            raise ConfigError(f"tool declaration {self.name!r}: default {self.default!r} is not one of {', '.join(TOOL_STATES)}")
+            raise ConfigError(
+                f"tool declaration {self.name!r}: default {self.default!r} is not one of {', '.join(TOOL_STATES)}"
+            )
         try:
             fields = [f for _, f, _, _ in string.Formatter().parse(self.required_tool_instruction) if f is not None]
         except ValueError as exc:
-            raise ConfigError(f"tool declaration {self.name!r}: required_tool_instruction is not a valid format string: {exc}") from None
+            raise ConfigError(
+                f"tool declaration {self.name!r}: required_tool_instruction is not a valid format string: {exc}"
+            ) from None
         others = sorted({f for f in fields if f != "tool"})
         if others:
             shown = ", ".join("{" + f + "}" for f in others)
@@ -222,7 +231,9 @@ class ToolDeclaration:
         return self.required_tool_instruction.format(tool=self.name)
 
 
-def check_declarations(agent_name: str, declared: Sequence[ToolDeclaration], supplied: Sequence[str], reserved: Sequence[str]) -> None:
+def check_declarations(
+    agent_name: str, declared: Sequence[ToolDeclaration], supplied: Sequence[str], reserved: Sequence[str]
+) -> None:
     """Refuse declarations that cannot work: a name declared twice, a name of a tool the context
     adds (``reserved``: the reopen tool), or a supplied tool left undeclared.
 
@@ -244,7 +255,9 @@ def check_declarations(agent_name: str, declared: Sequence[ToolDeclaration], sup
         raise ConfigError(f"agent {agent_name!r}: supplies tools it does not declare: {undeclared} (declared: {names})")
 
 
-def tool_states(declared: Sequence[ToolDeclaration], supplied: Sequence[str], requested: Mapping[str, str]) -> dict[str, ToolState]:
+def tool_states(
+    declared: Sequence[ToolDeclaration], supplied: Sequence[str], requested: Mapping[str, str]
+) -> dict[str, ToolState]:
     """The state of every declared tool on a turn that asks ``requested``, in declaration order.
 
     Raises:
@@ -256,12 +269,19 @@ def tool_states(declared: Sequence[ToolDeclaration], supplied: Sequence[str], re
     for name, state in requested.items():
         declaration = by_name.get(name)
         if declaration is None:
-            raise TurnDenied(f"the turn asks a state of tool {name!r}, which its agent does not declare (tools: {names})", code="bad_turn")
+            raise TurnDenied(
+                f"the turn asks a state of tool {name!r}, which its agent does not declare (tools: {names})",
+                code="bad_turn",
+            )
         if state not in TOOL_STATES:
-            raise TurnDenied(f"the turn asks tool {name!r} for state {state!r}; the states are {', '.join(TOOL_STATES)}", code="bad_turn")
+            raise TurnDenied(
+                f"the turn asks tool {name!r} for state {state!r}; the states are {', '.join(TOOL_STATES)}",
+                code="bad_turn",
+            )
         if declaration.locked and state != declaration.default:
             raise TurnDenied(
-                f"the turn asks tool {name!r} to be {state!r}, but its agent locks it at {declaration.default!r}", code="bad_turn"
+                f"the turn asks tool {name!r} to be {state!r}, but its agent locks it at {declaration.default!r}",
+                code="bad_turn",
             )
     states = {d.name: d.state(requested) for d in declared}
     for name, state in states.items():
@@ -270,7 +290,9 @@ def tool_states(declared: Sequence[ToolDeclaration], supplied: Sequence[str], re
     return states
 
 
-def offered_names(declared: Sequence[ToolDeclaration], supplied: Sequence[str], states: Mapping[str, str]) -> tuple[str, ...]:
+def offered_names(
+    declared: Sequence[ToolDeclaration], supplied: Sequence[str], states: Mapping[str, str]
+) -> tuple[str, ...]:
     """The tools a turn offers: declared, supplied and not ``off``, in declaration order."""
     have = set(supplied)
     return tuple(d.name for d in declared if d.name in have and states.get(d.name, d.default) != "off")

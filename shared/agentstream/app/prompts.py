@@ -213,7 +213,9 @@ class PromptFile(BaseModel):
         for index, layer in enumerate(self.models):
             unknown_blocks = sorted(set(layer.blocks) - blocks)
             if unknown_blocks:
-                raise PromptFileError(f"model layer {index} replaces blocks the system template does not define: {unknown_blocks}")
+                raise PromptFileError(
+                    f"model layer {index} replaces blocks the system template does not define: {unknown_blocks}"
+                )
             unknown_texts = sorted(set(layer.texts) - set(self.texts))
             if unknown_texts:
                 raise PromptFileError(f"model layer {index} replaces texts the base does not define: {unknown_texts}")
@@ -283,19 +285,28 @@ class PromptFile(BaseModel):
         allowed = set(known) | {"super", "self"}
         env = _environment()
         sources = [("system", self.system)] if self.system else []
-        sources += [(f"layer {i} block {name!r}", src) for i, layer in enumerate(self.models) for name, src in layer.blocks.items()]
+        sources += [
+            (f"layer {i} block {name!r}", src)
+            for i, layer in enumerate(self.models)
+            for name, src in layer.blocks.items()
+        ]
         for where, source in sources:
             unknown = sorted(jinja2.meta.find_undeclared_variables(env.parse(source)) - allowed)
             if unknown:
-                raise PromptFileError(f"the {where} template reads unknown variables {unknown} (known: {sorted(set(known))})")
+                raise PromptFileError(
+                    f"the {where} template reads unknown variables {unknown} (known: {sorted(set(known))})"
+                )
 
     def for_model(self, model: str | None) -> Prompts:
         """The texts ``model`` (an endpoint id) reads: the base with the layer naming it over it."""
         index, layer = next(
-            ((i, lay) for i, lay in enumerate(self.models) if model is not None and model in lay.endpoints), (None, None)
+            ((i, lay) for i, lay in enumerate(self.models) if model is not None and model in lay.endpoints),
+            (None, None),
         )
         if layer is None:
-            return Prompts(template=self.system, blocks={}, texts=dict(self.texts), tools=dict(self.tools), origin=self._origin)
+            return Prompts(
+                template=self.system, blocks={}, texts=dict(self.texts), tools=dict(self.tools), origin=self._origin
+            )
         tools = dict(self.tools)
         for name, over in layer.tools.items():
             base = tools.get(name, ToolTexts())
@@ -304,8 +315,12 @@ class PromptFile(BaseModel):
                 arguments={**base.arguments, **over.arguments},
             )
         return Prompts(
-            template=self.system, blocks=dict(layer.blocks), texts={**self.texts, **layer.texts}, tools=tools,
-            origin=self._origin, layer=index,
+            template=self.system,
+            blocks=dict(layer.blocks),
+            texts={**self.texts, **layer.texts},
+            tools=tools,
+            origin=self._origin,
+            layer=index,
         )
 
 

@@ -103,7 +103,7 @@ class CallInfo:
 
 def _info(request: ChatRequest, turn_id: str, step: int) -> CallInfo:
     last_user = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
-    after = request.messages[last_user + 1:]
+    after = request.messages[last_user + 1 :]
     user_text = request.messages[last_user].text if last_user >= 0 else ""
     return CallInfo(
         turn_id=turn_id,
@@ -126,7 +126,15 @@ def _output(reply: Reply_, *, turn_id: str, step: int, model: str) -> ModelOutpu
     calls = (reply,) if isinstance(reply, ToolCall) else tuple(reply)
     if not calls or not all(isinstance(c, ToolCall) for c in calls):
         raise TypeError(f"a model double's reply must be text, ToolCalls or a ModelOutput, not {reply!r}")
-    return ModelOutput(turn_id=turn_id, step=step, tool_calls=calls, stop_reason="tool_calls", provider="test", model=model, endpoint=model)
+    return ModelOutput(
+        turn_id=turn_id,
+        step=step,
+        tool_calls=calls,
+        stop_reason="tool_calls",
+        provider="test",
+        model=model,
+        endpoint=model,
+    )
 
 
 def msgspec_replace(output: ModelOutput, **changes: Any) -> ModelOutput:
@@ -148,11 +156,15 @@ class _Double:
     async def aclose(self) -> None:
         return None
 
-    async def complete(self, request: ChatRequest, *, turn_id: str, step: int, deltas: Any = None, options: Any = None) -> ModelOutput:
+    async def complete(
+        self, request: ChatRequest, *, turn_id: str, step: int, deltas: Any = None, options: Any = None
+    ) -> ModelOutput:
         """One model call → its ModelOutput (the model protocol); an error is also recorded."""
         self.requests.append(request)
         try:
-            return _output(self.reply(request, _info(request, turn_id, step)), turn_id=turn_id, step=step, model=self.name)
+            return _output(
+                self.reply(request, _info(request, turn_id, step)), turn_id=turn_id, step=step, model=self.name
+            )
         except BaseException as exc:
             self.errors.append(exc)
             raise
@@ -217,7 +229,7 @@ class TestModel(_Double):
 
 def _since_user(request: ChatRequest) -> tuple[Any, ...]:
     last_user = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
-    return request.messages[last_user + 1:]
+    return request.messages[last_user + 1 :]
 
 
 class FunctionModel(_Double):
@@ -235,7 +247,9 @@ class FunctionModel(_Double):
         super().__init__()
         self.function = function
 
-    async def complete(self, request: ChatRequest, *, turn_id: str, step: int, deltas: Any = None, options: Any = None) -> ModelOutput:
+    async def complete(
+        self, request: ChatRequest, *, turn_id: str, step: int, deltas: Any = None, options: Any = None
+    ) -> ModelOutput:
         self.requests.append(request)
         try:
             got = self.function(request, _info(request, turn_id, step))
@@ -279,8 +293,10 @@ class ScriptedModel(_Double):
     def check(self) -> None:
         super().check()
         if self.left:
-            raise UnexpectedModelCall(f"{self.left} scripted repl{'y was' if self.left == 1 else 'ies were'} never asked for "
-                                      f"(played {self.played} of {len(self.script)})")
+            raise UnexpectedModelCall(
+                f"{self.left} scripted repl{'y was' if self.left == 1 else 'ies were'} never asked for "
+                f"(played {self.played} of {len(self.script)})"
+            )
 
 
 def _blocking_transport() -> httpx.MockTransport:
@@ -344,10 +360,10 @@ class TestBed:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "TestBed":
+    async def __aenter__(self) -> TestBed:
+        from agentstream.ops.settings import Settings
         from agentstream.runtime.connection import EmbeddedRedis, connect
         from agentstream.runtime.runner import run_consumers
-        from agentstream.ops.settings import Settings
         from agentstream.runtime.store import TraceStore
         from agentstream_services.agent_loop.service import build as build_loop
         from agentstream_services.compaction.service import build as build_compaction
@@ -359,11 +375,15 @@ class TestBed:
             self._embedded = EmbeddedRedis()
             url = self._embedded.start()
         self.redis_url = url
-        self.config = Settings(REDIS_URL=url, namespace=self.namespace, consumer=f"bed-{self.namespace}", **{**_FAST, **self.settings})
+        self.config = Settings(
+            REDIS_URL=url, namespace=self.namespace, consumer=f"bed-{self.namespace}", **{**_FAST, **self.settings}
+        )
         self.keys = self.config.keys
         self._redis = connect(url)
         self._store = store = TraceStore(self._redis, self.keys, codec=self.app.codec)
-        self._http = httpx.AsyncClient() if self.allow_model_requests else httpx.AsyncClient(transport=_blocking_transport())
+        self._http = (
+            httpx.AsyncClient() if self.allow_model_requests else httpx.AsyncClient(transport=_blocking_transport())
+        )
         models = None
         if not self.allow_model_requests or self.model is not None or self.models is not None:
             models = self._doubles()
@@ -378,7 +398,8 @@ class TestBed:
             raise
         self._consumers = [r for r in runners if hasattr(r, "group")]
         self._task = asyncio.create_task(
-            run_consumers(runners, stop=self._stop, grace_s=self.config.shutdown_grace_s, handle_signals=False), name="testbed"
+            run_consumers(runners, stop=self._stop, grace_s=self.config.shutdown_grace_s, handle_signals=False),
+            name="testbed",
         )
         return self
 
@@ -389,7 +410,9 @@ class TestBed:
         if self.models is not None:
             missing = sorted(names - set(self.models))
             if missing:
-                raise ValueError(f"TestBed(models=...) has no double for the model endpoint(s) {missing} that the app's agents name")
+                raise ValueError(
+                    f"TestBed(models=...) has no double for the model endpoint(s) {missing} that the app's agents name"
+                )
             self.doubles = dict(self.models)
         else:
             double = self.model if self.model is not None else TestModel()
@@ -467,7 +490,9 @@ class TestBed:
         from agentstream.runtime.deltas import last_entry_id
 
         after = await last_entry_id(self._redis, self.keys.replies)
-        message = TurnMessage(trace_id=trace_id, turn_id=turn_id, agent=agent, text=text, input=input, metadata=dict(metadata or {}))
+        message = TurnMessage(
+            trace_id=trace_id, turn_id=turn_id, agent=agent, text=text, input=input, metadata=dict(metadata or {})
+        )
         await conversations.publish_turn(self._store, message)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -475,7 +500,9 @@ class TestBed:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 raise TimeoutError(f"no reply to turn {turn_id} (trace {trace_id}) within {timeout_s} s")
-            for entry_id, reply in await operations.read_replies(self._redis, self.keys, after, block_ms=min(left_ms, 200)):
+            for entry_id, reply in await operations.read_replies(
+                self._redis, self.keys, after, block_ms=min(left_ms, 200)
+            ):
                 after = entry_id
                 if reply.turn_id == turn_id:
                     await self.run_until_idle(timeout_s=max(1.0, deadline - time.monotonic()))

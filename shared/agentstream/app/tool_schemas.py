@@ -99,7 +99,7 @@ def _inline(tool: str, node: Any, root: dict[str, Any], seen: tuple[str, ...]) -
     ref = node.get("$ref")
     if isinstance(ref, str):
         if ref in seen:
-            loop = " -> ".join((*seen[seen.index(ref):], ref))
+            loop = " -> ".join((*seen[seen.index(ref) :], ref))
             raise RecursiveSchemaError(tool, f"is recursive ({loop})")
         target = _inline(tool, copy.deepcopy(_resolve(tool, root, ref)), root, (*seen, ref))
         if not isinstance(target, dict):

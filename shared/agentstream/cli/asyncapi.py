@@ -31,7 +31,6 @@ from typing import Annotated, Any
 import msgspec
 from pydantic import BaseModel, Field
 
-from agentstream.wire import codec
 from agentstream.wire.deltas import Delta
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnMessage
 from agentstream.wire.keys import AGENT_LOOP_GROUP, Keys
@@ -42,7 +41,9 @@ _CONTENT = "x-agentstream-content-schema"  # replaced by contentSchema after gen
 def _json_field(schema_name: str, description: str) -> Any:
     return Annotated[
         str,
-        Field(description=description, json_schema_extra={"contentMediaType": "application/json", _CONTENT: schema_name}),
+        Field(
+            description=description, json_schema_extra={"contentMediaType": "application/json", _CONTENT: schema_name}
+        ),
     ]
 
 
@@ -145,21 +146,29 @@ def asyncapi_document(keys: Keys | None = None, *, server: str = "redis://localh
         ...
 
     broker.publisher(
-        stream=keys.replies, title=keys.replies, schema=ReplyEntry,
+        stream=keys.replies,
+        title=keys.replies,
+        schema=ReplyEntry,
         description="Replies out, one per ended turn (status ended with answer, or failed with code and reason); "
         "at-least-once: dedupe by turn_id. A turn's reply_to names another reply stream of yours.",
     )
     broker.publisher(
-        stream=keys.errors, title=keys.errors, schema=ErrorEntry,
+        stream=keys.errors,
+        title=keys.errors,
+        schema=ErrorEntry,
         description="Entries the services could not read (no trace or turn id to reply to), reported instead of stalling.",
     )
     broker.publisher(
-        stream=keys.trace("trace_id"), title=keys.trace("trace_id"), schema=TraceEntry,
+        stream=keys.trace("trace_id"),
+        title=keys.trace("trace_id"),
+        schema=TraceEntry,
         description="The trace of one conversation: every event, appended once, never trimmed by the runtime. "
         "Follow it with XREAD from the last id you read.",
     )
     broker.publisher(
-        stream=keys.deltas("trace_id"), title=keys.deltas("trace_id"), schema=DeltaEntry,
+        stream=keys.deltas("trace_id"),
+        title=keys.deltas("trace_id"),
+        schema=DeltaEntry,
         description="The pieces of each model reply as it is written (capped with MAXLEN ~, expiring).",
     )
     try:

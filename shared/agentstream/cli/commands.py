@@ -40,14 +40,22 @@ import time
 import uuid
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import httpx
 import typer
 
-from agentstream.wire import codec
 from agentstream.app.base import load_app
+from agentstream.cli.interrupts import Interrupts, die_with_parent
+from agentstream.cli.watch import terminal_safe, watch_turn
 from agentstream.errors import AgentStreamError, ConfigError
+from agentstream.ops.redact import redact_url
+from agentstream.ops.settings import Settings
+from agentstream.runtime import conversations, operations
+from agentstream.runtime.connection import DATA_DIR_ENV, REDIS_ERROR, EmbeddedRedis, connect, default_data_dir
+from agentstream.runtime.deltas import last_entry_id
+from agentstream.runtime.store import TraceStore
+from agentstream.wire import codec
 from agentstream.wire.events import (
     CancelMessage,
     CancelRequested,
@@ -57,23 +65,15 @@ from agentstream.wire.events import (
     ModelOutput,
     TaskInput,
     ToolOutput,
-    ToolStarted,
     ToolsOffered,
+    ToolStarted,
     TurnEnded,
     TurnFailed,
     TurnInput,
     TurnMessage,
     UnknownEvent,
 )
-from agentstream.runtime.deltas import last_entry_id
 from agentstream.wire.jsontext import control_character
-from agentstream.ops.redact import redact_url
-from agentstream.runtime import conversations, operations
-from agentstream.runtime.connection import DATA_DIR_ENV, REDIS_ERROR, EmbeddedRedis, connect, default_data_dir
-from agentstream.ops.settings import Settings
-from agentstream.runtime.store import TraceStore
-from agentstream.cli.interrupts import Interrupts, die_with_parent
-from agentstream.cli.watch import terminal_safe, watch_turn
 
 DEFAULT_APP = "agentstream.demo.app:app"
 
@@ -129,9 +129,15 @@ def _filled(what: str, *, name: bool = False):
     return check
 
 
-AppOption = Annotated[str, typer.Option("--app", envvar="AGENTSTREAM_APP", callback=_filled("the app path"),
-                                        help="The app, as module:attribute "
-                                        "(the module is looked up from the current directory first).")]
+AppOption = Annotated[
+    str,
+    typer.Option(
+        "--app",
+        envvar="AGENTSTREAM_APP",
+        callback=_filled("the app path"),
+        help="The app, as module:attribute (the module is looked up from the current directory first).",
+    ),
+]
 AgentOption = Annotated[str, typer.Option(callback=_filled("an agent name", name=True), help="The agent that answers.")]
 
 
@@ -162,7 +168,9 @@ def _version(value: bool) -> None:
 
 @cli.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Run LLM agents as services over Redis Streams."""
 
@@ -182,10 +190,12 @@ def _settings() -> Settings:
         raise AgentStreamError("bad setting: " + "; ".join(problems)) from None
 
 
-def _setup_logging(level: "LogLevel | str") -> None:
+def _setup_logging(level: LogLevel | str) -> None:
     from agentstream.ops import logs
 
-    logs.setup(level.value if isinstance(level, LogLevel) else level, fmt=os.environ.get("AGENTSTREAM_LOG_FORMAT", "json"))
+    logs.setup(
+        level.value if isinstance(level, LogLevel) else level, fmt=os.environ.get("AGENTSTREAM_LOG_FORMAT", "json")
+    )
 
 
 def _fail(exc: Exception) -> None:
@@ -201,7 +211,9 @@ def _shown_url(url: str) -> str:
 def _connect(settings: Settings):
     """A client for REDIS_URL, or AgentStreamError with a one-line reason (unset, malformed)."""
     if not settings.redis_url:
-        raise AgentStreamError("REDIS_URL is not set; point it at the Redis of the services (`agentstream dev` prints it)")
+        raise AgentStreamError(
+            "REDIS_URL is not set; point it at the Redis of the services (`agentstream dev` prints it)"
+        )
     try:
         return connect(settings.redis_url, block_ms=settings.block_ms)
     except ValueError as exc:
@@ -228,7 +240,7 @@ def _check_redis(settings: Settings) -> None:
         client = _connect(settings)
         try:
             await asyncio.wait_for(operations.ping(client), REACH_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AgentStreamError(
                 f"cannot reach Redis at {_shown_url(settings.redis_url or '')} (REDIS_URL): no answer within {REACH_TIMEOUT_S:g} s"
             ) from None
@@ -242,19 +254,29 @@ def _check_redis(settings: Settings) -> None:
 
 
 def _data_dir_help(what: str) -> str:
-    return (f"The embedded Redis's data folder (when REDIS_URL is unset): {what} "
-            f"(default {_shown_path(default_data_dir())}, under XDG_CACHE_HOME).")
+    return (
+        f"The embedded Redis's data folder (when REDIS_URL is unset): {what} "
+        f"(default {_shown_path(default_data_dir())}, under XDG_CACHE_HOME)."
+    )
 
 
 def _shown_path(path) -> str:
     home = str(Path.home())
     text = str(path)
-    return "~" + text[len(home):] if text.startswith(home + os.sep) else text
+    return "~" + text[len(home) :] if text.startswith(home + os.sep) else text
 
 
-DataDirOption = Annotated[Optional[Path], typer.Option(
-    "--data-dir", envvar=DATA_DIR_ENV, file_okay=False,
-    help=_data_dir_help("where `run` and `dev` keep what they stored, so `agentstream trace ...` reads it afterwards"))]
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        envvar=DATA_DIR_ENV,
+        file_okay=False,
+        help=_data_dir_help(
+            "where `run` and `dev` keep what they stored, so `agentstream trace ...` reads it afterwards"
+        ),
+    ),
+]
 
 
 # --- services --------------------------------------------------------------------------------
@@ -296,7 +318,9 @@ async def _serve(
 
     app = load_app(app_path)
     if not settings.redis_url:
-        raise AgentStreamError("REDIS_URL is not set (use `agentstream dev` or `agentstream run` for an embedded Redis)")
+        raise AgentStreamError(
+            "REDIS_URL is not set (use `agentstream dev` or `agentstream run` for an embedded Redis)"
+        )
     try:
         redis = connect(settings.redis_url, block_ms=settings.block_ms)
     except ValueError as exc:
@@ -324,9 +348,15 @@ async def _serve(
         if Service.agent_loop in services:  # the tool queues it publishes to, for the no-consumer alert
             from agentstream.wire.keys import TOOL_WORKER_GROUP
 
-            expected = {s: TOOL_WORKER_GROUP for q in app.tool_queues for s in settings.keys.partitions_of(settings.keys.tools(q))}
+            expected = {
+                s: TOOL_WORKER_GROUP
+                for q in app.tool_queues
+                for s in settings.keys.partitions_of(settings.keys.tools(q))
+            }
         announce = asyncio.create_task(_when_groups_exist(redis, consumers, on_ready)) if on_ready else None
-        recording = asyncio.create_task(_record_settings(redis, settings, app_path)) if Service.agent_loop in services else None
+        recording = (
+            asyncio.create_task(_record_settings(redis, settings, app_path)) if Service.agent_loop in services else None
+        )
         from agentstream.ops.collector import tune_for_service
 
         tune_for_service()  # the app and the services are built: what a step allocates is what remains
@@ -351,8 +381,8 @@ async def _record_settings(redis, settings: Settings, app_path: str) -> None:
     see :mod:`agentstream.runtime.service_settings`); retried until Redis answers."""
     import logging
 
-    from agentstream.runtime import service_settings
     from agentstream.models.endpoints import load_endpoints
+    from agentstream.runtime import service_settings
 
     endpoints = load_endpoints(settings, require_keys=False)
     while True:
@@ -382,9 +412,14 @@ def _queue_names(value):
 def serve(
     service: Annotated[Service, typer.Argument(help="Which service to run.")],
     app: AppOption = DEFAULT_APP,
-    queue: Annotated[Optional[list[str]], typer.Option(
-        envvar="AGENTSTREAM_QUEUES", callback=_queue_names,
-        help="Tool queue(s) to consume (tool-worker); AGENTSTREAM_QUEUES takes several, separated by spaces.")] = None,
+    queue: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="AGENTSTREAM_QUEUES",
+            callback=_queue_names,
+            help="Tool queue(s) to consume (tool-worker); AGENTSTREAM_QUEUES takes several, separated by spaces.",
+        ),
+    ] = None,
     log_level: LogLevelOption = LogLevel.info,
 ) -> None:
     """Run one service until SIGTERM (then drain within AGENTSTREAM_SHUTDOWN_GRACE_S).
@@ -410,15 +445,22 @@ def _environment(settings: Settings, data_dir: Path | None = None, interrupts: I
     ``interrupts``, a hurried stop SIGKILLs the local model instead of waiting for it."""
     if settings.redis_url:
         _check_redis(settings)
-    embedded = None if settings.redis_url else EmbeddedRedis(data_dir=data_dir or default_data_dir(), services_grace_s=settings.shutdown_grace_s)
+    embedded = (
+        None
+        if settings.redis_url
+        else EmbeddedRedis(data_dir=data_dir or default_data_dir(), services_grace_s=settings.shutdown_grace_s)
+    )
     local = None
     try:
         url = settings.redis_url
         if embedded is not None:
             url = embedded.start()
             os.environ.setdefault("AGENTSTREAM_EMBEDDED_REDIS", "1")
-            typer.secho(f"embedded Redis (pid {embedded.pid}), its data kept in {_shown_path(embedded.data_dir)} (--data-dir)",
-                        fg=typer.colors.BRIGHT_BLACK, err=True)
+            typer.secho(
+                f"embedded Redis (pid {embedded.pid}), its data kept in {_shown_path(embedded.data_dir)} (--data-dir)",
+                fg=typer.colors.BRIGHT_BLACK,
+                err=True,
+            )
         base_url, model = settings.openai_base_url, settings.openai_model
         if not base_url:
             from agentstream.cli.localmodel import LocalModelServer
@@ -428,7 +470,11 @@ def _environment(settings: Settings, data_dir: Path | None = None, interrupts: I
             if interrupts is not None:
                 interrupts.on_hurry(local.kill)
             local.start()
-            typer.secho(f"local model pid {local.pid}, ready in {local.ready_s or 0:.1f} s", fg=typer.colors.BRIGHT_BLACK, err=True)
+            typer.secho(
+                f"local model pid {local.pid}, ready in {local.ready_s or 0:.1f} s",
+                fg=typer.colors.BRIGHT_BLACK,
+                err=True,
+            )
             base_url, model = local.base_url, local.model
             if not settings.default_model_options:  # the local server's quirks (see localmodel.py)
                 os.environ["AGENTSTREAM_DEFAULT_MODEL_OPTIONS"] = json.dumps(local.endpoint_options())
@@ -448,8 +494,15 @@ def _environment(settings: Settings, data_dir: Path | None = None, interrupts: I
                 embedded.stop()
 
 
-SHARED_VARIABLES = ("REDIS_URL", "AGENTSTREAM_REDIS_CLUSTER", "AGENTSTREAM_NAMESPACE", "AGENTSTREAM_PARTITIONS",
-                    "OPENAI_BASE_URL", "OPENAI_MODEL", "AGENTSTREAM_DEFAULT_MODEL_OPTIONS")
+SHARED_VARIABLES = (
+    "REDIS_URL",
+    "AGENTSTREAM_REDIS_CLUSTER",
+    "AGENTSTREAM_NAMESPACE",
+    "AGENTSTREAM_PARTITIONS",
+    "OPENAI_BASE_URL",
+    "OPENAI_MODEL",
+    "AGENTSTREAM_DEFAULT_MODEL_OPTIONS",
+)
 """What another shell needs to reach the same services (and publish to the same partitions) and
 rebuild their requests exactly."""
 
@@ -476,7 +529,9 @@ def _gateway_if_keys() -> list[Service]:
 
 
 @cli.command()
-def dev(app: AppOption = DEFAULT_APP, log_level: LogLevelOption = LogLevel.info, data_dir: DataDirOption = None) -> None:
+def dev(
+    app: AppOption = DEFAULT_APP, log_level: LogLevelOption = LogLevel.info, data_dir: DataDirOption = None
+) -> None:
     """Every service in one process, on REDIS_URL / OPENAI_* or the embedded defaults (and the
     HTTP gateway when AGENTSTREAM_GATEWAY_KEYS_FILE or AGENTSTREAM_GATEWAY_KEYS is set).
 
@@ -533,7 +588,9 @@ def describe(event: Event) -> str:
                 lines.append(f"  [{cited.number}] {where}")
             return "\n".join(lines)
         case UnknownEvent(stored_type=stored_type, raw=raw):
-            return f"? {stored_type} (a type this app does not register; as stored): {json.dumps(raw, ensure_ascii=False)}"
+            return (
+                f"? {stored_type} (a type this app does not register; as stored): {json.dumps(raw, ensure_ascii=False)}"
+            )
         case TurnFailed(code=code, reason=reason):
             return f"✗ turn failed ({code}): {reason}"
         case ToolStarted(name=name, call_id=call_id, worker=worker):
@@ -581,7 +638,9 @@ class Describer:
         return line
 
 
-ASK_HINT = "is the agent loop running (`agentstream serve agent-loop`, or `agentstream dev`) on this REDIS_URL and namespace?"
+ASK_HINT = (
+    "is the agent loop running (`agentstream serve agent-loop`, or `agentstream dev`) on this REDIS_URL and namespace?"
+)
 
 
 async def _ask(
@@ -607,8 +666,16 @@ async def _ask(
         try:
             # the steps from the trace, and the reply's tokens as they arrive (agentstream.cli.watch)
             ending = await watch_turn(
-                redis, settings.keys, trace_id, turn_id, after=start, deltas_after=deltas_start,
-                stop=stop, echo=echo, describe=Describer(), outage_s=timeout_s,  # a Redis restart is ridden out
+                redis,
+                settings.keys,
+                trace_id,
+                turn_id,
+                after=start,
+                deltas_after=deltas_start,
+                stop=stop,
+                echo=echo,
+                describe=Describer(),
+                outage_s=timeout_s,  # a Redis restart is ridden out
             )
             if ending is not None:
                 return ending
@@ -628,8 +695,9 @@ TimeoutOption = typer.Option("--timeout-s", min=0.1, help="Give up waiting for t
 def ask(
     text: Annotated[str, typer.Argument(callback=_filled("the message"), help="The user's message.")],
     agent: AgentOption = "demo",
-    trace_id: Annotated[Optional[str], typer.Option(callback=_filled("a trace id", name=True),
-                                                    help="Continue this conversation.")] = None,
+    trace_id: Annotated[
+        str | None, typer.Option(callback=_filled("a trace id", name=True), help="Continue this conversation.")
+    ] = None,
     timeout_s: Annotated[float, TimeoutOption] = 300.0,
 ) -> None:
     """Publish a turn to running services (REDIS_URL) and print each step until the answer."""
@@ -651,7 +719,9 @@ def ask(
     raise typer.Exit(0 if isinstance(ending, TurnEnded) else 1)
 
 
-async def _cancel(settings: Settings, message: CancelMessage, wait_s: float, echo=typer.echo) -> TurnFailed | TurnEnded | None:
+async def _cancel(
+    settings: Settings, message: CancelMessage, wait_s: float, echo=typer.echo
+) -> TurnFailed | TurnEnded | None:
     from agentstream.runtime.cancel import cancel_target, publish_cancel
 
     redis = _connect(settings)
@@ -659,7 +729,9 @@ async def _cancel(settings: Settings, message: CancelMessage, wait_s: float, ech
     try:
         entries = await store.read(message.trace_id)
         if not entries:
-            echo(f"trace {message.trace_id!r} is unknown: it has no events in namespace {settings.keys.namespace!r}; nothing to cancel")
+            echo(
+                f"trace {message.trace_id!r} is unknown: it has no events in namespace {settings.keys.namespace!r}; nothing to cancel"
+            )
             return None
         start = entries[-1][0]
         # the turn running now when none is named, so the wait below follows that one; a turn id
@@ -668,7 +740,11 @@ async def _cancel(settings: Settings, message: CancelMessage, wait_s: float, ech
         if target.turn_id is None:
             if not message.turn_id:  # an idle conversation: say how its last turn ended
                 ended = [e for _, e in entries if isinstance(e, (TurnEnded, TurnFailed))]
-                last = f" (its last turn {ended[-1].turn_id} {'ended' if isinstance(ended[-1], TurnEnded) else 'failed'})" if ended else ""
+                last = (
+                    f" (its last turn {ended[-1].turn_id} {'ended' if isinstance(ended[-1], TurnEnded) else 'failed'})"
+                    if ended
+                    else ""
+                )
                 echo(f"trace {message.trace_id!r} is idle: no turn is running{last}; nothing to cancel")
                 return None
             echo(f"trace {message.trace_id!r}: {target.reason}; nothing to cancel")
@@ -691,9 +767,17 @@ async def _cancel(settings: Settings, message: CancelMessage, wait_s: float, ech
 
 @cli.command()
 def cancel(
-    trace_id: Annotated[str, typer.Argument(callback=_filled("a trace id", name=True), help="The conversation whose turn to stop.")],
-    turn_id: Annotated[Optional[str], typer.Option(callback=_filled("a turn id", name=True), show_default=False,
-                                                   help="The turn to stop (default: the one running now).")] = None,
+    trace_id: Annotated[
+        str, typer.Argument(callback=_filled("a trace id", name=True), help="The conversation whose turn to stop.")
+    ],
+    turn_id: Annotated[
+        str | None,
+        typer.Option(
+            callback=_filled("a turn id", name=True),
+            show_default=False,
+            help="The turn to stop (default: the one running now).",
+        ),
+    ] = None,
     reason: Annotated[str, typer.Option(help="Why, for the record.")] = "",
     by: Annotated[str, typer.Option(callback=_filled("who asks (--by)"), help="Who asks.")] = "user",
     wait_s: Annotated[float, typer.Option(min=0, help="Wait this long for the turn to end (0: do not wait).")] = 60.0,
@@ -728,8 +812,9 @@ STOP_MARGIN_S = 5.0
 seconds (a drained service still releases what it held, closes its connections and exits)."""
 
 
-def _stop_processes(procs: list[tuple[Service, subprocess.Popen]], grace_s: float = 15.0,
-                    interrupts: Interrupts | None = None) -> None:
+def _stop_processes(
+    procs: list[tuple[Service, subprocess.Popen]], grace_s: float = 15.0, interrupts: Interrupts | None = None
+) -> None:
     """SIGTERM every service process, then wait for all of them: SIGKILL past ``grace_s``
     seconds, or at once when ``interrupts`` is hurried (a second Ctrl-C); every process is
     reaped before this returns."""
@@ -757,17 +842,27 @@ def _kill_processes(procs: list[tuple[Service, subprocess.Popen]]) -> None:
 
 def _exited(procs: list[tuple[Service, subprocess.Popen]]) -> str:
     """``"; agent-loop (pid 12) exited with code 2"``: the service processes that stopped early."""
-    gone = [f"{service.value} (pid {proc.pid}) exited with code {proc.returncode}" for service, proc in procs if proc.poll() is not None]
+    gone = [
+        f"{service.value} (pid {proc.pid}) exited with code {proc.returncode}"
+        for service, proc in procs
+        if proc.poll() is not None
+    ]
     return f"; {', '.join(gone)}" if gone else ""
 
 
 @cli.command()
 def run(
-    text: Annotated[str, typer.Argument(callback=_filled("the message"), help="The user's message.")] = "What is 365 * 24?",
+    text: Annotated[
+        str, typer.Argument(callback=_filled("the message"), help="The user's message.")
+    ] = "What is 365 * 24?",
     app: AppOption = DEFAULT_APP,
     agent: AgentOption = "demo",
-    turns: Annotated[int, typer.Option(min=1, help="Ask the message this many times in one conversation "
-                                       "(a long conversation, to see compaction).")] = 1,
+    turns: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Ask the message this many times in one conversation (a long conversation, to see compaction)."
+        ),
+    ] = 1,
     timeout_s: Annotated[float, TimeoutOption] = 300.0,
     log_level: LogLevelOption = LogLevel.warning,
     data_dir: DataDirOption = None,
@@ -795,17 +890,34 @@ def run(
                 interrupted = False
                 try:
                     for service in WORKER_SERVICES:
-                        procs.append((service, subprocess.Popen(
-                            [sys.executable, "-P", "-m", "agentstream", "serve", service.value, "--app", app, "--log-level", log_level.value],
-                            # -P: the current directory is not put first on sys.path (a file there
-                            # must not shadow a dependency; load_app finds the --app module there)
-                            env={**os.environ, "AGENTSTREAM_CONSUMER": f"{service.value}-{os.getpid()}"},
-                            stdin=subprocess.DEVNULL,
-                            # a session of its own: a terminal's Ctrl-C reaches run alone, which
-                            # stops the services (SIGTERM) before the model and Redis they use;
-                            # should run be killed, the kernel sends them SIGTERM
-                            start_new_session=True, preexec_fn=die_with_parent,
-                        )))
+                        procs.append(
+                            (
+                                service,
+                                subprocess.Popen(
+                                    [
+                                        sys.executable,
+                                        "-P",
+                                        "-m",
+                                        "agentstream",
+                                        "serve",
+                                        service.value,
+                                        "--app",
+                                        app,
+                                        "--log-level",
+                                        log_level.value,
+                                    ],
+                                    # -P: the current directory is not put first on sys.path (a file there
+                                    # must not shadow a dependency; load_app finds the --app module there)
+                                    env={**os.environ, "AGENTSTREAM_CONSUMER": f"{service.value}-{os.getpid()}"},
+                                    stdin=subprocess.DEVNULL,
+                                    # a session of its own: a terminal's Ctrl-C reaches run alone, which
+                                    # stops the services (SIGTERM) before the model and Redis they use;
+                                    # should run be killed, the kernel sends them SIGTERM
+                                    start_new_session=True,
+                                    preexec_fn=die_with_parent,
+                                ),
+                            )
+                        )
                     typer.secho(
                         f"{', '.join(f'{s.value} pid {p.pid}' for s, p in procs)}, model {settings.openai_model} "
                         f"at {redact_url(settings.openai_base_url or '')}",
@@ -816,7 +928,9 @@ def run(
                     typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
                     for _ in range(turns):
                         try:
-                            ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s, hint=RUN_HINT + _exited(procs)))
+                            ending = asyncio.run(
+                                _ask(settings, agent, text, trace_id, timeout_s, hint=RUN_HINT + _exited(procs))
+                            )
                         except REDIS_ERRORS as exc:
                             raise _unreachable(settings, exc) from None
                         if not isinstance(ending, TurnEnded):
@@ -830,8 +944,12 @@ def run(
                     interrupts.begin_stopping()  # from here a signal hurries the stop, never cuts it short
                     grace_s = settings.shutdown_grace_s + STOP_MARGIN_S
                     if interrupted and any(p.poll() is None for _, p in procs):
-                        typer.secho(f"\nstopping: the services finish what they hold (up to {grace_s:g} s); "
-                                    "Ctrl-C again to stop at once", fg=typer.colors.BRIGHT_BLACK, err=True)
+                        typer.secho(
+                            f"\nstopping: the services finish what they hold (up to {grace_s:g} s); "
+                            "Ctrl-C again to stop at once",
+                            fg=typer.colors.BRIGHT_BLACK,
+                            err=True,
+                        )
                     _stop_processes(procs, grace_s, interrupts)
     except AgentStreamError as exc:
         if interrupts.signum is None:
@@ -888,9 +1006,15 @@ async def _read(settings: Settings, trace_id: str, codec=None):
     return entries
 
 
-TraceIdArgument = Annotated[str, typer.Argument(callback=_filled("a trace id", name=True), help="The trace (conversation) id.")]
-StoredDataDirOption = Annotated[Optional[Path], typer.Option(
-    "--data-dir", envvar=DATA_DIR_ENV, file_okay=False, help=_data_dir_help("where `agentstream run` kept its data"))]
+TraceIdArgument = Annotated[
+    str, typer.Argument(callback=_filled("a trace id", name=True), help="The trace (conversation) id.")
+]
+StoredDataDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir", envvar=DATA_DIR_ENV, file_okay=False, help=_data_dir_help("where `agentstream run` kept its data")
+    ),
+]
 
 
 @trace_cli.command("show")
@@ -979,8 +1103,10 @@ async def _verify(settings: Settings, app_path: str | None, trace_id: str, *, qu
             if not c.matches and c.endpoint is not None:
                 typer.echo(f"  rebuilt with {endpoint_settings(c.endpoint, configured=c.configured)}")
             if not c.matches and c.prompt_changed:
-                typer.echo(f"  the prompt file's texts changed since the call: digest {c.recorded_prompt_digest or '(none)'} "
-                           f"recorded, {c.rebuilt_prompt_digest or '(none)'} now")
+                typer.echo(
+                    f"  the prompt file's texts changed since the call: digest {c.recorded_prompt_digest or '(none)'} "
+                    f"recorded, {c.rebuilt_prompt_digest or '(none)'} now"
+                )
     typer.secho(
         f"fingerprints: {good}/{len(calls)} model calls rebuilt from the stored trace match",
         fg=typer.colors.GREEN if good == len(calls) else typer.colors.RED,
@@ -991,13 +1117,22 @@ async def _verify(settings: Settings, app_path: str | None, trace_id: str, *, qu
     return good == len(calls)
 
 
-RecordedAppOption = Annotated[Optional[str], typer.Option(
-    "--app", envvar="AGENTSTREAM_APP", show_default=False, callback=_filled("the app path"),
-    help="The app, as module:attribute (default: the one the agent loops recorded when they started, else the demo).")]
+RecordedAppOption = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        envvar="AGENTSTREAM_APP",
+        show_default=False,
+        callback=_filled("the app path"),
+        help="The app, as module:attribute (default: the one the agent loops recorded when they started, else the demo).",
+    ),
+]
 
 
 @trace_cli.command("verify")
-def trace_verify(trace_id: TraceIdArgument, app: RecordedAppOption = None, data_dir: StoredDataDirOption = None) -> None:
+def trace_verify(
+    trace_id: TraceIdArgument, app: RecordedAppOption = None, data_dir: StoredDataDirOption = None
+) -> None:
     """Rebuild every model call's request from the stored trace and compare fingerprints.
 
     The app and the model endpoint settings are the ones given (--app, OPENAI_*,
@@ -1011,7 +1146,9 @@ def trace_verify(trace_id: TraceIdArgument, app: RecordedAppOption = None, data_
     raise typer.Exit(0 if ok else 1)
 
 
-async def _explain(settings: Settings, app_path: str | None, trace_id: str, step: int, turn_id: str | None, as_json: bool) -> None:
+async def _explain(
+    settings: Settings, app_path: str | None, trace_id: str, step: int, turn_id: str | None, as_json: bool
+) -> None:
     from agentstream.steps.explaining import explain_call
     from agentstream.steps.replay import endpoint_settings
 
@@ -1020,7 +1157,9 @@ async def _explain(settings: Settings, app_path: str | None, trace_id: str, step
     explanation = None
     try:
         for endpoints in sets:  # the first set that rebuilds the recorded body, else the first
-            candidate = explain_call(events, app.agent, step=step, turn_id=turn_id, endpoints=endpoints, model_name=settings.openai_model)
+            candidate = explain_call(
+                events, app.agent, step=step, turn_id=turn_id, endpoints=endpoints, model_name=settings.openai_model
+            )
             explanation = explanation or candidate
             if candidate.recorded_sha256 and candidate.recorded_sha256 == candidate.rebuilt_sha256:
                 explanation = candidate
@@ -1028,14 +1167,23 @@ async def _explain(settings: Settings, app_path: str | None, trace_id: str, step
     except (LookupError, KeyError) as exc:
         raise AgentStreamError(f"trace {trace_id!r}: {exc}") from exc
     assert explanation is not None
-    sha256, body, endpoint, configured = explanation.rebuilt_sha256, explanation.body, explanation.endpoint, explanation.configured
+    sha256, body, endpoint, configured = (
+        explanation.rebuilt_sha256,
+        explanation.body,
+        explanation.endpoint,
+        explanation.configured,
+    )
     if as_json:
         typer.echo(json.dumps(explanation.as_json(trace_id), indent=2))
         return
     state = "made" if explanation.made else "not made yet (the next call)"
-    typer.echo(f"trace {trace_id}, turn {explanation.turn_id}, step {step}: model call {explanation.call} of the trace, {state}")
+    typer.echo(
+        f"trace {trace_id}, turn {explanation.turn_id}, step {step}: model call {explanation.call} of the trace, {state}"
+    )
     if explanation.size_tokens is not None:
-        typer.echo(f"estimated size: {explanation.size_tokens} tokens (prompt and output reserve) of a {explanation.window_tokens}-token window")
+        typer.echo(
+            f"estimated size: {explanation.size_tokens} tokens (prompt and output reserve) of a {explanation.window_tokens}-token window"
+        )
     if explanation.recorded_sha256:
         verdict = "matches" if explanation.recorded_sha256 == sha256 else "DOES NOT match"
         typer.echo(f"fingerprint: rebuilt {sha256} {verdict} the recorded {explanation.recorded_sha256}")
@@ -1055,10 +1203,17 @@ async def _explain(settings: Settings, app_path: str | None, trace_id: str, step
 def trace_explain(
     trace_id: TraceIdArgument,
     step: Annotated[int, typer.Option("--step", min=0, help="The model call's step within its turn (0-based).")],
-    turn_id: Annotated[Optional[str], typer.Option("--turn-id", "--turn", callback=_filled("a turn id", name=True),
-                                                   help="The turn id, as `cancel --turn-id` and the gateway's "
-                                                   "`?turn_id=` take it (default: the newest turn; `--turn` "
-                                                   "is the old spelling).")] = None,
+    turn_id: Annotated[
+        str | None,
+        typer.Option(
+            "--turn-id",
+            "--turn",
+            callback=_filled("a turn id", name=True),
+            help="The turn id, as `cancel --turn-id` and the gateway's "
+            "`?turn_id=` take it (default: the newest turn; `--turn` "
+            "is the old spelling).",
+        ),
+    ] = None,
     app: RecordedAppOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
     data_dir: StoredDataDirOption = None,
@@ -1074,12 +1229,23 @@ def trace_explain(
 
 @cli.command("gateway-key")
 def gateway_key(
-    name: Annotated[str, typer.Option(callback=_filled("a key name", name=True),
-                                      help="The key's name (shown in logs and in the cancels it makes).")],
-    agent: Annotated[list[str], typer.Option(callback=_filled("an agent name", name=True),
-                                             help="An agent the key may use (repeat it; '*' for all).")],
-    keys_file: Annotated[Optional[str], typer.Option(callback=_filled("the keys file"),
-                                                     help="Add the entry to this keys file (made if missing).")] = None,
+    name: Annotated[
+        str,
+        typer.Option(
+            callback=_filled("a key name", name=True),
+            help="The key's name (shown in logs and in the cancels it makes).",
+        ),
+    ],
+    agent: Annotated[
+        list[str],
+        typer.Option(
+            callback=_filled("an agent name", name=True), help="An agent the key may use (repeat it; '*' for all)."
+        ),
+    ],
+    keys_file: Annotated[
+        str | None,
+        typer.Option(callback=_filled("the keys file"), help="Add the entry to this keys file (made if missing)."),
+    ] = None,
 ) -> None:
     """Make a new API key for the HTTP gateway. Prints the key (once: the gateway stores only its
     SHA-256) and, without --keys-file, the keys-file entry to put in the gateway's Secret."""
@@ -1111,7 +1277,7 @@ def gateway_key(
     typer.echo(yaml.safe_dump({"keys": [entry]}, sort_keys=False).rstrip())
 
 
-def _variables(value: Optional[list[str]]) -> Optional[list[str]]:
+def _variables(value: list[str] | None) -> list[str] | None:
     """``--var`` values: each ``NAME=VALUE`` with a name (one without ``=`` was dropped unsaid)."""
     for one in value or []:
         if not one.partition("=")[0].strip() or "=" not in one:
@@ -1121,11 +1287,20 @@ def _variables(value: Optional[list[str]]) -> Optional[list[str]]:
 
 @cli.command("prompt")
 def prompt_show(
-    name: Annotated[str, typer.Argument(callback=_filled("the prompt file"),
-                                        help="A prompt file: a path, or a name in AGENTSTREAM_PROMPTS_DIR or the shipped prompts/.")],
-    model: Annotated[Optional[str], typer.Option(callback=_filled("a model endpoint id", name=True),
-                                                 help="The model endpoint id whose layer applies.")] = None,
-    var: Annotated[Optional[list[str]], typer.Option(callback=_variables, help="A template variable, NAME=VALUE.")] = None,
+    name: Annotated[
+        str,
+        typer.Argument(
+            callback=_filled("the prompt file"),
+            help="A prompt file: a path, or a name in AGENTSTREAM_PROMPTS_DIR or the shipped prompts/.",
+        ),
+    ],
+    model: Annotated[
+        str | None,
+        typer.Option(
+            callback=_filled("a model endpoint id", name=True), help="The model endpoint id whose layer applies."
+        ),
+    ] = None,
+    var: Annotated[list[str] | None, typer.Option(callback=_variables, help="A template variable, NAME=VALUE.")] = None,
 ) -> None:
     """Print what one model reads from a prompt file: its system prompt, texts and tool texts."""
     from agentstream.app.prompts import load_prompt_file
@@ -1144,8 +1319,12 @@ def prompt_show(
 
 @schema_cli.command("turn")
 def schema_turn(
-    app: Annotated[str | None, typer.Option("--app", help="An app (module:attribute): print one schema per agent, "
-                                            "reflecting the agent's typed input")] = None,
+    app: Annotated[
+        str | None,
+        typer.Option(
+            "--app", help="An app (module:attribute): print one schema per agent, reflecting the agent's typed input"
+        ),
+    ] = None,
 ) -> None:
     """The JSON schema of the turn message other backends publish; with --app, one per agent
     (``{"<agent>": <schema>}``), each with the agent's typed input."""
@@ -1240,8 +1419,12 @@ def main(args: list[str] | None = None) -> None:
 
             traceback.print_exception(exc, file=sys.stderr)
         detail = str(exc).splitlines()[0] if str(exc) else ""
-        typer.secho(f"error: unexpected {type(exc).__name__}{': ' + detail if detail else ''} "
-                    f"({'the traceback is above' if _debugging(args) else DEBUG_HINT})", fg=typer.colors.RED, err=True)
+        typer.secho(
+            f"error: unexpected {type(exc).__name__}{': ' + detail if detail else ''} "
+            f"({'the traceback is above' if _debugging(args) else DEBUG_HINT})",
+            fg=typer.colors.RED,
+            err=True,
+        )
         raise SystemExit(1) from None
     raise SystemExit(code if isinstance(code, int) else 0)
 

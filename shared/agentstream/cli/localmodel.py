@@ -90,7 +90,9 @@ def find_gguf() -> Path:
 
 def _check_server_installed() -> None:
     if importlib_util.find_spec("llama_cpp") is None:
-        raise ConfigError(f"the local model needs llama-cpp-python with its server extra; install it with: {INSTALL_HINT}")
+        raise ConfigError(
+            f"the local model needs llama-cpp-python with its server extra; install it with: {INSTALL_HINT}"
+        )
     for module in ("uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings"):
         if importlib_util.find_spec(module) is None:
             raise ConfigError(

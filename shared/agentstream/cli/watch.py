@@ -14,7 +14,6 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any
 
-
 from agentstream.runtime.connection import RedisClient
 from agentstream.runtime.deltas import Dropped, PartialReplies, follow, last_entry_id
 from agentstream.wire.events import Event, TurnEnded, TurnFailed
@@ -81,8 +80,10 @@ class TurnPrinter:
             return
         if isinstance(changed, Dropped):
             self._close_line()
-            self.echo(f"  ↺ attempt {changed.attempt} of model call {changed.step} failed ({changed.reason}); "
-                      "its partial output above is dropped, retrying")
+            self.echo(
+                f"  ↺ attempt {changed.attempt} of model call {changed.step} failed ({changed.reason}); "
+                "its partial output above is dropped, retrying"
+            )
             return
         if delta.kind in ("text", "reasoning") and delta.text:
             self._write(delta.kind, delta.text)
@@ -123,8 +124,9 @@ async def watch_turn(
     printer = TurnPrinter(turn_id, echo, describe)
     if deltas_after is None:
         deltas_after = await last_entry_id(redis, keys.deltas(trace_id))
-    async for item in follow(redis, keys, trace_id, after=after, deltas_after=deltas_after, block_ms=block_ms, stop=stop,
-                             outage_s=outage_s):
+    async for item in follow(
+        redis, keys, trace_id, after=after, deltas_after=deltas_after, block_ms=block_ms, stop=stop, outage_s=outage_s
+    ):
         if item.delta is not None:
             printer.on_delta(item.delta)
         elif item.event is not None and printer.on_event(item.event):

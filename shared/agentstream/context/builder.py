@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentstream.app.base import Agent
-from agentstream.wire.codec import gc_paused
 from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
 from agentstream.context.compaction import instructions as compaction_instructions
 from agentstream.context.elements import Numbering
@@ -38,6 +37,7 @@ from agentstream.context.shrink import judge
 from agentstream.context.state import TraceState
 from agentstream.context.trimming import trim_request
 from agentstream.errors import ContextFullError
+from agentstream.wire.codec import gc_paused
 from agentstream.wire.events import ToolCall, ToolOutput
 
 FROM_AGENT: Literal["agent"] = "agent"
@@ -49,7 +49,9 @@ DEFAULT_CONFIG = ContextConfig()
 """The settings of an agent that gives none."""
 
 
-def settings_of(agent: Agent, config: ContextConfig | None = None, limits: LimitsArg = FROM_AGENT) -> tuple[ContextConfig, ModelLimits | None]:
+def settings_of(
+    agent: Agent, config: ContextConfig | None = None, limits: LimitsArg = FROM_AGENT
+) -> tuple[ContextConfig, ModelLimits | None]:
     """The builder settings and model limits of an agent (explicit arguments win)."""
     own_config = getattr(agent, "context", None)
     if config is None:
@@ -182,7 +184,10 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
             compact = state.policy.compact
             if compact is not None:
                 threshold = trigger_tokens(
-                    compact, state.limits, state.policy.output_reserve.count, text_chars(compaction_instructions(compact, state))
+                    compact,
+                    state.limits,
+                    state.policy.output_reserve.count,
+                    text_chars(compaction_instructions(compact, state)),
                 )
                 if size > threshold or not fits:
                     due = plan(state, index, compact)
@@ -198,12 +203,23 @@ def _shrunk(state: TraceState, slot: Any, index: int, step: int) -> Shrunk:
     at = slot.at
     kept = _kept(state, slot)
     if not 0 <= at < len(state.calls):  # given at the call being built: its turn and step
-        return Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, state.turns[index].turn_id, step, kept)
+        return Shrunk(
+            slot.handle,
+            slot.output.call_id,
+            slot.output.name,
+            slot.form,
+            slot.by,
+            at,
+            state.turns[index].turn_id,
+            step,
+            kept,
+        )
     record = slot.record
     if record is None or record.at != at or record.form != slot.form or record.by is not slot.by or record.kept != kept:
         call = state.calls[at]
-        record = slot.record = Shrunk(slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, call.turn_id,
-                                      call.step, kept)
+        record = slot.record = Shrunk(
+            slot.handle, slot.output.call_id, slot.output.name, slot.form, slot.by, at, call.turn_id, call.step, kept
+        )
     return record
 
 
@@ -310,9 +326,13 @@ def trimmed_request(built: BuiltContext, agent: Agent, *, limits: LimitsArg = FR
     if built.fits or resolved is None:
         return built.request
     try:
-        return trim_request(built.request, resolved, output_reserve=config.policy.output_reserve.count, note=TRIMMED_NOTE)
+        return trim_request(
+            built.request, resolved, output_reserve=config.policy.output_reserve.count, note=TRIMMED_NOTE
+        )
     except ContextFullError as exc:
-        raise ContextFullError(f"turn {built.turn_id!r} step {built.step}: the summary failed and trimming cannot help: {exc}") from None
+        raise ContextFullError(
+            f"turn {built.turn_id!r} step {built.step}: the summary failed and trimming cannot help: {exc}"
+        ) from None
 
 
 def build_messages(events: Sequence[Any], *, upto_turn: str | None = None) -> tuple[Message, ...]:

@@ -64,7 +64,9 @@ class ContextCache:
         """Drop a trace's state (its next build folds from the start)."""
         self._entries.pop(trace_id, None)
 
-    def build(self, trace_id: str, entries: Sequence[tuple[str, Any]], agent: Agent, *, turn_id: str, step: int) -> BuiltContext:
+    def build(
+        self, trace_id: str, entries: Sequence[tuple[str, Any]], agent: Agent, *, turn_id: str, step: int
+    ) -> BuiltContext:
         """The context of the next model call of a trace, from its stored entries.
 
         Args:
@@ -101,7 +103,9 @@ class ContextCache:
                 self._entries.popitem(last=False)
         return build_from_state(state, turn_id=turn_id, step=step)
 
-    def request(self, trace_id: str, entries: Sequence[tuple[str, Any]], agent: Agent, *, turn_id: str, step: int) -> ChatRequest:
+    def request(
+        self, trace_id: str, entries: Sequence[tuple[str, Any]], agent: Agent, *, turn_id: str, step: int
+    ) -> ChatRequest:
         """The request of the next model call (see :meth:`build`).
 
         Raises:

@@ -20,9 +20,7 @@ from agentstream.context.citations import BRACKETS, CitationStyle
 from agentstream.context.elements import Numbering
 from agentstream.wire.events import CitedSource, Document, Source
 
-_MARK = re.compile(
-    r"[ \t]?(?:\[\s*\d+(?:\s*[,;]\s*\d+)*\s*\]|【\s*\d+(?:\s*[,;]\s*\d+)*\s*(?:†[^】]*)?】)"
-)
+_MARK = re.compile(r"[ \t]?(?:\[\s*\d+(?:\s*[,;]\s*\d+)*\s*\]|【\s*\d+(?:\s*[,;]\s*\d+)*\s*(?:†[^】]*)?】)")
 _SENTENCE_END = re.compile(r"[.!?](?:\s+|$)|\n")
 
 
@@ -108,8 +106,13 @@ def read_back(text: str, numbering: Numbering, style: CitationStyle = BRACKETS) 
                 whole = numbering.first(element.ref) if element.ref and element.ref != element.id else None
                 title, url = _title_url(element, whole if isinstance(whole, Source) else None)
                 entry = found[element.id] = {
-                    "number": number, "id": element.id, "kind": type(element).__struct_config__.tag or "",
-                    "title": title, "url": url, "whole": element.ref, "spans": [],
+                    "number": number,
+                    "id": element.id,
+                    "kind": type(element).__struct_config__.tag or "",
+                    "title": title,
+                    "url": url,
+                    "whole": element.ref,
+                    "spans": [],
                 }
             if span not in entry["spans"]:
                 entry["spans"].append(span)
@@ -118,8 +121,15 @@ def read_back(text: str, numbering: Numbering, style: CitationStyle = BRACKETS) 
     pieces.append(text[last:])
     clean = "".join(pieces)
     cited = tuple(
-        CitedSource(number=e["number"], id=e["id"], kind=e["kind"], title=e["title"], url=e["url"], whole=e["whole"],
-                    spans=tuple(e["spans"]))
+        CitedSource(
+            number=e["number"],
+            id=e["id"],
+            kind=e["kind"],
+            title=e["title"],
+            url=e["url"],
+            whole=e["whole"],
+            spans=tuple(e["spans"]),
+        )
         for e in found.values()
     )
     return clean, cited
@@ -147,6 +157,15 @@ def result_sources(answer: str, elements: tuple, numbering: Numbering) -> tuple[
             continue
         whole = numbering.first(element.ref) if element.ref and element.ref != element.id else None
         title, url = _title_url(element, whole if isinstance(whole, Source) else None)
-        out.append(CitedSource(number=number, id=element.id, kind=type(element).__struct_config__.tag or "", title=title,
-                               url=url, whole=element.ref, spans=((0, len(answer)),)))
+        out.append(
+            CitedSource(
+                number=number,
+                id=element.id,
+                kind=type(element).__struct_config__.tag or "",
+                title=title,
+                url=url,
+                whole=element.ref,
+                spans=((0, len(answer)),),
+            )
+        )
     return tuple(out)

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agentstream.context.folded import Output
 from agentstream.context.forms.shorten import COMPRESSED, STUBBED
 from agentstream.context.layout import escape_text
-from agentstream.context.folded import Output
 from agentstream.context.limits import (
     MESSAGE_OVERHEAD_CHARS,
     ModelLimits,
@@ -113,7 +113,11 @@ def plan(state: FoldState, current: int, compact: Compact) -> CompactionPlan | N
     previous = state.compaction.summary if state.compaction is not None else None
     new = [state.turns[i] for i in range(already, kept)]
     # A later chunk carries the summary written so far: at most the summary output.
-    summary_room = max(text_chars(previous or ""), state.limits.chars_of_tokens(compact.summary_output.count)) if state.limits else 0
+    summary_room = (
+        max(text_chars(previous or ""), state.limits.chars_of_tokens(compact.summary_output.count))
+        if state.limits
+        else 0
+    )
     budget = summary_budget_chars(state, compact, summary_room, current)
     chunks: list[tuple[str, ...]] = []
     chunk: list[str] = []
@@ -194,7 +198,9 @@ def summary_messages(state: FoldState, turn_ids: Sequence[str], budget_chars: in
     )
 
 
-def summary_request(state: FoldState, compaction_plan: CompactionPlan, chunk: int, summary_so_far: str | None) -> ChatRequest:
+def summary_request(
+    state: FoldState, compaction_plan: CompactionPlan, chunk: int, summary_so_far: str | None
+) -> ChatRequest:
     """The request of summary call ``chunk`` of a plan.
 
     The system message is the agent's prompt with the summary so far (the earlier compaction's
@@ -220,7 +226,9 @@ def summary_request(state: FoldState, compaction_plan: CompactionPlan, chunk: in
     )
 
 
-def compaction_event(compaction_plan: CompactionPlan, summary: str, *, provider: str = "", model: str = "", usage: Usage = Usage()) -> Compaction:
+def compaction_event(
+    compaction_plan: CompactionPlan, summary: str, *, provider: str = "", model: str = "", usage: Usage = Usage()
+) -> Compaction:
     """The event that records a summary.
 
     Raises:
@@ -248,5 +256,7 @@ def trigger_tokens(compact: Compact, limits: ModelLimits, output_reserve: int, i
     The setting's ``when``, lowered where needed so that the summary call itself still fits: the
     history, the instructions and the summary output must fit the window together.
     """
-    room = limits.window.count - compact.summary_output.count - limits.tokens_of_chars(instructions_chars) + output_reserve
+    room = (
+        limits.window.count - compact.summary_output.count - limits.tokens_of_chars(instructions_chars) + output_reserve
+    )
     return min(limits.tokens(compact.when), room)

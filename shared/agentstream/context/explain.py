@@ -79,7 +79,9 @@ def explain(
     agent = agent_of(turn.agent)
     if agent is None:
         raise LookupError(f"turn {turn_id!r} names agent {turn.agent!r}, which the app does not have")
-    from agentstream.delegation import offered_agent  # not at the top: the delegation package imports the context library
+    from agentstream.delegation import (
+        offered_agent,
+    )  # not at the top: the delegation package imports the context library
 
     agent = offered_agent(agent, turn, endpoints)
     steps = []
@@ -106,7 +108,9 @@ def describe_shrunk(shrunk: Shrunk) -> str:
         f"at call {shrunk.at} (turn {shrunk.at_turn}, step {shrunk.at_step})"
     )
     if shrunk.kept:
-        shown = ", ".join(f"{number if number is not None else '?'} ({element_id}) {form.name.lower()}"
-                          for number, element_id, form in shrunk.kept)
+        shown = ", ".join(
+            f"{number if number is not None else '?'} ({element_id}) {form.name.lower()}"
+            for number, element_id, form in shrunk.kept
+        )
         line += f"; a floor keeps source {shown}"
     return line

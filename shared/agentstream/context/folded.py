@@ -37,8 +37,25 @@ class Slot(Parts):
     """
 
     __slots__ = (
-        "handle", "output", "turn", "more", "form", "by", "at", "element_forms", "message", "chars", "futile",
-        "renders", "chars_full", "chars_compressed", "chars_stubbed", "plan_form", "plan_chars", "plan_by", "plan_floors",
+        "handle",
+        "output",
+        "turn",
+        "more",
+        "form",
+        "by",
+        "at",
+        "element_forms",
+        "message",
+        "chars",
+        "futile",
+        "renders",
+        "chars_full",
+        "chars_compressed",
+        "chars_stubbed",
+        "plan_form",
+        "plan_chars",
+        "plan_by",
+        "plan_floors",
         "record",
     )
 
@@ -94,8 +111,24 @@ class Turn:
     """One turn: its input, then its outputs (and app events' messages) in trace order."""
 
     __slots__ = (
-        "index", "turn_id", "user", "items", "handles", "chars", "reasoning_chars", "version", "cache_key", "cache",
-        "first_round", "first_slot", "tool_steps", "answer_steps", "input", "off", "tools", "system",
+        "index",
+        "turn_id",
+        "user",
+        "items",
+        "handles",
+        "chars",
+        "reasoning_chars",
+        "version",
+        "cache_key",
+        "cache",
+        "first_round",
+        "first_slot",
+        "tool_steps",
+        "answer_steps",
+        "input",
+        "off",
+        "tools",
+        "system",
     )
 
     def __init__(self, index: int, event: TurnInput, user: Message | None, first_round: int, first_slot: int) -> None:

@@ -241,7 +241,11 @@ def message_chars(message: Message) -> int:
         return text_chars(message.text) + len(message.call_id) + MESSAGE_OVERHEAD_CHARS  # type: ignore[union-attr]
     if kind is AssistantMessage:
         assert isinstance(message, AssistantMessage)
-        chars = text_chars(message.content) + MESSAGE_OVERHEAD_CHARS + (text_chars(message.reasoning) if message.reasoning else 0)
+        chars = (
+            text_chars(message.content)
+            + MESSAGE_OVERHEAD_CHARS
+            + (text_chars(message.reasoning) if message.reasoning else 0)
+        )
         for call in message.tool_calls:
             chars += len(call.id) + len(call.name) + text_chars(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
         return chars

@@ -246,8 +246,16 @@ class Reopen:
             parameters={
                 "type": "object",
                 "properties": {
-                    "elements": {"type": "array", "items": {"type": "integer"}, "description": "Source numbers to show again."},
-                    "results": {"type": "array", "items": {"type": "string"}, "description": "Result handles, such as r12."},
+                    "elements": {
+                        "type": "array",
+                        "items": {"type": "integer"},
+                        "description": "Source numbers to show again.",
+                    },
+                    "results": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "Result handles, such as r12.",
+                    },
                 },
                 "additionalProperties": False,
             },

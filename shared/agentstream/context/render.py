@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from agentstream.app.inputs import Text, as_recorded, elements_then_text, parse_payload
 from agentstream.context.citations import CitationStyle
 from agentstream.context.elements import Numbering, images_of
 from agentstream.context.forms.shorten import (
@@ -35,7 +36,6 @@ from agentstream.context.request import (
     UserMessage,
 )
 from agentstream.errors import ContextError
-from agentstream.app.inputs import Text, as_recorded, elements_then_text, parse_payload
 from agentstream.wire.events import (
     Document,
     Element,
@@ -212,7 +212,15 @@ class Parts:
     take what the recorded ones take less those texts (see :func:`element_chars`).
     """
 
-    __slots__ = ("full", "full_chars", "full_total", "compressed", "compressed_chars", "compressed_total", "compressed_text")
+    __slots__ = (
+        "full",
+        "full_chars",
+        "full_total",
+        "compressed",
+        "compressed_chars",
+        "compressed_total",
+        "compressed_text",
+    )
 
     def __init__(self) -> None:
         self.full: ToolOutput | None = None
@@ -233,7 +241,9 @@ class Parts:
         compressed = self.compressed
         if compressed is None:
             assert renderer.limits is not None
-            compressed = self.compressed = checked(renderer.config.policy.shorten_for(output.name, COMPRESSED), output, renderer.limits)
+            compressed = self.compressed = checked(
+                renderer.config.policy.shorten_for(output.name, COMPRESSED), output, renderer.limits
+            )
         return compressed
 
     def full_elements(self) -> int:
@@ -260,7 +270,9 @@ class Parts:
                 self.compressed_text = text_chars(output.text)
             else:
                 compressed = self.compressed_of(renderer, output)
-                total = self.full_elements() if compressed is self.full else sum(map(element_chars, compressed.elements))
+                total = (
+                    self.full_elements() if compressed is self.full else sum(map(element_chars, compressed.elements))
+                )
                 self.compressed_text = text_chars(compressed.text)
             self.compressed_total = total
         return self.compressed_text, self.compressed_total
@@ -277,7 +289,9 @@ class Parts:
             self.full_chars = tuple(map(element_chars, full.elements))
         if self.compressed_chars is None:
             compressed = self.compressed_of(renderer, output)
-            self.compressed_chars = self.full_chars if compressed is full else tuple(map(element_chars, compressed.elements))
+            self.compressed_chars = (
+                self.full_chars if compressed is full else tuple(map(element_chars, compressed.elements))
+            )
         return self.full_chars, self.compressed_chars
 
 
@@ -321,7 +335,9 @@ class ResultRenderer:
             return output
         return checked(self.config.policy.shorten_for(output.name, FULL), output, self.limits)
 
-    def content(self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None) -> tuple[str, tuple]:
+    def content(
+        self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None
+    ) -> tuple[str, tuple]:
         """The text of a result in a form, and the images it shows."""
         if self.limits is None:
             return join_content(self.show(output.elements, output.name), output.text), images_of(output.elements)
@@ -334,9 +350,7 @@ class ResultRenderer:
             compressed = checked(self.config.policy.shorten_for(output.name, COMPRESSED), output, self.limits)
             forms = element_forms if element_forms is not None else (form,) * len(output.elements)
             elements = tuple(
-                (full.elements[i] if f == FULL else compressed.elements[i])
-                for i, f in enumerate(forms)
-                if f > STUBBED
+                (full.elements[i] if f == FULL else compressed.elements[i]) for i, f in enumerate(forms) if f > STUBBED
             )
             line = self.handle_line(handle or "?", output.name, form)
             text = compressed.text if form == COMPRESSED else ""
@@ -349,7 +363,12 @@ class ResultRenderer:
         return text, images_of(elements)
 
     def estimate(
-        self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None, parts: Parts | None = None
+        self,
+        output: ToolOutput,
+        handle: str | None,
+        form: Form,
+        element_forms: Sequence[Form] | None,
+        parts: Parts | None = None,
     ) -> int:
         """Characters of a result's message in a form, estimated from its parts without laying it out.
 
@@ -453,7 +472,9 @@ class ResultRenderer:
             stubbed = room + CUT_NOTE_CHARS
         return total + tail, compressed + tail, stubbed + tail
 
-    def message(self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None) -> ToolResultMessage:
+    def message(
+        self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None
+    ) -> ToolResultMessage:
         text, images = self.content(output, handle, form, element_forms)
         return ToolResultMessage(
             call_id=output.call_id, name=output.name, text=text, is_error=output.error is not None, images=images
@@ -464,7 +485,12 @@ class _ToolSizes:
     """For one tool: its forms' functions as far as estimates care, its cap, and its handle lines' lengths."""
 
     __slots__ = (
-        "full_as_recorded", "compressed_drops_text", "room", "compressed_line", "compressed_handles", "stubbed_line",
+        "full_as_recorded",
+        "compressed_drops_text",
+        "room",
+        "compressed_line",
+        "compressed_handles",
+        "stubbed_line",
         "stubbed_handles",
     )
 

@@ -89,9 +89,11 @@ def resolve_reopen(call: ToolCall, turn_id: str, state: FoldState) -> ToolOutput
     try:
         arguments = json.loads(call.arguments) if call.arguments.strip() else {}
     except json.JSONDecodeError as exc:
-        return error(f"the arguments are not valid JSON ({exc.msg}); send {{\"elements\": [7], \"results\": [\"r3\"]}}")
+        return error(f'the arguments are not valid JSON ({exc.msg}); send {{"elements": [7], "results": ["r3"]}}')
     if not isinstance(arguments, dict) or set(arguments) - {"elements", "results"}:
-        return error('the arguments must be an object with only "elements" (numbers) and "results" (handles such as "r3")')
+        return error(
+            'the arguments must be an object with only "elements" (numbers) and "results" (handles such as "r3")'
+        )
     numbers = arguments.get("elements") or []
     handles = arguments.get("results") or []
     if not isinstance(numbers, list) or not isinstance(handles, list) or (not numbers and not handles):

@@ -148,7 +148,14 @@ def steps_of(policy: ContextPolicy, limits: ModelLimits) -> tuple[Step, ...]:
     for shrink in policy.shrink:
         when = getattr(shrink, "when", None)
         stop = _prefix_stop(shrink) if SHORTCUTS else None
-        out.append(Step(shrink, None if when is None else limits.tokens(when), stop, STUBBED if type(shrink) is Stub else COMPRESSED))
+        out.append(
+            Step(
+                shrink,
+                None if when is None else limits.tokens(when),
+                stop,
+                STUBBED if type(shrink) is Stub else COMPRESSED,
+            )
+        )
     return tuple(out)
 
 
@@ -296,11 +303,16 @@ def _units_mark(state: FoldState, current: int) -> tuple[int, int, int, int]:
     units some shrink selects), and the rescans."""
     units = state.prefix_units
     return (
-        current, len(state.rounds) if "rounds" in units else 0, len(state.slots) if "results" in units else 0, state.rescans,
+        current,
+        len(state.rounds) if "rounds" in units else 0,
+        len(state.slots) if "results" in units else 0,
+        state.rescans,
     )
 
 
-def judge(state: FoldState, current: int, step: int, call: int, *, speculative: bool, chars: int | None = None) -> list[Change]:
+def judge(
+    state: FoldState, current: int, step: int, call: int, *, speculative: bool, chars: int | None = None
+) -> list[Change]:
     """Apply the policy's shrinks for the model call ``call`` (its index in the trace).
 
     Args:
@@ -333,27 +345,42 @@ def judge(state: FoldState, current: int, step: int, call: int, *, speculative: 
     steps = state.steps
     running = []
     for s in steps:
-        if (started if s.when is None else size > s.when):
+        if started if s.when is None else size > s.when:
             running.append(id(s.shrink))
     active = tuple(running)
     before = size
     # Two ways to know without planning that no pass is made (either is enough, in any order):
     prefix_only = state.prefix_only.get(active)
     if prefix_only is None:
-        prefix_only = state.prefix_only[active] = SHORTCUTS and all(s.stop is not None for s in steps if id(s.shrink) in active)
+        prefix_only = state.prefix_only[active] = SHORTCUTS and all(
+            s.stop is not None for s in steps if id(s.shrink) in active
+        )
     memo_key = (start, len(state.forms), state.recalls, active)
     memo = state.reverted
     if (
-        prefix_only and memo is not None and memo[0] == memo_key and policy.min_gain is not None
-        and before <= limits.window.count and _still_too_little(state, memo_key, start, current)
+        prefix_only
+        and memo is not None
+        and memo[0] == memo_key
+        and policy.min_gain is not None
+        and before <= limits.window.count
+        and _still_too_little(state, memo_key, start, current)
     ):
         return []
     reopen_extra = 0
     if state.reopen_def is not None and not state.offers_reopen(current) and state.tools_offered(current, step):
         reopen_extra = state.reopen_chars  # the first shortened result brings the reopen tool
     key = (
-        start, current, len(state.slots), state.placements, len(state.rounds), len(state.forms), len(state.cited),
-        state.recalls, active, reopen_extra, recorded,
+        start,
+        current,
+        len(state.slots),
+        state.placements,
+        len(state.rounds),
+        len(state.forms),
+        len(state.cited),
+        state.recalls,
+        active,
+        reopen_extra,
+        recorded,
     )
     exhausted_then = state.exhausted
     if SHORTCUTS and exhausted_then is not None and exhausted_then[0] == key and chars >= exhausted_then[1]:

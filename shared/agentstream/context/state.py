@@ -19,7 +19,6 @@ from types import MappingProxyType
 from typing import Any
 
 from agentstream.app.base import Agent, ToolChoice
-from agentstream.wire.codec import gc_paused
 from agentstream.context.compaction import summary_section
 from agentstream.context.elements import Numbering
 from agentstream.context.folded import (
@@ -56,6 +55,7 @@ from agentstream.context.reopen import derive_reopened, is_reopen_output
 from agentstream.context.request import AssistantMessage, Message, ToolDefinition, offered_definitions
 from agentstream.context.shrink import judge, steps_of
 from agentstream.errors import UnrenderedEventError
+from agentstream.wire.codec import gc_paused
 from agentstream.wire.events import (
     Compaction,
     ModelOutput,
@@ -81,7 +81,9 @@ class TraceState:
             hides events), or None to number elements as events arrive.
     """
 
-    def __init__(self, agent: Agent, config: ContextConfig, limits: ModelLimits | None, numbering: Numbering | None = None):
+    def __init__(
+        self, agent: Agent, config: ContextConfig, limits: ModelLimits | None, numbering: Numbering | None = None
+    ):
         self.agent = agent
         self.config = config
         self.policy = config.policy
@@ -95,7 +97,9 @@ class TraceState:
         self.ended: set[str] = set()
         self.results: dict[str, Slot] = {}
         self.slots: list[Slot] = []
-        self.exhausted: tuple | None = None  # the last pass tried in full and not made: (its key, chars, chars freed, planned)
+        self.exhausted: tuple | None = (
+            None  # the last pass tried in full and not made: (its key, chars, chars freed, planned)
+        )
         self.cursors: dict[int, Any] = {}  # id(shrink) → its candidates (see shrink.Candidates)
         # the last pass not made: (its key, at most the chars it could free, each planned result's chars)
         self.reverted: tuple[tuple, int, dict[Slot, int]] | None = None
@@ -132,7 +136,8 @@ class TraceState:
         self.pending: list[tuple[Message, ...]] = []
         self.count = 0
         self.own_tool_defs = tuple(
-            ToolDefinition(name=t.name, description=t.description, parameters=t.parameters) for t in declared_order(agent)
+            ToolDefinition(name=t.name, description=t.description, parameters=t.parameters)
+            for t in declared_order(agent)
         )
         self.per_turn_tools = agent.declared is not None  # the turns' tool states decide what each offers
         reopen = self.policy.reopen
@@ -233,7 +238,9 @@ class TraceState:
     def _input(self, event: TurnInput) -> None:
         if event.turn_id in self.turn_index:
             return
-        turn = Turn(len(self.turns), event, input_message(event, self.agent, self._show), len(self.rounds), len(self.slots))
+        turn = Turn(
+            len(self.turns), event, input_message(event, self.agent, self._show), len(self.rounds), len(self.slots)
+        )
         if self.per_turn_tools or event.tools is not None:  # the agent's own tools, and its MCP tools declared off
             turn.off = self.agent.off_tools(event)
         self.turn_index[event.turn_id] = turn.index
@@ -275,7 +282,9 @@ class TraceState:
         if not tool_calls and not content.strip():  # an empty reply is not replayed (is_empty_reply)
             return
         output = Output(event, index)
-        chars = text_chars(content) + MESSAGE_OVERHEAD_CHARS  # the message's characters (limits.message_chars) and its results'
+        chars = (
+            text_chars(content) + MESSAGE_OVERHEAD_CHARS
+        )  # the message's characters (limits.message_chars) and its results'
         if tool_calls:
             turn.tool_steps.append(event.step)
             rounds = self.rounds
@@ -357,7 +366,9 @@ class TraceState:
         if first is not None:
             turns = self.turns
             turn = turns[first.turn]
-            if first.turn == len(turns) - 1 and first.round == len(self.rounds) - 1:  # under the newest call: _place, inline
+            if (
+                first.turn == len(turns) - 1 and first.round == len(self.rounds) - 1
+            ):  # under the newest call: _place, inline
                 slot.turn = turn
                 self.placements += 1
                 turn.handles.append(handle)
@@ -497,7 +508,9 @@ class TraceState:
         if turn is None or not turn.tool_steps:
             choice = self.agent.tool_choice_at(0, step)
         else:
-            after = max((s for s in turn.answer_steps if s < step), default=-1)  # the count starts again after an answer
+            after = max(
+                (s for s in turn.answer_steps if s < step), default=-1
+            )  # the count starts again after an answer
             passes = sum(1 for s in turn.tool_steps if after < s < step)
             choice = self.agent.tool_choice_at(passes, step)
         if choice != "none" and turn is not None and turn.off and not self.turn_tools(current)[0]:
@@ -626,7 +639,9 @@ class TraceState:
     def smallest_chars(self, slot: Slot) -> int:
         """A lower bound of a slot's estimated characters in any form (a handle line alone)."""
         renderer = self.renderer
-        line = min(text_chars(renderer.handle_line(slot.handle, slot.output.name, f)) for f in (Form.COMPRESSED, Form.STUBBED))
+        line = min(
+            text_chars(renderer.handle_line(slot.handle, slot.output.name, f)) for f in (Form.COMPRESSED, Form.STUBBED)
+        )
         return line + len(slot.output.call_id) + MESSAGE_OVERHEAD_CHARS
 
     def message_of(self, slot: Slot) -> Any:
@@ -635,7 +650,9 @@ class TraceState:
             slot.message = self.render(slot, slot.form, slot.element_forms)
         return slot.message
 
-    def set_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, chars: int) -> Change:
+    def set_form(
+        self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, chars: int
+    ) -> Change:
         """Give a slot a form and keep every size right (its message is laid out when sent).
 
         Returns:
@@ -645,7 +662,9 @@ class TraceState:
         self.apply_form(slot, form, by, at, element_forms, chars)
         return change
 
-    def apply_form(self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, chars: int) -> None:
+    def apply_form(
+        self, slot: Slot, form: Form, by: Any, at: int, element_forms: tuple[Form, ...] | None, chars: int
+    ) -> None:
         """:meth:`set_form` without keeping what the slot was."""
         delta = chars - slot.chars
         slot.form, slot.by, slot.at, slot.element_forms, slot.chars = form, by, at, element_forms, chars
@@ -687,7 +706,13 @@ class TraceState:
             if keep:
                 changes.append(Change(slot, slot.form, slot.by, slot.at, slot.element_forms, slot.chars))
             delta = chars - slot.chars
-            slot.form, slot.by, slot.at, slot.element_forms, slot.chars = form, slot.plan_by, call, slot.plan_floors, chars
+            slot.form, slot.by, slot.at, slot.element_forms, slot.chars = (
+                form,
+                slot.plan_by,
+                call,
+                slot.plan_floors,
+                chars,
+            )
             slot.message = slot.plan_form = slot.plan_by = slot.plan_floors = None
             if form == FULL:
                 forms.pop(slot.handle, None)
@@ -770,8 +795,7 @@ class TraceState:
         start = self.visible_from(current)
         first = self.turns[start].first_slot if start < len(self.turns) else len(self.slots)
         return [
-            s for s in self.slots[first:]
-            if s.form != FULL and s.turn is not None and start <= s.turn.index <= current
+            s for s in self.slots[first:] if s.form != FULL and s.turn is not None and start <= s.turn.index <= current
         ]
 
     def last_assistant(self) -> AssistantMessage | None:

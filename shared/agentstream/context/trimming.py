@@ -16,13 +16,13 @@ from typing import Literal, Union
 import msgspec
 
 from agentstream.context.limits import ModelLimits, message_chars, text_chars, tools_chars
-from agentstream.errors import ContextFullError
 from agentstream.context.request import (
     AssistantMessage,
     ChatRequest,
     ToolResultMessage,
     UserMessage,
 )
+from agentstream.errors import ContextFullError
 
 
 class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, tag="system"):
@@ -33,9 +33,14 @@ class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, tag="system"):
 
 AnyMessage = Union[SystemMessage, UserMessage, AssistantMessage, ToolResultMessage]
 Kind = Literal["system", "user", "assistant", "tool"]
-KindSpec = Union[Kind, type, Sequence[Union[Kind, type]]]
+KindSpec = Union[Kind, type, Sequence[Kind | type]]
 
-_KINDS: dict[type, str] = {SystemMessage: "system", UserMessage: "user", AssistantMessage: "assistant", ToolResultMessage: "tool"}
+_KINDS: dict[type, str] = {
+    SystemMessage: "system",
+    UserMessage: "user",
+    AssistantMessage: "assistant",
+    ToolResultMessage: "tool",
+}
 _ALIASES = {"human": "user", "ai": "assistant", "function": "tool"}
 
 
@@ -66,7 +71,9 @@ def estimate_counter(limits: ModelLimits) -> Callable[[Sequence[AnyMessage]], in
     """A token counter that estimates from characters with the model's characters per token."""
 
     def count(messages: Sequence[AnyMessage]) -> int:
-        return limits.tokens_of_chars(sum(text_chars(m.text) if isinstance(m, SystemMessage) else message_chars(m) for m in messages))
+        return limits.tokens_of_chars(
+            sum(text_chars(m.text) if isinstance(m, SystemMessage) else message_chars(m) for m in messages)
+        )
 
     return count
 
@@ -98,7 +105,9 @@ def units(messages: Sequence[AnyMessage]) -> list[list[AnyMessage]]:
     return out
 
 
-def _partial(message: AnyMessage, fits: Callable[[AnyMessage], bool], splitter: Callable[[str], list[str]], keep_end: bool) -> AnyMessage | None:
+def _partial(
+    message: AnyMessage, fits: Callable[[AnyMessage], bool], splitter: Callable[[str], list[str]], keep_end: bool
+) -> AnyMessage | None:
     """The message with as many of its text's parts as fit (its last parts, or its first), or None."""
     if isinstance(message, ToolResultMessage) or (isinstance(message, AssistantMessage) and message.tool_calls):
         return None
@@ -192,7 +201,9 @@ def trim_messages(
     return original if result == original else result
 
 
-def trim_request(request: ChatRequest, limits: ModelLimits, *, output_reserve: int, note: str | None = None) -> ChatRequest:
+def trim_request(
+    request: ChatRequest, limits: ModelLimits, *, output_reserve: int, note: str | None = None
+) -> ChatRequest:
     """A request whose history is trimmed, from the oldest, to fit the window (a last resort).
 
     The system prompt and the tools are kept, and so is the running turn whole: its newest user

@@ -47,7 +47,6 @@ from agentstream.delegation.handoff import (
     HandOff,
     child_trace_id,
     child_trace_refusal,
-    parent_ids,
     children_of,
     decode_child_ended,
     depth_of,
@@ -55,6 +54,7 @@ from agentstream.delegation.handoff import (
     hand_off,
     numbering_of,
     offered_agent,
+    parent_ids,
     task_digest,
 )
 from agentstream.delegation.tool import (

@@ -16,7 +16,17 @@ from agentstream.context.cited import read_back
 from agentstream.context.elements import Numbering
 from agentstream.delegation.handoff import numbering_of
 from agentstream.delegation.tool import Delegation, default_result
-from agentstream.wire.events import AnyElement, Event, ModelOutput, Source, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.events import (
+    AnyElement,
+    Event,
+    ModelOutput,
+    Source,
+    TaskInput,
+    ToolOutput,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+)
 from agentstream.wire.jsontext import unicode_problem
 
 TIMED_OUT = "timed_out"
@@ -80,9 +90,18 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
         raise ValueError(f"the child's turn {task.turn_id!r} has not ended")
     name = task.delegation or (delegation.name if delegation else "delegation")
 
-    def result(text: str, *, data: Any = None, error: str | None = None, elements: tuple[AnyElement, ...] = ()) -> ToolOutput:
-        return ToolOutput(turn_id=task.parent_turn_id, call_id=task.call_id, name=name, text=text, data=data,
-                          error=error, elements=elements)
+    def result(
+        text: str, *, data: Any = None, error: str | None = None, elements: tuple[AnyElement, ...] = ()
+    ) -> ToolOutput:
+        return ToolOutput(
+            turn_id=task.parent_turn_id,
+            call_id=task.call_id,
+            name=name,
+            text=text,
+            data=data,
+            error=error,
+            elements=elements,
+        )
 
     who = f"The {task.agent!r} subagent"
     if isinstance(ending, TurnFailed):
@@ -110,8 +129,11 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
         if isinstance(value, str):
             problem = unicode_problem(_unfence(value))  # json.loads would make a lone surrogate the trace cannot store
             if problem is not None:
-                return result(f"Error: {who}'s result is not the JSON the task asked for: it is not Unicode text "
-                              f"({problem}). Its result was:\n{value}", error="schema_mismatch")
+                return result(
+                    f"Error: {who}'s result is not the JSON the task asked for: it is not Unicode text "
+                    f"({problem}). Its result was:\n{value}",
+                    error="schema_mismatch",
+                )
             try:
                 value = json.loads(_unfence(value))
             except json.JSONDecodeError as exc:
@@ -195,8 +217,10 @@ def digest(events: Sequence[Event], turn_id: str) -> dict[str, Any]:
 def digest_text(summary: dict[str, Any]) -> str:
     """A :func:`digest` as the lines the parent's model reads."""
     how = f"failed ({summary['code']})" if summary["ended"] == "failed" else "ended without an answer"
-    lines = [f"What the subagent did: it {how} after {summary['model_calls']} model call(s), last stop reason "
-             f"{summary['stop_reason'] or 'none'}; tool calls: {len(summary['tool_calls']) + summary['more_calls']}."]
+    lines = [
+        f"What the subagent did: it {how} after {summary['model_calls']} model call(s), last stop reason "
+        f"{summary['stop_reason'] or 'none'}; tool calls: {len(summary['tool_calls']) + summary['more_calls']}."
+    ]
     if summary["more_calls"]:
         lines.append(f"(the first {summary['more_calls']} call(s) are left out; the newest follow)")
     for n, call in enumerate(summary["tool_calls"], start=1):
@@ -249,5 +273,3 @@ def _schema_problems(schema: dict[str, Any], value: Any) -> str:
     if len(errors) > 3:
         parts.append(f"and {len(errors) - 3} more")
     return "; ".join(parts)
-
-

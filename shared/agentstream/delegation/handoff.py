@@ -17,8 +17,9 @@ from agentstream.app.base import Agent
 from agentstream.context.elements import Numbering
 from agentstream.delegation.tool import Delegation
 from agentstream.errors import ToolArgumentsError
-from agentstream.wire.events import Event, ModelOutput, TaskInput, ToolCall, ToolOutput, TurnInput
 from agentstream.models.endpoints import ModelEndpoint
+from agentstream.wire.events import Event, ModelOutput, TaskInput, ToolCall, ToolOutput, TurnInput
+
 
 class ChildEnded(msgspec.Struct, frozen=True, kw_only=True):
     """A hint on the child-endings stream: this child trace's turn ended; hand its result back.
@@ -121,7 +122,11 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
     if cached is not None and cached[0] is agent:
         return cached[1]
     copy = dataclasses.replace(
-        agent, tools=[t for t in agent.tools if t.name not in withheld], model=model, model_limits=limits, context=config
+        agent,
+        tools=[t for t in agent.tools if t.name not in withheld],
+        model=model,
+        model_limits=limits,
+        context=config,
     )
     _OFFERED[key] = (agent, copy)
     return copy
@@ -171,13 +176,17 @@ def child_trace_refusal(trace_id: str, turn_id: str, first: Event | None, *, anc
     if first is not None:
         if not isinstance(first, TaskInput):
             return None
-        return (f"turn {turn_id!r} names trace {trace_id!r}, a child trace (opened by delegation {first.delegation!r} "
-                f"of trace {first.parent_trace_id!r}): only its parent's delegation gives it work; the turn was not run "
-                "and nothing was written to that trace")
+        return (
+            f"turn {turn_id!r} names trace {trace_id!r}, a child trace (opened by delegation {first.delegation!r} "
+            f"of trace {first.parent_trace_id!r}): only its parent's delegation gives it work; the turn was not run "
+            "and nothing was written to that trace"
+        )
     if ancestor is not None:
-        return (f"turn {turn_id!r} names trace {trace_id!r}, which has the form of a child trace of conversation "
-                f"{ancestor!r} (<trace id>/<call id>, opened by delegations only): the turn was not run and nothing was "
-                "written to that trace; give a conversation an id of its own")
+        return (
+            f"turn {turn_id!r} names trace {trace_id!r}, which has the form of a child trace of conversation "
+            f"{ancestor!r} (<trace id>/<call id>, opened by delegations only): the turn was not run and nothing was "
+            "written to that trace; give a conversation an id of its own"
+        )
     return None
 
 
@@ -289,8 +298,10 @@ def descendants_refused(delegation: Delegation, call: ToolCall, turn_id: str, li
         turn_id=turn_id,
         call_id=call.id,
         name=call.name,
-        text=(f"Error: this conversation has already started {limit} subagents, its limit, so {call.name!r} "
-              "started none. Do the task yourself with the tools you have."),
+        text=(
+            f"Error: this conversation has already started {limit} subagents, its limit, so {call.name!r} "
+            "started none. Do the task yourself with the tools you have."
+        ),
         error="descendants_limit",
     )
 

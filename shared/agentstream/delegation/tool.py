@@ -140,7 +140,9 @@ class Delegation(Tool):
         """
         if app.agent(self.agent) is None:
             known = ", ".join(sorted(a.name for a in app.agents))
-            raise ConfigError(f"delegation {self.name!r} names agent {self.agent!r}, which the app does not have (agents: {known})")
+            raise ConfigError(
+                f"delegation {self.name!r} names agent {self.agent!r}, which the app does not have (agents: {known})"
+            )
 
     # --- the arguments ------------------------------------------------------------------------
 
@@ -150,7 +152,9 @@ class Delegation(Tool):
         config = pydantic.ConfigDict(extra="forbid")
         if self._rooted:
             root = self.input.model_fields["root"]
-            return pydantic.create_model(model_name, __config__=config, input=(root.annotation, pydantic.Field(description=root.description)))
+            return pydantic.create_model(
+                model_name, __config__=config, input=(root.annotation, pydantic.Field(description=root.description))
+            )
         if not self._elements:
             return self.input
         fields: dict[str, Any] = {}
@@ -160,7 +164,7 @@ class Delegation(Tool):
                 fields[field_name] = (info.annotation, info)
                 continue
             kind = spec.kind.__name__.lower()
-            note = (f"The numbers of {kind}s shown to you." if spec.many else f"The number of a {kind} shown to you.")
+            note = f"The numbers of {kind}s shown to you." if spec.many else f"The number of a {kind} shown to you."
             description = f"{info.description} {note}" if info.description else note
             annotation: Any = list[int] if spec.many else int
             if spec.optional:
@@ -244,7 +248,9 @@ class Delegation(Tool):
             if len(shown) == 1 and len(texts) == 1:
                 text = texts[0]
             else:
-                text = "\n".join(f"{n}: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for n, v in shown.items())
+                text = "\n".join(
+                    f"{n}: {v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for n, v in shown.items()
+                )
         if self.result_schema is not None:
             schema = json.dumps(self.result_schema, sort_keys=True)
             text = f"{text}\n\nAnswer with only a JSON value that fits this JSON Schema:\n{schema}"
@@ -317,8 +323,6 @@ def _mentions_element(annotation: Any) -> bool:
     if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
         return any(_mentions_element(f.annotation) for f in annotation.model_fields.values())
     return any(_mentions_element(a) for a in typing.get_args(annotation))
-
-
 
 
 def delegations_of(app: App) -> dict[str, Delegation]:

@@ -41,11 +41,11 @@ from __future__ import annotations
 import pydantic
 
 from agentstream.app.base import Agent, App
-from agentstream.context import BRACKETS, Compact, ContextConfig, ContextPolicy, ModelLimits, Share, Tokens, turns
+from agentstream.app.prompts import PROMPT_VARIABLES, load_prompt_file
+from agentstream.context import BRACKETS, Compact, ContextConfig, ContextPolicy, ModelLimits, Tokens, turns
 from agentstream.delegation import Delegation
 from agentstream.demo.docs import docs_search
 from agentstream.demo.tools import calculator, python_docs_read, python_docs_search
-from agentstream.app.prompts import PROMPT_VARIABLES, load_prompt_file
 
 PROMPT_FILE = load_prompt_file("demo.yaml", variables=PROMPT_VARIABLES)
 """The demo agent's prompt file, the shipped ``prompts/demo.yaml`` (a layer per endpoint group)."""
@@ -142,6 +142,12 @@ docs = Agent(
 
 app = App(agents=[demo, manager, notes, docs], extra_tools=DOCS_TOOLS)
 
-DEMO_QUESTIONS = ("What is 365 * 24?", "What is 17 + 25?", "What is 7 * 8 - 6?", "What is 12 * 12?", "What is 250 + 175?")
+DEMO_QUESTIONS = (
+    "What is 365 * 24?",
+    "What is 17 + 25?",
+    "What is 7 * 8 - 6?",
+    "What is 12 * 12?",
+    "What is 250 + 175?",
+)
 """Questions for which question → calculator call → result → answer works with SmolLM2-135M at
 temperature 0 (the answer contains the right number; MODEL_NOTES.md)."""

@@ -123,7 +123,12 @@ def corpus() -> tuple[Entry, ...]:
         if isinstance(obj, type):
             for attr, member in vars(obj).items():
                 if not attr.startswith("_") and callable(member):
-                    add("builtins", f"{name}.{attr}", member, f"https://docs.python.org/{VERSION}/library/stdtypes.html#{name}.{attr}")
+                    add(
+                        "builtins",
+                        f"{name}.{attr}",
+                        member,
+                        f"https://docs.python.org/{VERSION}/library/stdtypes.html#{name}.{attr}",
+                    )
     for module_name in MODULES:
         try:
             module = __import__(module_name, fromlist=["_"])
@@ -164,8 +169,10 @@ def _name_bonus(name: str, terms: set[str]) -> float:
     return 3.0 * covered if len(found) > 1 else covered
 
 
-_KEYWORD_QUERY = re.compile(r"\b(for|with|if|while|try|import|return|yield|class|def|lambda|assert|raise|del|pass|break|"
-                            r"continue|global|nonlocal|async|await)\s+(statement|loop|keyword|clause|block)")
+_KEYWORD_QUERY = re.compile(
+    r"\b(for|with|if|while|try|import|return|yield|class|def|lambda|assert|raise|del|pass|break|"
+    r"continue|global|nonlocal|async|await)\s+(statement|loop|keyword|clause|block)"
+)
 
 
 _CODE_NAME = re.compile(r"`([A-Za-z_][\w.]*)(?:\(\))?`|\b([A-Za-z_][\w.]*)\(\)")

@@ -236,7 +236,9 @@ def _keyword_topics() -> dict[str, str]:
 @functools.lru_cache(maxsize=1)
 def _stdlib_modules() -> tuple[str, ...]:
     names = set(getattr(sys, "stdlib_module_names", ()))
-    return tuple(sorted(n for n in names if not n.startswith("_") and not n.startswith("test") and n not in _SKIP_MODULES))
+    return tuple(
+        sorted(n for n in names if not n.startswith("_") and not n.startswith("test") and n not in _SKIP_MODULES)
+    )
 
 
 _SKIP_MODULES = frozenset({"antigravity", "this", "idlelib", "turtledemo", "tkinter", "turtle", "lib2to3", "ensurepip"})

@@ -42,19 +42,19 @@ from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, Implementation, ToolListChangedNotification
 
-from agentstream.ops import metrics
 from agentstream.app.base import Tool, ToolResult
+from agentstream.app.tool_context import current_call
 from agentstream.errors import ConfigError, ToolArgumentsError
-from agentstream.wire.events import OfferedTool
-from agentstream.wire.jsontext import arguments_unicode_refusal
-from agentstream.wire.keys import Keys
-from agentstream.runtime.connection import RedisClient
-from agentstream.runtime.mcp_catalogs import publish_catalog
 from agentstream.mcp_tools.offers import Catalog, Refusal, offer_digest
 from agentstream.mcp_tools.results import result_value
 from agentstream.mcp_tools.schemas import SchemaRefused, normalise_input_schema
 from agentstream.mcp_tools.server import McpServer, Transport
-from agentstream.app.tool_context import current_call
+from agentstream.ops import metrics
+from agentstream.runtime.connection import RedisClient
+from agentstream.runtime.mcp_catalogs import publish_catalog
+from agentstream.wire.events import OfferedTool
+from agentstream.wire.jsontext import arguments_unicode_refusal
+from agentstream.wire.keys import Keys
 
 log = logging.getLogger("agentstream.mcp")
 
@@ -105,8 +105,15 @@ class McpTool(Tool):
     ``jsonschema`` library) before the call goes out.
     """
 
-    def __init__(self, connection: McpConnection, name: str, *, description: str = "",
-                 parameters: Mapping[str, Any] | None = None, input_schema: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        connection: McpConnection,
+        name: str,
+        *,
+        description: str = "",
+        parameters: Mapping[str, Any] | None = None,
+        input_schema: Mapping[str, Any] | None = None,
+    ):
         server = connection.server
         self.fn = None
         self.name = name
@@ -126,8 +133,13 @@ class McpTool(Tool):
                 cls.check_schema(input_schema)
                 self._validator = cls(input_schema)
             except jsonschema.SchemaError as exc:
-                log.warning("MCP server %r: the input schema of tool %r is not valid JSON Schema (%s); its arguments "
-                            "are not checked before the call", server.name, name, exc.message)
+                log.warning(
+                    "MCP server %r: the input schema of tool %r is not valid JSON Schema (%s); its arguments "
+                    "are not checked before the call",
+                    server.name,
+                    name,
+                    exc.message,
+                )
 
     def __repr__(self) -> str:
         return f"McpTool({self.name!r}, server={self.connection.server.name!r}, side_effects={self.side_effects!r})"
@@ -152,7 +164,9 @@ class McpTool(Tool):
                 "send one JSON object matching the tool's parameters"
             ) from None
         if not isinstance(value, dict):
-            raise ToolArgumentsError(f"arguments for tool {self.name!r} must be a JSON object, got {type(value).__name__}")
+            raise ToolArgumentsError(
+                f"arguments for tool {self.name!r} must be a JSON object, got {type(value).__name__}"
+            )
         if self._validator is not None:
             problems = _argument_problems(self._validator, value)
             if problems:
@@ -177,14 +191,19 @@ class McpTool(Tool):
         was_ready = self.connection.ready.is_set()
         try:
             return await asyncio.wait_for(self.connection.call(self.name, arguments, call_id=call_id), timeout=limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if not was_ready and not self.connection.ready.is_set():
                 why = self.connection.last_error or "it has not started yet"
                 return ToolResult(
                     text=f"Error: tool {self.name!r} could not be run: MCP server {self.connection.server.name!r} was not "
-                    f"available within {limit:g} s ({why}). Try again later.", error=SERVER_STOPPED)
-            return ToolResult(text=f"Error: tool {self.name!r} did not finish within {limit:g} s; its MCP request "
-                                   "was cancelled. It may have partly run.", error="timeout")
+                    f"available within {limit:g} s ({why}). Try again later.",
+                    error=SERVER_STOPPED,
+                )
+            return ToolResult(
+                text=f"Error: tool {self.name!r} did not finish within {limit:g} s; its MCP request "
+                "was cancelled. It may have partly run.",
+                error="timeout",
+            )
 
 
 class McpConnection:
@@ -200,8 +219,16 @@ class McpConnection:
             (the server's own ``probe_interval_s`` wins; None: 5 s for stdio, 30 s for HTTP).
     """
 
-    def __init__(self, server: McpServer, transport: Transport, redis: RedisClient, keys: Keys, *,
-                 worker_name: str = "", probe_interval_s: float | None = None):
+    def __init__(
+        self,
+        server: McpServer,
+        transport: Transport,
+        redis: RedisClient,
+        keys: Keys,
+        *,
+        worker_name: str = "",
+        probe_interval_s: float | None = None,
+    ):
         self.server = server
         self.transport = transport
         self.redis = redis
@@ -247,8 +274,13 @@ class McpConnection:
                 self.last_error = f"no tool list within {self.server.connect_timeout_s:g} s"
             if opened != self.sessions:  # it had connected: the first retry comes soon
                 backoff = _FIRST_BACKOFF_S
-            log.warning("MCP server %r (%s) is not available (%s); starting it again in %.1f s", self.server.name,
-                        self.transport.describe(), self.last_error or "its session ended", backoff)
+            log.warning(
+                "MCP server %r (%s) is not available (%s); starting it again in %.1f s",
+                self.server.name,
+                self.transport.describe(),
+                self.last_error or "its session ended",
+                backoff,
+            )
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF_S)
@@ -273,15 +305,21 @@ class McpConnection:
     def _target(self, stack: contextlib.AsyncExitStack) -> Any:
         t = self.transport
         if t.command:
-            return StdioServerParameters(command=t.command[0], args=list(t.command[1:]), env=dict(t.env) or None, cwd=t.cwd)
+            return StdioServerParameters(
+                command=t.command[0], args=list(t.command[1:]), env=dict(t.env) or None, cwd=t.cwd
+            )
         http = httpx2.AsyncClient(headers=dict(t.headers), timeout=httpx2.Timeout(30.0, read=300.0))
         stack.push_async_callback(http.aclose)
         return streamable_http_client(t.url, http_client=http)
 
     async def _session(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
-            client = Client(self._target(stack), message_handler=self._on_message, cache=None,
-                            client_info=Implementation(name="agentstream", version="0.1.0"))
+            client = Client(
+                self._target(stack),
+                message_handler=self._on_message,
+                cache=None,
+                client_info=Implementation(name="agentstream", version="0.1.0"),
+            )
             await stack.enter_async_context(client)
             self._lost = asyncio.Event()
             await self._list(client)
@@ -291,8 +329,13 @@ class McpConnection:
             self.ready.set()
             metrics.MCP_SESSIONS.labels(server=self.server.name).inc()
             metrics.MCP_SERVER_UP.labels(server=self.server.name).set(1)
-            log.info("MCP server %r (%s): session %d open, %d tool(s) listed", self.server.name, self.transport.describe(),
-                     self.sessions, len(self.tools))
+            log.info(
+                "MCP server %r (%s): session %d open, %d tool(s) listed",
+                self.server.name,
+                self.transport.describe(),
+                self.sessions,
+                len(self.tools),
+            )
             listener = asyncio.create_task(self._listen(client))
             try:
                 await self._watch(client)
@@ -358,9 +401,12 @@ class McpConnection:
                 refused.append(Refusal(tool=exc.tool, keyword=exc.keyword, reason=exc.reason))
                 continue
             description = entry.description or entry.title or ""
-            tools[entry.name] = McpTool(self, entry.name, description=description, parameters=parameters,
-                                        input_schema=entry.input_schema)
-            offered.append(OfferedTool(name=entry.name, description=description, parameters=parameters, server=self.server.name))
+            tools[entry.name] = McpTool(
+                self, entry.name, description=description, parameters=parameters, input_schema=entry.input_schema
+            )
+            offered.append(
+                OfferedTool(name=entry.name, description=description, parameters=parameters, server=self.server.name)
+            )
         digest = offer_digest(offered)
         refusals = tuple(refused)
         self.tools = tools
@@ -368,11 +414,22 @@ class McpConnection:
             return
         metrics.MCP_TOOLS_REFUSED.labels(server=self.server.name).set(len(refusals))
         for refusal in refusals:
-            log.error("MCP server %r: tool %r is refused and not offered: its input schema %s (keyword %r)",
-                      self.server.name, refusal.tool, refusal.reason, refusal.keyword)
+            log.error(
+                "MCP server %r: tool %r is refused and not offered: its input schema %s (keyword %r)",
+                self.server.name,
+                refusal.tool,
+                refusal.reason,
+                refusal.keyword,
+            )
         self._check_prompts(tools)
-        catalog = Catalog(server=self.server.name, tools=tuple(offered), refused=refusals, digest=digest,
-                          listed_at_ms=int(time.time() * 1000), worker=self.worker_name)
+        catalog = Catalog(
+            server=self.server.name,
+            tools=tuple(offered),
+            refused=refusals,
+            digest=digest,
+            listed_at_ms=int(time.time() * 1000),
+            worker=self.worker_name,
+        )
         await publish_catalog(self.redis, self.keys, catalog)
         if self.catalog is not None:
             log.info("MCP server %r: its tool list changed (%d tool(s) now); published", self.server.name, len(offered))
@@ -386,8 +443,12 @@ class McpConnection:
             properties = tools[name].parameters.get("properties", {})
             unknown = sorted(set(entry.arguments) - set(properties))
             if unknown:
-                log.warning("MCP server %r: the prompt file describes arguments tool %r does not take: %s",
-                            self.server.name, name, unknown)
+                log.warning(
+                    "MCP server %r: the prompt file describes arguments tool %r does not take: %s",
+                    self.server.name,
+                    name,
+                    unknown,
+                )
 
     # --- calls ---------------------------------------------------------------------------------
 
@@ -406,8 +467,10 @@ class McpConnection:
             self._lost.set()
         if name not in self.tools:
             known = ", ".join(sorted(self.tools)) or "none"
-            return ToolResult(text=f"Error: MCP server {self.server.name!r} does not list a tool named {name!r} "
-                                   f"(it lists: {known}).", error="unknown_tool")
+            return ToolResult(
+                text=f"Error: MCP server {self.server.name!r} does not list a tool named {name!r} (it lists: {known}).",
+                error="unknown_tool",
+            )
         self.in_flight += 1
         request = asyncio.ensure_future(client.call_tool(name, arguments))
         gone = asyncio.ensure_future(lost.wait())
@@ -426,11 +489,17 @@ class McpConnection:
             if exc.code == CONNECTION_CLOSED:
                 self._lost.set()
                 return self._stopped(name, "the connection closed")
-            return ToolResult(text=f"Error: MCP server {self.server.name!r} refused the call of tool {name!r}: "
-                                   f"{exc} (error code {exc.code})", error=SERVER_ERROR)
+            return ToolResult(
+                text=f"Error: MCP server {self.server.name!r} refused the call of tool {name!r}: "
+                f"{exc} (error code {exc.code})",
+                error=SERVER_ERROR,
+            )
         except pydantic.ValidationError as exc:
-            return ToolResult(text=f"Error: MCP server {self.server.name!r} answered the call of tool {name!r} with "
-                                   f"a result that is not valid: {exc.error_count()} problem(s)", error=SERVER_ERROR)
+            return ToolResult(
+                text=f"Error: MCP server {self.server.name!r} answered the call of tool {name!r} with "
+                f"a result that is not valid: {exc.error_count()} problem(s)",
+                error=SERVER_ERROR,
+            )
         except (OSError, httpx2.HTTPError, RuntimeError) as exc:
             self._lost.set()
             return self._stopped(name, f"{type(exc).__name__}: {exc}")
@@ -459,14 +528,24 @@ class McpHost:
         ConfigError: a server's transport is incomplete (see :meth:`McpServer.transport`).
     """
 
-    def __init__(self, servers: Sequence[McpServer], redis: RedisClient, keys: Keys, *, worker_name: str = "",
-                 environ: Mapping[str, str] | None = None, probe_interval_s: float | None = None):
+    def __init__(
+        self,
+        servers: Sequence[McpServer],
+        redis: RedisClient,
+        keys: Keys,
+        *,
+        worker_name: str = "",
+        environ: Mapping[str, str] | None = None,
+        probe_interval_s: float | None = None,
+    ):
         if not servers:
             raise ConfigError("an MCP host needs at least one MCP server")
         self.redis = redis
         self.stream = keys.tools(servers[0].queue)
         self.connections = [
-            McpConnection(s, s.transport(environ), redis, keys, worker_name=worker_name, probe_interval_s=probe_interval_s)
+            McpConnection(
+                s, s.transport(environ), redis, keys, worker_name=worker_name, probe_interval_s=probe_interval_s
+            )
             for s in servers
         ]
 

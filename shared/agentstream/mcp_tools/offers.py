@@ -128,6 +128,12 @@ def desired_offer(agent: Agent, catalogs: Mapping[str, Catalog | None]) -> tuple
                 )
                 continue
             taken.add(tool.name)
-            out.append(described(OfferedTool(name=tool.name, description=tool.description, parameters=tool.parameters,
-                                             server=server.name), server.prompts))
+            out.append(
+                described(
+                    OfferedTool(
+                        name=tool.name, description=tool.description, parameters=tool.parameters, server=server.name
+                    ),
+                    server.prompts,
+                )
+            )
     return tuple(out), problems

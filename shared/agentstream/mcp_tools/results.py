@@ -86,11 +86,15 @@ def content_elements(blocks: Sequence[Any], *, element_id: str) -> tuple[list[st
                 if mime and mime.startswith("image/"):
                     _add_image(Image(id=str(uri), media_type=mime, data=blob), texts, elements)
                 else:
-                    texts.append(f"[binary resource {uri} ({mime or 'unknown type'}, {_blob_size(blob)} bytes) not shown]")
+                    texts.append(
+                        f"[binary resource {uri} ({mime or 'unknown type'}, {_blob_size(blob)} bytes) not shown]"
+                    )
             case ResourceLink(uri=uri, name=name, title=title, description=description, mime_type=mime):
                 properties = {"mime_type": mime} if mime else {}
                 url = str(uri) if str(uri).startswith(("http://", "https://")) else ""
-                elements.append(Document(id=str(uri), title=title or name, url=url, text=description or "", properties=properties))
+                elements.append(
+                    Document(id=str(uri), title=title or name, url=url, text=description or "", properties=properties)
+                )
             case AudioContent(mime_type=mime, data=data):
                 texts.append(f"[audio ({mime}, {_blob_size(data)} bytes) not shown]")
             case _:
@@ -114,6 +118,10 @@ def result_value(result: CallToolResult, *, server: str, tool: str, call_id: str
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     if result.is_error:
         shown = text.strip() or "no message"
-        return ToolResult(text=f"Error: tool {tool!r} (MCP server {server!r}) reported an error: {shown}",
-                               data=data, error=TOOL_ERROR, elements=tuple(elements))
+        return ToolResult(
+            text=f"Error: tool {tool!r} (MCP server {server!r}) reported an error: {shown}",
+            data=data,
+            error=TOOL_ERROR,
+            elements=tuple(elements),
+        )
     return ToolResult(text=text, data=data, elements=tuple(elements))

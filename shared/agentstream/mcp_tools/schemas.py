@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentstream.errors import ConfigError
 from agentstream.app.tool_schemas import RecursiveSchemaError, UninlinableSchema, inline_refs
+from agentstream.errors import ConfigError
 
 _TOP_COMBINATORS = ("anyOf", "oneOf", "allOf", "not", "enum", "const")
 
@@ -71,7 +71,9 @@ def normalise_input_schema(tool: str, schema: Any) -> dict[str, Any]:
         root.pop(meta, None)
     for keyword in _TOP_COMBINATORS:
         if keyword in root:
-            raise SchemaRefused(tool, keyword, f"has {keyword!r} at the top; the endpoints take one object schema there")
+            raise SchemaRefused(
+                tool, keyword, f"has {keyword!r} at the top; the endpoints take one object schema there"
+            )
     kind = root.get("type")
     if kind is None:
         structural = {"items", "prefixItems", "minimum", "maximum", "pattern", "minLength", "maxLength", "format"}

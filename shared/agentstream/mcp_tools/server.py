@@ -142,7 +142,9 @@ class McpServer:
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "inherit_env", tuple(self.inherit_env))
         if self.command and self.url:
-            raise ConfigError(f"MCP server {self.name!r}: give either command (stdio) or url (streamable HTTP), not both")
+            raise ConfigError(
+                f"MCP server {self.name!r}: give either command (stdio) or url (streamable HTTP), not both"
+            )
         if not self.queue:
             object.__setattr__(self, "queue", f"mcp-{self.name}")
         try:
@@ -153,8 +155,11 @@ class McpServer:
             object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "side_effects", _names(self.side_effects))
         object.__setattr__(self, "retry_safe", _names(self.retry_safe))
-        checked = [("timeout_s", self.timeout_s), ("connect_timeout_s", self.connect_timeout_s),
-                   *((f"tool_timeouts_s[{k!r}]", v) for k, v in self.tool_timeouts_s.items())]
+        checked = [
+            ("timeout_s", self.timeout_s),
+            ("connect_timeout_s", self.connect_timeout_s),
+            *((f"tool_timeouts_s[{k!r}]", v) for k, v in self.tool_timeouts_s.items()),
+        ]
         if self.probe_interval_s is not None:
             checked.append(("probe_interval_s", self.probe_interval_s))
         for what, value in checked:
@@ -212,11 +217,13 @@ class McpServer:
             env = dict(self.env)
             for var in inherit:
                 if var not in environ:
-                    raise ConfigError(f"MCP server {self.name!r}: inherit_env names {var!r}, which is not set in the tool worker's environment")
+                    raise ConfigError(
+                        f"MCP server {self.name!r}: inherit_env names {var!r}, which is not set in the tool worker's environment"
+                    )
                 env[var] = environ[var]
             return Transport(command=tuple(command), cwd=self.cwd, env=env)
         headers = {
-            name[len(prefix + "HEADER_"):].lower().replace("_", "-"): value
+            name[len(prefix + "HEADER_") :].lower().replace("_", "-"): value
             for name, value in environ.items()
             if name.startswith(prefix + "HEADER_") and len(name) > len(prefix + "HEADER_")
         }
@@ -235,7 +242,9 @@ def _parse_command(raw: str, variable: str) -> tuple[str, ...]:
         try:
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{variable} is not a valid JSON array ({exc.msg}); give a JSON array of strings or shell words") from None
+            raise ConfigError(
+                f"{variable} is not a valid JSON array ({exc.msg}); give a JSON array of strings or shell words"
+            ) from None
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{variable} must be a non-empty JSON array of strings")
         return tuple(value)

@@ -45,14 +45,22 @@ def build_model(endpoint: ModelEndpoint, *, client: httpx.AsyncClient | None = N
     raise ConfigError(f"model endpoint {endpoint.id!r}: no adapter for provider {endpoint.provider!r}")
 
 
-def build_models(endpoints: Mapping[str, ModelEndpoint], *, client: httpx.AsyncClient | None = None, **settings: Any) -> dict[str, ChatModel]:
+def build_models(
+    endpoints: Mapping[str, ModelEndpoint], *, client: httpx.AsyncClient | None = None, **settings: Any
+) -> dict[str, ChatModel]:
     """One adapter per endpoint id (see :func:`build_model`)."""
-    return {endpoint_id: build_model(endpoint, client=client, **settings) for endpoint_id, endpoint in endpoints.items()}
+    return {
+        endpoint_id: build_model(endpoint, client=client, **settings) for endpoint_id, endpoint in endpoints.items()
+    }
 
 
 def endpoints_of(models: Mapping[str, Any]) -> dict[str, ModelEndpoint]:
     """The endpoints behind model clients by id (clients without one, such as test doubles, are left out)."""
-    return {model_id: m.endpoint for model_id, m in models.items() if isinstance(getattr(m, "endpoint", None), ModelEndpoint)}
+    return {
+        model_id: m.endpoint
+        for model_id, m in models.items()
+        if isinstance(getattr(m, "endpoint", None), ModelEndpoint)
+    }
 
 
 __all__ = ["ChatModel", "ModelEndpoint", "build_model", "build_models", "endpoints_of"]

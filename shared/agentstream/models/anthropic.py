@@ -16,13 +16,13 @@ from typing import Any
 from httpx_sse import ServerSentEvent
 
 from agentstream.context.request import ChatRequest
-from agentstream.wire.deltas import Delta
 from agentstream.errors import ModelInputRejected
-from agentstream.wire.events import ModelOutput
 from agentstream.models import anthropic_format, formats
 from agentstream.models.base import HttpChatModel
 from agentstream.models.formats import CallOptions
 from agentstream.models.http import stream_error
+from agentstream.wire.deltas import Delta
+from agentstream.wire.events import ModelOutput
 
 
 class AnthropicMessagesModel(HttpChatModel):
@@ -61,14 +61,20 @@ class AnthropicMessagesModel(HttpChatModel):
         if not isinstance(data, dict):
             return [], False
         if data.get("type") == "error" or event.event == "error":
-            raise stream_error(data.get("error", data), url=self.url, model=self.endpoint.model, secrets=self._secrets())
+            raise stream_error(
+                data.get("error", data), url=self.url, model=self.endpoint.model, secrets=self._secrets()
+            )
         pieces = assembler.feed(data)
         return pieces, assembler.finished
 
-    def _stream_output(self, assembler: anthropic_format.StreamAssembler, request: ChatRequest, **fields: Any) -> ModelOutput:
+    def _stream_output(
+        self, assembler: anthropic_format.StreamAssembler, request: ChatRequest, **fields: Any
+    ) -> ModelOutput:
         return assembler.output(**fields)
 
-    def _fallback_body(self, request: ChatRequest, options: CallOptions | None, error: ModelInputRejected, sent: bytes) -> bytes | None:
+    def _fallback_body(
+        self, request: ChatRequest, options: CallOptions | None, error: ModelInputRejected, sent: bytes
+    ) -> bytes | None:
         if "signature" not in str(error).lower():
             return None
         return formats.request_body(request, self.endpoint, options=options, replay_thinking=False)

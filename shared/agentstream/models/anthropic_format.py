@@ -92,7 +92,9 @@ def _thinking_blocks(message: AssistantMessage, model: str) -> list[dict[str, An
 def _input(arguments: str) -> dict[str, Any]:
     if not arguments.strip():
         return {}
-    if unicode_problem(arguments) is not None:  # a lone surrogate escape: json.loads makes what no request body can encode
+    if (
+        unicode_problem(arguments) is not None
+    ):  # a lone surrogate escape: json.loads makes what no request body can encode
         return {"invalid_arguments": arguments}
     try:
         value = json.loads(arguments)
@@ -104,7 +106,10 @@ def _input(arguments: str) -> dict[str, Any]:
 def _image_block(image: Any) -> dict[str, Any]:
     if image.url:
         return {"type": "image", "source": {"type": "url", "url": image.url}}
-    return {"type": "image", "source": {"type": "base64", "media_type": image.media_type or "image/png", "data": image.data}}
+    return {
+        "type": "image",
+        "source": {"type": "base64", "media_type": image.media_type or "image/png", "data": image.data},
+    }
 
 
 def _continued_assistant(request: ChatRequest) -> AssistantMessage | None:
@@ -162,7 +167,12 @@ def message_list(request: ChatRequest, *, model: str, replay_thinking: bool = Tr
                     blocks.append({"type": "text", "text": message.content})
                 for call in message.tool_calls:
                     blocks.append(
-                        {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": _input(call.arguments)}
+                        {
+                            "type": "tool_use",
+                            "id": tool_use_id(call.id),
+                            "name": call.name,
+                            "input": _input(call.arguments),
+                        }
                     )
                 if not blocks:
                     continue  # never an empty assistant message; what follows joins the user message
@@ -200,7 +210,9 @@ def request_body(
         body["system"] = request.system
     body["messages"] = message_list(request, model=model, replay_thinking=replay_thinking and on)
     if request.tools:
-        body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools]
+        body["tools"] = [
+            {"name": t.name, "description": t.description, "input_schema": t.parameters} for t in request.tools
+        ]
         body["tool_choice"] = _TOOL_CHOICES.get(request.tool_choice, {"type": "auto"})
     if on:
         body["thinking"] = {"type": "enabled", "budget_tokens": thinking_budget_tokens}
@@ -261,7 +273,11 @@ def build_output(
                 except (UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate: kept escaped, refused by the tool
                     arguments = json.dumps(raw, ensure_ascii=True)
             calls.append(
-                ToolCall(id=str(block.get("id") or f"toolu_{turn_id}_{step}_{len(calls)}"), name=str(block.get("name") or ""), arguments=arguments)
+                ToolCall(
+                    id=str(block.get("id") or f"toolu_{turn_id}_{step}_{len(calls)}"),
+                    name=str(block.get("name") or ""),
+                    arguments=arguments,
+                )
             )
     content = "".join(texts)
     mapped = _STOP_REASONS.get(stop_reason or "", "unknown") if stop_reason else ("tool_calls" if calls else "stop")
@@ -355,7 +371,14 @@ class StreamAssembler:
             if block.get("type") == "tool_use":
                 position = self._tool_index[index] = len(self._tool_index)
                 self._json[index] = []
-                out.append(Delta(kind="tool_call", index=position, call_id=str(block.get("id") or ""), name=str(block.get("name") or "")))
+                out.append(
+                    Delta(
+                        kind="tool_call",
+                        index=position,
+                        call_id=str(block.get("id") or ""),
+                        name=str(block.get("name") or ""),
+                    )
+                )
             elif block.get("type") == "text" and block.get("text"):
                 out.append(Delta(kind="text", text=str(block["text"])))
         elif kind == "content_block_delta":
@@ -394,7 +417,9 @@ class StreamAssembler:
             if block.get("type") == "tool_use" and self._json.get(index):
                 text = "".join(self._json[index])
                 try:
-                    if unicode_problem(text) is not None:  # a lone surrogate escape: kept as written, refused by the tool
+                    if (
+                        unicode_problem(text) is not None
+                    ):  # a lone surrogate escape: kept as written, refused by the tool
                         raise ValueError(text)
                     block = {**block, "input": json.loads(text)}
                 except ValueError:
@@ -403,7 +428,15 @@ class StreamAssembler:
         return out
 
     def output(
-        self, *, turn_id: str, step: int, model: str, request_sha256: str, latency_ms: float, endpoint: str = "", attempt_id: str = ""
+        self,
+        *,
+        turn_id: str,
+        step: int,
+        model: str,
+        request_sha256: str,
+        latency_ms: float,
+        endpoint: str = "",
+        attempt_id: str = "",
     ) -> ModelOutput:
         """The assembled reply as a ModelOutput (see :func:`build_output`)."""
         return build_output(

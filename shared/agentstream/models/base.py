@@ -28,14 +28,14 @@ import msgspec.structs
 from httpx_sse import EventSource, ServerSentEvent
 
 from agentstream.context.request import ChatRequest
-from agentstream.wire.deltas import Delta, DeltaSink, new_attempt_id
 from agentstream.errors import ConfigError, InvalidModelOutput, ModelDeadlineExceeded, ModelInputRejected
-from agentstream.wire.events import ModelOutput
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.models.formats import CallOptions
 from agentstream.models.http import Retryable, check_status, mask, with_retries
 from agentstream.ops.redact import redact_url, url_secrets
+from agentstream.wire.deltas import Delta, DeltaSink, new_attempt_id
+from agentstream.wire.events import ModelOutput
 
 log = logging.getLogger("agentstream.models")
 
@@ -173,7 +173,9 @@ class HttpChatModel(abc.ABC):
     def _stream_output(self, assembler: Any, request: ChatRequest, **fields: Any) -> ModelOutput:
         """The assembled streamed reply as a ModelOutput."""
 
-    def _fallback_body(self, request: ChatRequest, options: CallOptions | None, error: ModelInputRejected, sent: bytes) -> bytes | None:
+    def _fallback_body(
+        self, request: ChatRequest, options: CallOptions | None, error: ModelInputRejected, sent: bytes
+    ) -> bytes | None:
         """Another body to send once after the server refused ``sent`` (None: give up)."""
         return None
 
@@ -229,7 +231,9 @@ class HttpChatModel(abc.ABC):
                 deadline_s=self.deadline_s or 0.0,
             ) from None
 
-    async def _complete(self, body: bytes, request: ChatRequest, *, turn_id: str, step: int, deltas, options) -> ModelOutput:
+    async def _complete(
+        self, body: bytes, request: ChatRequest, *, turn_id: str, step: int, deltas, options
+    ) -> ModelOutput:
         try:
             return await self._send(body, request, turn_id=turn_id, step=step, deltas=deltas)
         except ModelInputRejected as exc:
@@ -239,7 +243,9 @@ class HttpChatModel(abc.ABC):
             log.warning("%s refused the request (%s); sending it once more as the fallback body", self.shown_url, exc)
             return await self._send(fallback, request, turn_id=turn_id, step=step, deltas=deltas)
 
-    async def _send(self, body: bytes, request: ChatRequest, *, turn_id: str, step: int, deltas: DeltaSink | None) -> ModelOutput:
+    async def _send(
+        self, body: bytes, request: ChatRequest, *, turn_id: str, step: int, deltas: DeltaSink | None
+    ) -> ModelOutput:
         stream = formats.streams(request, self.endpoint)
         started = time.perf_counter()
         sha = formats.fingerprint(body)
@@ -266,7 +272,12 @@ class HttpChatModel(abc.ABC):
             return output
 
         return await with_retries(
-            one, url=self.shown_url, retries=self.retries, backoff_s=self.backoff_s, sleep=self.sleep, secrets=self._secrets(),
+            one,
+            url=self.shown_url,
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            sleep=self.sleep,
+            secrets=self._secrets(),
             endpoint=self.endpoint.id,
         )
 
@@ -308,7 +319,11 @@ class HttpChatModel(abc.ABC):
                 if not assembler.finished:
                     raise Retryable(
                         "the stream ended before the reply finished (no finish reason"
-                        + (": an end event alone, as a server sends for a stream it interrupted)" if complete else ", no end event)")
+                        + (
+                            ": an end event alone, as a server sends for a stream it interrupted)"
+                            if complete
+                            else ", no end event)"
+                        )
                     )
                 output = self._stream_output(assembler, request, **fields(attempt))
             except BaseException as exc:  # a cut stream, an error event, a cancel: drop this attempt's output

@@ -57,8 +57,18 @@ PROVIDERS: tuple[str, ...] = ("openai", "anthropic")
 ADAPTER_FIELDS: dict[str, frozenset[str]] = {
     "openai": frozenset(
         {
-            "model", "messages", "temperature", "max_tokens", "max_completion_tokens", "tools", "tool_choice",
-            "stream", "stream_options", "seed", "response_format", "n",
+            "model",
+            "messages",
+            "temperature",
+            "max_tokens",
+            "max_completion_tokens",
+            "tools",
+            "tool_choice",
+            "stream",
+            "stream_options",
+            "seed",
+            "response_format",
+            "n",
         }
     ),
     "anthropic": frozenset(
@@ -312,7 +322,9 @@ def default_endpoint(settings: Settings) -> ModelEndpoint:
     return _endpoint("default", entry, {}, require_keys=False, api_key=settings.openai_api_key)
 
 
-def load_models_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None, *, require_keys: bool = True) -> dict[str, ModelEndpoint]:
+def load_models_file(
+    path: str | os.PathLike[str], environ: Mapping[str, str] | None = None, *, require_keys: bool = True
+) -> dict[str, ModelEndpoint]:
     """The endpoints of a YAML models file (see the module docstring).
 
     Args:
@@ -342,7 +354,9 @@ def load_models_file(path: str | os.PathLike[str], environ: Mapping[str, str] | 
     }
 
 
-def load_endpoints(settings: Settings, environ: Mapping[str, str] | None = None, *, require_keys: bool = True) -> dict[str, ModelEndpoint]:
+def load_endpoints(
+    settings: Settings, environ: Mapping[str, str] | None = None, *, require_keys: bool = True
+) -> dict[str, ModelEndpoint]:
     """Every configured endpoint by id: ``default`` from OPENAI_* (when OPENAI_BASE_URL is set),
     then the models file (AGENTSTREAM_MODELS_FILE), whose entries win.
 
@@ -384,4 +398,6 @@ def check_agents(endpoints: Mapping[str, ModelEndpoint], agents: Any) -> None:
                     try:
                         check_inlinable(tool.name, tool.parameters)
                     except UninlinableSchema as exc:
-                        raise type(exc)(exc.tool, exc.reason, f"agent {agent.name!r}, model endpoint {endpoint.id!r}: {exc}") from None
+                        raise type(exc)(
+                            exc.tool, exc.reason, f"agent {agent.name!r}, model endpoint {endpoint.id!r}: {exc}"
+                        ) from None

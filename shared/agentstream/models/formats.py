@@ -12,11 +12,11 @@ from typing import Any
 
 import msgspec
 
+from agentstream.app.tool_schemas import inline_refs
 from agentstream.context.request import ChatRequest
 from agentstream.errors import ConfigError
 from agentstream.models import anthropic_format, openai_format
 from agentstream.models.endpoints import ModelEndpoint
-from agentstream.app.tool_schemas import inline_refs
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,9 @@ def inlined_tools(request: ChatRequest) -> ChatRequest:
     return msgspec.structs.replace(request, tools=tools)
 
 
-def candidate_bodies(request: ChatRequest, endpoint: ModelEndpoint, *, options: CallOptions | None = None) -> list[bytes]:
+def candidate_bodies(
+    request: ChatRequest, endpoint: ModelEndpoint, *, options: CallOptions | None = None
+) -> list[bytes]:
     """Every body an adapter may send for ``request``, in the order it would try them.
 
     The first is the normal body; for Anthropic a second, without thinking blocks, is sent

@@ -42,11 +42,11 @@ import pydantic
 
 from agentstream.context.request import AssistantMessage, ChatRequest, Message, UserMessage
 from agentstream.errors import ConfigError, InvalidModelOutput, ModelError
-from agentstream.wire.events import ModelOutput
-from agentstream.wire.jsontext import unicode_problem
 from agentstream.models.base import ChatModel
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.models.formats import CallOptions
+from agentstream.wire.events import ModelOutput
+from agentstream.wire.jsontext import unicode_problem
 
 ResponseFormat = Literal["prompt", "json_object", "json_schema"]
 Schema = Any
@@ -205,7 +205,9 @@ class Generator:
         if response_format not in ("prompt", "json_object", "json_schema"):
             raise ConfigError(f"response_format must be prompt, json_object or json_schema, got {response_format!r}")
         if model.endpoint.provider != "openai" and response_format != "prompt":
-            raise ConfigError(f"model endpoint {model.endpoint.id!r} ({model.endpoint.provider}) takes response_format='prompt' only")
+            raise ConfigError(
+                f"model endpoint {model.endpoint.id!r} ({model.endpoint.provider}) takes response_format='prompt' only"
+            )
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -245,7 +247,9 @@ class Generator:
                 raise InvalidModelOutput(f"the reply is not JSON: {exc}") from None
         return checker.check(value)
 
-    def accept(self, output: ModelOutput, *, schema: Schema | None = None, parse: Callable[[str], Any] | None = None) -> Any:
+    def accept(
+        self, output: ModelOutput, *, schema: Schema | None = None, parse: Callable[[str], Any] | None = None
+    ) -> Any:
         """A model output → its value, or :class:`InvalidModelOutput` when it is not complete and well-formed."""
         if output.stop_reason not in ("stop", "tool_calls"):
             detail = f" ({output.stop_detail})" if output.stop_detail else ""
@@ -254,7 +258,14 @@ class Generator:
             raise InvalidModelOutput("the reply is empty")
         return self.read(output.content, schema=schema, parse=parse)
 
-    def recheck(self, output: ModelOutput, value: Any, *, schema: Schema | None = None, parse: Callable[[str], Any] | None = None) -> list[str]:
+    def recheck(
+        self,
+        output: ModelOutput,
+        value: Any,
+        *,
+        schema: Schema | None = None,
+        parse: Callable[[str], Any] | None = None,
+    ) -> list[str]:
         """Replay without the model: the reasons a recorded reply does not give the recorded value."""
         try:
             again = self.accept(output, schema=schema, parse=parse)
@@ -262,10 +273,16 @@ class Generator:
             return [f"the recorded reply is not accepted any more: {exc.reason}"]
         dumped_again = pydantic.TypeAdapter(Any).dump_python(again, mode="json")
         dumped = pydantic.TypeAdapter(Any).dump_python(value, mode="json")
-        return [] if dumped_again == dumped else [f"the recorded reply reads as {dumped_again!r}, not the recorded {dumped!r}"]
+        return (
+            []
+            if dumped_again == dumped
+            else [f"the recorded reply reads as {dumped_again!r}, not the recorded {dumped!r}"]
+        )
 
     def _request(self, messages: Any, *, temperature: float, max_tokens: int) -> ChatRequest:
-        system, history = _messages(messages) if not isinstance(messages, ChatRequest) else (messages.system, messages.messages)
+        system, history = (
+            _messages(messages) if not isinstance(messages, ChatRequest) else (messages.system, messages.messages)
+        )
         return ChatRequest(system=system, messages=history, max_output_tokens=max_tokens, temperature=temperature)
 
     def _options(self, schema: Schema | None, seed: int | None) -> CallOptions:
@@ -273,10 +290,15 @@ class Generator:
         if schema is not None and self.response_format == "json_object":
             response_format = {"type": "json_object"}
         elif schema is not None and self.response_format == "json_schema":
-            response_format = {"type": "json_schema", "json_schema": {"name": "reply", "schema": _Checker(schema).json_schema()}}
+            response_format = {
+                "type": "json_schema",
+                "json_schema": {"name": "reply", "schema": _Checker(schema).json_schema()},
+            }
         return CallOptions(seed=seed if self.endpoint.provider == "openai" else None, response_format=response_format)
 
-    async def _one(self, messages: Any, *, schema, parse, temperature, seed, max_tokens, turn_id, step) -> tuple[Any, Attempt]:
+    async def _one(
+        self, messages: Any, *, schema, parse, temperature, seed, max_tokens, turn_id, step
+    ) -> tuple[Any, Attempt]:
         request = self._request(messages, temperature=temperature, max_tokens=max_tokens)
         output = await self.model.complete(request, turn_id=turn_id, step=step, options=self._options(schema, seed))
         try:
@@ -313,10 +335,14 @@ class Generator:
             ModelUnanswered, ModelInputRejected, ModelConfigError: from the adapter.
         """
         value, attempt = await self._one(
-            messages, schema=schema, parse=parse,
+            messages,
+            schema=schema,
+            parse=parse,
             temperature=self.temperature if temperature is None else temperature,
             seed=self.seed if seed is None else seed,
-            max_tokens=max_tokens or self.max_tokens, turn_id=turn_id, step=step,
+            max_tokens=max_tokens or self.max_tokens,
+            turn_id=turn_id,
+            step=step,
         )
         return Generated(value=value, attempts=(attempt,))
 
@@ -356,8 +382,16 @@ class Generator:
         async def run(i: int, temp: float, seed: int | None) -> tuple[Any, Attempt, BaseException | None]:
             async with limit:
                 try:
-                    value, attempt = await self._one(messages, schema=schema, parse=parse, temperature=temp, seed=seed,
-                                                     max_tokens=max_tokens or self.max_tokens, turn_id=turn_id, step=i)
+                    value, attempt = await self._one(
+                        messages,
+                        schema=schema,
+                        parse=parse,
+                        temperature=temp,
+                        seed=seed,
+                        max_tokens=max_tokens or self.max_tokens,
+                        turn_id=turn_id,
+                        step=i,
+                    )
                     return value, attempt, None
                 except InvalidModelOutput as exc:
                     return None, exc.attempt, exc  # type: ignore[attr-defined]
@@ -401,8 +435,15 @@ def generator(
     from agentstream.models import build_model
 
     endpoint = ModelEndpoint(
-        id=f"generate:{model}", provider=provider, base_url=base_url.rstrip("/"), model=model,
-        api_key=SecretStr(api_key) if api_key else None, stream=False,
-        extra_body=dict(extra_body or {}), headers=dict(headers or {}),
+        id=f"generate:{model}",
+        provider=provider,
+        base_url=base_url.rstrip("/"),
+        model=model,
+        api_key=SecretStr(api_key) if api_key else None,
+        stream=False,
+        extra_body=dict(extra_body or {}),
+        headers=dict(headers or {}),
     )
-    return Generator(build_model(endpoint, client=client, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s), **settings)
+    return Generator(
+        build_model(endpoint, client=client, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s), **settings
+    )

@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 import httpx
 import tenacity
 
-from agentstream.ops import metrics
 from agentstream.errors import ModelConfigError, ModelError, ModelInputRejected, ModelUnanswered
+from agentstream.ops import metrics
 
 log = logging.getLogger("agentstream.models")
 
@@ -44,10 +44,25 @@ MAX_RETRY_AFTER_S = 60.0
 """The longest wait a server's Retry-After can ask for, in seconds."""
 
 _RETRY_ERROR_TYPES = frozenset(
-    {"overloaded_error", "api_error", "rate_limit_error", "server_error", "internal_server_error", "timeout_error", "service_unavailable"}
+    {
+        "overloaded_error",
+        "api_error",
+        "rate_limit_error",
+        "server_error",
+        "internal_server_error",
+        "timeout_error",
+        "service_unavailable",
+    }
 )
 _CONFIG_ERROR_TYPES = frozenset(
-    {"authentication_error", "permission_error", "not_found_error", "invalid_api_key", "model_not_found", "permission_denied"}
+    {
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "invalid_api_key",
+        "model_not_found",
+        "permission_denied",
+    }
 )
 
 
@@ -154,7 +169,9 @@ def stream_error(error: Any, *, url: str, model: str, secrets: Iterable[str] = (
     if kind in _RETRY_ERROR_TYPES or code_text in ("429",) or code_text.startswith("5"):
         return Retryable(label)
     if kind in _CONFIG_ERROR_TYPES or code_text in _CONFIG_ERROR_TYPES or code_text in ("401", "403", "404"):
-        return ModelConfigError(f"{url}: {label} (check the model endpoint's URL, the model name {model!r} and the API key)")
+        return ModelConfigError(
+            f"{url}: {label} (check the model endpoint's URL, the model name {model!r} and the API key)"
+        )
     return ModelInputRejected(f"{url}: {label}")
 
 
@@ -199,7 +216,11 @@ async def with_retries(
         wait_s = state.next_action.sleep if state.next_action is not None else 0.0
         log.info(
             "model call to %s failed (%s); retrying in %.1f s (attempt %d of %d)",
-            url, mask(str(why), secrets), wait_s, state.attempt_number + 1, retries + 1,
+            url,
+            mask(str(why), secrets),
+            wait_s,
+            state.attempt_number + 1,
+            retries + 1,
         )
 
     retrying = tenacity.AsyncRetrying(

@@ -14,11 +14,11 @@ from typing import Any
 from httpx_sse import ServerSentEvent
 
 from agentstream.context.request import ChatRequest
-from agentstream.wire.deltas import Delta
-from agentstream.wire.events import ModelOutput
 from agentstream.models import openai_format
 from agentstream.models.base import HttpChatModel
 from agentstream.models.http import stream_error
+from agentstream.wire.deltas import Delta
+from agentstream.wire.events import ModelOutput
 
 
 class OpenAIChatModel(HttpChatModel):
@@ -58,5 +58,7 @@ class OpenAIChatModel(HttpChatModel):
             return [], False
         return assembler.feed(chunk), False
 
-    def _stream_output(self, assembler: openai_format.StreamAssembler, request: ChatRequest, **fields: Any) -> ModelOutput:
+    def _stream_output(
+        self, assembler: openai_format.StreamAssembler, request: ChatRequest, **fields: Any
+    ) -> ModelOutput:
         return assembler.output(max_output_tokens=request.max_output_tokens, **fields)

@@ -30,9 +30,9 @@ from typing import Any
 import msgspec
 
 from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
+from agentstream.models.endpoints import DEFAULT_QUIRKS, Quirks
 from agentstream.wire.deltas import Delta
 from agentstream.wire.events import ModelOutput, ToolCall, Usage
-from agentstream.models.endpoints import DEFAULT_QUIRKS, Quirks
 
 PROVIDER = "openai"
 

@@ -106,7 +106,7 @@ def parse_keys(data: Any, *, source: str) -> KeyRing:
         if not isinstance(digest, str) or not _HEX64.match(digest.lower()):
             raise ConfigError(f"{where}.sha256 must be 64 hex digits, the SHA-256 of the key (never the key itself)")
         if not isinstance(agents, list) or not agents or not all(isinstance(a, str) and a for a in agents):
-            raise ConfigError(f"{where}.agents must be a non-empty list of agent names (or [\"*\"])")
+            raise ConfigError(f'{where}.agents must be a non-empty list of agent names (or ["*"])')
         names.add(name)
         out.append(ApiKey(name=name, sha256=digest.lower(), agents=frozenset(agents)))
     return KeyRing(out)
@@ -145,5 +145,7 @@ def _documents(text: str | None, path: str | None) -> list[tuple[str, str]]:
             with open(path, encoding="utf-8") as f:
                 out.append((f"keys file {path}", f.read()))
         except OSError as exc:
-            raise ConfigError(f"cannot read the gateway keys file {path} (AGENTSTREAM_GATEWAY_KEYS_FILE): {exc}") from exc
+            raise ConfigError(
+                f"cannot read the gateway keys file {path} (AGENTSTREAM_GATEWAY_KEYS_FILE): {exc}"
+            ) from exc
     return out

@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import IO
 
 import msgspec
@@ -69,7 +69,7 @@ def ids_of(fields: Mapping[bytes, bytes] | None) -> dict[str, str]:
     """
     ids: dict[str, str] = {}
     for value in (fields or {}).values():
-        if not isinstance(value, (bytes, str)) or not value[:1] in (b"{", "{"):
+        if not isinstance(value, (bytes, str)) or value[:1] not in (b"{", "{"):
             continue
         try:
             found = _decode_ids(value)
@@ -102,7 +102,7 @@ class _ContextFilter(logging.Filter):
 
 def iso_utc(created: float) -> str:
     """A Unix time as ISO 8601 in UTC with milliseconds and a ``Z``: ``2026-12-01T09:30:00.123Z``."""
-    return datetime.fromtimestamp(created, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _UtcJsonFormatter(JsonFormatter):

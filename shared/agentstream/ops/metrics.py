@@ -42,7 +42,9 @@ MODEL_CALL_SECONDS = Histogram(
     "agentstream_model_call_seconds", "Time of one model call, retries included.", ["model"], buckets=_LATENCY_BUCKETS_S
 )
 MODEL_TOKENS = Counter("agentstream_model_tokens_total", "Tokens reported by the model.", ["model", "kind"])
-TOOL_CALL_SECONDS = Histogram("agentstream_tool_call_seconds", "Time of one tool call.", ["tool"], buckets=_LATENCY_BUCKETS_S)
+TOOL_CALL_SECONDS = Histogram(
+    "agentstream_tool_call_seconds", "Time of one tool call.", ["tool"], buckets=_LATENCY_BUCKETS_S
+)
 TOOL_ERRORS = Counter("agentstream_tool_errors_total", "Tool calls that gave an error result.", ["tool", "error"])
 STREAM_LENGTH = Gauge("agentstream_stream_length", "Entries in a work stream.", ["stream"])
 PENDING_ENTRIES = Gauge("agentstream_pending_entries", "Pending entries of a consumer group.", ["stream", "group"])
@@ -60,10 +62,13 @@ TOOL_OUTCOMES_UNKNOWN = Counter(
     "Calls of tools with side effects whose worker died mid-run (not run again).",
     ["tool"],
 )
-LATE_RESULTS = Counter("agentstream_late_results_total", "Tool results that arrived after their call was answered.", ["tool"])
+LATE_RESULTS = Counter(
+    "agentstream_late_results_total", "Tool results that arrived after their call was answered.", ["tool"]
+)
 BUILD_INFO = Info("agentstream_build", "The agentstream version and Python of this process (value 1).")
 HANDLERS_IN_FLIGHT = Gauge(
-    "agentstream_handlers_in_flight", "Entries whose handler is running now, per service (consumer group) and stream.",
+    "agentstream_handlers_in_flight",
+    "Entries whose handler is running now, per service (consumer group) and stream.",
     ["service", "stream"],
 )
 MODEL_ERRORS = Counter(
@@ -72,7 +77,9 @@ MODEL_ERRORS = Counter(
     ["endpoint", "status"],
 )
 MODEL_RETRIES = Counter(
-    "agentstream_model_retries_total", "Model HTTP attempts retried, by endpoint and the status that caused it.", ["endpoint", "status"]
+    "agentstream_model_retries_total",
+    "Model HTTP attempts retried, by endpoint and the status that caused it.",
+    ["endpoint", "status"],
 )
 STREAM_CONSUMERS = Gauge(
     "agentstream_stream_consumers",
@@ -118,15 +125,25 @@ def model_error_status(exc: BaseException) -> str:
     if isinstance(exc, InvalidModelOutput):
         return "invalid_output"
     return "other"
+
+
 MCP_SESSIONS = Counter(
     "agentstream_mcp_sessions_total", "MCP server sessions a tool worker opened (a restart opens another).", ["server"]
 )
-MCP_SERVER_UP = Gauge("agentstream_mcp_server_up", "1 while this tool worker has a live session with the MCP server.", ["server"])
-MCP_TOOLS_REFUSED = Gauge(
-    "agentstream_mcp_tools_refused", "Tools of an MCP server refused at its last listing (schemas the endpoints reject).", ["server"]
+MCP_SERVER_UP = Gauge(
+    "agentstream_mcp_server_up", "1 while this tool worker has a live session with the MCP server.", ["server"]
 )
-COMPACTIONS = Counter("agentstream_compactions_total", "Compaction outcomes recorded (compacted, or a failure code).", ["outcome"])
-DELEGATIONS = Counter("agentstream_delegations_total", "Child traces opened by delegation, by the child's agent.", ["agent"])
+MCP_TOOLS_REFUSED = Gauge(
+    "agentstream_mcp_tools_refused",
+    "Tools of an MCP server refused at its last listing (schemas the endpoints reject).",
+    ["server"],
+)
+COMPACTIONS = Counter(
+    "agentstream_compactions_total", "Compaction outcomes recorded (compacted, or a failure code).", ["outcome"]
+)
+DELEGATIONS = Counter(
+    "agentstream_delegations_total", "Child traces opened by delegation, by the child's agent.", ["agent"]
+)
 
 
 def record_usage(model_id: str, output: ModelOutput) -> None:
@@ -188,7 +205,7 @@ async def serve_http(
                 + body
             )
             await writer.drain()
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             pass
         finally:
             writer.close()
@@ -204,10 +221,16 @@ GATEWAY_REQUESTS = Counter(
     "agentstream_gateway_requests_total", "HTTP requests answered by the gateway.", ["method", "route", "status"]
 )
 GATEWAY_REQUEST_SECONDS = Histogram(
-    "agentstream_gateway_request_seconds", "Time to answer one gateway request (an event stream: to its start).",
-    ["route"], buckets=_LATENCY_BUCKETS_S,
+    "agentstream_gateway_request_seconds",
+    "Time to answer one gateway request (an event stream: to its start).",
+    ["route"],
+    buckets=_LATENCY_BUCKETS_S,
 )
 GATEWAY_TURNS = Counter("agentstream_gateway_turns_total", "Turns published through the gateway.", ["key", "agent"])
-GATEWAY_UNAUTHORIZED = Counter("agentstream_gateway_unauthorized_total", "Gateway requests refused without a valid API key.")
-GATEWAY_RATE_LIMITED = Counter("agentstream_gateway_rate_limited_total", "Gateway requests refused over a key's rate limit.", ["key"])
+GATEWAY_UNAUTHORIZED = Counter(
+    "agentstream_gateway_unauthorized_total", "Gateway requests refused without a valid API key."
+)
+GATEWAY_RATE_LIMITED = Counter(
+    "agentstream_gateway_rate_limited_total", "Gateway requests refused over a key's rate limit.", ["key"]
+)
 GATEWAY_STREAMS_OPEN = Gauge("agentstream_gateway_streams_open", "Event streams the gateway is serving now.")

@@ -102,8 +102,8 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentstream.errors import ConfigError
-from agentstream.wire.keys import DEFAULT_NAMESPACE, Keys, check_namespace
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, parse_patterns
+from agentstream.wire.keys import DEFAULT_NAMESPACE, Keys, check_namespace
 
 
 @dataclass(frozen=True)

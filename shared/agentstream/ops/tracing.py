@@ -143,7 +143,9 @@ def span(
             _context.detach(token)
         return
     clean = {k: v for k, v in (attributes or {}).items() if v is not None}
-    with tracer.start_as_current_span(name, context=context, kind=getattr(_otel.SpanKind, kind.upper()), attributes=clean) as current:
+    with tracer.start_as_current_span(
+        name, context=context, kind=getattr(_otel.SpanKind, kind.upper()), attributes=clean
+    ) as current:
         yield Span(current)
 
 

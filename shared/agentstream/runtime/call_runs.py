@@ -65,8 +65,10 @@ def job_problem(events: Sequence[Event], job: ToolJob) -> str:
                     if call.name != job.name:
                         return f"call {job.call_id!r} of turn {job.turn_id!r} is a call of tool {call.name!r}, not {job.name!r}"
                     if call.arguments != job.arguments:
-                        return (f"call {job.call_id!r} of turn {job.turn_id!r} was made with other arguments than the job's "
-                                "(the trace records what a call runs; a job only says which call to run)")
+                        return (
+                            f"call {job.call_id!r} of turn {job.turn_id!r} was made with other arguments than the job's "
+                            "(the trace records what a call runs; a job only says which call to run)"
+                        )
                     return ""
     return f"turn {job.turn_id!r} of trace {job.trace_id!r} made no call {job.call_id!r}"
 

@@ -28,9 +28,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from agentstream.ops import logs
 from agentstream.runtime.entries import keep_doubled_fields
 from agentstream.wire import codec
-from agentstream.ops import logs
 from agentstream.wire.events import CancelMessage, Event, TurnEnded, TurnFailed, TurnInput
 from agentstream.wire.keys import CANCEL_FIELD, Keys
 
@@ -73,7 +73,9 @@ def cancel_target(events: Sequence[Event], turn_id: str = "") -> CancelTarget:
     if turn_id not in turns:
         return CancelTarget(None, reason=f"no such running turn: the trace has no turn {turn_id!r}")
     if turn_id in endings:
-        return CancelTarget(None, ending=endings[turn_id], reason=f"no such running turn: turn {turn_id!r} has already ended")
+        return CancelTarget(
+            None, ending=endings[turn_id], reason=f"no such running turn: turn {turn_id!r} has already ended"
+        )
     return CancelTarget(turn_id)
 
 
@@ -94,7 +96,15 @@ class CancelListener:
         backoff_max_s: the longest wait between retries after a Redis error, in seconds.
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, on_cancel: OnCancel, *, block_ms: int = 1000, backoff_max_s: float = 5.0):
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        on_cancel: OnCancel,
+        *,
+        block_ms: int = 1000,
+        backoff_max_s: float = 5.0,
+    ):
         self.redis = keep_doubled_fields(redis)  # a cancel that repeats a field is ignored
         self.stream = keys.cancel
         self.on_cancel = on_cancel
@@ -122,7 +132,7 @@ class CancelListener:
                 log.warning("cancel listener lost Redis (%s); retrying in %.1f s", exc, backoff_s)
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=backoff_s * random.uniform(0.8, 1.2))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 backoff_s = min(backoff_s * 2, self.backoff_max_s)
 

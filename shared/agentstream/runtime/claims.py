@@ -69,7 +69,9 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def keep_claims(redis: aioredis.Redis, stream: str, group: str, consumer: str, entry_ids: Sequence[str]) -> set[str]:
+async def keep_claims(
+    redis: aioredis.Redis, stream: str, group: str, consumer: str, entry_ids: Sequence[str]
+) -> set[str]:
     """Renew this consumer's claim on ``entry_ids`` → the ids it still owns.
 
     Resets their idle time to 0 without raising Redis's delivery counter (XCLAIM JUSTID).
@@ -81,7 +83,9 @@ async def keep_claims(redis: aioredis.Redis, stream: str, group: str, consumer: 
     return {_text(x) for x in kept}
 
 
-async def release_claims(redis: aioredis.Redis, stream: str, group: str, consumer: str, entry_ids: Sequence[str]) -> set[str]:
+async def release_claims(
+    redis: aioredis.Redis, stream: str, group: str, consumer: str, entry_ids: Sequence[str]
+) -> set[str]:
     """Make owned entries claimable at once by any consumer (idle :data:`RELEASED_IDLE_MS`).
 
     Returns the ids that were still owned (and are now released).
@@ -105,14 +109,19 @@ end
 """
 
 # KEYS: attempts hash. ARGV: entry id, delta.
-_COUNT_LUA = _COUNT + """
+_COUNT_LUA = (
+    _COUNT
+    + """
 return count(KEYS[1], ARGV[1], ARGV[2])
 """
+)
 
 # KEYS: stream, its attempts hash (same slot). ARGV: group, consumer, entry id, refund.
 # Confirms the consumer still owns the entry and renews its claim (XCLAIM JUSTID), then counts
 # one start (less the refund) → the starts so far, or 0 when the entry is no longer ours.
-_START_LUA = _COUNT + """
+_START_LUA = (
+    _COUNT
+    + """
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if #p == 0 or p[1][2] ~= ARGV[2] then
   return 0
@@ -120,6 +129,7 @@ end
 redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', 0, 'JUSTID')
 return count(KEYS[2], ARGV[3], 1 - tonumber(ARGV[4]))
 """
+)
 
 
 async def count_attempt(redis: aioredis.Redis, attempts_key: str, entry_id: str, *, refund: int = 0) -> int:
@@ -169,7 +179,9 @@ def supports_claim_option(version: tuple[int, ...]) -> bool:
     return version[:2] >= CLAIM_OPTION_VERSION
 
 
-async def delete_idle_consumers(redis: aioredis.Redis, stream: str, group: str, *, idle_ms: int, keep: str = "") -> list[str]:
+async def delete_idle_consumers(
+    redis: aioredis.Redis, stream: str, group: str, *, idle_ms: int, keep: str = ""
+) -> list[str]:
     """Delete the consumers of ``group`` idle at least ``idle_ms`` that own no pending entries
     (XINFO CONSUMERS, then XGROUP DELCONSUMER, in one script) → their names.
 

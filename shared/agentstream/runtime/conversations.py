@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from agentstream.runtime.store import TraceStore
+from agentstream.steps.timeline import ConversationState, conversation_state
 from agentstream.wire import codec
 from agentstream.wire.events import Event, TurnMessage
 from agentstream.wire.keys import TURN_FIELD
-from agentstream.runtime.store import TraceStore
-from agentstream.steps.timeline import ConversationState, conversation_state
 
 KEEP = 10_000
 """The most conversations the index keeps (the oldest are dropped)."""
@@ -54,7 +54,7 @@ async def children(store: TraceStore, trace_id: str, root_trace_id: str) -> list
     members = await store.redis.smembers(store.keys.descendants(root_trace_id))
     prefix = trace_id + "/"
     ids = (_s(m) for m in members)
-    return sorted(c for c in ids if c.startswith(prefix) and "/" not in c[len(prefix):])
+    return sorted(c for c in ids if c.startswith(prefix) and "/" not in c[len(prefix) :])
 
 
 # KEYS: the index. ARGV: time (Unix ms), trace id, how many to keep. The index is trimmed only
@@ -81,7 +81,9 @@ async def recent_ids(store: TraceStore, *, limit: int, before_ms: int | None = N
         before_ms: only conversations whose newest turn entered before this time (paging).
     """
     high = f"({before_ms}" if before_ms is not None else "+inf"
-    raw = await store.redis.zrevrangebyscore(store.keys.conversations, high, "-inf", start=0, num=limit, withscores=True)
+    raw = await store.redis.zrevrangebyscore(
+        store.keys.conversations, high, "-inf", start=0, num=limit, withscores=True
+    )
     return [(_s(member), int(score)) for member, score in raw]
 
 

@@ -48,7 +48,9 @@ class DeadLetter:
     payload: dict[str, str] = field(default_factory=dict)
 
 
-async def read(redis, keys: Keys, streams: Sequence[str], *, count: int = 50, before: str | None = None) -> list[DeadLetter]:
+async def read(
+    redis, keys: Keys, streams: Sequence[str], *, count: int = 50, before: str | None = None
+) -> list[DeadLetter]:
     """The newest dead letters of the work ``streams`` (at most ``count``), newest first.
 
     Args:

@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from agentstream.wire import codec
-from agentstream.wire.deltas import DeltaKind, Delta, encode_delta, decode_delta, new_attempt_id, DeltaSink, ListSink
+from agentstream.wire.deltas import Delta, decode_delta, encode_delta
 from agentstream.wire.events import Event
 from agentstream.wire.keys import DELTA_FIELD, Keys
 
@@ -76,7 +75,13 @@ class RedisDeltaSink:
     """
 
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, trace_id: str, *, maxlen: int = DEFAULT_MAXLEN, ttl_s: int = DEFAULT_TTL_S
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        trace_id: str,
+        *,
+        maxlen: int = DEFAULT_MAXLEN,
+        ttl_s: int = DEFAULT_TTL_S,
     ):
         self.redis = redis
         self.stream = keys.deltas(trace_id)

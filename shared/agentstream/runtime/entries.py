@@ -81,7 +81,13 @@ def _keeping(command: str, parse: Callable[..., Any] | None) -> Callable[..., An
         for raw_entries, entries in zip(raw, _parsed_lists(command, parsed)):
             for i, (raw_entry, entry) in enumerate(zip(raw_entries or (), entries)):
                 # a field given twice: the dict has fewer fields than the entry has pairs
-                if raw_entry and raw_entry[1] and entry and entry[1] is not None and len(raw_entry[1]) > 2 * len(entry[1]):
+                if (
+                    raw_entry
+                    and raw_entry[1]
+                    and entry
+                    and entry[1] is not None
+                    and len(raw_entry[1]) > 2 * len(entry[1])
+                ):
                     entries[i] = (entry[0], EntryFields.from_flat(raw_entry[1]), *entry[2:])
         return parsed
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from agentstream.steps.fold import FoldCache, TraceFold
 from agentstream.runtime.store import Read, TraceStore
+from agentstream.steps.fold import FoldCache, TraceFold
 
 log = logging.getLogger("agentstream.runtime.folding")
 
@@ -48,7 +48,9 @@ class FoldReader:
         """Feed ``read`` (the entries after ``fold``'s last id, or the whole trace without a fold)
         → the fold, kept in the cache; a trace started again since it was folded is folded anew."""
         if fold is not None and not fold.same_trace(read.first_id):
-            log.info("trace %s was deleted and started again since it was folded; folding it from its first entry", trace_id)
+            log.info(
+                "trace %s was deleted and started again since it was folded; folding it from its first entry", trace_id
+            )
             self.folds.forget(trace_id)
             fold = None
             read = await self.store.read_after(trace_id, None)

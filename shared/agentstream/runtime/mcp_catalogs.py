@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import msgspec
 import redis.asyncio as aioredis
 
-from agentstream.wire.keys import Keys
 from agentstream.mcp_tools.offers import Catalog
+from agentstream.wire.keys import Keys
 
 log = logging.getLogger("agentstream.mcp")
 
@@ -56,7 +56,11 @@ async def read_catalogs(redis: aioredis.Redis, keys: Keys, servers: Sequence[str
         try:
             out[name] = _decoder.decode(value)
         except msgspec.DecodeError as exc:
-            log.error("the catalog of MCP server %r in %s is not readable (%s); ignoring it until a tool worker writes it again",
-                      name, keys.mcp_catalog(name), exc)
+            log.error(
+                "the catalog of MCP server %r in %s is not readable (%s); ignoring it until a tool worker writes it again",
+                name,
+                keys.mcp_catalog(name),
+                exc,
+            )
             out[name] = None
     return out

@@ -37,12 +37,12 @@ import inspect
 import logging
 from typing import Any
 
+from redis._parsers.base import BaseParser
 from redis.asyncio.client import EMPTY_RESPONSE, NEVER_DECODE, Pipeline
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis._parsers.base import BaseParser
-from redis.connection import HiredisRespSerializer
 
 try:
     import hiredis
@@ -51,26 +51,114 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; without it no
 
 log = logging.getLogger("agentstream.redis")
 
-MULTIPLEXED = frozenset({
-    "EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "SCRIPT LOAD", "SCRIPT EXISTS",
-    "XADD", "XACK", "XRANGE", "XREVRANGE", "XLEN", "XPENDING", "XCLAIM", "XAUTOCLAIM", "XTRIM", "XDEL",
-    "XINFO STREAM", "XINFO GROUPS", "XINFO CONSUMERS", "XREAD", "XREADGROUP",
-    "GET", "SET", "DEL", "UNLINK", "EXISTS", "TYPE", "EXPIRE", "PEXPIRE", "TTL", "PTTL", "INCR", "INCRBY",
-    "HGET", "HSET", "HMGET", "HGETALL", "HDEL", "HEXISTS", "HINCRBY", "HLEN",
-    "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREMRANGEBYSCORE",
-    "SADD", "SREM", "SMEMBERS", "SISMEMBER", "SCARD", "PING", "TIME",
-})
+MULTIPLEXED = frozenset(
+    {
+        "EVALSHA",
+        "EVAL",
+        "EVALSHA_RO",
+        "EVAL_RO",
+        "SCRIPT LOAD",
+        "SCRIPT EXISTS",
+        "XADD",
+        "XACK",
+        "XRANGE",
+        "XREVRANGE",
+        "XLEN",
+        "XPENDING",
+        "XCLAIM",
+        "XAUTOCLAIM",
+        "XTRIM",
+        "XDEL",
+        "XINFO STREAM",
+        "XINFO GROUPS",
+        "XINFO CONSUMERS",
+        "XREAD",
+        "XREADGROUP",
+        "GET",
+        "SET",
+        "DEL",
+        "UNLINK",
+        "EXISTS",
+        "TYPE",
+        "EXPIRE",
+        "PEXPIRE",
+        "TTL",
+        "PTTL",
+        "INCR",
+        "INCRBY",
+        "HGET",
+        "HSET",
+        "HMGET",
+        "HGETALL",
+        "HDEL",
+        "HEXISTS",
+        "HINCRBY",
+        "HLEN",
+        "ZADD",
+        "ZREM",
+        "ZSCORE",
+        "ZCARD",
+        "ZRANGE",
+        "ZRANGEBYSCORE",
+        "ZREMRANGEBYSCORE",
+        "SADD",
+        "SREM",
+        "SMEMBERS",
+        "SISMEMBER",
+        "SCARD",
+        "PING",
+        "TIME",
+    }
+)
 """The commands (redis-py's command names) sent on the shared connection: none blocks the
 connection or changes its state. ``XREAD`` and ``XREADGROUP`` only without ``BLOCK``."""
 
-_ONE_KEY = frozenset({
-    "XADD", "XACK", "XRANGE", "XREVRANGE", "XLEN", "XPENDING", "XCLAIM", "XAUTOCLAIM", "XTRIM", "XDEL",
-    "XINFO STREAM", "XINFO GROUPS", "XINFO CONSUMERS",
-    "GET", "SET", "TYPE", "EXPIRE", "PEXPIRE", "TTL", "PTTL", "INCR", "INCRBY",
-    "HGET", "HSET", "HMGET", "HGETALL", "HDEL", "HEXISTS", "HINCRBY", "HLEN",
-    "ZADD", "ZREM", "ZSCORE", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZREMRANGEBYSCORE",
-    "SADD", "SREM", "SMEMBERS", "SISMEMBER", "SCARD",
-})
+_ONE_KEY = frozenset(
+    {
+        "XADD",
+        "XACK",
+        "XRANGE",
+        "XREVRANGE",
+        "XLEN",
+        "XPENDING",
+        "XCLAIM",
+        "XAUTOCLAIM",
+        "XTRIM",
+        "XDEL",
+        "XINFO STREAM",
+        "XINFO GROUPS",
+        "XINFO CONSUMERS",
+        "GET",
+        "SET",
+        "TYPE",
+        "EXPIRE",
+        "PEXPIRE",
+        "TTL",
+        "PTTL",
+        "INCR",
+        "INCRBY",
+        "HGET",
+        "HSET",
+        "HMGET",
+        "HGETALL",
+        "HDEL",
+        "HEXISTS",
+        "HINCRBY",
+        "HLEN",
+        "ZADD",
+        "ZREM",
+        "ZSCORE",
+        "ZCARD",
+        "ZRANGE",
+        "ZRANGEBYSCORE",
+        "ZREMRANGEBYSCORE",
+        "SADD",
+        "SREM",
+        "SMEMBERS",
+        "SISMEMBER",
+        "SCARD",
+    }
+)
 """The :data:`MULTIPLEXED` commands whose one key is their first argument (redis-py's command
 names; on a Redis Cluster they are routed by that key's slot, see :func:`command_keys`)."""
 _KEYS_ONLY = frozenset({"DEL", "UNLINK", "EXISTS"})  # every argument a key
@@ -102,7 +190,7 @@ def command_keys(args: tuple) -> tuple | None:
             count = int(args[2])
         except (IndexError, TypeError, ValueError):
             return None
-        return tuple(args[3:3 + count]) if 0 < count <= len(args) - 3 else None
+        return tuple(args[3 : 3 + count]) if 0 < count <= len(args) - 3 else None
     if name in _KEYS_ONLY:
         return args[1:] if len(args) > 1 else None
     return None
@@ -209,7 +297,9 @@ class SharedConnection:
         self._connection = connection
         self._writer = connection._writer
         reader = connection._reader
-        self._replies = hiredis.Reader(protocolError=InvalidResponse, replyError=_PARSE_ERROR, notEnoughData=_NOT_ENOUGH_DATA)
+        self._replies = hiredis.Reader(
+            protocolError=InvalidResponse, replyError=_PARSE_ERROR, notEnoughData=_NOT_ENOUGH_DATA
+        )
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader, self._writer))
         self.connects += 1
 
@@ -257,8 +347,13 @@ class SharedConnection:
         waited_s = self._loop.time() - self._last_data_at
         if waited_s >= self._timeout_s:  # a write the socket has not taken yet, or a reply that did not come
             unsent = self._writer.transport.get_write_buffer_size()
-            self._fail(RedisTimeoutError(f"Timeout writing to {self._where()} ({unsent} bytes unsent)" if unsent
-                                         else f"Timeout reading from {self._where()}"))
+            self._fail(
+                RedisTimeoutError(
+                    f"Timeout writing to {self._where()} ({unsent} bytes unsent)"
+                    if unsent
+                    else f"Timeout reading from {self._where()}"
+                )
+            )
             return
         self._timer = self._loop.call_later(self._timeout_s - waited_s, self._check_timeout)
 
@@ -269,7 +364,9 @@ class SharedConnection:
             while True:
                 data = await reader.read(_READ_SIZE)
                 if not data:
-                    raise RedisConnectionError(f"Error while reading from {self._where()}: Connection closed by server.")
+                    raise RedisConnectionError(
+                        f"Error while reading from {self._where()}: Connection closed by server."
+                    )
                 self._last_data_at = self._loop.time()
                 replies.feed(data)
                 while (reply := replies.gets()) is not _NOT_ENOUGH_DATA:
@@ -284,8 +381,11 @@ class SharedConnection:
             raise
         except Exception as exc:  # a lost connection, or bytes that are not RESP
             if self._writer is writer:
-                error = exc if isinstance(exc, RedisConnectionError) else RedisConnectionError(
-                    f"Error while reading from {self._where()}: {exc}")
+                error = (
+                    exc
+                    if isinstance(exc, RedisConnectionError)
+                    else RedisConnectionError(f"Error while reading from {self._where()}: {exc}")
+                )
                 self._fail(error)
 
     def _where(self) -> str:
@@ -391,8 +491,14 @@ class MultiplexedPipeline(Pipeline):
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         stack = self.command_stack
-        if (self.is_transaction or self.explicit_transaction or self.watching or self.scripts or not stack
-                or not all(multiplexed(args) for args, _options in stack)):
+        if (
+            self.is_transaction
+            or self.explicit_transaction
+            or self.watching
+            or self.scripts
+            or not stack
+            or not all(multiplexed(args) for args, _options in stack)
+        ):
             return await super().execute(raise_on_error)
         try:
             if not self._shared.usable():

@@ -121,7 +121,9 @@ def note_owed_reply(pipe, keys: Keys, trace_id: str) -> None:
     pipe.zadd(owed_key(keys, keys.partition(trace_id)), {trace_id: int(time.time() * 1000)})
 
 
-async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: Sequence[Entry], answers: Sequence[object]) -> list:
+async def redirect_refused_replies(
+    redis: aioredis.Redis, keys: Keys, entries: Sequence[Entry], answers: Sequence[object]
+) -> list:
     """Send again to ``<ns>:replies`` each reply that its own stream refused, and report each.
 
     ``answers`` are a pipeline's answers to the XADDs of ``entries``, in order. A reply (an entry
@@ -146,7 +148,8 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
         (its entry id, or the error if that failed too).
     """
     refused = [
-        i for i, ((stream, fields), answer) in enumerate(zip(entries, answers, strict=True))
+        i
+        for i, ((stream, fields), answer) in enumerate(zip(entries, answers, strict=True))
         if REPLY_FIELD in fields and _refusal_text(answer) is not None
     ]
     out = list(answers)
@@ -158,8 +161,10 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
         for i in redirected:
             stream, fields = entries[i]
             trace_id, turn_id = _reply_ids(fields[REPLY_FIELD])
-            error = (f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be written to its reply_to "
-                     f"{stream!r} ({_refusal_text(answers[i])}); it is written to {keys.replies!r} instead")
+            error = (
+                f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be written to its reply_to "
+                f"{stream!r} ({_refusal_text(answers[i])}); it is written to {keys.replies!r} instead"
+            )
             log.warning("%s", error)
             _report(pipe, keys, error, trace_id, turn_id, stream)
             pipe.xadd(keys.replies, dict(fields))
@@ -176,10 +181,12 @@ async def redirect_refused_replies(redis: aioredis.Redis, keys: Keys, entries: S
         trace_id, turn_id = _reply_ids(fields[REPLY_FIELD])
         why = _refusal_text(out[i]) or f"{type(out[i]).__name__}: {out[i]}"
         tried = f"its reply_to {stream!r} ({_refusal_text(answers[i])}) and then " if stream != keys.replies else ""
-        error = (f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be published: {tried}the default replies "
-                 f"stream {keys.replies!r} refused it ({why}). No reply of this namespace can go out until {keys.replies!r} "
-                 "is a stream this client may write: delete or rename that key (or fix the ACL); the reply is retried "
-                 "with its work entry, and the watchdog sends it once the stream takes it")
+        error = (
+            f"the reply of turn {turn_id!r} of trace {trace_id!r} could not be published: {tried}the default replies "
+            f"stream {keys.replies!r} refused it ({why}). No reply of this namespace can go out until {keys.replies!r} "
+            "is a stream this client may write: delete or rename that key (or fix the ACL); the reply is retried "
+            "with its work entry, and the watchdog sends it once the stream takes it"
+        )
         log.error("%s", error)
         _report(reports, keys, error, trace_id, turn_id, stream)
         if trace_id != "?":  # the watchdog publishes it once the stream takes it, even after a dead letter
@@ -229,7 +236,9 @@ async def mark_reply_sent(redis: aioredis.Redis, keys: Keys, trace_id: str, turn
     await redis.hset(keys.trace_keys(trace_id), f"reply:{turn_id}", b"1")
 
 
-async def publish_turn_end(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, entries: Sequence[Entry]) -> None:
+async def publish_turn_end(
+    redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, entries: Sequence[Entry]
+) -> None:
     """Publish what a turn's end tells the streams around it and mark its reply sent.
 
     XADD each of ``entries`` in order (the cancels of the children it leaves running on
@@ -256,7 +265,9 @@ async def publish_turn_end(redis: aioredis.Redis, keys: Keys, trace_id: str, tur
     await mark_reply_sent(redis, keys, trace_id, turn_id)
 
 
-async def publish_replies(redis: aioredis.Redis, keys: Keys, trace_id: str, entries: Sequence[Entry], marks: Sequence[str]) -> None:
+async def publish_replies(
+    redis: aioredis.Redis, keys: Keys, trace_id: str, entries: Sequence[Entry], marks: Sequence[str]
+) -> None:
     """Publish the replies a trace still owes and mark them sent, in one round trip.
 
     One pipeline without a transaction: XADD each of ``entries`` in order (each ended turn's
@@ -304,7 +315,9 @@ async def publish_compaction(redis: aioredis.Redis, keys: Keys, trace_id: str, j
     await pipe.execute()
 
 
-async def admit_child(redis: aioredis.Redis, keys: Keys, root_trace_id: str, child_trace_id: str, max_descendants: int) -> bool:
+async def admit_child(
+    redis: aioredis.Redis, keys: Keys, root_trace_id: str, child_trace_id: str, max_descendants: int
+) -> bool:
     """Count a child trace among its root's descendants, unless the root has ``max_descendants``
     already → whether the child may open (True for a child admitted before: a delegation job
     delivered twice opens the same child).
@@ -357,7 +370,9 @@ async def groups_caught_up(redis: aioredis.Redis, stream: str) -> bool:
     return True
 
 
-async def read_replies(redis: aioredis.Redis, keys: Keys, after: str, *, block_ms: int, count: int = 100) -> list[tuple[str, Reply]]:
+async def read_replies(
+    redis: aioredis.Redis, keys: Keys, after: str, *, block_ms: int, count: int = 100
+) -> list[tuple[str, Reply]]:
     """The replies on ``<ns>:replies`` after entry id ``after`` (exclusive; ``"0-0"``: from the
     start), waiting up to ``block_ms`` milliseconds for one (XREAD BLOCK, at most ``count``)
     → ``[(entry id, Reply)]`` in order, ``[]`` when none came.
@@ -369,7 +384,12 @@ async def read_replies(redis: aioredis.Redis, keys: Keys, after: str, *, block_m
     out = []
     for _, entries in await redis.xread({keys.replies: after}, block=block_ms, count=count) or []:
         for entry_id, fields in entries:
-            out.append((entry_id.decode() if isinstance(entry_id, bytes) else entry_id, codec.decode_reply(fields[REPLY_FIELD])))
+            out.append(
+                (
+                    entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+                    codec.decode_reply(fields[REPLY_FIELD]),
+                )
+            )
     return out
 
 

@@ -28,7 +28,9 @@ class RateDecision:
     retry_after_s: int
 
 
-async def hit(redis, keys: Keys, key_name: str, *, limit: int, window_s: int = 60, now_s: float | None = None) -> RateDecision:
+async def hit(
+    redis, keys: Keys, key_name: str, *, limit: int, window_s: int = 60, now_s: float | None = None
+) -> RateDecision:
     """Count one request of ``key_name`` → whether it is allowed.
 
     Args:

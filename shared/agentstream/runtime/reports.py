@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from redis import asyncio as aioredis
 
-from agentstream.wire.keys import Keys
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, error_fields
+from agentstream.wire.keys import Keys
 
 
 async def report_error(
@@ -23,4 +23,6 @@ async def report_error(
     **extra: str,
 ) -> None:
     """Append one entry to the errors stream (bounded excerpt, stream capped)."""
-    await redis.xadd(keys.errors, error_fields(error, payload, limits, **extra), maxlen=limits.errors_maxlen, approximate=True)
+    await redis.xadd(
+        keys.errors, error_fields(error, payload, limits, **extra), maxlen=limits.errors_maxlen, approximate=True
+    )

@@ -16,10 +16,10 @@ import signal
 from collections.abc import Sequence
 from typing import Protocol
 
-from agentstream.ops import metrics
-from agentstream.runtime import stream_gauges
 from agentstream.errors import ConfigError, ServiceFailed
+from agentstream.ops import metrics
 from agentstream.ops.redact import redact_url, url_secrets
+from agentstream.runtime import stream_gauges
 
 log = logging.getLogger("agentstream.runtime.runner")
 
@@ -41,7 +41,9 @@ class Readiness:
     authenticated); each consumer's group exists on its stream (``XINFO GROUPS``).
     """
 
-    def __init__(self, consumers: Sequence[Runner], stop: asyncio.Event, *, interval_s: float = 2.0, timeout_s: float = 2.0):
+    def __init__(
+        self, consumers: Sequence[Runner], stop: asyncio.Event, *, interval_s: float = 2.0, timeout_s: float = 2.0
+    ):
         self.consumers = consumers
         self.stop = stop
         self.interval_s = interval_s
@@ -143,7 +145,9 @@ async def run_consumers(
         # watchdog's sorted set says so with ``stream_gauges = False``); a runner that works on
         # several streams (the gateway publishes to every partition of the turns stream) lists
         # them all in ``streams``
-        observed = [s for c in consumers if getattr(c, "stream_gauges", True) for s in getattr(c, "streams", None) or [c.stream]]
+        observed = [
+            s for c in consumers if getattr(c, "stream_gauges", True) for s in getattr(c, "streams", None) or [c.stream]
+        ]
         streams = stream_gauges.StreamObserver(consumers[0].redis, observed, expected=expected_streams)
     readiness = Readiness(consumers, stop)
     if metrics_port:
@@ -153,8 +157,10 @@ async def run_consumers(
                 metrics_port, ready=readiness, before_scrape=streams.refresh if streams is not None else None
             )
         except OSError as exc:  # cannot heal by restarting: a configuration error
-            raise ConfigError(f"cannot serve /metrics, /healthz and /readyz on port {metrics_port} (AGENTSTREAM_METRICS_PORT): "
-                              f"{exc.strerror or exc}") from None
+            raise ConfigError(
+                f"cannot serve /metrics, /healthz and /readyz on port {metrics_port} (AGENTSTREAM_METRICS_PORT): "
+                f"{exc.strerror or exc}"
+            ) from None
     tasks = [asyncio.create_task(c.run(stop), name=f"consume:{c.stream}") for c in consumers]
     readiness.tasks = tasks
     prober = asyncio.create_task(readiness.run(), name="readiness") if metrics_port else None
@@ -180,7 +186,11 @@ async def run_consumers(
         waiter.cancel()
         _, still = await asyncio.wait(tasks, timeout=grace_s)
         for task in still:
-            log.warning("%s did not drain within %.1f s; cancelling what it holds and releasing it to other workers", task.get_name(), grace_s)
+            log.warning(
+                "%s did not drain within %.1f s; cancelling what it holds and releasing it to other workers",
+                task.get_name(),
+                grace_s,
+            )
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         reported = {name for name, _ in failures}

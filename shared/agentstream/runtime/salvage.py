@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from agentstream.wire import codec
 from agentstream.errors import TraceError
-from agentstream.wire.events import Event
 from agentstream.runtime.store import TraceStore
+from agentstream.wire import codec
+from agentstream.wire.events import Event
 
 log = logging.getLogger("agentstream.runtime.salvage")
 
@@ -37,5 +37,7 @@ async def readable_events(store: TraceStore, trace_id: str) -> list[Event]:
             events.append(codec.decode_entry(fields, trace_id=trace_id, entry_id=entry_id))
         except (TraceError, RecursionError, ValueError):
             skipped.append(entry_id)
-    log.warning("trace %s has %d unreadable entries (%s); read without them", trace_id, len(skipped), ", ".join(skipped[:5]))
+    log.warning(
+        "trace %s has %d unreadable entries (%s); read without them", trace_id, len(skipped), ", ".join(skipped[:5])
+    )
     return events

@@ -27,16 +27,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentstream.errors import AgentStreamError
-from agentstream.wire.keys import Keys
 from agentstream.models.endpoints import ModelEndpoint, Quirks
 from agentstream.ops.redact import redact_url
+from agentstream.wire.keys import Keys
 
 RECORDS_KEPT = 20
 """How many distinct records (app and endpoint settings) the hash keeps, newest by start time."""
 
 _ENDPOINT_FIELDS = (
-    "id", "provider", "base_url", "model", "window_tokens", "chars_per_token", "stream", "thinking_budget_tokens",
-    "anthropic_version", "extra_body", "timeout_s", "retries", "inline_tool_schemas",
+    "id",
+    "provider",
+    "base_url",
+    "model",
+    "window_tokens",
+    "chars_per_token",
+    "stream",
+    "thinking_budget_tokens",
+    "anthropic_version",
+    "extra_body",
+    "timeout_s",
+    "retries",
+    "inline_tool_schemas",
 )
 """The endpoint fields kept (the API key, its variable's name and the headers are not)."""
 
@@ -78,7 +89,9 @@ def _content(app: str, endpoints: Mapping[str, ModelEndpoint]) -> dict[str, Any]
     return {"app": app, "endpoints": {eid: endpoint_record(e) for eid, e in sorted(endpoints.items())}}
 
 
-async def record(redis, keys: Keys, app: str, endpoints: Mapping[str, ModelEndpoint], *, now_ms: int | None = None) -> str:
+async def record(
+    redis, keys: Keys, app: str, endpoints: Mapping[str, ModelEndpoint], *, now_ms: int | None = None
+) -> str:
     """Record that an agent loop started with ``app`` and ``endpoints`` → the record's digest.
 
     The same settings started again update their record's time; past :data:`RECORDS_KEPT`
@@ -103,8 +116,14 @@ async def recorded(redis, keys: Keys) -> list[ServiceSettings]:
         try:
             data = json.loads(value)
             endpoints = {eid: endpoint_from_record(e) for eid, e in data["endpoints"].items()}
-            out.append(ServiceSettings(app=data["app"], endpoints=endpoints, started_ms=int(data["started_ms"]),
-                                       digest=field.decode() if isinstance(field, bytes) else field))
+            out.append(
+                ServiceSettings(
+                    app=data["app"],
+                    endpoints=endpoints,
+                    started_ms=int(data["started_ms"]),
+                    digest=field.decode() if isinstance(field, bytes) else field,
+                )
+            )
         except (ValueError, KeyError, TypeError, AttributeError, AgentStreamError):
             continue  # written by another version, or not by agentstream
     out.sort(key=lambda r: r.started_ms, reverse=True)

@@ -34,24 +34,24 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from agentstream.errors import StaleLeaseError
+from agentstream.runtime.consumer import ACK_FUNCTION_LUA
+from agentstream.runtime.entries import entry_fields, keep_doubled_fields
+from agentstream.runtime.operations import Entry, redirect_refused_replies
 from agentstream.wire import codec
 from agentstream.wire import codec as _codec
-from agentstream.errors import StaleLeaseError
 from agentstream.wire.events import (
     CancelRequested,
     Event,
     ModelOutput,
     ToolOutput,
+    ToolsOffered,
     ToolStarted,
     TurnEnded,
     TurnFailed,
-    ToolsOffered,
     TurnInput,
 )
 from agentstream.wire.keys import Keys
-from agentstream.runtime.entries import entry_fields, keep_doubled_fields
-from agentstream.runtime.consumer import ACK_FUNCTION_LUA
-from agentstream.runtime.operations import Entry, redirect_refused_replies
 
 log = logging.getLogger("agentstream.runtime.store")
 
@@ -173,13 +173,18 @@ if ARGV[8] ~= '' and redis.call('GET', KEYS[4]) == ARGV[8] then
 end
 """
 
-_APPEND_LUA = _READ_LUA + "local first_event = 9\n" + _APPEND_HEAD_LUA + """
+_APPEND_LUA = (
+    _READ_LUA
+    + "local first_event = 9\n"
+    + _APPEND_HEAD_LUA
+    + """
 if ARGV[3] == '' then
   return {out, '', {}}
 end
 local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
 return {out, first_id, entries}
 """
+)
 
 # An append, then, in the same script, the publication of what the step leaves waiting (tool
 # jobs, a reply), the markers that say it went out, the watchdog's record of the jobs and the
@@ -199,7 +204,11 @@ return {out, first_id, entries}
 # cleared; -3 = a stream, or the awaiting set, holds another type, checked before any XADD, or
 # an XADD failed, with its error: no marker set, the lease held), the entry ids, and 1 when the
 # work entry was acknowledged (with a release, its stream a stream and its counters a hash).
-_APPEND_PUBLISH_LUA = _READ_LUA + _RELEASE_FUNCTION_LUA + ACK_FUNCTION_LUA + """
+_APPEND_PUBLISH_LUA = (
+    _READ_LUA
+    + _RELEASE_FUNCTION_LUA
+    + ACK_FUNCTION_LUA
+    + """
 local first_event = 10 + tonumber(ARGV[9])
 local untouched = true
 do
@@ -208,7 +217,9 @@ do
   if last[1] then last_id = last[1][1] end
   untouched = (last_id == ARGV[3])
 end
-""" + _APPEND_HEAD_LUA + """
+"""
+    + _APPEND_HEAD_LUA
+    + """
 local published = 0
 local acked = 0
 local entry_ids = {}
@@ -265,13 +276,17 @@ end
 local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
 return {out, first_id, entries, published, entry_ids, acked}
 """
+)
 
 # KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: lease ttl in ms, after ('' =
 # from the first entry), the most entries read. Takes the lease when it is free and reads what
 # came after `after`: {1, token, first id, entries}. When another holds it, marks the trace
 # dirty (its holder looks again before it lets go): {0, holder's token, ms left}. A trace with
 # no stream is not taken: {2}.
-_TAKE_LUA = _FENCE_LUA + _READ_LUA + """
+_TAKE_LUA = (
+    _FENCE_LUA
+    + _READ_LUA
+    + """
 local function take(ttl_ms, after, count)
   if redis.call('EXISTS', KEYS[1]) == 0 then
     return {2}
@@ -288,10 +303,14 @@ local function take(ttl_ms, after, count)
   return {1, string.format('%d', token), first_id, entries}
 end
 """
+)
 
-_TAKE_ONLY_LUA = _TAKE_LUA + """
+_TAKE_ONLY_LUA = (
+    _TAKE_LUA
+    + """
 return take(ARGV[1], ARGV[2], tonumber(ARGV[3]))
 """
+)
 
 # KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: turn id, the turn entry's id,
 # version, the TurnInput's bytes, expiry in ms ('' = none), take the lease ('1'/'0'), lease ttl
@@ -305,7 +324,9 @@ return take(ARGV[1], ARGV[2], tonumber(ARGV[3]))
 # answered again. `absorbed`: this entry was recorded so; `differs`: its digest is not the
 # admitted turn's (said once per copy entry, the first time it is recorded, and for each
 # entry that finds the turn ended).
-_ADMIT_LUA = _TAKE_LUA + """
+_ADMIT_LUA = (
+    _TAKE_LUA
+    + """
 local turn = ARGV[1]
 local digest = redis.call('HGET', KEYS[2], 'digest:' .. turn)
 local differs = 0
@@ -333,6 +354,8 @@ if ARGV[6] ~= '1' then
 end
 return {'turn', created, take(ARGV[7], ARGV[8], tonumber(ARGV[9])), differs}
 """
+)
+
 
 def turn_digest(turn: TurnInput) -> str:
     """A digest of a turn's input (hex, 32 characters; its fields in sorted order), stored at
@@ -372,8 +395,10 @@ def markers_for(event: Event) -> list[tuple[str, str]]:
     ``call:<call id>`` → ``<turn id>\n<tool name>\n<arguments digest>`` for each tool call of a
     model output, so a tool job's call is checked in O(1) (:meth:`TraceStore.begin_call`)."""
     if isinstance(event, ModelOutput) and event.tool_calls:
-        return [(f"call:{call.id}", f"{event.turn_id}\n{call.name}\n{arguments_digest(call.arguments)}")
-                for call in event.tool_calls]
+        return [
+            (f"call:{call.id}", f"{event.turn_id}\n{call.name}\n{arguments_digest(call.arguments)}")
+            for call in event.tool_calls
+        ]
     return []
 
 
@@ -559,7 +584,12 @@ class TraceStore:
     """
 
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys | None = None, *, codec: codec.TraceCodec | None = None, read_count: int = 1000
+        self,
+        redis: aioredis.Redis,
+        keys: Keys | None = None,
+        *,
+        codec: codec.TraceCodec | None = None,
+        read_count: int = 1000,
     ):
         self.redis = keep_doubled_fields(redis)  # a trace entry that repeats a field is refused, not half-read
         self.keys = keys or Keys()
@@ -585,8 +615,15 @@ class TraceStore:
         return [k.trace(trace_id), k.trace_keys(trace_id), k.lease(trace_id), k.dirty(trace_id)]
 
     async def append(
-        self, trace_id: str, event: Event, *, key: str | None = None, fence: int | None = None,
-        release: tuple[str, str] | None = None, hints: Sequence[Entry] = (), failed_hints: list[Entry] | None = None,
+        self,
+        trace_id: str,
+        event: Event,
+        *,
+        key: str | None = None,
+        fence: int | None = None,
+        release: tuple[str, str] | None = None,
+        hints: Sequence[Entry] = (),
+        failed_hints: list[Entry] | None = None,
     ) -> Appended:
         """Append one event once.
 
@@ -601,8 +638,15 @@ class TraceStore:
         Raises:
             StaleLeaseError: ``fence`` is not the trace's current lease.
         """
-        (result,) = await self.append_many(trace_id, [event], keys=[key] if key else None, fence=fence, release=release,
-                                           hints=hints, failed_hints=failed_hints)
+        (result,) = await self.append_many(
+            trace_id,
+            [event],
+            keys=[key] if key else None,
+            fence=fence,
+            release=release,
+            hints=hints,
+            failed_hints=failed_hints,
+        )
         return result
 
     async def append_many(
@@ -629,8 +673,16 @@ class TraceStore:
         """
         if not events:
             return []
-        appended, _ = await self.append_and_read(trace_id, events, keys=keys, fence=fence, unless=unless, release=release,
-                                                 hints=hints, failed_hints=failed_hints)
+        appended, _ = await self.append_and_read(
+            trace_id,
+            events,
+            keys=keys,
+            fence=fence,
+            unless=unless,
+            release=release,
+            hints=hints,
+            failed_hints=failed_hints,
+        )
         return appended  # type: ignore[return-value]
 
     async def append_and_read(
@@ -796,20 +848,32 @@ class TraceStore:
             raise ValueError("append_publish_release needs at least one entry to publish")
         argv = self._append_args(then, fence=fence, after=after, expire_ms=expire_ms, unless=None, release=None)
         jobs = any(call_id for call_id, _stream, _field, _payload in entries)
-        ack_stream, group, attempts, entry_id = ack if ack is not None else (self.keys.trace(trace_id), "", self.keys.trace(trace_id), "")
+        ack_stream, group, attempts, entry_id = (
+            ack if ack is not None else (self.keys.trace(trace_id), "", self.keys.trace(trace_id), "")
+        )
         publish: list = [trace_id, int(time.time() * 1000) if jobs else "", group, entry_id, len(marks), *marks]
         for call_id, _stream, field, payload in entries:  # a job's turn: the appended output's
             publish += [call_id, events[0].turn_id, field, payload]
         argv += [len(publish), *publish, *self._event_args([*events, *then], None)]
-        script_keys = [*self._trace_keys(trace_id)[:3], self.keys.trace(trace_id), self.keys.dirty(trace_id), awaiting_key,
-                       ack_stream, attempts, *(stream for _call_id, stream, _field, _payload in entries)]
+        script_keys = [
+            *self._trace_keys(trace_id)[:3],
+            self.keys.trace(trace_id),
+            self.keys.dirty(trace_id),
+            awaiting_key,
+            ack_stream,
+            attempts,
+            *(stream for _call_id, stream, _field, _payload in entries),
+        ]
         reply = await self._append_publish_script(keys=script_keys, args=argv)
         appended, read = self._appended(trace_id, fence, after, *reply[:3])  # raises when fenced off (a short reply)
         assert read is not None
         code, raw_ids, acked = int(reply[3]), reply[4], bool(int(reply[5]))
         if code == -3:
-            log.warning("trace %s: nothing published with the append (%s); the step loop publishes again",
-                        trace_id, _text(raw_ids[0]))
+            log.warning(
+                "trace %s: nothing published with the append (%s); the step loop publishes again",
+                trace_id,
+                _text(raw_ids[0]),
+            )
         outcome = {1: "released", 2: "dirty"}.get(code)
         return appended, read, outcome, [_text(i) for i in raw_ids] if outcome else [], acked
 
@@ -934,14 +998,25 @@ class TraceStore:
         → ``(ended, first entry, absorbed, differs)`` as :meth:`admit_turn` says them."""
         ended, first, absorbed, digest = await self.redis.hmget(
             self.keys.trace_keys(trace_id),
-            [f"end:{turn.turn_id}", f"entry:{turn.turn_id}", f"copy:{turn.turn_id}:{entry_id}", f"digest:{turn.turn_id}"],
+            [
+                f"end:{turn.turn_id}",
+                f"entry:{turn.turn_id}",
+                f"copy:{turn.turn_id}:{entry_id}",
+                f"digest:{turn.turn_id}",
+            ],
         )
         differs = digest is not None and _text(digest) != turn_digest(turn)
         return ended is not None, _text(first) if first is not None else "", absorbed is not None, differs
 
     async def append_result(
-        self, trace_id: str, result: ToolOutput, events: Sequence[object] = (), *, release: tuple[str, str] | None = None,
-        hints: Sequence[Entry] = (), failed_hints: list[Entry] | None = None,
+        self,
+        trace_id: str,
+        result: ToolOutput,
+        events: Sequence[object] = (),
+        *,
+        release: tuple[str, str] | None = None,
+        hints: Sequence[Entry] = (),
+        failed_hints: list[Entry] | None = None,
     ) -> tuple[Appended, bool]:
         """Append a tool result once per call; one that finds the call answered is kept as late.
 
@@ -960,8 +1035,15 @@ class TraceStore:
         """
         if events:
             keys = [*(f"event:{result.call_id}:{n}" for n in range(len(events))), key_for(result)]
-            done = await self.append_many(trace_id, [*events, result], keys=keys, unless=key_for(result),  # type: ignore[list-item]
-                                          release=release, hints=hints, failed_hints=failed_hints)
+            done = await self.append_many(
+                trace_id,
+                [*events, result],
+                keys=keys,
+                unless=key_for(result),  # type: ignore[list-item]
+                release=release,
+                hints=hints,
+                failed_hints=failed_hints,
+            )
             if done:
                 return done[-1], False
             appended = await self.append(trace_id, result, release=release)  # the hints went out already
@@ -969,7 +1051,9 @@ class TraceStore:
             appended = await self.append(trace_id, result, release=release, hints=hints, failed_hints=failed_hints)
         if appended.created:
             return appended, False
-        late = await self.append(trace_id, msgspec.structs.replace(result, late=True), hints=hints, failed_hints=failed_hints)
+        late = await self.append(
+            trace_id, msgspec.structs.replace(result, late=True), hints=hints, failed_hints=failed_hints
+        )
         return late, True
 
     async def begin_call(
@@ -1008,8 +1092,17 @@ class TraceStore:
         run_key, runner, ttl_ms = run if run is not None else (self.keys.trace(trace_id), "", 0)
         raw = await self._begin_call_script(
             keys=[self.keys.trace_keys(trace_id), self.keys.trace(trace_id), run_key],
-            args=[call_id, turn_id, job, name or "", runner, ttl_ms, "1" if checked else "0",
-                  "" if arguments is None else arguments_digest(arguments), "1" if name is None else "0"],
+            args=[
+                call_id,
+                turn_id,
+                job,
+                name or "",
+                runner,
+                ttl_ms,
+                "1" if checked else "0",
+                "" if arguments is None else arguments_digest(arguments),
+                "1" if name is None else "0",
+            ],
         )
         code = _text(raw[0])
         if code != "ok":
@@ -1022,11 +1115,15 @@ class TraceStore:
             made_turn, _, made_name = _text(raw[1]).partition("\n")
             made_name = made_name.partition("\n")[0]
             if code == "arguments":
-                return _problem(f"call {call_id!r} of turn {turn_id!r} was made with other arguments than the job's "
-                                "(the trace records what a call runs; a job only says which call to run)")
+                return _problem(
+                    f"call {call_id!r} of turn {turn_id!r} was made with other arguments than the job's "
+                    "(the trace records what a call runs; a job only says which call to run)"
+                )
             if made_turn != turn_id:
-                return _problem(f"turn {turn_id!r} of trace {trace_id!r} made no call {call_id!r} "
-                                f"(it is a call of turn {made_turn!r})")
+                return _problem(
+                    f"turn {turn_id!r} of trace {trace_id!r} made no call {call_id!r} "
+                    f"(it is a call of turn {made_turn!r})"
+                )
             return _problem(f"call {call_id!r} of turn {turn_id!r} is a call of tool {made_name!r}, not {name!r}")
         holder = _text(raw[5])
         run_holder = _text(raw[6])
@@ -1231,13 +1328,16 @@ return token
 
 # KEYS: lease, dirty mark, the trace's key hash. ARGV: token, keep if dirty ('1'/'0'), then
 # markers to set in the key hash (whatever the lease's state: they record effects done already).
-_RELEASE_LUA = _RELEASE_FUNCTION_LUA + """
+_RELEASE_LUA = (
+    _RELEASE_FUNCTION_LUA
+    + """
 local marks = {}
 for i = 3, #ARGV do
   marks[#marks + 1] = ARGV[i]
 end
 return release(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2] == '1', marks)
 """
+)
 
 
 def _problem(text: str) -> CallState:

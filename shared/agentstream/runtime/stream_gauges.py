@@ -64,7 +64,7 @@ class StreamObserver:
                 log.debug("stream metrics failed: %s", exc)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
 

@@ -54,8 +54,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from agentstream.runtime.operations import owed_key, wake_trace
 from agentstream.wire.keys import Keys, partition_stream
-from agentstream.runtime.operations import note_owed_reply, owed_key, wake_trace
 
 log = logging.getLogger("agentstream.runtime.watchdog")
 
@@ -96,7 +96,9 @@ return 0
 """
 
 
-async def record_jobs(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, jobs: Sequence[tuple[str, str, str]]) -> None:
+async def record_jobs(
+    redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str, jobs: Sequence[tuple[str, str, str]]
+) -> None:
     """Record where each job of a step went, ``jobs`` = ``[(call id, stream, entry id)]``, and
     put the trace in the awaiting set (see the module docstring): ``HSET awaited`` with the JSON
     list ``[[turn id, call id, stream, entry id], ...]`` (replacing the previous step's), and
@@ -152,8 +154,17 @@ class Watchdog:
             watchdog per partition).
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, end_turn: EndTurn, *, interval_s: float = 10.0, batch: int = 200,
-                 partition: int = 0, publish_owed: PublishOwed | None = None):
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        end_turn: EndTurn,
+        *,
+        interval_s: float = 10.0,
+        batch: int = 200,
+        partition: int = 0,
+        publish_owed: PublishOwed | None = None,
+    ):
         self.redis = redis
         self.keys = keys
         self.stream = awaiting_key(keys, partition)  # what service.run_consumers names this runner by
@@ -180,7 +191,7 @@ class Watchdog:
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s * random.uniform(0.8, 1.2))
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             await self.round()
 
@@ -198,8 +209,12 @@ class Watchdog:
                 return
             self.failed_rounds += 1
             if self.failed_rounds % REPEAT_LOG_ROUNDS == 0:
-                log.error("the watchdog's rounds still fail (%s): %d in a row; trying again every %.1f s",
-                          text, self.failed_rounds, self.interval_s)
+                log.error(
+                    "the watchdog's rounds still fail (%s): %d in a row; trying again every %.1f s",
+                    text,
+                    self.failed_rounds,
+                    self.interval_s,
+                )
             return
         if self._failure:
             log.info("the watchdog's round succeeded again after %d failed rounds", self.failed_rounds)
@@ -234,8 +249,13 @@ class Watchdog:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # still refused (reported on the errors stream), or Redis away: next round
-                log.info("trace %s still owes a reply (%s: %s); trying again in %.1f s", trace_id, type(exc).__name__, exc,
-                         self.interval_s)
+                log.info(
+                    "trace %s still owes a reply (%s: %s); trying again in %.1f s",
+                    trace_id,
+                    type(exc).__name__,
+                    exc,
+                    self.interval_s,
+                )
                 continue
             if done and self._forgive is not None:
                 await self._forgive(keys=[self.owed], args=[trace_id, int(score)])
@@ -258,7 +278,7 @@ class Watchdog:
                 turn_id, stream, entry_id = json.loads(value)
             except (ValueError, TypeError):
                 continue
-            recorded[_s(field)[len(_JOB_PREFIX):]] = (str(turn_id), str(stream), str(entry_id))
+            recorded[_s(field)[len(_JOB_PREFIX) :]] = (str(turn_id), str(stream), str(entry_id))
         return recorded
 
     async def _check(self, trace_id: str, score: float) -> int:
@@ -276,9 +296,13 @@ class Watchdog:
         if not waiting:
             stalled = sorted(t for t in turns if f"end:{t}" not in hashed and f"cancel:{t}" not in hashed)
             if stalled:  # every result is in, yet the turn did not end: its wake-up may never have come
-                log.info("trace %s: every result of turn %s is in but the turn has not ended (it has waited at least "
-                         "%.1f s); waking it (its wake-up was lost, or its next step is still running)",
-                         trace_id, stalled[0], self.interval_s)
+                log.info(
+                    "trace %s: every result of turn %s is in but the turn has not ended (it has waited at least "
+                    "%.1f s); waking it (its wake-up was lost, or its next step is still running)",
+                    trace_id,
+                    stalled[0],
+                    self.interval_s,
+                )
                 await wake_trace(self.redis, self.keys, trace_id, "watchdog")  # raises: it stays for the next round
             await self.redis.eval(_FORGET_LUA, 1, self.stream, trace_id, score)
             return 0
@@ -300,8 +324,12 @@ class Watchdog:
         for v in vanished:
             by_turn.setdefault(v.turn_id, []).append(v)
         for turn_id, lost in by_turn.items():
-            log.warning("trace %s: turn %s waits on work that vanished (%s); ending it", trace_id, turn_id,
-                        "; ".join(f"call {v.call_id}: {v.what}" for v in lost))
+            log.warning(
+                "trace %s: turn %s waits on work that vanished (%s); ending it",
+                trace_id,
+                turn_id,
+                "; ".join(f"call {v.call_id}: {v.what}" for v in lost),
+            )
             await self.end_turn(trace_id, turn_id, lost)
             self.ended += 1
         return len(by_turn)

@@ -14,22 +14,23 @@ history stays valid: field case C27), then the turn fails with code ``cancelled`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 import dataclasses
-from dataclasses import dataclass
-
 import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
 from agentstream.app.base import Agent
-from agentstream.errors import ConfigError
 from agentstream.app.inputs import TurnDenied
 from agentstream.context import reopen_result
 from agentstream.context.cited import read_back, result_sources
-from agentstream.delegation import offered_agent
 from agentstream.context.elements import Numbering
+from agentstream.delegation import offered_agent
 from agentstream.delegation.handoff import numbering_of
+from agentstream.errors import ConfigError
+from agentstream.mcp_tools.offers import latest_offer
+from agentstream.models.endpoints import ModelEndpoint
 from agentstream.wire.events import (
     CancelRequested,
     CitedSource,
@@ -38,13 +39,11 @@ from agentstream.wire.events import (
     TaskInput,
     ToolCall,
     ToolOutput,
+    ToolsOffered,
     TurnEnded,
     TurnFailed,
-    ToolsOffered,
     TurnInput,
 )
-from agentstream.mcp_tools.offers import latest_offer, offered_tool
-from agentstream.models.endpoints import ModelEndpoint
 
 EMPTY_REPLY_RETRIES = 1
 
@@ -191,7 +190,10 @@ def turn_view(events: Sequence[Event]) -> TurnView:
     outputs = tuple(e for e in events if isinstance(e, ModelOutput) and e.turn_id == tid)
     results = tuple(e for e in events if isinstance(e, ToolOutput) and e.turn_id == tid)
     return TurnView(
-        turn, cancel, outputs, results,
+        turn,
+        cancel,
+        outputs,
+        results,
         reopen=lambda agent, call: reopen_result(events, agent, tid, call),
         offer_of=lambda name: latest_offer(events, name),
         numbering=lambda: numbering_of(events),
@@ -199,7 +201,9 @@ def turn_view(events: Sequence[Event]) -> TurnView:
 
 
 def decide(
-    events: Sequence[Event], agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None = None
+    events: Sequence[Event],
+    agent_of: Callable[[str], Agent | None],
+    endpoints: Mapping[str, ModelEndpoint] | None = None,
 ) -> Decision:
     """The next step of the trace.
 
@@ -233,7 +237,9 @@ def decide_view(
     except TurnDenied as exc:
         return FailTurn(turn, exc.code, exc.reason)
     except ConfigError as exc:
-        return FailTurn(turn, "config", f"agent {agent.name!r}: its settings for turn {turn.turn_id!r} are not valid: {exc}")
+        return FailTurn(
+            turn, "config", f"agent {agent.name!r}: its settings for turn {turn.turn_id!r} are not valid: {exc}"
+        )
     offered = offered_agent(agent, turn, endpoints)  # a child's model and depth: delegations withheld at the limit
     outputs = view.outputs
     if not outputs:
@@ -264,24 +270,43 @@ def decide_view(
             if call.id in results:
                 continue
             if past_cap:
-                unrunnable.append(_error_result(turn, call, PASSES_CAP_CODE, PASSES_CAP_DIRECTIVE.format(cap=agent.max_passes)))
+                unrunnable.append(
+                    _error_result(turn, call, PASSES_CAP_CODE, PASSES_CAP_DIRECTIVE.format(cap=agent.max_passes))
+                )
             elif last.stop_reason == "length":
                 unrunnable.append(
-                    _error_result(turn, call, "cut_off", "Error: your reply was cut off by the output token limit "
-                                  "in the middle of this tool call, so it was not run. Make the arguments shorter.")
+                    _error_result(
+                        turn,
+                        call,
+                        "cut_off",
+                        "Error: your reply was cut off by the output token limit "
+                        "in the middle of this tool call, so it was not run. Make the arguments shorter.",
+                    )
                 )
             elif view.reopen is not None and (reopened := view.reopen(agent, call)) is not None:
                 unrunnable.append(reopened)  # the context library's reopen tool: recorded here, run nowhere
             elif (own := _turn_tool(agent, turn, call.name)) is None and _offered(view, agent, turn, call.name) is None:
                 offer = view.offer_of(agent.name) if view.offer_of is not None else None
                 off = agent.off_tools(turn) if offer else frozenset()
-                names = ", ".join([*(t.name for t in agent.offered_tools(turn)),
-                                   *(t.name for t in (offer.tools if offer else ()) if t.name not in off)])
-                unrunnable.append(
-                    _error_result(turn, call, "unknown_tool", f"Error: there is no tool named {call.name!r}. "
-                                  f"Available tools: {names or 'none'}.")
+                names = ", ".join(
+                    [
+                        *(t.name for t in agent.offered_tools(turn)),
+                        *(t.name for t in (offer.tools if offer else ()) if t.name not in off),
+                    ]
                 )
-            elif own is not None and not agent.repeats_of(call.name) and (earlier := repeated_result(view, call)) is not None:
+                unrunnable.append(
+                    _error_result(
+                        turn,
+                        call,
+                        "unknown_tool",
+                        f"Error: there is no tool named {call.name!r}. Available tools: {names or 'none'}.",
+                    )
+                )
+            elif (
+                own is not None
+                and not agent.repeats_of(call.name)
+                and (earlier := repeated_result(view, call)) is not None
+            ):
                 unrunnable.append(earlier)  # repeats off: the earlier result again, marked; not run
         if unrunnable:
             return RecordResults(turn, tuple(unrunnable))
@@ -358,7 +383,11 @@ def repeated_result(view: TurnView, call: ToolCall) -> ToolOutput | None:
             result = by_call.get(earlier.id)
             if result is not None and result.error is None and not result.late:
                 return msgspec.structs.replace(
-                    result, call_id=call.id, repeat_of=result.repeat_of or earlier.id, duration_ms=0.0, turn_id=view.turn.turn_id
+                    result,
+                    call_id=call.id,
+                    repeat_of=result.repeat_of or earlier.id,
+                    duration_ms=0.0,
+                    turn_id=view.turn.turn_id,
                 )
     return None
 
@@ -412,12 +441,16 @@ def unlisted_required(agent: Agent, turn: TurnInput, offer: ToolsOffered | None)
         return None
     own = {t.name for t in agent.tools}
     listed = {t.name for t in offer.tools}
-    missing = [n for n, state in agent.turn_states(turn).items() if state == "required" and n not in own and n not in listed]
+    missing = [
+        n for n, state in agent.turn_states(turn).items() if state == "required" and n not in own and n not in listed
+    ]
     if not missing:
         return None
     servers = ", ".join(s.name for s in agent.mcp_servers)
-    return (f"turn {turn.turn_id!r} requires tool {missing[0]!r}, which no MCP server of agent {agent.name!r} lists "
-            f"(servers: {servers}; they list: {', '.join(sorted(listed)) or 'nothing'})")
+    return (
+        f"turn {turn.turn_id!r} requires tool {missing[0]!r}, which no MCP server of agent {agent.name!r} lists "
+        f"(servers: {servers}; they list: {', '.join(sorted(listed)) or 'nothing'})"
+    )
 
 
 def result_answer(agent: Agent, output: ModelOutput, results: Sequence[ToolOutput]) -> ToolOutput | None:
@@ -468,8 +501,10 @@ def model_refusal(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
     if name is None:
         if agent.model is not None:
             return None
-        return (f"turn {turn.turn_id!r} names no model in its field `model`, and agent {agent.name!r} has no default "
-                f"model: name one of {allowed}")
+        return (
+            f"turn {turn.turn_id!r} names no model in its field `model`, and agent {agent.name!r} has no default "
+            f"model: name one of {allowed}"
+        )
     if isinstance(turn, TaskInput) or name == agent.model:
         return None
     if name not in agent.allowed_models:
@@ -495,7 +530,10 @@ def _cancel_view(view: TurnView, turn: TurnInput, cancel: CancelRequested) -> Ca
     who = f"by {cancel.by}" if cancel.by else ""
     why = f": {cancel.reason}" if cancel.reason else ""
     results = unanswered_of(
-        view.outputs, view.results, turn, CANCELLED_CODE,
+        view.outputs,
+        view.results,
+        turn,
+        CANCELLED_CODE,
         f"Cancelled {who}{why} before this call returned a result; it may have partly run.",
     )
     return CancelTurn(turn, results, CANCELLED_CODE, f"the turn was cancelled {who}{why}".rstrip())

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentstream.app.base import Agent
-from agentstream.wire.events import Event, TurnInput
 from agentstream.models.endpoints import ModelEndpoint
+from agentstream.wire.events import Event, TurnInput
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,17 @@ class CallExplanation:
     def as_json(self, trace_id: str) -> dict[str, Any]:
         """The explanation as a JSON object (what ``trace explain --json`` prints)."""
         return {
-            "trace_id": trace_id, "turn_id": self.turn_id, "step": self.step, "call": self.call,
-            "made": self.made, "recorded_sha256": self.recorded_sha256, "rebuilt_sha256": self.rebuilt_sha256,
-            "size_tokens": self.size_tokens, "window_tokens": self.window_tokens,
-            "body": json.loads(self.body), "shrunk": list(self.shrunk),
+            "trace_id": trace_id,
+            "turn_id": self.turn_id,
+            "step": self.step,
+            "call": self.call,
+            "made": self.made,
+            "recorded_sha256": self.recorded_sha256,
+            "rebuilt_sha256": self.rebuilt_sha256,
+            "size_tokens": self.size_tokens,
+            "window_tokens": self.window_tokens,
+            "body": json.loads(self.body),
+            "shrunk": list(self.shrunk),
         }
 
 
@@ -100,7 +107,8 @@ def explain_call(
     explanation = explain(events, agent_of, step=step, turn_id=turn_id, endpoints=endpoints)
     if explanation.made:
         rebuilt = next(
-            c for c in rebuild_calls(events, agent_of, endpoints=endpoints, model_name=model_name)
+            c
+            for c in rebuild_calls(events, agent_of, endpoints=endpoints, model_name=model_name)
             if (c.turn_id, c.step) == (explanation.turn_id, step)
         )
         body, endpoint, configured = rebuilt.body, rebuilt.endpoint, rebuilt.configured

@@ -33,22 +33,22 @@ from agentstream.context.builder import build_from_state, new_state, settings_of
 from agentstream.context.elements import Numbering
 from agentstream.context.render import EventFilter
 from agentstream.context.state import TraceState
+from agentstream.models.endpoints import ModelEndpoint
+from agentstream.steps.decision import Decision, TurnView, decide_view
 from agentstream.wire.events import (
     CancelRequested,
     Compaction,
     CompactionFailed,
     Event,
     ModelOutput,
+    TaskInput,
     ToolCall,
     ToolOutput,
+    ToolsOffered,
     TurnEnded,
     TurnFailed,
-    ToolsOffered,
-    TaskInput,
     TurnInput,
 )
-from agentstream.models.endpoints import ModelEndpoint
-from agentstream.steps.decision import Decision, TurnView, decide_view
 
 __all__ = ["FoldCache", "TraceFold", "TurnRecord", "entry_key"]
 
@@ -215,7 +215,7 @@ class TraceFold:
     def others_unended(self, turn_id: str) -> bool:
         """Whether a turn other than ``turn_id`` has no ending yet (one queued behind it): the
         decision after ``turn_id``'s ending acts on it instead of waiting."""
-        return any(other != turn_id and self.turns[other].ending is None for other in self.order[self._active:])
+        return any(other != turn_id and self.turns[other].ending is None for other in self.order[self._active :])
 
     def job_problem(self, trace_id: str, turn_id: str, call_id: str, name: str, arguments: str) -> str:
         """Why a job for call ``call_id`` of turn ``turn_id`` (tool ``name``, ``arguments``)
@@ -238,8 +238,10 @@ class TraceFold:
                     if call.name != name:
                         return f"call {call_id!r} of turn {turn_id!r} is a call of tool {call.name!r}, not {name!r}"
                     if call.arguments != arguments:
-                        return (f"call {call_id!r} of turn {turn_id!r} was made with other arguments than the job's "
-                                "(the trace records what a call runs; a job only says which call to run)")
+                        return (
+                            f"call {call_id!r} of turn {turn_id!r} was made with other arguments than the job's "
+                            "(the trace records what a call runs; a job only says which call to run)"
+                        )
                     return ""
         return f"turn {turn_id!r} of trace {trace_id!r} made no call {call_id!r}"
 
@@ -280,7 +282,10 @@ class TraceFold:
         record = self.turns[turn.turn_id]
         tid = turn.turn_id
         return TurnView(
-            turn, record.cancel, tuple(record.outputs), tuple(record.results),
+            turn,
+            record.cancel,
+            tuple(record.outputs),
+            tuple(record.results),
             reopen=lambda agent, call: self._reopen(agent, tid, call),
             offer_of=self.offers.get,
             numbering=self.numbering,
@@ -300,7 +305,9 @@ class TraceFold:
     def _reopen(self, agent: Agent, turn_id: str, call: ToolCall) -> ToolOutput | None:
         return reopen_result(self.events, agent, turn_id, call)  # only when a model calls the reopen tool
 
-    def decide(self, agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None = None) -> Decision:
+    def decide(
+        self, agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None = None
+    ) -> Decision:
         """The next step (equal to :func:`agentstream.steps.decision.decide` of :attr:`events`)."""
         return decide_view(self.view(), agent_of, endpoints)
 

@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentstream.app.base import Agent
-from agentstream.steps.summarising import Send, decide
 from agentstream.context import BuiltContext, build_context, settings_of
 from agentstream.context.builder import build_from_state, new_state
 from agentstream.context.render import EventFilter
 from agentstream.context.state import TraceState
 from agentstream.delegation import offered_agent
+from agentstream.models import formats
+from agentstream.models.endpoints import ModelEndpoint
+from agentstream.steps.summarising import Send, decide
 from agentstream.wire.events import (
     Compaction,
     CompactionFailed,
@@ -32,8 +34,6 @@ from agentstream.wire.events import (
     ModelOutput,
     TurnInput,
 )
-from agentstream.models import formats
-from agentstream.models.endpoints import ModelEndpoint
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,9 @@ class RebuiltCall:
         return self.recorded_prompt_digest != self.rebuilt_prompt_digest
 
 
-def _endpoint_of(output: ModelOutput, agent: Agent, endpoints: Mapping[str, ModelEndpoint], model_name: str | None) -> ModelEndpoint:
+def _endpoint_of(
+    output: ModelOutput, agent: Agent, endpoints: Mapping[str, ModelEndpoint], model_name: str | None
+) -> ModelEndpoint:
     """The endpoint a recorded call went to: by the id it recorded, else the agent's; an
     endpoint no longer configured is stood in for by its recorded provider with default settings."""
     endpoint = endpoints.get(output.endpoint or agent.model) or endpoints.get(agent.model)
@@ -211,7 +213,8 @@ def endpoint_settings(endpoint: ModelEndpoint, *, configured: bool = True) -> st
     """One line: the endpoint settings that decide a rebuilt body (for a mismatch's report)."""
     quirks = endpoint.quirks.model_dump(exclude_defaults=True)
     parts = [
-        f"endpoint {endpoint.id!r}" + ("" if configured else " (not configured: the recorded provider with default settings)"),
+        f"endpoint {endpoint.id!r}"
+        + ("" if configured else " (not configured: the recorded provider with default settings)"),
         f"provider {endpoint.provider}",
         f"model {endpoint.model}",
         f"stream {endpoint.stream}",

@@ -91,7 +91,11 @@ def job_marker(turn_id: str, kept_from_turn: str) -> str:
 def outcome_of(events: Sequence[Event], turn_id: str, kept_from_turn: str) -> Compaction | CompactionFailed | None:
     """The recorded outcome of the compaction that keeps from ``kept_from_turn`` in ``turn_id``."""
     for event in events:
-        if isinstance(event, (Compaction, CompactionFailed)) and event.turn_id == turn_id and event.kept_from_turn == kept_from_turn:
+        if (
+            isinstance(event, (Compaction, CompactionFailed))
+            and event.turn_id == turn_id
+            and event.kept_from_turn == kept_from_turn
+        ):
             return event
     return None
 

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from agentstream.wire.events import Event, ModelOutput, Reply, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
 from agentstream.steps.decision import final_stop_reason
+from agentstream.wire.events import Event, ModelOutput, Reply, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
 if TYPE_CHECKING:
     from agentstream.steps.fold import TraceFold
@@ -85,8 +85,14 @@ def conversation_state(trace_id: str, entries: Sequence[tuple[str, Event]]) -> C
     turn = entries[last_input][1]
     assert isinstance(turn, TurnInput)
     updated_ms = entry_ms(entries[-1][0])
-    base = dict(trace_id=trace_id, agent=turn.agent, turn_id=turn.turn_id, text=_preview(turn.text), turns=turns,
-                updated_ms=updated_ms)
+    base = dict(
+        trace_id=trace_id,
+        agent=turn.agent,
+        turn_id=turn.turn_id,
+        text=_preview(turn.text),
+        turns=turns,
+        updated_ms=updated_ms,
+    )
     answered: set[str] = set()
     asked: list[tuple[str, str]] = []
     for _, event in entries[last_input:]:
@@ -96,7 +102,9 @@ def conversation_state(trace_id: str, entries: Sequence[tuple[str, Event]]) -> C
             case TurnEnded(answer=answer):
                 return ConversationState(state="ended", answer=_preview(answer), **base)
             case TurnFailed(code=code, reason=reason):
-                return ConversationState(state="cancelled" if code == "cancelled" else "failed", code=code, reason=reason, **base)
+                return ConversationState(
+                    state="cancelled" if code == "cancelled" else "failed", code=code, reason=reason, **base
+                )
             case ModelOutput(tool_calls=calls):
                 asked = [(c.id, c.name) for c in calls]
             case ToolOutput(call_id=call_id):
@@ -118,7 +126,9 @@ def root_of(events: Sequence[Event], trace_id: str) -> str:
     return trace_id
 
 
-def reply_of_ending(trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, stop_reason: str | None) -> Reply:
+def reply_of_ending(
+    trace_id: str, turn: TurnInput | None, ending: TurnEnded | TurnFailed, stop_reason: str | None
+) -> Reply:
     """The reply of a turn's ending, as the agent loop publishes it (the one place it is made).
 
     An ended turn's reply has its ``answer`` and ``citations``; a failed one's ``code`` and
@@ -128,10 +138,24 @@ def reply_of_ending(trace_id: str, turn: TurnInput | None, ending: TurnEnded | T
     """
     metadata = dict(turn.metadata) if turn is not None else {}
     if isinstance(ending, TurnEnded):
-        return Reply(trace_id=trace_id, turn_id=ending.turn_id, status="ended", answer=ending.answer, metadata=metadata,
-                     stop_reason=stop_reason, citations=ending.citations)
-    return Reply(trace_id=trace_id, turn_id=ending.turn_id, status="failed", code=ending.code, reason=ending.reason,
-                 metadata=metadata, stop_reason=stop_reason)
+        return Reply(
+            trace_id=trace_id,
+            turn_id=ending.turn_id,
+            status="ended",
+            answer=ending.answer,
+            metadata=metadata,
+            stop_reason=stop_reason,
+            citations=ending.citations,
+        )
+    return Reply(
+        trace_id=trace_id,
+        turn_id=ending.turn_id,
+        status="failed",
+        code=ending.code,
+        reason=ending.reason,
+        metadata=metadata,
+        stop_reason=stop_reason,
+    )
 
 
 def reply_of(trace_id: str, events: Sequence[Event], turn_id: str) -> Reply | None:

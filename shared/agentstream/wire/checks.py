@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from agentstream.wire import codec
 from agentstream.errors import TurnRejected
+from agentstream.wire import codec
 from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.events import TurnMessage
 from agentstream.wire.jsontext import control_character, duplicate_key
@@ -240,7 +240,8 @@ def routing_of(payload: bytes | str, keys: Keys, limits: WireLimits = DEFAULT_LI
 
 
 _FIELD_STRING = {
-    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*("[^"\\]*(?:\\.[^"\\]*)*")') for name in ("trace_id", "turn_id", "reply_to")
+    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*("[^"\\]*(?:\\.[^"\\]*)*")')
+    for name in ("trace_id", "turn_id", "reply_to")
 }
 
 
@@ -336,7 +337,8 @@ def validate_turn(
     depth = json_depth(payload)
     if depth > limits.max_json_depth:
         raise rejected(
-            _over("the turn message's nesting", depth, "max_json_depth", limits.max_json_depth, "levels deep"), "max_json_depth"
+            _over("the turn message's nesting", depth, "max_json_depth", limits.max_json_depth, "levels deep"),
+            "max_json_depth",
         )
     try:
         turn = codec.decode_turn(payload)
@@ -345,11 +347,14 @@ def validate_turn(
     for name in ("trace_id", "turn_id", "agent"):
         length = len(getattr(turn, name).encode())
         if length > limits.max_id_bytes:
-            raise rejected(_over(f"turn message field `$.{name}`", length, "max_id_bytes", limits.max_id_bytes), "max_id_bytes")
+            raise rejected(
+                _over(f"turn message field `$.{name}`", length, "max_id_bytes", limits.max_id_bytes), "max_id_bytes"
+            )
     meta_size = metadata_bytes(turn.metadata)
     if meta_size > limits.max_metadata_bytes:
         raise rejected(
-            _over("turn message field `$.metadata`", meta_size, "max_metadata_bytes", limits.max_metadata_bytes), "max_metadata_bytes"
+            _over("turn message field `$.metadata`", meta_size, "max_metadata_bytes", limits.max_metadata_bytes),
+            "max_metadata_bytes",
         )
     if turn.reply_to is not None:
         refusal = reply_stream_refusal(turn.reply_to, keys, limits)
@@ -358,12 +363,19 @@ def validate_turn(
     if agents is not None:
         known = sorted(agents)
         if turn.agent not in known:
-            raise rejected(f"turn {turn.turn_id!r} names agent {turn.agent!r}, which this app does not have (agents: {', '.join(known)})")
+            raise rejected(
+                f"turn {turn.turn_id!r} names agent {turn.agent!r}, which this app does not have (agents: {', '.join(known)})"
+            )
     return turn
 
 
 def doubled_turn_refusal(
-    fields: Mapping[bytes, bytes], where: str, *, keys: Keys, limits: WireLimits = DEFAULT_LIMITS, field_name: bytes = b"turn"
+    fields: Mapping[bytes, bytes],
+    where: str,
+    *,
+    keys: Keys,
+    limits: WireLimits = DEFAULT_LIMITS,
+    field_name: bytes = b"turn",
 ) -> TurnRejected | None:
     """Why a turns-stream entry that gives a field more than once is refused → the refusal, or
     None when every field is given once.
@@ -439,9 +451,14 @@ def excerpt(payload: bytes | str | None, limit: int = DEFAULT_LIMITS.excerpt_byt
     return data[:limit] + f"... [cut: {len(data):,} bytes in all]".encode()
 
 
-def error_fields(error: str, payload: bytes | str | None, limits: WireLimits = DEFAULT_LIMITS, **extra: str) -> dict[bytes, bytes]:
+def error_fields(
+    error: str, payload: bytes | str | None, limits: WireLimits = DEFAULT_LIMITS, **extra: str
+) -> dict[bytes, bytes]:
     """The fields of an errors-stream entry: ``error``, a bounded ``payload`` excerpt, ``extra``."""
-    fields = {b"error": excerpt(error, max(limits.excerpt_bytes, 512)), b"payload": excerpt(payload, limits.excerpt_bytes)}
+    fields = {
+        b"error": excerpt(error, max(limits.excerpt_bytes, 512)),
+        b"payload": excerpt(payload, limits.excerpt_bytes),
+    }
     for name, value in extra.items():
         fields[name.encode()] = excerpt(value, limits.excerpt_bytes)
     return fields

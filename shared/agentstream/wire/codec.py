@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from agentstream.errors import EventDecodeError, SchemaVersionError, TurnRejected
+from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.events import (
     TRACE_SCHEMA_VERSION,
     CancelMessage,
@@ -41,7 +42,6 @@ from agentstream.wire.events import (
     UnknownEvent,
     Wake,
 )
-from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.jsontext import control_character, duplicate_key, unicode_problem
 from agentstream.wire.registry import NO_APP_TYPES, AppTypes, element_union, event_union, tag_of
 
@@ -170,7 +170,9 @@ class TraceCodec:
         payload = _checked_payload(fields, trace_id, entry_id)
         return self.decode(payload, trace_id=trace_id, entry_id=entry_id)
 
-    def decode_entries(self, entries: Iterable[tuple[bytes, dict[bytes, bytes]]], *, trace_id: str = "?") -> list[tuple[str, Any]]:
+    def decode_entries(
+        self, entries: Iterable[tuple[bytes, dict[bytes, bytes]]], *, trace_id: str = "?"
+    ) -> list[tuple[str, Any]]:
         """Stream entries ``(id, fields)`` → ``[(id, event)]`` (see :func:`decode_entries`)."""
         with gc_paused():
             out = []
@@ -258,7 +260,8 @@ def decode_turn(payload: bytes | str) -> TurnMessage:
             known = ", ".join(TurnMessage.__struct_fields__)
             raise TurnRejected(
                 f"turn message has an unknown field `{unknown.group(1)}` (at `${unknown.group(2) or ''}`); "
-                f"the fields are: {known}", **ids
+                f"the fields are: {known}",
+                **ids,
             ) from exc
         raise TurnRejected(f"turn message does not match the schema: {exc}", **ids) from exc
     except msgspec.DecodeError as exc:
@@ -329,7 +332,9 @@ def fields_json(fields: dict[bytes, bytes]) -> bytes:
     not be read); an entry that repeats a field (:class:`~agentstream.wire.entries.EntryFields`)
     as a JSON array of its ``[field, value]`` pairs, every one in the order stored."""
     if isinstance(fields, EntryFields) and fields.doubled:
-        return _event_encoder.encode([[k.decode(errors="replace"), v.decode(errors="replace")] for k, v in fields.pairs])
+        return _event_encoder.encode(
+            [[k.decode(errors="replace"), v.decode(errors="replace")] for k, v in fields.pairs]
+        )
     return _event_encoder.encode({k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()})
 
 
@@ -382,8 +387,10 @@ ID_RULE = "ids name Redis keys and appear in logs, so they may not hold control 
 
 
 def _twice(path: str, key: str) -> str:
-    return (f"names the key `{key}` twice in the object at `{path}`: each key may appear once "
-            "(RFC 8259 §4 leaves duplicates to each reader, so two readers could disagree)")
+    return (
+        f"names the key `{key}` twice in the object at `{path}`: each key may appear once "
+        "(RFC 8259 §4 leaves duplicates to each reader, so two readers could disagree)"
+    )
 
 
 def _guarded(decoder: msgspec.json.Decoder, payload: bytes) -> Any:
@@ -462,9 +469,10 @@ def agent_turn_schema(agent_name: str, input_type: Any) -> dict[str, Any]:
     body["properties"]["input"] = own
     if "text" not in input_type.model_fields:
         body["properties"].pop("text", None)
-    body["description"] = (
-        f"A turn for agent {agent_name!r}: its payload is `input` ({input_type.__name__})"
-        + (" or, for the message alone, `text`." if "text" in input_type.model_fields else ".")
+    body["description"] = f"A turn for agent {agent_name!r}: its payload is `input` ({input_type.__name__})" + (
+        " or, for the message alone, `text`." if "text" in input_type.model_fields else "."
     )
-    schema["description"] = f"An agentstream turn for agent {agent_name!r} (publish its JSON as the field `turn` on the turns stream)."
+    schema["description"] = (
+        f"An agentstream turn for agent {agent_name!r} (publish its JSON as the field `turn` on the turns stream)."
+    )
     return schema

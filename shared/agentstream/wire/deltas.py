@@ -12,8 +12,8 @@ from typing import Literal, Protocol
 
 import msgspec
 
-
 DeltaKind = Literal["start", "text", "reasoning", "tool_call", "abort", "end"]
+
 
 class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One piece of a model's reply as it is written (see the module docstring for kinds).
@@ -42,27 +42,33 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     reason: str = ""
     stop_reason: str = ""
 
+
 _encoder = msgspec.json.Encoder()
 
 _decoder = msgspec.json.Decoder(Delta)
+
 
 def encode_delta(delta: Delta) -> bytes:
     """A delta → its JSON bytes (the ``d`` field of an entry)."""
     return _encoder.encode(delta)
 
+
 def decode_delta(payload: bytes | str) -> Delta:
     """The ``d`` field of an entry → a Delta (raises ``msgspec.DecodeError``)."""
     return _decoder.decode(payload)
 
+
 def new_attempt_id() -> str:
     """A fresh attempt id (12 hex characters, random)."""
     return secrets.token_hex(6)
+
 
 class DeltaSink(Protocol):
     """Where a model adapter sends the pieces of a reply while it streams."""
 
     async def emit(self, delta: Delta) -> None:
         """Send one piece; must not raise for a failure of its own transport."""
+
 
 class ListSink:
     """A sink that keeps every delta in :attr:`deltas` (for tests and scripts)."""

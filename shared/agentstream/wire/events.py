@@ -534,7 +534,19 @@ class ToolsOffered(msgspec.Struct, frozen=True, kw_only=True, tag="tools_offered
     digest: str = ""
 
 
-Event = TurnInput | TaskInput | ModelOutput | ToolOutput | TurnEnded | TurnFailed | Compaction | CompactionFailed | ToolStarted | CancelRequested | ToolsOffered
+Event = (
+    TurnInput
+    | TaskInput
+    | ModelOutput
+    | ToolOutput
+    | TurnEnded
+    | TurnFailed
+    | Compaction
+    | CompactionFailed
+    | ToolStarted
+    | CancelRequested
+    | ToolsOffered
+)
 """The union of every event type that a trace holds."""
 
 TERMINAL_EVENTS = (TurnEnded, TurnFailed)

@@ -33,7 +33,9 @@ def control_character(text: str) -> str | None:
     for index, char in enumerate(text):
         category = unicodedata.category(char)
         if category in REFUSED_CATEGORIES:
-            kind = {"Cc": "a control character", "Cf": "an invisible format character"}.get(category, "a line separator")
+            kind = {"Cc": "a control character", "Cf": "an invisible format character"}.get(
+                category, "a line separator"
+            )
             return f"U+{ord(char):04X} ({kind}) at index {index}"
     return None
 
@@ -87,8 +89,10 @@ def unicode_problem(payload: bytes | str) -> str | None:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return (f"bytes {data[exc.start:exc.start + 4]!r} at byte {exc.start}{_in_key(data, exc.start)} are not UTF-8 "
-                "(JSON text is UTF-8, RFC 8259 §8.1)")
+        return (
+            f"bytes {data[exc.start : exc.start + 4]!r} at byte {exc.start}{_in_key(data, exc.start)} are not UTF-8 "
+            "(JSON text is UTF-8, RFC 8259 §8.1)"
+        )
     previous_high_end = -1
     for match in _ESCAPE.finditer(data):
         if len(match.group(1)) % 2 == 0:  # an escaped backslash followed by "u...": not an escape
@@ -96,7 +100,7 @@ def unicode_problem(payload: bytes | str) -> str | None:
         code = int(match.group(2), 16)
         start = match.start(1) + len(match.group(1)) - 1  # the backslash of \u
         if 0xD800 <= code <= 0xDBFF:
-            following = data[match.end():match.end() + 6]
+            following = data[match.end() : match.end() + 6]
             if not re.fullmatch(rb"\\u[dD][c-fC-F][0-9a-fA-F]{2}", following):
                 return _lone(data, start, code, "high", "not followed by a low surrogate escape (\\udc00-\\udfff)")
             previous_high_end = match.end()
@@ -122,8 +126,10 @@ def arguments_unicode_refusal(tool: str, text: str) -> str | None:
 
 
 def _lone(data: bytes, offset: int, code: int, which: str, why: str) -> str:
-    return (f"the escape \\u{code:04x} at byte {offset}{_in_key(data, offset)} is a lone {which} UTF-16 surrogate, {why}: "
-            "a JSON string must be Unicode (RFC 8259 §8.2); send the character itself or both halves of its pair")
+    return (
+        f"the escape \\u{code:04x} at byte {offset}{_in_key(data, offset)} is a lone {which} UTF-16 surrogate, {why}: "
+        "a JSON string must be Unicode (RFC 8259 §8.2); send the character itself or both halves of its pair"
+    )
 
 
 def _in_key(data: bytes, offset: int) -> str:
@@ -133,7 +139,7 @@ def _in_key(data: bytes, offset: int) -> str:
         found = match
     if found is None:
         return ""
-    between = data[found.end():offset]
+    between = data[found.end() : offset]
     if re.search(rb'(?<!\\)(?:\\\\)*"', between):  # the value's string ended before the offset
         return ""
     return f" (in the value of key `{found.group(1).decode('utf-8', 'replace')}`)"

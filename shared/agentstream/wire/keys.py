@@ -130,13 +130,18 @@ def name_problem(name: str, *, ends_a_stream: bool) -> str | None:
         return f"it is a {type(name).__name__}, not a text"
     braces = [c for c in HASH_TAG_CHARACTERS if c in name]
     if braces:
-        return (f"it contains {' and '.join(repr(c) for c in braces)}, which would make a Redis Cluster hash tag "
-                "of it (a stream and its attempts hash could land in different slots, or every partition in one)")
+        return (
+            f"it contains {' and '.join(repr(c) for c in braces)}, which would make a Redis Cluster hash tag "
+            "of it (a stream and its attempts hash could land in different slots, or every partition in one)"
+        )
     found = PARTITION_SUFFIX.search(name) if ends_a_stream else None
     if found:
         suffix, base, k = found.group(0), name[: found.start()], found.group(0)[2:]
-        clash = (f"its stream would be partition {k} of queue {base!r}" if k[0] != "0"
-                 else f"it has the form of one (queue {base + ':p1'!r} would be partition 1 of queue {base!r})")
+        clash = (
+            f"its stream would be partition {k} of queue {base!r}"
+            if k[0] != "0"
+            else f"it has the form of one (queue {base + ':p1'!r} would be partition 1 of queue {base!r})"
+        )
         return f"it ends in {suffix!r}, the partition suffix of work streams (':p<k>'): {clash} with AGENTSTREAM_PARTITIONS above 1"
     return None
 
@@ -289,8 +294,15 @@ class Keys:
     def work_streams(self, tool_queues: Iterable[str] = ()) -> list[str]:
         """Every work stream a deployment consumes, every partition of each (the ones that have
         dead-letter streams)."""
-        bases = [self.turns, self.wake, self.cancel, self.delegations, self.child_endings, self.compactions,
-                 *(self.tools(q) for q in tool_queues)]
+        bases = [
+            self.turns,
+            self.wake,
+            self.cancel,
+            self.delegations,
+            self.child_endings,
+            self.compactions,
+            *(self.tools(q) for q in tool_queues),
+        ]
         return [name for base in bases for name in ([base] if base == self.cancel else self.partitions_of(base))]
 
     def tools(self, queue: str) -> str:

@@ -68,7 +68,7 @@ def _check_tagged(cls: Any, *, tag_field: str, what: str) -> str:
     tag = config.tag
     if not isinstance(tag, str) or not tag or tag == cls.__name__:
         raise ConfigError(
-            f"{what} {cls.__name__} needs an explicit string tag (such as tag=\"{cls.__name__.lower()}\"), "
+            f'{what} {cls.__name__} needs an explicit string tag (such as tag="{cls.__name__.lower()}"), '
             f"not {tag!r}: the tag is what the trace stores, and it must outlive the class name"
         )
     if config.tag_field != tag_field:
@@ -100,7 +100,9 @@ class AppTypes:
         seen: dict[str, str] = {tag_of(c): f"the built-in element {c.__name__}" for c in BUILTIN_ELEMENTS}
         for cls in self.element_types:
             if not (isinstance(cls, type) and issubclass(cls, Element)):
-                raise ConfigError(f"element type {cls!r} must subclass agentstream.wire.events.Element (or Source, Document, ...)")
+                raise ConfigError(
+                    f"element type {cls!r} must subclass agentstream.wire.events.Element (or Source, Document, ...)"
+                )
             if cls in BUILTIN_ELEMENTS:
                 continue
             tag = _check_tagged(cls, tag_field="kind", what="element type")
@@ -148,8 +150,13 @@ NO_APP_TYPES = AppTypes()
 """The types of an app that registers none of its own."""
 
 
-def check_elements(elements: Iterable[object], types: AppTypes = NO_APP_TYPES, *, where: str = "elements",
-                   max_image_bytes: int = MAX_IMAGE_BYTES) -> None:
+def check_elements(
+    elements: Iterable[object],
+    types: AppTypes = NO_APP_TYPES,
+    *,
+    where: str = "elements",
+    max_image_bytes: int = MAX_IMAGE_BYTES,
+) -> None:
     """Refuse elements that cannot be stored or shown.
 
     Args:
@@ -168,8 +175,10 @@ def check_elements(elements: Iterable[object], types: AppTypes = NO_APP_TYPES, *
         at = f"{where}, element {index}"
         if not types.knows_element(element):
             names = ", ".join(c.__name__ for c in types.elements)
-            raise ValueError(f"{at} is a {type(element).__name__}, which the app does not register as an element type "
-                             f"(registered: {names}; add yours to App(element_types=...))")
+            raise ValueError(
+                f"{at} is a {type(element).__name__}, which the app does not register as an element type "
+                f"(registered: {names}; add yours to App(element_types=...))"
+            )
         assert isinstance(element, Element)
         if not isinstance(element.id, str) or not element.id.strip():
             raise ValueError(f"{at}: its id is empty; give each element a stable id (a URL, a document key)")
@@ -192,11 +201,14 @@ def check_image(image: Image, at: str, *, max_image_bytes: int = MAX_IMAGE_BYTES
         raise ValueError(f"{at}: an image needs exactly one of url or data (base64)")
     if image.url:
         if not image.url.startswith(("https://", "http://")):
-            raise ValueError(f"{at}: the image url must be http(s) (give base64 in data instead), got {image.url[:40]!r}")
+            raise ValueError(
+                f"{at}: the image url must be http(s) (give base64 in data instead), got {image.url[:40]!r}"
+            )
         return
     if image.media_type not in IMAGE_MEDIA_TYPES:
-        raise ValueError(f"{at}: media_type must be one of {sorted(IMAGE_MEDIA_TYPES)} for base64 data, "
-                         f"got {image.media_type!r}")
+        raise ValueError(
+            f"{at}: media_type must be one of {sorted(IMAGE_MEDIA_TYPES)} for base64 data, got {image.media_type!r}"
+        )
     # decoded size from the length first, so an oversized image is refused without decoding it
     approx = len(image.data) * 3 // 4
     if approx > max_image_bytes + 3:

@@ -9,11 +9,11 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from agentstream.ops.apikeys import load_keys
+from agentstream.ops.settings import Settings
 from agentstream.runtime import conversations, ratelimit
 from agentstream.runtime.store import TraceStore
-from agentstream.ops.apikeys import load_keys
 from agentstream.wire.events import TaskInput, TurnEnded, TurnInput
-from agentstream.ops.settings import Settings
 from agentstream_services.gateway.api import create_api
 from agentstream_services.gateway.settings import GatewaySettings
 from tests.support.apps import app
@@ -24,16 +24,28 @@ pytestmark = pytest.mark.integration
 
 def _client(store, keys, **gateway):
     settings = Settings(namespace=keys.namespace)
-    api = create_api(app, settings, GatewaySettings(keys=KEYS_DOCUMENT, **gateway), store, load_keys(text=KEYS_DOCUMENT))
+    api = create_api(
+        app, settings, GatewaySettings(keys=KEYS_DOCUMENT, **gateway), store, load_keys(text=KEYS_DOCUMENT)
+    )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://gateway")
 
 
 async def test_cors_answers_only_the_configured_origins(store, keys):
     async with _client(store, keys, cors_origins="https://ops.example.com") as client:
-        allowed = await client.options("/v1/turns", headers={"Origin": "https://ops.example.com", "Access-Control-Request-Method": "POST",
-                                                             "Access-Control-Request-Headers": "authorization,content-type"})
-        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "https://ops.example.com"
-        other = await client.options("/v1/turns", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        allowed = await client.options(
+            "/v1/turns",
+            headers={
+                "Origin": "https://ops.example.com",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type",
+            },
+        )
+        assert (
+            allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "https://ops.example.com"
+        )
+        other = await client.options(
+            "/v1/turns", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+        )
         assert "access-control-allow-origin" not in other.headers
         plain = await client.get("/v1/agents", headers={**auth(CALC_KEY), "Origin": "https://ops.example.com"})
         assert plain.headers["access-control-allow-origin"] == "https://ops.example.com"
@@ -51,8 +63,14 @@ async def test_conversations_list_newest_first_and_pages(store, keys):
         first = (await client.get("/v1/conversations", params={"limit": 3}, headers=auth(CALC_KEY))).json()
         assert [c["trace_id"] for c in first["conversations"]] == ["c4", "c3"]  # "gone" took a place of the page
         assert first["next_before_ms"] == 1_003
-        rest = (await client.get("/v1/conversations", params={"before_ms": first["next_before_ms"]}, headers=auth(CALC_KEY))).json()
-        assert [(c["trace_id"], c["state"]) for c in rest["conversations"]] == [("c2", "running"), ("c1", "ended"), ("c0", "running")]
+        rest = (
+            await client.get("/v1/conversations", params={"before_ms": first["next_before_ms"]}, headers=auth(CALC_KEY))
+        ).json()
+        assert [(c["trace_id"], c["state"]) for c in rest["conversations"]] == [
+            ("c2", "running"),
+            ("c1", "ended"),
+            ("c0", "running"),
+        ]
 
 
 async def test_the_index_is_capped(store):
@@ -85,14 +103,24 @@ async def test_a_trace_without_a_turn_is_visible_only_to_an_all_agents_key(store
 async def test_a_turn_whose_input_its_agent_does_not_take_is_refused_at_the_gateway(store, keys):
     async with _client(store, keys) as client:
         for body, why in [
-            ({"trace_id": "g-in", "turn_id": "t1", "agent": "calc", "input": {"text": "2+2", "tools": {"calculator": "off"}}},
-             "unknown field `$.input.tools`"),  # calc takes plain text: a `tools` field is not its type's
+            (
+                {
+                    "trace_id": "g-in",
+                    "turn_id": "t1",
+                    "agent": "calc",
+                    "input": {"text": "2+2", "tools": {"calculator": "off"}},
+                },
+                "unknown field `$.input.tools`",
+            ),  # calc takes plain text: a `tools` field is not its type's
             ({"trace_id": "g-in", "turn_id": "t1", "agent": "calc", "input": {"txt": "2+2"}}, "`$.input.txt`"),
         ]:
             refused = await client.post("/v1/turns", json=body, headers=auth(CALC_KEY))
             assert refused.status_code == 422 and why in refused.text, refused.text
-        accepted = await client.post("/v1/turns", json={"trace_id": "g-in", "turn_id": "t1", "agent": "calc", "input": {"text": "2+2"}},
-                                     headers=auth(CALC_KEY))
+        accepted = await client.post(
+            "/v1/turns",
+            json={"trace_id": "g-in", "turn_id": "t1", "agent": "calc", "input": {"text": "2+2"}},
+            headers=auth(CALC_KEY),
+        )
         assert accepted.status_code == 202, accepted.text
 
 
@@ -100,16 +128,32 @@ async def test_a_turn_for_a_child_trace_id_is_refused_at_the_gateway(store, keys
     # `<conversation>/<call id>` is a child trace's id: a key that may see the conversation could
     # otherwise post into its subagent's context, or begin that child's trace before its call did
     await store.append("g-p", TurnInput(turn_id="t1", agent="calc", text="hi"))
-    await store.append("g-p/call_1", TaskInput(turn_id="k1", agent="calc", text="sub", call_id="call_1",
-                                                parent_trace_id="g-p", parent_turn_id="t1", root_trace_id="g-p", delegation="d"))
+    await store.append(
+        "g-p/call_1",
+        TaskInput(
+            turn_id="k1",
+            agent="calc",
+            text="sub",
+            call_id="call_1",
+            parent_trace_id="g-p",
+            parent_turn_id="t1",
+            root_trace_id="g-p",
+            delegation="d",
+        ),
+    )
     async with _client(store, keys) as client:
-        for trace_id, why in [("g-p/call_1", "a child trace (opened by delegation 'd'"),
-                              ("g-p/call_2", "form of a child trace of conversation 'g-p'")]:
+        for trace_id, why in [
+            ("g-p/call_1", "a child trace (opened by delegation 'd'"),
+            ("g-p/call_2", "form of a child trace of conversation 'g-p'"),
+        ]:
             body = {"trace_id": trace_id, "turn_id": "x1", "agent": "calc", "text": "2+2"}
             refused = await client.post("/v1/turns", json=body, headers=auth(CALC_KEY))
             assert refused.status_code == 422 and why in refused.text, refused.text
-        own = await client.post("/v1/turns", json={"trace_id": "g-org/conv-7", "turn_id": "t1", "agent": "calc", "text": "2+2"},
-                                headers=auth(CALC_KEY))
+        own = await client.post(
+            "/v1/turns",
+            json={"trace_id": "g-org/conv-7", "turn_id": "t1", "agent": "calc", "text": "2+2"},
+            headers=auth(CALC_KEY),
+        )
         assert own.status_code == 202, own.text
     published = [await store.redis.xlen(s) for s in keys.partitions_of(keys.turns) if await store.redis.exists(s)]
     assert sum(published) == 1  # the own conversation's turn only
@@ -123,32 +167,51 @@ async def test_the_reply_is_the_wires_own_with_its_citations_and_a_dead_letter_i
 
     import msgspec
 
-    from agentstream.wire import codec
     from agentstream.runtime.deadletters import DeadLetter
+    from agentstream.wire import codec
     from agentstream.wire.events import CitedSource, Reply
     from tests.support.gateway import ADMIN_KEY
 
-    cited = CitedSource(number=1, id="https://example.com/a", kind="source", title="A", url="https://example.com/a", spans=((0, 5),))
+    cited = CitedSource(
+        number=1, id="https://example.com/a", kind="source", title="A", url="https://example.com/a", spans=((0, 5),)
+    )
     await store.append("cites", TurnInput(turn_id="t", agent="calc", text="q", metadata={"user": "u7"}))
     await store.append("cites", TurnEnded(turn_id="t", answer="Paris", citations=(cited,)))
-    await redis.xadd(keys.dead(keys.turns), {b"turn": b'{"trace_id":"dead-1"}', b"dead_source_stream": keys.turns.encode(),
-                                             b"dead_source_id": b"1-0", b"dead_group": b"agent-loop", b"dead_deliveries": b"3",
-                                             b"dead_error": b"boom"})
+    await redis.xadd(
+        keys.dead(keys.turns),
+        {
+            b"turn": b'{"trace_id":"dead-1"}',
+            b"dead_source_stream": keys.turns.encode(),
+            b"dead_source_id": b"1-0",
+            b"dead_group": b"agent-loop",
+            b"dead_deliveries": b"3",
+            b"dead_error": b"boom",
+        },
+    )
     async with _client(store, keys) as client:
         got = await client.get("/v1/traces/cites/turns/t/reply", params={"timeout_s": 0}, headers=auth(CALC_KEY))
         assert got.status_code == 200, got.text
         reply = codec.decode_reply(got.content)
-        assert reply == Reply(trace_id="cites", turn_id="t", status="ended", answer="Paris", metadata={"user": "u7"}, citations=(cited,))
+        assert reply == Reply(
+            trace_id="cites", turn_id="t", status="ended", answer="Paris", metadata={"user": "u7"}, citations=(cited,)
+        )
         document = (await client.get("/openapi.json")).json()
         fields = set(document["components"]["schemas"]["Reply"]["properties"])
         assert fields == set(Reply.__struct_fields__), fields
         path = document["paths"]["/v1/traces/{trace_id}/turns/{turn_id}/reply"]["get"]["responses"]["200"]
         assert path["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Reply"}
         letters = (await client.get("/v1/dead-letters", headers=auth(ADMIN_KEY))).json()["dead_letters"]
-        assert set(document["components"]["schemas"]["DeadLetter"]["properties"]) == {f.name for f in dataclasses.fields(DeadLetter)}
+        assert set(document["components"]["schemas"]["DeadLetter"]["properties"]) == {
+            f.name for f in dataclasses.fields(DeadLetter)
+        }
     (letter,) = letters
     assert set(letter) == {f.name for f in dataclasses.fields(DeadLetter)}
-    assert (letter["trace_id"], letter["deliveries"], letter["error"], letter["group"]) == ("dead-1", 3, "boom", "agent-loop")
+    assert (letter["trace_id"], letter["deliveries"], letter["error"], letter["group"]) == (
+        "dead-1",
+        3,
+        "boom",
+        "agent-loop",
+    )
     assert msgspec.json.decode(letter["payload"]["turn"]) == {"trace_id": "dead-1"}
 
 

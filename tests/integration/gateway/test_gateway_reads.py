@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from agentstream.ops.apikeys import load_keys
-from agentstream.wire.events import TurnEnded, TurnInput
 from agentstream.ops.settings import Settings
+from agentstream.wire.events import TurnEnded, TurnInput
 from agentstream_services.gateway.api import create_api
 from agentstream_services.gateway.settings import GatewaySettings
 from tests.integration.test_step_cost import _Recorder, _text
@@ -30,8 +30,11 @@ def _client(store, keys):
 
 def _trace_reads(recorder: _Recorder, trace_key: str) -> list[str]:
     """Where each XRANGE of the trace started ("-": from its first entry)."""
-    return [_text(c[2]) for c in recorder.commands if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == trace_key
-            and "COUNT" not in map(_text, c[3:])]
+    return [
+        _text(c[2])
+        for c in recorder.commands
+        if _text(c[0]).upper() == "XRANGE" and _text(c[1]) == trace_key and "COUNT" not in map(_text, c[3:])
+    ]
 
 
 async def test_publishing_and_waiting_read_only_what_came_since_the_last_request(store, keys, redis):
@@ -42,13 +45,19 @@ async def test_publishing_and_waiting_read_only_what_came_since_the_last_request
     try:
         async with _client(store, keys) as client:
             for n in range(5):
-                got = await client.get(f"/v1/traces/g1/turns/t{n}/reply", params={"timeout_s": 0}, headers=auth(CALC_KEY))
+                got = await client.get(
+                    f"/v1/traces/g1/turns/t{n}/reply", params={"timeout_s": 0}, headers=auth(CALC_KEY)
+                )
                 assert got.status_code == 200 and got.json()["answer"] == f"answer {n}"
                 body = json.dumps({"trace_id": "g1", "turn_id": f"new{n}", "agent": "calc", "text": "more"})
                 assert (await client.post("/v1/turns", content=body, headers=auth(CALC_KEY))).status_code == 202
-                await store.append("g1", TurnInput(turn_id=f"new{n}", agent="calc", text="more"))  # as the agent loop does
+                await store.append(
+                    "g1", TurnInput(turn_id=f"new{n}", agent="calc", text="more")
+                )  # as the agent loop does
                 await store.append("g1", TurnEnded(turn_id=f"new{n}", answer=f"more {n}"))
-                got = await client.get(f"/v1/traces/g1/turns/new{n}/reply", params={"timeout_s": 0}, headers=auth(CALC_KEY))
+                got = await client.get(
+                    f"/v1/traces/g1/turns/new{n}/reply", params={"timeout_s": 0}, headers=auth(CALC_KEY)
+                )
                 assert got.status_code == 200 and got.json()["answer"] == f"more {n}"
     finally:
         recorder.close()

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from agentstream.cli.watch import watch_turn
+from agentstream.runtime.connection import connect
 from agentstream.runtime.deltas import Delta, RedisDeltaSink, follow, last_entry_id
 from agentstream.wire.events import ModelOutput, TurnEnded, TurnInput
-from agentstream.runtime.connection import connect
-from agentstream.cli.watch import watch_turn
 from tests.support.fault_server import FaultServer, Reply, text_stream
 from tests.support.procs import ROOT, Services
 from tests.support.redis_server import sync_client
@@ -69,42 +69,78 @@ async def test_the_printer_shows_tokens_drops_a_failed_attempt_and_shows_the_ste
     def echo(text: str = "", nl: bool = True) -> None:
         lines.append(text + ("\n" if nl else ""))
 
-    for delta in [Delta(kind="start", turn_id="t1", attempt="a1"), Delta(kind="text", turn_id="t1", attempt="a1", text="The ans"),
-                  Delta(kind="abort", turn_id="t1", attempt="a1", reason="RemoteProtocolError: cut"),
-                  Delta(kind="start", turn_id="t1", attempt="a2"), Delta(kind="text", turn_id="t1", attempt="a2", text="The answer\nis 4."),
-                  Delta(kind="end", turn_id="t1", attempt="a2", stop_reason="stop")]:
+    for delta in [
+        Delta(kind="start", turn_id="t1", attempt="a1"),
+        Delta(kind="text", turn_id="t1", attempt="a1", text="The ans"),
+        Delta(kind="abort", turn_id="t1", attempt="a1", reason="RemoteProtocolError: cut"),
+        Delta(kind="start", turn_id="t1", attempt="a2"),
+        Delta(kind="text", turn_id="t1", attempt="a2", text="The answer\nis 4."),
+        Delta(kind="end", turn_id="t1", attempt="a2", stop_reason="stop"),
+    ]:
         await sink.emit(delta)
     await store.append("p", ModelOutput(turn_id="t1", step=0, content="The answer\nis 4.", attempt_id="a2"))
     await store.append("p", TurnEnded(turn_id="t1", answer="The answer\nis 4."))
     ending = await asyncio.wait_for(
-        watch_turn(redis, keys, "p", "t1", after="0-0", deltas_after="0-0", echo=echo, describe=lambda e: f"<{type(e).__name__}>"),
+        watch_turn(
+            redis,
+            keys,
+            "p",
+            "t1",
+            after="0-0",
+            deltas_after="0-0",
+            echo=echo,
+            describe=lambda e: f"<{type(e).__name__}>",
+        ),
         timeout=30,
     )
     out = "".join(lines)
     assert isinstance(ending, TurnEnded)
-    assert out == ("  ▸ The ans\n"
-                   "  ↺ attempt a1 of model call 0 failed (RemoteProtocolError: cut); its partial output above is dropped, retrying\n"
-                   "  ▸ The answer\n    is 4.\n<ModelOutput>\n<TurnEnded>\n")
+    assert out == (
+        "  ▸ The ans\n"
+        "  ↺ attempt a1 of model call 0 failed (RemoteProtocolError: cut); its partial output above is dropped, retrying\n"
+        "  ▸ The answer\n    is 4.\n<ModelOutput>\n<TurnEnded>\n"
+    )
 
 
 @pytest.mark.e2e
 def test_agentstream_ask_prints_the_tokens_as_they_arrive(redis_url, namespace, tmp_path):
     stream = Reply(events=text_stream("Four", " is", " the", " answer."))
     with FaultServer([stream]) as server:
-        services = Services(redis_url=redis_url, namespace=namespace, model_url=server.base_url, log_dir=tmp_path,
-                            extra_env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": true}'})
+        services = Services(
+            redis_url=redis_url,
+            namespace=namespace,
+            model_url=server.base_url,
+            log_dir=tmp_path,
+            extra_env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": true}'},
+        )
         try:
             services.start("loop", "agent-loop")
             proc = subprocess.run(
-                [sys.executable, "-m", "agentstream", "ask", "What is 2+2? Answer in words.", "--agent", "calc", "--trace-id", "ask1"],
-                env=services.env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                [
+                    sys.executable,
+                    "-m",
+                    "agentstream",
+                    "ask",
+                    "What is 2+2? Answer in words.",
+                    "--agent",
+                    "calc",
+                    "--trace-id",
+                    "ask1",
+                ],
+                env=services.env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
         finally:
             services.stop_all()
     assert proc.returncode == 0, proc.stdout + proc.stderr + services.log("loop")
     lines = proc.stdout.splitlines()
     assert "  ▸ Four is the answer." in lines
-    assert lines.index("  ▸ Four is the answer.") < next(i for i, line in enumerate(lines) if line.startswith("· model call 0"))
+    assert lines.index("  ▸ Four is the answer.") < next(
+        i for i, line in enumerate(lines) if line.startswith("· model call 0")
+    )
     assert "✓ answer: Four is the answer." in lines
     assert server.requests[0].json["stream"] is True
     client = sync_client(redis_url)

@@ -21,8 +21,12 @@ class Plan(pydantic.BaseModel):
     risky: bool
 
 
-PLAN_SCHEMA = {"type": "object", "properties": {"steps": {"type": "array", "items": {"type": "string"}}, "risky": {"type": "boolean"}},
-               "required": ["steps", "risky"], "additionalProperties": False}
+PLAN_SCHEMA = {
+    "type": "object",
+    "properties": {"steps": {"type": "array", "items": {"type": "string"}}, "risky": {"type": "boolean"}},
+    "required": ["steps", "risky"],
+    "additionalProperties": False,
+}
 
 
 def gen(server: FaultServer, **kw) -> Generator:
@@ -39,7 +43,9 @@ async def test_text_and_validated_values_and_the_record():
     with FaultServer([chat("SELECT 1;"), chat(good), chat("```json\n" + good + "\n```")]) as server:
         g = gen(server)
         text = await g.generate("Write one query.")
-        plan = await g.generate([{"role": "system", "content": "Plan."}, {"role": "user", "content": "Plan it."}], schema=Plan)
+        plan = await g.generate(
+            [{"role": "system", "content": "Plan."}, {"role": "user", "content": "Plan it."}], schema=Plan
+        )
         checked = await g.generate("Plan it.", schema=PLAN_SCHEMA)
         await g.model.aclose()
     assert text.value == "SELECT 1;" and plan.value == Plan(steps=["read", "write"], risky=False)
@@ -91,13 +97,21 @@ async def test_parse_functions_decide_too():
 
 
 async def test_retries_and_escalations():
-    with FaultServer([Reply(status=429, body={}, headers={"retry-after": "1"}), Reply(status=503, body={}), chat("ok")]) as server:
+    with FaultServer(
+        [Reply(status=429, body={}, headers={"retry-after": "1"}), Reply(status=503, body={}), chat("ok")]
+    ) as server:
         g = gen(server)
         assert (await g.generate("hi")).value == "ok"
         await g.model.aclose()
     assert len(server.requests) == 3
-    for status, error in ((400, ModelInputRejected), (413, ModelInputRejected), (422, ModelInputRejected),
-                          (401, ModelConfigError), (404, ModelConfigError), (500, ModelUnanswered)):
+    for status, error in (
+        (400, ModelInputRejected),
+        (413, ModelInputRejected),
+        (422, ModelInputRejected),
+        (401, ModelConfigError),
+        (404, ModelConfigError),
+        (500, ModelUnanswered),
+    ):
         with FaultServer([Reply(status=status, body={"error": {"message": KEY}})], repeat_last=True) as server:
             g = gen(server)
             with pytest.raises(error) as info:
@@ -134,7 +148,9 @@ async def test_response_formats_and_refused_extra_fields():
         await g.model.aclose()
         await g2.model.aclose()
     first, second = server.bodies()
-    assert first["response_format"]["type"] == "json_schema" and first["response_format"]["json_schema"]["schema"]["required"] == ["steps", "risky"]
+    assert first["response_format"]["type"] == "json_schema" and first["response_format"]["json_schema"]["schema"][
+        "required"
+    ] == ["steps", "risky"]
     assert first["seed"] == 7 and second["response_format"] == {"type": "json_object"}
     for field in ("model", "messages", "temperature", "max_tokens", "seed", "response_format", "stream"):
         with pytest.raises(ConfigError, match=field):

@@ -11,19 +11,22 @@ import sys
 
 import pytest
 
-from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
-from agentstream.runtime.deltas import ListSink, PartialReplies
-from agentstream.errors import ConfigError, ModelUnanswered
-from agentstream.wire.events import ToolCall
 from agentstream.cli.localmodel import LLAMA_CPP_QUIRKS, LocalModelServer
+from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
+from agentstream.errors import ConfigError, ModelUnanswered
 from agentstream.models import build_model, formats
 from agentstream.models.endpoints import ModelEndpoint, Quirks
+from agentstream.runtime.deltas import ListSink, PartialReplies
+from agentstream.wire.events import ToolCall
 from tests.support.procs import ROOT
 
 pytestmark = [pytest.mark.local_model, pytest.mark.integration]
 
-CALC = ToolDefinition(name="calculator", description="Evaluate an arithmetic expression.",
-                      parameters={"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]})
+CALC = ToolDefinition(
+    name="calculator",
+    description="Evaluate an arithmetic expression.",
+    parameters={"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +41,22 @@ def llama():
 
 
 def model_on(llama, *, stream: bool, retries: int = 0, **quirks):
-    endpoint = ModelEndpoint(id="local", provider="openai", base_url=llama.base_url, model=llama.model, stream=stream,
-                             quirks=Quirks(**{**LLAMA_CPP_QUIRKS, **quirks}))
+    endpoint = ModelEndpoint(
+        id="local",
+        provider="openai",
+        base_url=llama.base_url,
+        model=llama.model,
+        stream=stream,
+        quirks=Quirks(**{**LLAMA_CPP_QUIRKS, **quirks}),
+    )
     return build_model(endpoint, retries=retries, timeout_s=120)
 
 
-HELLO = ChatRequest(system="You are brief.", messages=(UserMessage(text="Say hello to Ada in one short sentence."),), max_output_tokens=24)
+HELLO = ChatRequest(
+    system="You are brief.",
+    messages=(UserMessage(text="Say hello to Ada in one short sentence."),),
+    max_output_tokens=24,
+)
 
 
 async def test_a_reply_without_streaming(llama):
@@ -72,8 +85,13 @@ async def test_a_streamed_reply_arrives_token_by_token(llama):
 
 
 async def test_a_forced_tool_call_streams_and_its_arguments_are_kept_as_written(llama):
-    request = ChatRequest(system="Use the calculator.", messages=(UserMessage(text="What is 17 * 23?"),), tools=(CALC,),
-                          tool_choice="required", max_output_tokens=48)
+    request = ChatRequest(
+        system="Use the calculator.",
+        messages=(UserMessage(text="What is 17 * 23?"),),
+        tools=(CALC,),
+        tool_choice="required",
+        max_output_tokens=48,
+    )
     model = model_on(llama, stream=True)
     assert formats.streams(request, model.endpoint)  # one tool forced by name: llama.cpp streams it
     sink = ListSink()
@@ -86,11 +104,15 @@ async def test_a_forced_tool_call_streams_and_its_arguments_are_kept_as_written(
 
 
 async def test_the_llama_cpp_quirks_are_real(llama):
-    history = ChatRequest(system="Answer briefly.", max_output_tokens=16, messages=(
-        UserMessage(text="What is 17 * 23?"),
-        AssistantMessage(tool_calls=(ToolCall(id="c1", name="calculator", arguments='{"expression": "17*23"}'),)),
-        ToolResultMessage(call_id="c1", name="calculator", text="391"),
-    ))
+    history = ChatRequest(
+        system="Answer briefly.",
+        max_output_tokens=16,
+        messages=(
+            UserMessage(text="What is 17 * 23?"),
+            AssistantMessage(tool_calls=(ToolCall(id="c1", name="calculator", arguments='{"expression": "17*23"}'),)),
+            ToolResultMessage(call_id="c1", name="calculator", text="391"),
+        ),
+    )
     # a null content beside tool calls: HTTP 500; the empty string the quirk sends: fine
     broken = model_on(llama, stream=False, tool_call_content="null")
     with pytest.raises(ModelUnanswered) as info:
@@ -100,7 +122,13 @@ async def test_the_llama_cpp_quirks_are_real(llama):
     fine = model_on(llama, stream=False)
     assert (await fine.complete(history, turn_id="t", step=1)).stop_reason in ("stop", "length")
     # tool choice "required" as OpenAI spells it: HTTP 500; sent as the one tool by name: a call
-    forced = ChatRequest(system="S", messages=(UserMessage(text="What is 2+2?"),), tools=(CALC,), tool_choice="required", max_output_tokens=32)
+    forced = ChatRequest(
+        system="S",
+        messages=(UserMessage(text="What is 2+2?"),),
+        tools=(CALC,),
+        tool_choice="required",
+        max_output_tokens=32,
+    )
     spelled = model_on(llama, stream=False, required_tool_choice="required")
     with pytest.raises(ModelUnanswered) as info:
         await spelled.complete(forced, turn_id="t", step=0)
@@ -125,8 +153,22 @@ def test_agentstream_run_shows_the_tokens_of_the_local_model(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "OPENAI_", "AGENTSTREAM_"))}
     env["XDG_CACHE_HOME"] = str(tmp_path)  # the embedded Redis keeps its data under the cache: this test's own
     proc = subprocess.run(
-        [sys.executable, "-m", "agentstream", "run", "What is 1234 * 5678?", "--app", "tests.support.local_apps:app", "--agent", "local"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "agentstream",
+            "run",
+            "What is 1234 * 5678?",
+            "--app",
+            "tests.support.local_apps:app",
+            "--agent",
+            "local",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = proc.stdout
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{proc.stderr[-3000:]}"
@@ -134,7 +176,9 @@ def test_agentstream_run_shows_the_tokens_of_the_local_model(tmp_path):
     streamed = [line for line in out.splitlines() if line.startswith("  ▸ ")]
     assert streamed, out  # the answer's tokens were printed as they arrived, before its summary line
     assert "✓ answer:" in out
-    assert re.search(r"fingerprints: (\d+)/\1 model calls rebuilt from the stored trace match", proc.stderr), proc.stderr
+    assert re.search(r"fingerprints: (\d+)/\1 model calls rebuilt from the stored trace match", proc.stderr), (
+        proc.stderr
+    )
 
 
 async def test_two_concurrent_streamed_requests_both_complete(llama):
@@ -144,7 +188,11 @@ async def test_two_concurrent_streamed_requests_both_complete(llama):
     import asyncio
 
     model = model_on(llama, stream=True, retries=0)
-    long = ChatRequest(system="You are brief.", messages=(UserMessage(text="Count from one to twenty in words."),), max_output_tokens=48)
+    long = ChatRequest(
+        system="You are brief.",
+        messages=(UserMessage(text="Count from one to twenty in words."),),
+        max_output_tokens=48,
+    )
     sinks = [ListSink(), ListSink()]
     first = asyncio.create_task(model.complete(long, turn_id="a", step=0, deltas=sinks[0]))
     while not any(d.kind == "text" for d in sinks[0].deltas):  # the first is streaming

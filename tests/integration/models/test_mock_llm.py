@@ -12,12 +12,12 @@ import json
 import pytest
 
 from agentstream.context.request import ChatRequest, UserMessage
-from agentstream.wire.deltas import ListSink
 from agentstream.errors import ModelConfigError
-from agentstream.wire.events import ModelOutput, ToolOutput
 from agentstream.models import build_model
 from agentstream.models.endpoints import ModelEndpoint, Quirks, load_endpoints
 from agentstream.steps.replay import rebuild_calls
+from agentstream.wire.deltas import ListSink
+from agentstream.wire.events import ModelOutput, ToolOutput
 from tests.support import model_apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_reply
 from tests.support.mock_llm import MockLLM, MockLLMUnavailable
@@ -90,9 +90,17 @@ def mock_llm(tmp_path):
 
 async def test_a_two_turn_tool_loop_on_mock_llm(mock_llm, redis_url, namespace, redis, keys, store, tmp_path):
     options = {"stream": True, "quirks": {"stream_tools": "never"}}  # mock-llm answers 500 to a streamed tool call
-    services = InProcess(model_apps.app, redis_url, namespace, mock_llm.base_url,
-                         env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options), "AGENTSTREAM_MODEL_RETRIES": "1",
-                              "AGENTSTREAM_MODELS_FILE": str(_models_file(tmp_path))})
+    services = InProcess(
+        model_apps.app,
+        redis_url,
+        namespace,
+        mock_llm.base_url,
+        env={
+            "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps(options),
+            "AGENTSTREAM_MODEL_RETRIES": "1",
+            "AGENTSTREAM_MODELS_FILE": str(_models_file(tmp_path)),
+        },
+    )
     await services.start("mock", "agent-loop", "tool-worker")
     try:
         for n in (1, 2):
@@ -114,19 +122,37 @@ def _models_file(tmp_path):
     # the test app names these endpoints; this test calls none of them
     file = tmp_path / "models.yaml"
     unused = {"base_url": "http://127.0.0.1:9"}
-    file.write_text(json.dumps({"models": {
-        "claude-a": {"provider": "anthropic", "model": "a", **unused}, "claude-b": {"provider": "anthropic", "model": "b", **unused},
-        "deepseek": {"provider": "openai", "model": "d", "base_url": "http://127.0.0.1:9"},
-        "deepseek-plain": {"provider": "openai", "model": "d", "base_url": "http://127.0.0.1:9"},
-    }}))
+    file.write_text(
+        json.dumps(
+            {
+                "models": {
+                    "claude-a": {"provider": "anthropic", "model": "a", **unused},
+                    "claude-b": {"provider": "anthropic", "model": "b", **unused},
+                    "deepseek": {"provider": "openai", "model": "d", "base_url": "http://127.0.0.1:9"},
+                    "deepseek-plain": {"provider": "openai", "model": "d", "base_url": "http://127.0.0.1:9"},
+                }
+            }
+        )
+    )
     return file
 
 
 async def test_streaming_and_a_stream_error_on_mock_llm(mock_llm):
-    model = build_model(ModelEndpoint(id="mock", provider="openai", base_url=mock_llm.base_url, model="m", stream=True,
-                                      quirks=Quirks(stream_usage=False)), retries=0)
+    model = build_model(
+        ModelEndpoint(
+            id="mock",
+            provider="openai",
+            base_url=mock_llm.base_url,
+            model="m",
+            stream=True,
+            quirks=Quirks(stream_usage=False),
+        ),
+        retries=0,
+    )
     sink = ListSink()
-    output = await model.complete(ChatRequest(system="S", messages=(UserMessage(text="stream me"),)), turn_id="t", step=0, deltas=sink)
+    output = await model.complete(
+        ChatRequest(system="S", messages=(UserMessage(text="stream me"),)), turn_id="t", step=0, deltas=sink
+    )
     assert output.content == "Streaming through mock-llm works." and output.stop_reason == "stop"
     texts = [d.text for d in sink.deltas if d.kind == "text"]
     assert len(texts) > 3 and "".join(texts) == output.content  # chunks of 4 characters

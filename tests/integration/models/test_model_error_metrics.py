@@ -24,7 +24,9 @@ def value(name: str, **labels: str) -> float:
 
 
 def model_for(server: FaultServer, endpoint_id: str, retries: int = 3):
-    endpoint = ModelEndpoint(id=endpoint_id, provider="openai", base_url=server.base_url, model="m", api_key=SecretStr("k"))
+    endpoint = ModelEndpoint(
+        id=endpoint_id, provider="openai", base_url=server.base_url, model="m", api_key=SecretStr("k")
+    )
     return build_model(endpoint, retries=retries, backoff_s=0.01, sleep=no_wait)
 
 

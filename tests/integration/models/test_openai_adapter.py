@@ -16,14 +16,16 @@ import pytest
 from pydantic import SecretStr
 
 from agentstream.context.request import ChatRequest, ToolDefinition, UserMessage
-from agentstream.runtime.deltas import Dropped, ListSink, PartialReplies
 from agentstream.errors import ModelConfigError, ModelInputRejected, ModelUnanswered
 from agentstream.models import build_model
 from agentstream.models.endpoints import ModelEndpoint
+from agentstream.runtime.deltas import Dropped, ListSink, PartialReplies
 from tests.support.fault_server import FaultServer, Reply, chat, chunk, text_stream
 
 REQUEST = ChatRequest(system="S", messages=(UserMessage(text="Say hello"),), max_output_tokens=64)
-SEARCH = ToolDefinition(name="search", description="Search.", parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+SEARCH = ToolDefinition(
+    name="search", description="Search.", parameters={"type": "object", "properties": {"q": {"type": "string"}}}
+)
 
 
 class Waits:
@@ -37,14 +39,23 @@ class Waits:
 
 
 def model_for(server: FaultServer, *, stream: bool = False, retries: int = 2, key: str | None = None, **kw):
-    endpoint = ModelEndpoint(id="fault", provider="openai", base_url=server.base_url, model="fault-model", stream=stream,
-                             api_key=SecretStr(key) if key else None, **kw)
+    endpoint = ModelEndpoint(
+        id="fault",
+        provider="openai",
+        base_url=server.base_url,
+        model="fault-model",
+        stream=stream,
+        api_key=SecretStr(key) if key else None,
+        **kw,
+    )
     waits = Waits()
     return build_model(endpoint, retries=retries, backoff_s=0.25, sleep=waits), waits
 
 
 async def test_429_is_retried_after_the_wait_the_server_asked_for():
-    with FaultServer([Reply(status=429, body={"error": {"message": "slow down"}}, headers={"retry-after": "3"}), chat("Hello!")]) as server:
+    with FaultServer(
+        [Reply(status=429, body={"error": {"message": "slow down"}}, headers={"retry-after": "3"}), chat("Hello!")]
+    ) as server:
         model, waits = model_for(server)
         output = await model.complete(REQUEST, turn_id="t", step=0)
         await model.aclose()
@@ -71,10 +82,21 @@ async def test_500_is_retried_then_the_call_fails_with_the_status():
     assert len(server.requests) == 3 and len(waits.seconds) == 2
 
 
-@pytest.mark.parametrize(("status", "error"), [(400, ModelInputRejected), (413, ModelInputRejected), (422, ModelInputRejected),
-                                               (401, ModelConfigError), (403, ModelConfigError), (404, ModelConfigError)])
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (400, ModelInputRejected),
+        (413, ModelInputRejected),
+        (422, ModelInputRejected),
+        (401, ModelConfigError),
+        (403, ModelConfigError),
+        (404, ModelConfigError),
+    ],
+)
 async def test_input_and_configuration_errors_are_not_retried(status, error):
-    with FaultServer([Reply(status=status, body={"error": {"message": f"status {status}"}})], repeat_last=True) as server:
+    with FaultServer(
+        [Reply(status=status, body={"error": {"message": f"status {status}"}})], repeat_last=True
+    ) as server:
         model, _ = model_for(server)
         with pytest.raises(error):
             await model.complete(REQUEST, turn_id="t", step=0)
@@ -125,8 +147,13 @@ def interrupted_stream(*pieces: str) -> list:
 
 
 async def test_a_stream_ended_by_done_without_a_finish_reason_is_retried_not_a_reply():
-    with FaultServer([Reply(events=interrupted_stream()), Reply(events=interrupted_stream("Hel")),
-                      Reply(events=text_stream("Hello"))]) as server:
+    with FaultServer(
+        [
+            Reply(events=interrupted_stream()),
+            Reply(events=interrupted_stream("Hel")),
+            Reply(events=text_stream("Hello")),
+        ]
+    ) as server:
         model, _ = model_for(server, stream=True, retries=2)
         sink = ListSink()
         output = await model.complete(REQUEST, turn_id="t", step=0, deltas=sink)
@@ -153,7 +180,17 @@ async def test_errors_inside_a_stream():
         assert (await model.complete(REQUEST, turn_id="t", step=0)).content == "Hi!"
         await model.aclose()
     # mock-llm's way of sending a 401 to a stream: status 200 and the error as the only event
-    bad_key = Reply(events=[{"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "code": "invalid_api_key"}}])
+    bad_key = Reply(
+        events=[
+            {
+                "error": {
+                    "message": "Incorrect API key provided.",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            }
+        ]
+    )
     with FaultServer([bad_key], repeat_last=True) as server:
         model, _ = model_for(server, stream=True)
         with pytest.raises(ModelConfigError, match="invalid_api_key|Incorrect API key"):
@@ -179,23 +216,42 @@ async def test_the_key_is_sent_and_never_recorded_or_shown():
 
 async def test_streamed_parallel_tool_calls_and_a_server_that_does_not_stream():
     events = [
-        chunk({"tool_calls": [{"index": 0, "id": "call_A", "type": "function", "function": {"name": "search", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 1, "id": "call_B", "type": "function", "function": {"name": "search", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"q\":\"al"}}]}),
-        chunk({"tool_calls": [{"index": 1, "function": {"arguments": "{\"q\":\"beta\"}"}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": "pha\"}"}}]}),
-        chunk(finish="tool_calls"), "[DONE]",
+        chunk(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "call_A", "type": "function", "function": {"name": "search", "arguments": ""}}
+                ]
+            }
+        ),
+        chunk(
+            {
+                "tool_calls": [
+                    {"index": 1, "id": "call_B", "type": "function", "function": {"name": "search", "arguments": ""}}
+                ]
+            }
+        ),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"q":"al'}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"q":"beta"}'}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'pha"}'}}]}),
+        chunk(finish="tool_calls"),
+        "[DONE]",
     ]
     request = ChatRequest(system="S", messages=(UserMessage(text="search both"),), tools=(SEARCH,))
     with FaultServer([Reply(events=events), chat("plain")]) as server:
         model, _ = model_for(server, stream=True)
         sink = ListSink()
         output = await model.complete(request, turn_id="t", step=0, deltas=sink)
-        assert [(c.id, c.arguments) for c in output.tool_calls] == [("call_A", '{"q":"alpha"}'), ("call_B", '{"q":"beta"}')]
+        assert [(c.id, c.arguments) for c in output.tool_calls] == [
+            ("call_A", '{"q":"alpha"}'),
+            ("call_B", '{"q":"beta"}'),
+        ]
         partial = PartialReplies()
         for d in sink.deltas:
             partial.feed(d)
-        assert {i: c.arguments for i, c in partial.get("t", 0).tool_calls.items()} == {0: '{"q":"alpha"}', 1: '{"q":"beta"}'}
+        assert {i: c.arguments for i, c in partial.get("t", 0).tool_calls.items()} == {
+            0: '{"q":"alpha"}',
+            1: '{"q":"beta"}',
+        }
         # asked to stream, the server answers with one JSON object: read it whole
         sink = ListSink()
         whole = await model.complete(REQUEST, turn_id="t", step=1, deltas=sink)

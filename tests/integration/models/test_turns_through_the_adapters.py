@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from agentstream.models.endpoints import load_endpoints
 from agentstream.runtime.deltas import PartialReplies, decode_delta
+from agentstream.steps.replay import rebuild_calls
 from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded, TurnFailed
 from agentstream.wire.keys import DELTA_FIELD
-from agentstream.models.endpoints import load_endpoints
-from agentstream.steps.replay import rebuild_calls
 from tests.support import anthropic_api as api
 from tests.support import model_apps
 from tests.support.fault_server import FaultServer, Recorded, Reply, call, chat, text_stream
@@ -26,10 +26,22 @@ UNUSED = "http://127.0.0.1:9"
 def write_models(path: Path, **urls: str) -> str:
     """A models file with every endpoint the test app names (unused ones point nowhere)."""
     entries = {
-        "claude-a": {"provider": "anthropic", "base_url": urls.get("anthropic", UNUSED), "model": "claude-a",
-                     "api_key_env": "TEST_ANTHROPIC_KEY", "thinking_budget_tokens": 1024, "stream": True},
-        "claude-b": {"provider": "anthropic", "base_url": urls.get("anthropic", UNUSED), "model": "claude-b",
-                     "api_key_env": "TEST_ANTHROPIC_KEY", "thinking_budget_tokens": 1024, "stream": False},
+        "claude-a": {
+            "provider": "anthropic",
+            "base_url": urls.get("anthropic", UNUSED),
+            "model": "claude-a",
+            "api_key_env": "TEST_ANTHROPIC_KEY",
+            "thinking_budget_tokens": 1024,
+            "stream": True,
+        },
+        "claude-b": {
+            "provider": "anthropic",
+            "base_url": urls.get("anthropic", UNUSED),
+            "model": "claude-b",
+            "api_key_env": "TEST_ANTHROPIC_KEY",
+            "thinking_budget_tokens": 1024,
+            "stream": False,
+        },
         "deepseek": {"provider": "openai", "base_url": urls.get("deepseek", UNUSED), "model": "deepseek-v4"},
         "deepseek-plain": {"provider": "openai", "base_url": urls.get("deepseek", UNUSED), "model": "deepseek-v4"},
     }
@@ -45,8 +57,11 @@ async def run(redis_url, namespace, tmp_path, monkeypatch):
     started: list[InProcess] = []
 
     async def start(openai_url: str, *, stream: bool = False, **urls: str) -> InProcess:
-        env = {"AGENTSTREAM_MODELS_FILE": write_models(tmp_path, **urls), "AGENTSTREAM_MODEL_RETRIES": "2",
-               "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps({"stream": stream})}
+        env = {
+            "AGENTSTREAM_MODELS_FILE": write_models(tmp_path, **urls),
+            "AGENTSTREAM_MODEL_RETRIES": "2",
+            "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": json.dumps({"stream": stream}),
+        }
         services = InProcess(model_apps.app, redis_url, namespace, openai_url, env=env)
         started.append(services)
         await services.start("loop-and-tools", "agent-loop", "tool-worker")
@@ -73,8 +88,12 @@ def verify(events, services: InProcess):
 
 async def test_c11_malformed_arguments_are_kept_answered_with_an_error_and_replayed_verbatim(run, redis, keys, store):
     bad = '{"expression": "2+2"'  # not valid JSON
-    with FaultServer([chat(None, tool_calls=[call("call_1", "calculator", bad)], finish="tool_calls"),
-                      chat("Sorry, I sent broken arguments.")]) as server:
+    with FaultServer(
+        [
+            chat(None, tool_calls=[call("call_1", "calculator", bad)], finish="tool_calls"),
+            chat("Sorry, I sent broken arguments."),
+        ]
+    ) as server:
         services = await run(server.base_url)
         await publish(redis, keys, trace_id="c11", turn_id="t1", agent="calc", text="What is 2+2?")
         reply = await wait_reply(redis, keys, "t1")
@@ -94,7 +113,9 @@ async def test_c11_malformed_arguments_are_kept_answered_with_an_error_and_repla
 
 async def test_unknown_tool_gets_an_error_listing_the_tools_and_its_sibling_still_runs(run, redis, keys, store):
     calls = [call("call_1", "calculator", '{"expression": "6*7"}'), call("call_2", "weather", '{"city": "Oslo"}')]
-    with FaultServer([chat(None, tool_calls=calls, finish="tool_calls"), chat("42, and I have no weather tool.")]) as server:
+    with FaultServer(
+        [chat(None, tool_calls=calls, finish="tool_calls"), chat("42, and I have no weather tool.")]
+    ) as server:
         services = await run(server.base_url)
         await publish(redis, keys, trace_id="unknown", turn_id="t1", agent="calc", text="6*7 and the weather?")
         reply = await wait_reply(redis, keys, "t1")
@@ -110,8 +131,17 @@ async def test_unknown_tool_gets_an_error_listing_the_tools_and_its_sibling_stil
 @pytest.mark.parametrize("finish", ["length", "tool_calls"])
 async def test_c12_a_call_cut_off_by_the_token_limit_is_not_run(run, redis, keys, store, finish):
     cut = call("call_1", "write_file", '{"path":"a.txt","content":"hello wor')
-    with FaultServer([chat(None, tool_calls=[cut], finish=finish, usage={"prompt_tokens": 10, "completion_tokens": 300, "total_tokens": 310}),
-                      chat("I will write a shorter file.")]) as server:
+    with FaultServer(
+        [
+            chat(
+                None,
+                tool_calls=[cut],
+                finish=finish,
+                usage={"prompt_tokens": 10, "completion_tokens": 300, "total_tokens": 310},
+            ),
+            chat("I will write a shorter file."),
+        ]
+    ) as server:
         services = await run(server.base_url)
         await publish(redis, keys, trace_id=f"c12{finish}", turn_id="t1", agent="calc", text="Write a.txt")
         reply = await wait_reply(redis, keys, "t1")
@@ -126,7 +156,9 @@ async def test_c12_a_call_cut_off_by_the_token_limit_is_not_run(run, redis, keys
 
 
 async def test_c12_empty_arguments_run_a_tool_without_parameters(run, redis, keys, store):
-    with FaultServer([chat(None, tool_calls=[call("call_2", "get_time", "")], finish="tool_calls"), chat("It is noon.")]) as server:
+    with FaultServer(
+        [chat(None, tool_calls=[call("call_2", "get_time", "")], finish="tool_calls"), chat("It is noon.")]
+    ) as server:
         services = await run(server.base_url)
         await publish(redis, keys, trace_id="c12c", turn_id="t1", agent="calc", text="Time?")
         reply = await wait_reply(redis, keys, "t1")
@@ -136,9 +168,14 @@ async def test_c12_empty_arguments_run_a_tool_without_parameters(run, redis, key
     assert result.text == "12:00" and result.error is None
 
 
-@pytest.mark.parametrize(("reply", "code"), [(chat(None, finish="content_filter"), "content_filter"),
-                                              (chat(None, refusal="I can't help with that."), "refusal"),
-                                              (chat("partial", finish="eos_token"), "unknown")])
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [
+        (chat(None, finish="content_filter"), "content_filter"),
+        (chat(None, refusal="I can't help with that."), "refusal"),
+        (chat("partial", finish="eos_token"), "unknown"),
+    ],
+)
 async def test_c14_refusal_filter_and_unknown_stops_end_the_turn_without_a_retry(run, redis, keys, store, reply, code):
     with FaultServer([reply], repeat_last=True) as server:
         services = await run(server.base_url)
@@ -154,8 +191,11 @@ async def test_c14_refusal_filter_and_unknown_stops_end_the_turn_without_a_retry
 
 
 async def test_c14_an_empty_reply_after_a_tool_result_is_retried_once_then_fails_clearly(run, redis, keys, store):
-    script = [chat(None, tool_calls=[call("call_1", "calculator", '{"expression": "1+1"}')], finish="tool_calls"),
-              chat("", usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}), chat(None)]
+    script = [
+        chat(None, tool_calls=[call("call_1", "calculator", '{"expression": "1+1"}')], finish="tool_calls"),
+        chat("", usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}),
+        chat(None),
+    ]
     with FaultServer(script) as server:
         services = await run(server.base_url)
         await publish(redis, keys, trace_id="c14c", turn_id="t1", agent="calc", text="1+1?")
@@ -195,10 +235,22 @@ def deepseek_rule(recorded: Recorded) -> Reply:
     messages = recorded.json["messages"]
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls") and "reasoning_content" not in m:
-            return Reply(status=400, body={"error": {"message": "The `reasoning_content` in the thinking mode must be passed back to the API.",
-                                                     "type": "invalid_request_error"}})
+            return Reply(
+                status=400,
+                body={
+                    "error": {
+                        "message": "The `reasoning_content` in the thinking mode must be passed back to the API.",
+                        "type": "invalid_request_error",
+                    }
+                },
+            )
     if messages[-1]["role"] == "user":
-        return chat("", tool_calls=[call("call_1", "lookup", '{"q": "oslo"}')], finish="tool_calls", reasoning="Need the lookup tool.")
+        return chat(
+            "",
+            tool_calls=[call("call_1", "lookup", '{"q": "oslo"}')],
+            finish="tool_calls",
+            reasoning="Need the lookup tool.",
+        )
     return chat("Oslo is 42.", reasoning="Done.")
 
 
@@ -229,8 +281,15 @@ def anthropic_rule(recorded: Recorded) -> Reply:
         content = [{"type": "text", "text": f"{model} says: {last[0]['content']}"}]
         stop_reason = "end_turn"
     else:
-        content = [api.thinking(model, f"{model} plans a lookup.\n"),
-                   {"type": "tool_use", "id": f"toolu_{len(body['messages'])}_{model.replace('-', '')}", "name": "lookup", "input": {"q": model}}]
+        content = [
+            api.thinking(model, f"{model} plans a lookup.\n"),
+            {
+                "type": "tool_use",
+                "id": f"toolu_{len(body['messages'])}_{model.replace('-', '')}",
+                "name": "lookup",
+                "input": {"q": model},
+            },
+        ]
         stop_reason = "tool_use"
     if body.get("stream"):
         return Reply(events=api.stream_events(model, content, stop_reason))
@@ -240,7 +299,9 @@ def anthropic_rule(recorded: Recorded) -> Reply:
 def gpt_rule(recorded: Recorded) -> Reply:
     if recorded.json["messages"][-1]["role"] == "tool":
         return chat("gpt says done.", reasoning="short plan")
-    return chat(None, tool_calls=[call(f"call_{len(recorded.json['messages'])}", "lookup", '{"q": "gpt"}')], finish="tool_calls")
+    return chat(
+        None, tool_calls=[call(f"call_{len(recorded.json['messages'])}", "lookup", '{"q": "gpt"}')], finish="tool_calls"
+    )
 
 
 async def test_c08_a_conversation_switches_provider_and_model_and_goes_on(run, redis, keys, store):
@@ -253,12 +314,17 @@ async def test_c08_a_conversation_switches_provider_and_model_and_goes_on(run, r
         await stop(services)
     bodies = [r.json for r in anthropic.requests]
     assert all(api.validate(b, {"x-api-key": api.API_KEY, "anthropic-version": "x"}) is None for b in bodies)
-    thinking_of = [[blk for m in b["messages"] if m["role"] == "assistant" for blk in m["content"] if blk["type"] == "thinking"] for b in bodies]
+    thinking_of = [
+        [blk for m in b["messages"] if m["role"] == "assistant" for blk in m["content"] if blk["type"] == "thinking"]
+        for b in bodies
+    ]
     to_b = [t for b, t in zip(bodies, thinking_of) if b["model"] == "claude-b"]
     assert to_b[0] == []  # turn 3's first call: claude-a's blocks are never sent to claude-b
     assert all(blk["signature"] == api.sign("claude-b", blk["thinking"]) for t in to_b for blk in t)  # only its own
     last_a = thinking_of[-1]
-    assert last_a and all(blk["signature"] == api.sign("claude-a", blk["thinking"]) for blk in last_a)  # claude-a's own, verbatim
+    assert last_a and all(
+        blk["signature"] == api.sign("claude-a", blk["thinking"]) for blk in last_a
+    )  # claude-a's own, verbatim
     assert "short plan" not in json.dumps(bodies)  # gpt's reasoning never leaks into Anthropic requests
     assert not any("thinking" in json.dumps(m) for b in openai.bodies() for m in b["messages"])
     events = await events_of(store, "switch")

@@ -4,17 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream.steps.summarising import (
-    COMPACTION_ERROR,
-    CONTEXT_FULL,
-    SUMMARY_FAILED,
-    Send,
-    Summarise,
-    failure_code,
-    next_call,
-    outcome_of,
-    sent_request,
-)
 from agentstream.context import (
     AssistantMessage,
     Compact,
@@ -33,6 +22,17 @@ from agentstream.context import (
 )
 from agentstream.context.builder import new_state
 from agentstream.errors import CompactionError, ContextFullError
+from agentstream.steps.summarising import (
+    COMPACTION_ERROR,
+    CONTEXT_FULL,
+    SUMMARY_FAILED,
+    Send,
+    Summarise,
+    failure_code,
+    next_call,
+    outcome_of,
+    sent_request,
+)
 from agentstream.wire.events import CompactionFailed, ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
 from tests.support.compaction_apps import chatty, turn_text
 
@@ -41,9 +41,11 @@ def conversation(*sizes: int) -> list:
     """Ended turns t1.. of the given user message sizes, then nothing (the caller adds the next)."""
     events: list = []
     for n, size in enumerate(sizes, start=1):
-        events += [TurnInput(turn_id=f"t{n}", agent="chatty", text=turn_text(n, size)),
-                   ModelOutput(turn_id=f"t{n}", step=0, content=f"Noted turn {n}."),
-                   TurnEnded(turn_id=f"t{n}", answer=f"Noted turn {n}.")]
+        events += [
+            TurnInput(turn_id=f"t{n}", agent="chatty", text=turn_text(n, size)),
+            ModelOutput(turn_id=f"t{n}", step=0, content=f"Noted turn {n}."),
+            TurnEnded(turn_id=f"t{n}", answer=f"Noted turn {n}."),
+        ]
     return events
 
 
@@ -80,15 +82,24 @@ def test_after_the_summary_the_call_shows_it_in_the_system_message_in_place_of_t
 C04_AGENT = chatty.__class__(
     name="chatty",
     system_prompt="S",
-    context=ContextConfig(policy=ContextPolicy(shrink=(), output_reserve=Tokens(100), result_cap=None,
-                                               compact=Compact(where=turns[:-1], when=Share(0.5), summary_output=Tokens(200)))),
+    context=ContextConfig(
+        policy=ContextPolicy(
+            shrink=(),
+            output_reserve=Tokens(100),
+            result_cap=None,
+            compact=Compact(where=turns[:-1], when=Share(0.5), summary_output=Tokens(200)),
+        )
+    ),
     model_limits=ModelLimits(window=Tokens(3_000)),
 )
 
 
 def c04_trace() -> list:
     """C04: a turn whose model called two tools at once (5 KB results), answered; then a new question."""
-    calls = (ToolCall(id="call_1", name="query_errors", arguments="{}"), ToolCall(id="call_2", name="query_latency", arguments="{}"))
+    calls = (
+        ToolCall(id="call_1", name="query_errors", arguments="{}"),
+        ToolCall(id="call_2", name="query_latency", arguments="{}"),
+    )
     return [
         TurnInput(turn_id="t1", agent="chatty", text="Analyze metrics for asset X"),
         ModelOutput(turn_id="t1", step=0, tool_calls=calls, stop_reason="tool_calls"),
@@ -120,7 +131,10 @@ def test_c04_the_summary_starts_the_kept_part_on_the_newest_user_message_and_eac
 def test_c04_a_second_compaction_folds_the_first_summary_in_and_only_the_newer_one_shows():
     events, built = ask(conversation(2_000, 2_000, 2_000), 4)
     events.append(compaction_event(next_call(built, events, chatty).plan, "SUMMARY[turn 1, turn 2, turn 3]"))
-    events += [ModelOutput(turn_id="t4", step=0, content="Noted turn 4."), TurnEnded(turn_id="t4", answer="Noted turn 4.")]
+    events += [
+        ModelOutput(turn_id="t4", step=0, content="Noted turn 4."),
+        TurnEnded(turn_id="t4", answer="Noted turn 4."),
+    ]
     for n in (5, 6):
         events += conversation(*[0] * (n - 1), 2_000)[-3:]
         events[-3] = TurnInput(turn_id=f"t{n}", agent="chatty", text=turn_text(n))
@@ -130,7 +144,10 @@ def test_c04_a_second_compaction_folds_the_first_summary_in_and_only_the_newer_o
     decision = next_call(built, events, chatty)
     assert isinstance(decision, Summarise) and decision.plan.previous_summary == "SUMMARY[turn 1, turn 2, turn 3]"
     state = new_state(events, chatty, *settings_of(chatty))
-    assert "SUMMARY[turn 1, turn 2, turn 3]" in summary_request(state, decision.plan, 0, decision.plan.previous_summary).system
+    assert (
+        "SUMMARY[turn 1, turn 2, turn 3]"
+        in summary_request(state, decision.plan, 0, decision.plan.previous_summary).system
+    )
     events.append(compaction_event(decision.plan, "SUMMARY[SUMMARY[turn 1, turn 2, turn 3] + turn 4, turn 5, turn 6]"))
     request = next_call(build_context(events, chatty, turn_id="t7", step=0), events, chatty).request
     assert request.system.count("SUMMARY[") == 2 and request.system.count("<conversation_summary>") == 1
@@ -158,7 +175,11 @@ def test_an_empty_summary_or_one_that_replaces_nothing_ends_the_turn_with_a_comp
     events, built = ask(conversation(2_000, 2_000, 2_000), 4)
     with pytest.raises(CompactionError, match="empty summary"):
         compaction_event(next_call(built, events, chatty).plan, "  ")
-    events.append(CompactionFailed(turn_id="t4", kept_from_turn="t4", code=COMPACTION_ERROR, reason="the model wrote an empty summary"))
+    events.append(
+        CompactionFailed(
+            turn_id="t4", kept_from_turn="t4", code=COMPACTION_ERROR, reason="the model wrote an empty summary"
+        )
+    )
     with pytest.raises(CompactionError, match="empty summary") as caught:
         next_call(built, events, chatty)
     assert failure_code(caught.value) == COMPACTION_ERROR
@@ -178,7 +199,9 @@ def test_the_assistant_message_kept_after_a_summary_is_the_running_turns_own():
     events, built = ask(conversation(2_000, 2_000, 2_000), 4)
     events.append(compaction_event(next_call(built, events, chatty).plan, "S"))
     call = ToolCall(id="c1", name="x", arguments="{}")
-    events += [ModelOutput(turn_id="t4", step=0, tool_calls=(call,), stop_reason="tool_calls"),
-               ToolOutput(turn_id="t4", call_id="c1", name="x", text="r")]
+    events += [
+        ModelOutput(turn_id="t4", step=0, tool_calls=(call,), stop_reason="tool_calls"),
+        ToolOutput(turn_id="t4", call_id="c1", name="x", text="r"),
+    ]
     request = next_call(build_context(events, chatty, turn_id="t4", step=1), events, chatty).request
     assert [type(m) for m in request.messages] == [UserMessage, AssistantMessage, ToolResultMessage]

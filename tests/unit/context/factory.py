@@ -41,7 +41,14 @@ def make_agent(
     if config is None and policy is not None:
         config = ContextConfig(policy=policy)
     limits = ModelLimits(window=Tokens(window)) if window is not None else None
-    return Agent(name="a", system_prompt="You are a test agent.", tools=list(tools), context=config, model_limits=limits, **kwargs)
+    return Agent(
+        name="a",
+        system_prompt="You are a test agent.",
+        tools=list(tools),
+        context=config,
+        model_limits=limits,
+        **kwargs,
+    )
 
 
 class Trace:
@@ -60,15 +67,23 @@ class Trace:
         self._steps[turn_id] = 0
         return turn_id
 
-    def calls(self, turn_id: str, *calls: tuple[str, str], prompt_tokens: int | None = None, **kwargs: Any) -> list[str]:
+    def calls(
+        self, turn_id: str, *calls: tuple[str, str], prompt_tokens: int | None = None, **kwargs: Any
+    ) -> list[str]:
         ids = []
         for _ in calls:
             self._calls += 1
             ids.append(f"call_{self._calls}")
         tool_calls = tuple(ToolCall(id=i, name=n, arguments=a) for i, (n, a) in zip(ids, calls))
         self.events.append(
-            ModelOutput(turn_id=turn_id, step=self._next_step(turn_id), tool_calls=tool_calls, stop_reason="tool_calls",
-                        usage=Usage(prompt_tokens=prompt_tokens), **kwargs)
+            ModelOutput(
+                turn_id=turn_id,
+                step=self._next_step(turn_id),
+                tool_calls=tool_calls,
+                stop_reason="tool_calls",
+                usage=Usage(prompt_tokens=prompt_tokens),
+                **kwargs,
+            )
         )
         return ids
 
@@ -77,7 +92,13 @@ class Trace:
 
     def answer(self, turn_id: str, content: str, *, prompt_tokens: int | None = None, **kwargs: Any) -> None:
         self.events.append(
-            ModelOutput(turn_id=turn_id, step=self._next_step(turn_id), content=content, usage=Usage(prompt_tokens=prompt_tokens), **kwargs)
+            ModelOutput(
+                turn_id=turn_id,
+                step=self._next_step(turn_id),
+                content=content,
+                usage=Usage(prompt_tokens=prompt_tokens),
+                **kwargs,
+            )
         )
 
     def end(self, turn_id: str, answer: str = "done") -> None:
@@ -86,7 +107,9 @@ class Trace:
     def fail(self, turn_id: str) -> None:
         self.events.append(TurnFailed(turn_id=turn_id, code="cancelled", reason="cancelled by user"))
 
-    def tool_turn(self, text: str, results: list[str], answer: str = "ok", *, name: str = "search", **result_kwargs: Any) -> str:
+    def tool_turn(
+        self, text: str, results: list[str], answer: str = "ok", *, name: str = "search", **result_kwargs: Any
+    ) -> str:
         """A whole turn: input, one output calling ``len(results)`` tools, the results, an answer, the end."""
         turn_id = self.user(text)
         ids = self.calls(turn_id, *[(name, '{"query": "q"}') for _ in results])

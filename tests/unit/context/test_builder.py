@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from agentstream.context import (
     BRACKETS,
     AssistantMessage,
@@ -26,7 +27,6 @@ from agentstream.wire.events import (
     TurnFailed,
     TurnInput,
 )
-
 from tests.unit.context.factory import Trace, make_agent
 
 
@@ -142,11 +142,15 @@ def test_selection_hides_events_and_never_renumbers_elements():
     trace.answer(first, "ok")
     trace.end(first)
     second = trace.user("second", elements=(Document(id="doc-b", text="B"),))
-    hide_secrets = ContextConfig(select=only(TurnInput, ModelOutput, ToolOutput, TurnEnded, TurnFailed), citations=BRACKETS)
+    hide_secrets = ContextConfig(
+        select=only(TurnInput, ModelOutput, ToolOutput, TurnEnded, TurnFailed), citations=BRACKETS
+    )
     messages = build_request(trace.events, make_agent(config=hide_secrets), turn_id=second, step=0).messages
     assert '<document id="2" cite="[2]">B</document>' in messages[-1].text
     # A selection that drops the first turn still numbers doc-b as 2.
-    custom = ContextConfig(select=lambda events: [e for e in events if getattr(e, "turn_id", "") != first], citations=BRACKETS)
+    custom = ContextConfig(
+        select=lambda events: [e for e in events if getattr(e, "turn_id", "") != first], citations=BRACKETS
+    )
     messages = build_request(trace.events, make_agent(config=custom), turn_id=second, step=0).messages
     assert len(messages) == 1 and 'id="2"' in messages[0].text
 
@@ -155,9 +159,17 @@ def test_input_elements_show_before_the_text_with_parts_nested_in_their_whole():
     trace = Trace()
     turn = trace.user(
         "what does it say?",
-        elements=(Document(id="d", title="Guide"), Passage(id="p2", ref="d", text="two"), Passage(id="p1", ref="d", text="one <b>")),
+        elements=(
+            Document(id="d", title="Guide"),
+            Passage(id="p2", ref="d", text="two"),
+            Passage(id="p1", ref="d", text="one <b>"),
+        ),
     )
-    text = build_request(trace.events, make_agent(config=ContextConfig(citations=BRACKETS)), turn_id=turn, step=0).messages[0].text
+    text = (
+        build_request(trace.events, make_agent(config=ContextConfig(citations=BRACKETS)), turn_id=turn, step=0)
+        .messages[0]
+        .text
+    )
     assert text == (
         '<document id="1" cite="[1]" title="Guide">\n'
         '<passage id="2" cite="[2]">two</passage>\n'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agentstream.context import (
     BRACKETS,
     Compact,
@@ -21,7 +22,6 @@ from agentstream.context.builder import new_state, settings_of
 from agentstream.context.compaction import kept_from_index
 from agentstream.errors import CompactionError
 from agentstream.wire.events import Compaction, Document
-
 from tests.unit.context.factory import Trace, make_agent
 
 
@@ -43,10 +43,16 @@ def test_the_kept_part_starts_on_a_turn_and_never_after_the_running_one():
 
 def test_a_compaction_shows_its_summary_in_the_system_message_in_place_of_the_replaced_turns():
     trace = Trace()
-    first = trace.tool_turn("first question", ["first result"], "first answer", elements=(Document(id="d1", text="one"),))
-    second = trace.tool_turn("second question", ["second result"], "second answer", elements=(Document(id="d2", text="two"),))
+    first = trace.tool_turn(
+        "first question", ["first result"], "first answer", elements=(Document(id="d1", text="one"),)
+    )
+    second = trace.tool_turn(
+        "second question", ["second result"], "second answer", elements=(Document(id="d2", text="two"),)
+    )
     third = trace.user("third question")
-    trace.events.append(Compaction(turn_id=third, summary="They asked <two> things.", kept_from_turn=second, replaced_turns=1))
+    trace.events.append(
+        Compaction(turn_id=third, summary="They asked <two> things.", kept_from_turn=second, replaced_turns=1)
+    )
     built = build_context(trace.events, compacting_agent(window=100_000), turn_id=third, step=0)
     request = built.request
     assert request.system.startswith("You are a test agent.\n\n<conversation_summary>")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from agentstream.context import (
     ContextCache,
     ContextPolicy,
@@ -13,7 +14,6 @@ from agentstream.context import (
     explain,
 )
 from agentstream.errors import UnrenderedEventError
-
 from tests.unit.context.factory import Trace, make_agent
 
 AGENT = make_agent(window=8_000, policy=ContextPolicy(output_reserve=Tokens(500)))
@@ -72,7 +72,10 @@ def test_a_miss_rebuilds_from_the_start():
     cache = ContextCache(max_traces=1)
     cache.build("a", entries_of(trace), AGENT, turn_id=last, step=0)
     rewritten = entries_of(trace, prefix="x")
-    assert cache.build("a", rewritten, AGENT, turn_id=last, step=0).request == build_context(trace.events, AGENT, turn_id=last, step=0).request
+    assert (
+        cache.build("a", rewritten, AGENT, turn_id=last, step=0).request
+        == build_context(trace.events, AGENT, turn_id=last, step=0).request
+    )
     other = make_agent(window=100_000)
     cache.build("a", rewritten, other, turn_id=last, step=0)
     cache.build("b", rewritten, other, turn_id=last, step=0)

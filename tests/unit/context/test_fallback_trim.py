@@ -32,7 +32,7 @@ def conversation(result_chars: int = 3_000, user_chars: int = 2_000) -> ChatRequ
 
 def assert_running_turn_whole(request: ChatRequest, trimmed: ChatRequest) -> None:
     running = request.messages[2:]
-    assert trimmed.messages[-len(running):] == running, "the running turn is not kept whole"
+    assert trimmed.messages[-len(running) :] == running, "the running turn is not kept whole"
     assert isinstance(trimmed.messages[0], UserMessage) and trimmed.system.startswith(request.system)
     calls = [c.id for m in trimmed.messages if isinstance(m, AssistantMessage) for c in m.tool_calls]
     results = [m.call_id for m in trimmed.messages if isinstance(m, ToolResultMessage)]
@@ -47,7 +47,11 @@ def test_every_trim_keeps_the_running_turn_whole_or_fails_with_the_sizes(window)
         trimmed = trim_request(request, limits, output_reserve=256, note="Earlier messages were left out.")
     except ContextFullError as exc:
         message = str(exc)
-        assert f"window of {window} tokens" in message and "output reserve 256" in message and "3 tool result(s)" in message
+        assert (
+            f"window of {window} tokens" in message
+            and "output reserve 256" in message
+            and "3 tool result(s)" in message
+        )
         assert "needs about" in message and "Nothing was sent" in message
         return
     if trimmed is not request:
@@ -57,7 +61,9 @@ def test_every_trim_keeps_the_running_turn_whole_or_fails_with_the_sizes(window)
 
 def test_a_running_turn_that_cannot_fit_fails_instead_of_sending_the_system_prompt_alone():
     request = conversation(result_chars=6_000)
-    with pytest.raises(ContextFullError, match=r"needs about \d+ tokens, the system prompt \d+, the tool definitions 0"):
+    with pytest.raises(
+        ContextFullError, match=r"needs about \d+ tokens, the system prompt \d+, the tool definitions 0"
+    ):
         trim_request(request, ModelLimits(window=Tokens(4_000)), output_reserve=256)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from agentstream import Agent, Tool
 from agentstream.context import (
     AssistantMessage,
@@ -35,9 +36,8 @@ from agentstream.context.compaction import trigger_tokens
 from agentstream.context.limits import DEFAULT_LIMITS
 from agentstream.context.trimming import estimate_counter
 from agentstream.errors import ContextFullError
-from agentstream.wire.events import Compaction, ToolCall
 from agentstream.models.openai_format import request_body
-
+from agentstream.wire.events import Compaction, ToolCall
 from tests.unit.context.factory import Trace, make_agent
 
 
@@ -69,7 +69,9 @@ C01 = (
 def test_c01_under_budget_trimming_is_a_no_op():
     counter = estimate_counter(ModelLimits(window=Tokens(100_000)))
     assert counter(C01) < 100
-    assert trim_messages(C01, max_tokens=10_000, token_counter=counter, include_system=True, start_on="user") is not None
+    assert (
+        trim_messages(C01, max_tokens=10_000, token_counter=counter, include_system=True, start_on="user") is not None
+    )
     assert trim_messages(C01, max_tokens=10_000, token_counter=counter, include_system=True, start_on="user") == C01
 
 
@@ -99,7 +101,12 @@ def test_c01_when_trimming_must_drop_a_call_and_its_results_go_together(budget):
 C03 = (
     SystemMessage(text="S"),
     UserMessage(text="Compare A and B"),
-    AssistantMessage(tool_calls=(ToolCall(id="call_1", name="get", arguments='{"k":"A"}'), ToolCall(id="call_2", name="get", arguments='{"k":"B"}'))),
+    AssistantMessage(
+        tool_calls=(
+            ToolCall(id="call_1", name="get", arguments='{"k":"A"}'),
+            ToolCall(id="call_2", name="get", arguments='{"k":"B"}'),
+        )
+    ),
     ToolResultMessage(call_id="call_1", name="get", text="A=1"),
     ToolResultMessage(call_id="call_2", name="get", text='[{"type": "text", "text": "B=2"}]'),
     AssistantMessage(content="A is smaller."),
@@ -130,12 +137,20 @@ def test_c03_with_a_summary_the_context_is_system_summary_then_the_new_user_mess
     trace.answer(first, "A is smaller.")
     trace.end(first)
     second = trace.user("Thanks, now C?")
-    trace.events.append(Compaction(turn_id=second, summary="A=1, B=2; A is smaller.", kept_from_turn=second, replaced_turns=1))
-    request = build_request(trace.events, make_agent(window=10_000, policy=ContextPolicy(output_reserve=Tokens(100))), turn_id=second, step=0)
+    trace.events.append(
+        Compaction(turn_id=second, summary="A=1, B=2; A is smaller.", kept_from_turn=second, replaced_turns=1)
+    )
+    request = build_request(
+        trace.events,
+        make_agent(window=10_000, policy=ContextPolicy(output_reserve=Tokens(100))),
+        turn_id=second,
+        step=0,
+    )
     assert "A is smaller." in request.system and request.messages == (UserMessage(text="Thanks, now C?"),)
 
 
 # --- C04: a summary never duplicates or orphans results, and never eats the live user turn ----------
+
 
 def c04_trace() -> tuple[Trace, str, str]:
     trace = Trace()
@@ -149,7 +164,9 @@ def c04_trace() -> tuple[Trace, str, str]:
 
 
 def c04_agent(where=turns[:-1]) -> Agent:
-    policy = ContextPolicy(shrink=(), output_reserve=Tokens(200), compact=Compact(where=where, when=Share(0.5), summary_output=Tokens(300)))
+    policy = ContextPolicy(
+        shrink=(), output_reserve=Tokens(200), compact=Compact(where=where, when=Share(0.5), summary_output=Tokens(300))
+    )
     return make_agent(window=4_000, policy=policy)
 
 
@@ -198,6 +215,7 @@ def test_c04_a_second_compaction_folds_the_first_summary_in():
 
 
 # --- C21: the cached prefix survives ---------------------------------------------------------------
+
 
 def messages_bytes(request) -> list[bytes]:
     body = msgspec.json.decode(request_body(request, model="m"))
@@ -248,6 +266,7 @@ def test_c21_at_the_budget_a_shrink_cuts_deep_once_then_the_prefix_holds_for_man
 
 # --- C22: tool-call arguments and tool schemas count --------------------------------------------------
 
+
 def schema_tool(index: int) -> Tool:
     def fn(path: str, content: str = "") -> str:
         return path
@@ -259,7 +278,13 @@ def schema_tool(index: int) -> Tool:
 def c22_agent(compact: Compact | None) -> Agent:
     tools = [schema_tool(i) for i in range(12)]
     policy = ContextPolicy(output_reserve=Tokens(2_000), compact=compact)
-    return Agent(name="a", system_prompt="S", tools=tools, context=ContextConfig(policy=policy), model_limits=ModelLimits(window=Tokens(16_000)))
+    return Agent(
+        name="a",
+        system_prompt="S",
+        tools=tools,
+        context=ContextConfig(policy=policy),
+        model_limits=ModelLimits(window=Tokens(16_000)),
+    )
 
 
 def c22_trace() -> tuple[Trace, str]:
@@ -275,7 +300,9 @@ def test_c22_the_estimate_counts_arguments_schemas_and_the_reserve_and_compactio
     trace, second = c22_trace()
     agent = c22_agent(Compact(where=turns[:-1]))
     built = build_context(trace.events, agent, turn_id=second, step=0)
-    schemas = estimate_tokens(built.request.__class__(system="", messages=(), tools=built.request.tools), agent.model_limits)
+    schemas = estimate_tokens(
+        built.request.__class__(system="", messages=(), tools=built.request.tools), agent.model_limits
+    )
     assert 2_500 <= schemas <= 5_000, schemas  # cl100k counts 2 533: JSON punctuation counts a token each
     assert built.size_tokens > 14_000
     assert built.compaction is not None and built.compaction.kept_from_turn == second
@@ -292,6 +319,7 @@ def test_c22_the_estimate_is_corrected_by_the_providers_real_prompt_count():
 
 
 # --- C24: compaction starts with room to spare, and its own call is budgeted ---------------------------
+
 
 def c24_trace(turn_count: int, result_chars: int) -> tuple[Trace, str]:
     trace = Trace()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agentstream.context import BRACKETS, FULLWIDTH, Numbering, xml
 from agentstream.wire.events import Document, Image, Passage, Source
 
@@ -26,8 +27,8 @@ def test_sources_carry_their_number_and_exact_citation():
     doc = Document(id="https://x/doc", title="Guide", url="https://x/doc", properties={"modified": "2024-01-02"})
     text = xml()([doc], numbered(doc), "search", FULLWIDTH)
     assert text == '<document id="1" cite="【1】" title="Guide" url="https://x/doc" modified="2024-01-02"/>'
-    assert 'cite=' not in xml()([doc], numbered(doc), "search", None)
-    assert 'cite=' not in xml(cite=None)([doc], numbered(doc), "search", BRACKETS)
+    assert "cite=" not in xml()([doc], numbered(doc), "search", None)
+    assert "cite=" not in xml(cite=None)([doc], numbered(doc), "search", BRACKETS)
 
 
 def test_fields_tags_and_order_are_configurable():
@@ -35,7 +36,11 @@ def test_fields_tags_and_order_are_configurable():
     p1 = Passage(id="p1", ref="d", text="second", properties={"chunk_index": 2})
     p2 = Passage(id="p2", ref="d", text="first", properties={"chunk_index": 1})
     p3 = Passage(id="p3", ref="d", text="unordered")
-    layout = xml(fields={Document: {"properties.modified": "date"}}, tags={Passage: "chunk"}, order={Passage: "properties.chunk_index"})
+    layout = xml(
+        fields={Document: {"properties.modified": "date"}},
+        tags={Passage: "chunk"},
+        order={Passage: "properties.chunk_index"},
+    )
     text = layout([doc, p1, p2, p3], numbered(doc, p1, p2, p3), "search", BRACKETS)
     assert text.splitlines() == [
         '<document id="1" cite="[1]" date="2024">',

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agentstream.context import (
     AssistantMessage,
     ChatRequest,
@@ -18,7 +19,6 @@ from agentstream.context import (
 from agentstream.context.limits import corrected_tokens, request_chars
 from agentstream.errors import ContextFullError
 from agentstream.wire.events import ToolCall
-
 from tests.unit.context.factory import Trace, make_agent
 
 
@@ -120,5 +120,7 @@ def test_an_implausibly_low_reported_count_does_not_correct_the_estimate():
     trusted.answer(t, "ok", prompt_tokens=2_900)  # plausible (0.97 of the estimate): it corrects
     trusted.end(t)
     n = trusted.user("again")
-    corrected = build_context(trusted.events, make_agent(window=100_000, policy=ContextPolicy(output_reserve=Tokens(500))), turn_id=n, step=0)
+    corrected = build_context(
+        trusted.events, make_agent(window=100_000, policy=ContextPolicy(output_reserve=Tokens(500))), turn_id=n, step=0
+    )
     assert 3_400 < corrected.size_tokens < 3_500

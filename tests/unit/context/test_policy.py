@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agentstream.context import (
     BRACKETS,
     COMPRESSED,
@@ -22,7 +23,6 @@ from agentstream.context import (
 )
 from agentstream.context.policy import Selection
 from agentstream.wire.events import Document, Image, ModelOutput, ToolCall
-
 from tests.unit.context.factory import Trace, make_agent
 
 BIG = "lorem ipsum " * 150  # about 600 tokens
@@ -40,8 +40,13 @@ def forms(built) -> dict[str, str]:
 
 
 def test_selections_count_from_the_oldest_and_out_of_range_selects_nothing():
-    view = ContextView(turns=[["r1"], ["r2", "r3"], [], ["r4"]], rounds=[["r1"], ["r2", "r3"], ["r4"]],
-                       results=["r1", "r2", "r3", "r4"], tools={}, cited=frozenset())
+    view = ContextView(
+        turns=[["r1"], ["r2", "r3"], [], ["r4"]],
+        rounds=[["r1"], ["r2", "r3"], ["r4"]],
+        results=["r1", "r2", "r3", "r4"],
+        tools={},
+        cited=frozenset(),
+    )
     assert turns[:-2].handles(view) == ["r1", "r2", "r3"]
     assert rounds[-1].handles(view) == ["r4"]
     assert results[:-3].handles(view) == ["r1"]
@@ -110,7 +115,9 @@ def test_min_gain_skips_a_pass_that_frees_too_little():
 def test_a_pass_not_made_for_freeing_too_little_is_made_once_the_context_is_over_the_window():
     # The same results as at the call before, where stubbing r1 freed less than min_gain; a long
     # reply since then puts the context over the window, so now the pass must be made.
-    policy = ContextPolicy(shrink=(Stub(results[-3:-1]),), min_gain=Tokens(300), output_reserve=Tokens(100), reopen=None, result_cap=None)
+    policy = ContextPolicy(
+        shrink=(Stub(results[-3:-1]),), min_gain=Tokens(300), output_reserve=Tokens(100), reopen=None, result_cap=None
+    )
     agent = make_agent(window=1000, policy=policy)
     trace = Trace()
     trace.tool_turn("first", ["a" * 450])
@@ -126,14 +133,18 @@ def test_a_pass_not_made_for_freeing_too_little_is_made_once_the_context_is_over
 def test_a_result_shown_under_two_calls_counts_twice_in_what_a_pass_could_free():
     # The second turn calls c2 twice (some models reuse call ids): r2 shows under both calls. When
     # r2 joins results[:-1], stubbing it frees both copies, which with r1 is enough for min_gain.
-    policy = ContextPolicy(shrink=(Stub(results[:-1]),), min_gain=Tokens(500), output_reserve=Tokens(100), reopen=None, result_cap=None)
+    policy = ContextPolicy(
+        shrink=(Stub(results[:-1]),), min_gain=Tokens(500), output_reserve=Tokens(100), reopen=None, result_cap=None
+    )
     agent = make_agent(window=1500, policy=policy)
     trace = Trace()
     trace.tool_turn("first", ["a" * 400])
     second = trace.user("second")
     (call,) = trace.calls(second, ("search", "{}"))
     trace.result(second, call, "b" * 1000)
-    trace.events.append(ModelOutput(turn_id=second, step=1, tool_calls=(ToolCall(id=call, name="search", arguments="{}"),)))
+    trace.events.append(
+        ModelOutput(turn_id=second, step=1, tool_calls=(ToolCall(id=call, name="search", arguments="{}"),))
+    )
     trace.answer(second, "done")
     trace.end(second)
     third = trace.user("third " + "q" * 500)
@@ -148,7 +159,9 @@ def test_a_cited_source_stays_full_when_its_result_is_stubbed():
     for index in range(8):
         turn = trace.user(f"q{index}")
         (call,) = trace.calls(turn, ("search", "{}"))
-        trace.result(turn, call, "rows " * 50, elements=(Document(id=f"doc{index}", title=f"D{index}", text="body " * 200),))
+        trace.result(
+            turn, call, "rows " * 50, elements=(Document(id=f"doc{index}", title=f"D{index}", text="body " * 200),)
+        )
         trace.answer(turn, "see [1]" if index == 0 else "ok")
         trace.end(turn)
     last = trace.user("last")
@@ -176,7 +189,9 @@ def test_a_plain_function_is_a_shrink_and_explain_names_it():
         return [(view.results[0], STUBBED)] if view.results else []
 
     trace, last = long_trace(4)
-    policy = ContextPolicy(shrink=(stub_oldest,), start_at=Tokens(1000), target=Tokens(500), min_gain=None, output_reserve=Tokens(10))
+    policy = ContextPolicy(
+        shrink=(stub_oldest,), start_at=Tokens(1000), target=Tokens(500), min_gain=None, output_reserve=Tokens(10)
+    )
     built = build_context(trace.events, make_agent(window=100_000, policy=policy), turn_id=last, step=0)
     assert built.shrunk[0].handle == "r1" and built.shrunk[0].by is stub_oldest and built.shrunk[0].form == STUBBED
 
@@ -188,7 +203,9 @@ def test_the_newest_images_are_kept_and_older_ones_become_a_note():
         trace.answer(f"t{index + 1}", "seen")
         trace.end(f"t{index + 1}")
     last = trace.user("last", elements=(Image(id="img3", url="u3"),))
-    built = build_context(trace.events, make_agent(window=100_000, policy=ContextPolicy(max_images=2)), turn_id=last, step=0)
+    built = build_context(
+        trace.events, make_agent(window=100_000, policy=ContextPolicy(max_images=2)), turn_id=last, step=0
+    )
     users = [m for m in built.request.messages if type(m).__name__ == "UserMessage"]
     assert [len(m.images) for m in users] == [0, 0, 1, 1]
     assert "older image left out" in users[0].text and users[2].images[0].id == "img2"
@@ -198,5 +215,7 @@ def test_forms_follow_the_defaults_over_85_percent():
     trace, last = long_trace(6)
     policy = ContextPolicy(output_reserve=Tokens(100), min_gain=None)
     built = build_context(trace.events, make_agent(window=3_600, policy=policy), turn_id=last, step=0)
-    assert Stub(turns[-3:], when=Share(0.85)) in [s.by for s in built.shrunk], "over 85 % the last turns' results are stubbed too"
+    assert Stub(turns[-3:], when=Share(0.85)) in [s.by for s in built.shrunk], (
+        "over 85 % the last turns' results are stubbed too"
+    )
     assert FULL > COMPRESSED

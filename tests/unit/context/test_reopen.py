@@ -12,10 +12,9 @@ from agentstream.context import (
     build_context,
     reopen_result,
 )
-from agentstream.wire.events import Document, ModelOutput, Passage, ToolCall
-from agentstream.wire.codec import TraceCodec
 from agentstream.steps.decision import RecordResults, decide
-
+from agentstream.wire.codec import TraceCodec
+from agentstream.wire.events import Document, ModelOutput, Passage, ToolCall
 from tests.unit.context.factory import Trace, make_agent
 
 
@@ -24,8 +23,13 @@ def trace_with_sources() -> tuple[Trace, str]:
     turn = trace.user("find it")
     (call,) = trace.calls(turn, ("search", "{}"))
     trace.result(
-        turn, call, "two passages",
-        elements=(Document(id="doc", title="Guide", text="whole " * 50), Passage(id="p1", ref="doc", text="the answer is 42")),
+        turn,
+        call,
+        "two passages",
+        elements=(
+            Document(id="doc", title="Guide", text="whole " * 50),
+            Passage(id="p1", ref="doc", text="the answer is 42"),
+        ),
     )
     trace.answer(turn, "ok")
     trace.end(turn)
@@ -59,7 +63,9 @@ def test_bad_arguments_give_an_error_result_the_model_can_act_on():
     bad_json = ToolCall(id="x", name="reopen", arguments="{nope")
     assert "not valid JSON" in reopen_result(trace.events, AGENT, turn, bad_json).text
     # a lone surrogate escape in a handle: echoed into the error text, it made a result no trace could store
-    lone = reopen_result(trace.events, AGENT, turn, ToolCall(id="z", name="reopen", arguments='{"results": ["r\\ud800"]}'))
+    lone = reopen_result(
+        trace.events, AGENT, turn, ToolCall(id="z", name="reopen", arguments='{"results": ["r\\ud800"]}')
+    )
     assert lone.error == "invalid_arguments" and "lone high UTF-16 surrogate" in lone.text
     assert TraceCodec().unstorable(lone) is None
     assert reopen_result(trace.events, AGENT, turn, ToolCall(id="y", name="search")) is None
@@ -72,7 +78,10 @@ def test_the_reopened_content_is_drawn_from_the_original_result_and_nested_in_it
     trace.events.append(reopen_result(trace.events, AGENT, turn, call))
     messages = build_context(trace.events, AGENT, turn_id=turn, step=1).request.messages
     shown = messages[-1].text
-    assert '<document id="1" cite="[1]" title="Guide">\n<passage id="2" cite="[2]">the answer is 42</passage>\n</document>' in shown
+    assert (
+        '<document id="1" cite="[1]" title="Guide">\n<passage id="2" cite="[2]">the answer is 42</passage>\n</document>'
+        in shown
+    )
     assert "[result r1 of search, shown again]" in shown and "whole whole" in shown
 
 

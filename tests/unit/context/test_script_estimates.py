@@ -67,7 +67,7 @@ def smollm2():
 PROSE = (
     "The quick brown fox jumps over the lazy dog . Estimating tokens without a tokenizer is hard , "
     "but a conservative figure keeps every request inside its window . I am a tool ; it is 42 % of 1,024 "
-    "and 3.14159 or 2026-12-01 : ( yes ) ! ? \" quoted \" http://example.com/a/b?c=d user@example.org"
+    'and 3.14159 or 2026-12-01 : ( yes ) ! ? " quoted " http://example.com/a/b?c=d user@example.org'
 ).split(" ")
 
 RANGES = {
@@ -107,7 +107,9 @@ EMOJI_PARTS = ("\u200d", "\ufe0f", "\U0001f3fb", "\U0001f3fd", "\U0001f3ff", "\U
 
 def _class_text(name: str) -> st.SearchStrategy[str]:
     low, high = RANGES[name]
-    return st.text(st.characters(min_codepoint=low, max_codepoint=high, exclude_categories=("Cs",)), min_size=1, max_size=24)
+    return st.text(
+        st.characters(min_codepoint=low, max_codepoint=high, exclude_categories=("Cs",)), min_size=1, max_size=24
+    )
 
 
 json_data = st.recursive(
@@ -122,12 +124,19 @@ fragment = st.one_of(
     st.tuples(json_data, st.booleans(), st.sampled_from([None, 2])).map(
         lambda t: json.dumps(t[0], ensure_ascii=t[1], indent=t[2])
     ),
-    st.tuples(st.lists(st.integers(-(10**12), 10**12) | st.integers(0, 9) | st.floats(allow_nan=False), min_size=1, max_size=24), st.sampled_from([" ", ", ", "\n", "\t", " | "])).map(lambda t: t[1].join(map(str, t[0]))),
+    st.tuples(
+        st.lists(
+            st.integers(-(10**12), 10**12) | st.integers(0, 9) | st.floats(allow_nan=False), min_size=1, max_size=24
+        ),
+        st.sampled_from([" ", ", ", "\n", "\t", " | "]),
+    ).map(lambda t: t[1].join(map(str, t[0]))),
     st.tuples(st.integers(0, len(CODE) - 1), st.integers(1, 400)).map(lambda t: CODE[t[0] : t[0] + t[1]]),
     *(_class_text(name) for name in RANGES),
     st.text(st.characters(min_codepoint=0x80, exclude_categories=("Cs",)), min_size=1, max_size=16),
     st.lists(st.one_of(_class_text("emoji"), st.sampled_from(EMOJI_PARTS)), min_size=1, max_size=10).map("".join),
-    st.tuples(st.sampled_from(SENTENCES), st.integers(0, 60), st.integers(1, 60)).map(lambda t: t[0][t[1] : t[1] + t[2]]),
+    st.tuples(st.sampled_from(SENTENCES), st.integers(0, 60), st.integers(1, 60)).map(
+        lambda t: t[0][t[1] : t[1] + t[2]]
+    ),
 )
 mixed_text = (
     st.lists(st.tuples(fragment, st.sampled_from(["", " ", "\n", ", "])), min_size=1, max_size=12)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+
 from agentstream.context import (
     COMPRESSED,
     FULL,
@@ -23,7 +24,6 @@ from agentstream.context import (
 from agentstream.context.forms import checked
 from agentstream.errors import ShortenError
 from agentstream.wire.events import Document, Image, Passage, ToolOutput
-
 from tests.unit.context.factory import Trace, make_agent
 
 LIMITS = ModelLimits(window=Tokens(1000))
@@ -39,7 +39,9 @@ def test_forms_are_ordered():
 
 
 def test_as_recorded_is_the_result_itself_and_drop_text_empties_each_source():
-    result = output(elements=(Document(id="d", text="long"), Passage(id="p", ref="d", text="part"), Image(id="i", url="u")))
+    result = output(
+        elements=(Document(id="d", text="long"), Passage(id="p", ref="d", text="part"), Image(id="i", url="u"))
+    )
     assert as_recorded(result, LIMITS) is result
     dropped = drop_text(result, LIMITS)
     assert [getattr(e, "text", None) for e in dropped.elements] == ["", "", None]
@@ -100,7 +102,9 @@ def test_the_builder_refuses_a_bad_full_function():
 
 
 def test_policy_picks_per_tool_forms_and_caps():
-    policy = ContextPolicy(result_cap=Tokens(100), tools={"read": Forms(full=drop_text, cap=None), "calc": Forms(cap=Tokens(5))})
+    policy = ContextPolicy(
+        result_cap=Tokens(100), tools={"read": Forms(full=drop_text, cap=None), "calc": Forms(cap=Tokens(5))}
+    )
     assert policy.shorten_for("read", FULL) is drop_text
     assert policy.shorten_for("search", FULL) is as_recorded
     assert policy.shorten_for("read", COMPRESSED) is drop_text

@@ -44,7 +44,10 @@ def test_last_keeps_the_newest_and_first_keeps_the_oldest():
 
 
 def test_include_system_keeps_the_leading_system_message_within_the_budget():
-    assert trim_messages(CONVERSATION, max_tokens=3, token_counter=count, include_system=True) == (CONVERSATION[0], *CONVERSATION[3:])
+    assert trim_messages(CONVERSATION, max_tokens=3, token_counter=count, include_system=True) == (
+        CONVERSATION[0],
+        *CONVERSATION[3:],
+    )
 
 
 def test_start_on_and_end_on():
@@ -60,8 +63,14 @@ def test_allow_partial_splits_one_text_with_the_splitter():
     messages = [UserMessage(text="a\nb\nc\nd"), UserMessage(text="e f")]
     last = trim_messages(messages, max_tokens=4, token_counter=words, allow_partial=True)
     assert last == (UserMessage(text="c\nd"), UserMessage(text="e f"))
-    first = trim_messages(messages, max_tokens=3, token_counter=words, strategy="first", allow_partial=True,
-                          text_splitter=lambda t: [p + " " for p in t.split()])
+    first = trim_messages(
+        messages,
+        max_tokens=3,
+        token_counter=words,
+        strategy="first",
+        allow_partial=True,
+        text_splitter=lambda t: [p + " " for p in t.split()],
+    )
     assert first == (UserMessage(text="a b c "),)
     assert trim_messages(messages, max_tokens=4, token_counter=words) == (UserMessage(text="e f"),)
 

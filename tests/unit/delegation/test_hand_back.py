@@ -7,8 +7,8 @@ import json
 import pydantic
 
 from agentstream.context import ToolResultMessage, build_messages
-from agentstream.wire.codec import TraceCodec
 from agentstream.delegation import TIMED_OUT, Delegation, ending_of, hand_back, timed_out
+from agentstream.wire.codec import TraceCodec
 from agentstream.wire.events import (
     Document,
     ModelOutput,
@@ -33,15 +33,29 @@ typed = Delegation(name="judge", description="Judge.", input=Question, agent="wo
 
 
 def task(name: str = "ask", expects=None, call_id: str = "call_9", deadline_s: float = 300.0) -> TaskInput:
-    return TaskInput(turn_id=call_id, agent="worker", text="research X", call_id=call_id, parent_trace_id="P",
-                     parent_turn_id="t1", root_trace_id="P", depth=1, delegation=name, expects=expects,
-                     deadline_s=deadline_s)
+    return TaskInput(
+        turn_id=call_id,
+        agent="worker",
+        text="research X",
+        call_id=call_id,
+        parent_trace_id="P",
+        parent_turn_id="t1",
+        root_trace_id="P",
+        depth=1,
+        delegation=name,
+        expects=expects,
+        deadline_s=deadline_s,
+    )
 
 
 def ended(*middle, answer: str, start: TaskInput | None = None) -> list:
     start = start or task()
-    return [start, *middle, ModelOutput(turn_id=start.turn_id, step=len(middle), content=answer),
-            TurnEnded(turn_id=start.turn_id, answer=answer)]
+    return [
+        start,
+        *middle,
+        ModelOutput(turn_id=start.turn_id, step=len(middle), content=answer),
+        TurnEnded(turn_id=start.turn_id, answer=answer),
+    ]
 
 
 def test_an_answer_becomes_the_result_of_the_parents_call():
@@ -56,11 +70,17 @@ def test_every_source_the_child_was_shown_comes_back_with_its_whole_and_the_text
     uncited = Source(id="https://e", text="other")
     part = Passage(id="https://f#1", ref="https://f", text="a part shown before its whole")
     whole = Document(id="https://f", title="F", url="https://f")
-    lookup = ModelOutput(turn_id="call_9", step=0, tool_calls=(ToolCall(id="c1", name="lookup", arguments="{}"),
-                                                               ToolCall(id="c2", name="lookup", arguments="{}")), stop_reason="tool_calls")
+    lookup = ModelOutput(
+        turn_id="call_9",
+        step=0,
+        tool_calls=(ToolCall(id="c1", name="lookup", arguments="{}"), ToolCall(id="c2", name="lookup", arguments="{}")),
+        stop_reason="tool_calls",
+    )
     found = ToolOutput(turn_id="call_9", call_id="c1", name="lookup", text="found", elements=(cited, doc, uncited))
     more = ToolOutput(turn_id="call_9", call_id="c2", name="lookup", text="more", elements=(part, whole))
-    late = ToolOutput(turn_id="call_9", call_id="c1", name="lookup", text="late", elements=(Source(id="never", text="x"),), late=True)
+    late = ToolOutput(
+        turn_id="call_9", call_id="c1", name="lookup", text="late", elements=(Source(id="never", text="x"),), late=True
+    )
     result = hand_back(plain, ended(lookup, found, more, late, answer="X is true [1]. See also [9] and [x]."))
     assert result.text == "X is true. See also [9] and [x]."  # only marks that resolve are taken out
     assert result.elements == (doc, cited, uncited, whole, part)  # each whole before its parts; nothing late
@@ -97,14 +117,19 @@ def test_a_result_function_that_raises_is_an_error_result():
     def broken(events):
         raise KeyError("nope")
 
-    result = hand_back(Delegation(name="ask", description="Ask.", input=Question, agent="worker", result=broken), ended(answer="x"))
+    result = hand_back(
+        Delegation(name="ask", description="Ask.", input=Question, agent="worker", result=broken), ended(answer="x")
+    )
     assert result.error == "result_error" and "KeyError" in result.text
 
 
 def test_a_failed_child_is_an_error_result_with_its_partial_output():
     start = task()
-    events = [start, ModelOutput(turn_id="call_9", step=0, content="Half done: A is 1."),
-              TurnFailed(turn_id="call_9", code="passes_cap", reason="reached its passes cap")]
+    events = [
+        start,
+        ModelOutput(turn_id="call_9", step=0, content="Half done: A is 1."),
+        TurnFailed(turn_id="call_9", code="passes_cap", reason="reached its passes cap"),
+    ]
     result = hand_back(plain, events)
     assert result.error == "passes_cap" and "passes cap" in result.text and "Half done: A is 1." in result.text
 
@@ -112,7 +137,12 @@ def test_a_failed_child_is_an_error_result_with_its_partial_output():
 def test_c28_a_child_killed_at_its_deadline_has_one_ending_and_the_parent_gets_a_timed_out_result():
     # P delegated "research X" as call_9; child C1 called web_search and was never heard of again.
     start = task(deadline_s=300)
-    search = ModelOutput(turn_id="call_9", step=0, tool_calls=(ToolCall(id="c1", name="web_search", arguments="{}"),), stop_reason="tool_calls")
+    search = ModelOutput(
+        turn_id="call_9",
+        step=0,
+        tool_calls=(ToolCall(id="c1", name="web_search", arguments="{}"),),
+        stop_reason="tool_calls",
+    )
     partial = ToolOutput(turn_id="call_9", call_id="c1", name="web_search", text="two pages")
     ending = timed_out(start)
     events = [start, search, partial, ending]
@@ -124,8 +154,10 @@ def test_c28_a_child_killed_at_its_deadline_has_one_ending_and_the_parent_gets_a
 
 def test_parallel_delegations_come_back_in_call_order_whatever_order_they_end_in():
     turn = TurnInput(turn_id="t1", agent="lead", text="Compare A and B")
-    calls = (ToolCall(id="call_A", name="ask", arguments='{"question":"A"}'),
-             ToolCall(id="call_B", name="ask", arguments='{"question":"B"}'))
+    calls = (
+        ToolCall(id="call_A", name="ask", arguments='{"question":"A"}'),
+        ToolCall(id="call_B", name="ask", arguments='{"question":"B"}'),
+    )
     out = ModelOutput(turn_id="t1", step=0, tool_calls=calls, stop_reason="tool_calls")
     child_a = ended(answer="A-result", start=task(call_id="call_A"))
     child_b = ended(answer="B-result", start=task(call_id="call_B"))
@@ -137,20 +169,37 @@ def test_parallel_delegations_come_back_in_call_order_whatever_order_they_end_in
 
 def test_a_child_that_ends_without_text_hands_back_a_digest_of_its_calls():
     # issue 11 item 9: not "(no text; N tool result(s) gathered)", but what it did
-    write = ModelOutput(turn_id="call_9", step=0, stop_reason="tool_calls", tool_calls=(
-        ToolCall(id="c1", name="write_file", arguments=json.dumps({"path": "out.txt", "content": "x" * 1000})),
-        ToolCall(id="c2", name="delete_file", arguments='{"path": "old.txt"}'),
-        ToolCall(id="c3", name="slow", arguments="{}"),
-    ))
+    write = ModelOutput(
+        turn_id="call_9",
+        step=0,
+        stop_reason="tool_calls",
+        tool_calls=(
+            ToolCall(id="c1", name="write_file", arguments=json.dumps({"path": "out.txt", "content": "x" * 1000})),
+            ToolCall(id="c2", name="delete_file", arguments='{"path": "old.txt"}'),
+            ToolCall(id="c3", name="slow", arguments="{}"),
+        ),
+    )
     wrote = ToolOutput(turn_id="call_9", call_id="c1", name="write_file", text="wrote 1000 bytes to out.txt")
-    refused = ToolOutput(turn_id="call_9", call_id="c2", name="delete_file", text="Error: permission denied", error="tool_error")
+    refused = ToolOutput(
+        turn_id="call_9", call_id="c2", name="delete_file", text="Error: permission denied", error="tool_error"
+    )
     silent = ModelOutput(turn_id="call_9", step=1, content="", stop_reason="stop")
-    events = [task(), write, wrote, refused, silent, TurnFailed(turn_id="call_9", code="empty_reply", reason="the model gave an empty reply")]
+    events = [
+        task(),
+        write,
+        wrote,
+        refused,
+        silent,
+        TurnFailed(turn_id="call_9", code="empty_reply", reason="the model gave an empty reply"),
+    ]
     result = hand_back(plain, events)
     assert result.error == "empty_reply"
     lines = result.text.splitlines()
     assert "it failed (empty_reply) after 2 model call(s), last stop reason stop; tool calls: 3." in lines[1]
-    assert lines[2].startswith('1. write_file({"path": "out.txt", "content": "xxx') and "characters in all]) -> ok: wrote 1000 bytes to out.txt" in lines[2]
+    assert (
+        lines[2].startswith('1. write_file({"path": "out.txt", "content": "xxx')
+        and "characters in all]) -> ok: wrote 1000 bytes to out.txt" in lines[2]
+    )
     assert lines[3] == '2. delete_file({"path": "old.txt"}) -> error tool_error: Error: permission denied'
     assert lines[4] == "3. slow({}) -> error no_result: (no result)"
     digest = result.data["digest"]
@@ -158,5 +207,14 @@ def test_a_child_that_ends_without_text_hands_back_a_digest_of_its_calls():
     assert [c["name"] for c in digest["tool_calls"]] == ["write_file", "delete_file", "slow"]
     assert len(digest["tool_calls"][0]["arguments"]) < 400
     # an answer that is empty: incomplete, with the same digest
-    empty = hand_back(plain, [task(), write, wrote, ModelOutput(turn_id="call_9", step=1, content=" "), TurnEnded(turn_id="call_9", answer=" ")])
+    empty = hand_back(
+        plain,
+        [
+            task(),
+            write,
+            wrote,
+            ModelOutput(turn_id="call_9", step=1, content=" "),
+            TurnEnded(turn_id="call_9", answer=" "),
+        ],
+    )
     assert empty.error == "incomplete" and "write_file(" in empty.text and empty.data["digest"]["ended"] == "ended"

@@ -14,13 +14,13 @@ from agentstream.delegation import (
     HandOff,
     child_trace_id,
     children_of,
-    offered_agent,
     hand_off,
+    offered_agent,
     task_digest,
 )
 from agentstream.errors import ConfigError
-from agentstream.wire.events import Document, ModelOutput, Passage, Source, TaskInput, ToolCall, ToolOutput, TurnInput
 from agentstream.steps.decision import CallModel, RunTools, decide
+from agentstream.wire.events import Document, ModelOutput, Passage, Source, TaskInput, ToolCall, ToolOutput, TurnInput
 
 
 class Research(pydantic.BaseModel):
@@ -42,8 +42,13 @@ def lookup(topic: str) -> str:
 
 
 research = Delegation(name="research", description="Research a topic.", input=Research, agent="worker", max_depth=2)
-review = Delegation(name="review", description="Review sources.", input=Review, agent="worker",
-                    result_schema={"type": "object", "required": ["verdict"]})
+review = Delegation(
+    name="review",
+    description="Review sources.",
+    input=Review,
+    agent="worker",
+    result_schema={"type": "object", "required": ["verdict"]},
+)
 LEAD = Agent(name="lead", system_prompt="Lead.", tools=[research, review])
 WORKER = Agent(name="worker", system_prompt="Worker.", tools=[lookup, research])
 APP = App(agents=[LEAD, WORKER])
@@ -96,7 +101,13 @@ def test_hand_off_opens_a_child_whose_first_event_is_the_task_input():
     assert outcome.child_trace_id == child_trace_id("conv", "call_1") == "conv/call_1"
     task = outcome.task
     assert isinstance(task, TaskInput) and isinstance(task, TurnInput)
-    assert (task.call_id, task.parent_trace_id, task.parent_turn_id, task.root_trace_id, task.depth) == ("call_1", "conv", "t1", "conv", 1)
+    assert (task.call_id, task.parent_trace_id, task.parent_turn_id, task.root_trace_id, task.depth) == (
+        "call_1",
+        "conv",
+        "t1",
+        "conv",
+        1,
+    )
     assert task.agent == "worker" and task.text == "A" and task.arguments == {"topic": "A"} and task.expects is None
     assert task.lineage == (task_digest("worker", {"topic": "A"}),)
 
@@ -122,9 +133,16 @@ def test_the_task_names_the_schema_and_elements_come_from_the_parents_numbering(
     doc = Document(id="doc-1", title="D", text="whole")
     part = Passage(id="p-1", ref="doc-1", text="part")
     found = ToolOutput(turn_id="t1", call_id="c0", name="lookup", text="found", elements=(doc, part))
-    first = ModelOutput(turn_id="t1", step=0, tool_calls=(ToolCall(id="c0", name="lookup", arguments="{}"),), stop_reason="tool_calls")
+    first = ModelOutput(
+        turn_id="t1", step=0, tool_calls=(ToolCall(id="c0", name="lookup", arguments="{}"),), stop_reason="tool_calls"
+    )
     review_call = call("call_2", name="review", question="Is it right?", sources=[2], document=1)
-    events = [ROOT_TURN, first, found, ModelOutput(turn_id="t1", step=1, tool_calls=(review_call,), stop_reason="tool_calls")]
+    events = [
+        ROOT_TURN,
+        first,
+        found,
+        ModelOutput(turn_id="t1", step=1, tool_calls=(review_call,), stop_reason="tool_calls"),
+    ]
     outcome = hand_off(review, "conv", events, review_call, "t1")
     assert isinstance(outcome, HandOff)
     assert outcome.task.elements == (part, doc)
@@ -137,8 +155,18 @@ def test_the_task_names_the_schema_and_elements_come_from_the_parents_numbering(
 
 
 def child(depth: int, *, lineage=(), root="root", call_id="call_x") -> TaskInput:
-    return TaskInput(turn_id=call_id, agent="worker", text="task", call_id=call_id, parent_trace_id="p",
-                     parent_turn_id="t", root_trace_id=root, depth=depth, delegation="research", lineage=lineage)
+    return TaskInput(
+        turn_id=call_id,
+        agent="worker",
+        text="task",
+        call_id=call_id,
+        parent_trace_id="p",
+        parent_turn_id="t",
+        root_trace_id=root,
+        depth=depth,
+        delegation="research",
+        lineage=lineage,
+    )
 
 
 def test_c30_depth_and_root_travel_in_every_task_input():
@@ -182,5 +210,10 @@ def test_c30_an_identical_task_to_the_same_agent_down_the_chain_is_refused():
 
 
 def test_children_of_a_turn_are_its_delegation_calls():
-    events = asked(ROOT_TURN, call("c1", topic="A"), ToolCall(id="c2", name="lookup", arguments="{}"), call("c3", topic="B"))
-    assert children_of("conv", events, "t1", {"research", "review"}.__contains__) == [("conv/c1", "c1"), ("conv/c3", "c3")]
+    events = asked(
+        ROOT_TURN, call("c1", topic="A"), ToolCall(id="c2", name="lookup", arguments="{}"), call("c3", topic="B")
+    )
+    assert children_of("conv", events, "t1", {"research", "review"}.__contains__) == [
+        ("conv/c1", "c1"),
+        ("conv/c3", "c3"),
+    ]

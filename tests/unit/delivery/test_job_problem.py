@@ -1,7 +1,7 @@
 """Which tool jobs may run (agentstream.runtime.call_runs.job_problem): pure, no Redis."""
 
-from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, TurnEnded, TurnInput
 from agentstream.runtime.call_runs import job_problem
+from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, TurnEnded, TurnInput
 
 TRACE = [
     TurnInput(turn_id="t1", agent="a", text="x"),

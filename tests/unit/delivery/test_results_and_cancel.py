@@ -6,6 +6,7 @@ from __future__ import annotations
 from agentstream import Agent, App, tool
 from agentstream.context import build_request
 from agentstream.context.request import AssistantMessage, ToolResultMessage, UserMessage
+from agentstream.steps.decision import CallModel, CancelTurn, RunTools, decide
 from agentstream.wire.events import (
     CancelRequested,
     ModelOutput,
@@ -15,7 +16,6 @@ from agentstream.wire.events import (
     TurnFailed,
     TurnInput,
 )
-from agentstream.steps.decision import CallModel, CancelTurn, RunTools, decide
 
 
 @tool
@@ -44,7 +44,9 @@ def calls(*pairs: tuple[str, str]) -> tuple[ToolCall, ...]:
     return tuple(ToolCall(id=i, name=n, arguments="{}") for i, n in pairs)
 
 
-def result(call_id: str, name: str, text: str, *, turn: str = "t1", late: bool = False, error: str | None = None) -> ToolOutput:
+def result(
+    call_id: str, name: str, text: str, *, turn: str = "t1", late: bool = False, error: str | None = None
+) -> ToolOutput:
     return ToolOutput(turn_id=turn, call_id=call_id, name=name, text=text, late=late, error=error)
 
 
@@ -63,7 +65,9 @@ def shape(messages) -> list[tuple]:
 def test_c25_results_in_call_order_whatever_the_arrival_order_duplicates_and_strays_dropped():
     events = [
         TurnInput(turn_id="t1", agent="a", text="read both"),
-        ModelOutput(turn_id="t1", step=0, tool_calls=calls(("call_A", "read"), ("call_B", "read")), stop_reason="tool_calls"),
+        ModelOutput(
+            turn_id="t1", step=0, tool_calls=calls(("call_A", "read"), ("call_B", "read")), stop_reason="tool_calls"
+        ),
         result("call_B", "read", "B-content"),  # B finished first
         result("call_A", "read", "A-content"),
         result("call_B", "read", "B-again"),  # a duplicate: first terminal result wins
@@ -81,7 +85,12 @@ def test_c25_results_in_call_order_whatever_the_arrival_order_duplicates_and_str
 def test_c27_cancel_while_tools_run_next_request_is_valid_and_the_late_result_stays_out():
     events = [
         TurnInput(turn_id="t1", agent="a", text="run the tests and lint"),
-        ModelOutput(turn_id="t1", step=0, tool_calls=calls(("call_1", "run_tests"), ("call_2", "lint")), stop_reason="tool_calls"),
+        ModelOutput(
+            turn_id="t1",
+            step=0,
+            tool_calls=calls(("call_1", "run_tests"), ("call_2", "lint")),
+            stop_reason="tool_calls",
+        ),
         result("call_2", "lint", "lint ok"),
         CancelRequested(turn_id="t1", by="user"),
     ]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream.ops.apikeys import hash_key, load_keys, new_key, parse_keys
 from agentstream.errors import ConfigError
-from agentstream.wire.events import ModelOutput, TaskInput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.ops.apikeys import hash_key, load_keys, new_key, parse_keys
 from agentstream.steps.timeline import conversation_state, reply_of, root_of, trace_agents
+from agentstream.wire.events import ModelOutput, TaskInput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
 
 def test_a_key_is_found_by_its_hash_and_never_stored():
@@ -76,6 +76,8 @@ def test_the_state_of_the_newest_turn():
 
 
 def test_agents_and_root_of_a_child_trace():
-    task = TaskInput(turn_id="k", agent="researcher", text="look", root_trace_id="root", parent_trace_id="root", call_id="c1")
+    task = TaskInput(
+        turn_id="k", agent="researcher", text="look", root_trace_id="root", parent_trace_id="root", call_id="c1"
+    )
     assert root_of([task], "root/c1") == "root" and trace_agents([task]) == {"researcher"}
     assert root_of([TurnInput(turn_id="t", agent="a", text="x")], "root") == "root"

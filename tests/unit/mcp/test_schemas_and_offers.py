@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 
 from agentstream import Agent, App, McpServer, tool
+from agentstream.app.prompts import PromptFile
 from agentstream.context import ContextCache, build_context
 from agentstream.errors import ConfigError
-from agentstream.wire.events import ModelOutput, OfferedTool, ToolCall, ToolsOffered, TurnInput
 from agentstream.mcp_tools import SchemaRefused, normalise_input_schema
 from agentstream.mcp_tools.offers import Catalog, desired_offer, latest_offer, offer_digest
 from agentstream.mcp_tools.server import env_prefix
-from agentstream.app.prompts import PromptFile
-from agentstream.steps.replay import rebuild_calls
 from agentstream.steps.decision import RecordResults, RunTools, decide
+from agentstream.steps.replay import rebuild_calls
+from agentstream.wire.events import ModelOutput, OfferedTool, ToolCall, ToolsOffered, TurnInput
 
 # --- schemas -----------------------------------------------------------------------------------
 
@@ -23,31 +23,56 @@ def test_local_refs_are_inlined_and_defs_dropped():
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
-        "properties": {"point": {"$ref": "#/$defs/Point", "description": "where"}, "many": {"type": "array", "items": {"$ref": "#/$defs/Point"}}},
+        "properties": {
+            "point": {"$ref": "#/$defs/Point", "description": "where"},
+            "many": {"type": "array", "items": {"$ref": "#/$defs/Point"}},
+        },
         "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}},
     }
     out = normalise_input_schema("t", schema)
     assert out == {
         "type": "object",
         "properties": {
-            "point": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"], "description": "where"},
-            "many": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}},
+            "point": {
+                "type": "object",
+                "properties": {"x": {"type": "number"}},
+                "required": ["x"],
+                "description": "where",
+            },
+            "many": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+            },
         },
     }
     assert "$defs" in schema  # the input is not changed
 
 
 def test_a_schema_that_is_only_a_ref_is_inlined():
-    schema = {"$ref": "#/definitions/Args", "definitions": {"Args": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    schema = {
+        "$ref": "#/definitions/Args",
+        "definitions": {"Args": {"type": "object", "properties": {"q": {"type": "string"}}}},
+    }
     assert normalise_input_schema("t", schema) == {"type": "object", "properties": {"q": {"type": "string"}}}
 
 
 @pytest.mark.parametrize(
     ("schema", "keyword", "words"),
     [
-        ({"type": "object", "properties": {"n": {"$ref": "#/$defs/Node"}},
-          "$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}}}, "$ref", "recursive"),
-        ({"type": "object", "properties": {"n": {"$ref": "https://example.com/node.json"}}}, "$ref", "outside the schema"),
+        (
+            {
+                "type": "object",
+                "properties": {"n": {"$ref": "#/$defs/Node"}},
+                "$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}},
+            },
+            "$ref",
+            "recursive",
+        ),
+        (
+            {"type": "object", "properties": {"n": {"$ref": "https://example.com/node.json"}}},
+            "$ref",
+            "outside the schema",
+        ),
         ({"type": "object", "properties": {"n": {"$ref": "#/$defs/Missing"}}}, "$ref", "does not define"),
         ({"type": "object", "anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}, "anyOf", "at the top"),
         ({"oneOf": [{"type": "object"}, {"type": "null"}]}, "oneOf", "at the top"),
@@ -66,9 +91,15 @@ def test_schemas_the_endpoints_reject_are_refused_naming_tool_and_keyword(schema
 
 
 def test_a_missing_type_or_a_nullable_object_becomes_an_object():
-    assert normalise_input_schema("t", {"properties": {"a": {"type": "string"}}}) == {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert normalise_input_schema("t", {"properties": {"a": {"type": "string"}}}) == {
+        "type": "object",
+        "properties": {"a": {"type": "string"}},
+    }
     assert normalise_input_schema("t", {}) == {"type": "object", "properties": {}}
-    assert normalise_input_schema("t", {"type": ["object", "null"], "properties": {}}) == {"type": "object", "properties": {}}
+    assert normalise_input_schema("t", {"type": ["object", "null"], "properties": {}}) == {
+        "type": "object",
+        "properties": {},
+    }
 
 
 # --- the declaration ---------------------------------------------------------------------------
@@ -83,7 +114,12 @@ def test_a_server_needs_one_transport_and_takes_it_from_the_environment():
     assert bare.queue == "mcp-my-search" and env_prefix("my-search") == "AGENTSTREAM_MCP_MY_SEARCH_"
     with pytest.raises(ConfigError, match="AGENTSTREAM_MCP_MY_SEARCH_COMMAND or AGENTSTREAM_MCP_MY_SEARCH_URL"):
         bare.transport({})
-    assert bare.transport({"AGENTSTREAM_MCP_MY_SEARCH_COMMAND": '["python", "-m", "srv", "--x y"]'}).command == ("python", "-m", "srv", "--x y")
+    assert bare.transport({"AGENTSTREAM_MCP_MY_SEARCH_COMMAND": '["python", "-m", "srv", "--x y"]'}).command == (
+        "python",
+        "-m",
+        "srv",
+        "--x y",
+    )
     assert bare.transport({"AGENTSTREAM_MCP_MY_SEARCH_COMMAND": "npx -y @org/srv"}).command == ("npx", "-y", "@org/srv")
     assert bare.transport({"AGENTSTREAM_MCP_MY_SEARCH_URL": "http://h:1/mcp"}).url == "http://h:1/mcp"
     with pytest.raises(ConfigError, match="JSON array"):
@@ -98,7 +134,9 @@ def test_secrets_come_from_the_environment_and_never_show():
     transport = http.transport({"S_TOKEN": "Bearer hunter2"})
     assert transport.headers == {"Authorization": "Bearer hunter2"}
     assert "hunter2" not in repr(transport) and "hunter2" not in transport.describe()
-    from_chart = McpServer(name="s").transport({"AGENTSTREAM_MCP_S_URL": "https://h/mcp", "AGENTSTREAM_MCP_S_HEADER_X_API_KEY": "k1"})
+    from_chart = McpServer(name="s").transport(
+        {"AGENTSTREAM_MCP_S_URL": "https://h/mcp", "AGENTSTREAM_MCP_S_HEADER_X_API_KEY": "k1"}
+    )
     assert from_chart.headers == {"x-api-key": "k1"} and from_chart.url == "https://h/mcp"
     stdio = McpServer(name="f", command="files-server --root /data", env={"MODE": "ro"}, inherit_env=["F_KEY"])
     assert stdio.command == ("files-server", "--root", "/data")
@@ -110,8 +148,15 @@ def test_secrets_come_from_the_environment_and_never_show():
 
 
 def test_per_tool_settings():
-    server = McpServer(name="s", command=["x"], side_effects=["write"], retry_safe=True, timeout_s=5, tool_timeouts_s={"slow": 50},
-                       tools=["read", "write", "slow"])
+    server = McpServer(
+        name="s",
+        command=["x"],
+        side_effects=["write"],
+        retry_safe=True,
+        timeout_s=5,
+        tool_timeouts_s={"slow": 50},
+        tools=["read", "write", "slow"],
+    )
     assert server.has_side_effects("write") and not server.has_side_effects("read")
     assert server.is_retry_safe("read") and server.timeout_for("slow") == 50 and server.timeout_for("read") == 5
     assert server.allows("read") and not server.allows("delete")
@@ -140,8 +185,15 @@ def test_an_agent_takes_servers_among_its_tools_and_the_app_serves_their_queues(
 
 
 def _catalog(server: str, *names: str) -> Catalog:
-    tools = tuple(OfferedTool(name=n, description=f"{n} it", parameters={"type": "object", "properties": {"q": {"type": "string"}}},
-                              server=server) for n in names)
+    tools = tuple(
+        OfferedTool(
+            name=n,
+            description=f"{n} it",
+            parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+            server=server,
+        )
+        for n in names
+    )
     return Catalog(server=server, tools=tools, digest=offer_digest(tools))
 
 
@@ -151,12 +203,15 @@ def test_the_offer_applies_allow_lists_prompt_texts_and_keeps_own_tools_first():
         "The agent's own read."
         return ""
 
-    prompts = PromptFile.model_validate({"tools": {"find": {"description": "Find it (prompt file).",
-                                                            "arguments": {"q": "What to find.", "nope": "x"}}}}).for_model("default")
+    prompts = PromptFile.model_validate(
+        {"tools": {"find": {"description": "Find it (prompt file).", "arguments": {"q": "What to find.", "nope": "x"}}}}
+    ).for_model("default")
     a = McpServer(name="a", command=["x"], tools=["find", "read"], prompts=prompts)
     b = McpServer(name="b", command=["y"])
     agent = Agent(name="ag", system_prompt="s", tools=[read, a, b])
-    offer, problems = desired_offer(agent, {"a": _catalog("a", "find", "read", "drop"), "b": _catalog("b", "find", "more")})
+    offer, problems = desired_offer(
+        agent, {"a": _catalog("a", "find", "read", "drop"), "b": _catalog("b", "find", "more")}
+    )
     assert [(t.server, t.name) for t in offer] == [("a", "find"), ("b", "more")]
     assert offer[0].description == "Find it (prompt file)."
     assert offer[0].parameters["properties"]["q"] == {"type": "string", "description": "What to find."}
@@ -171,8 +226,10 @@ def test_the_offer_applies_allow_lists_prompt_texts_and_keeps_own_tools_first():
 
 
 def _offer(agent: str, turn_id: str, step: int, *names: str) -> ToolsOffered:
-    tools = tuple(OfferedTool(name=n, description=f"The {n} tool.", parameters={"type": "object", "properties": {}}, server="srv")
-                  for n in names)
+    tools = tuple(
+        OfferedTool(name=n, description=f"The {n} tool.", parameters={"type": "object", "properties": {}}, server="srv")
+        for n in names
+    )
     return ToolsOffered(turn_id=turn_id, step=step, agent=agent, tools=tools, digest=offer_digest(tools))
 
 
@@ -183,7 +240,11 @@ def test_the_context_offers_the_tools_the_trace_recorded_last_for_the_agent():
         return ""
 
     agent = Agent(name="a", system_prompt="s", tools=[own], mcp_servers=[McpServer(name="srv", command=["x"])])
-    events = [TurnInput(turn_id="t1", agent="a", text="hi"), _offer("a", "t1", 0, "one", "two"), _offer("other", "t1", 0, "zzz")]
+    events = [
+        TurnInput(turn_id="t1", agent="a", text="hi"),
+        _offer("a", "t1", 0, "one", "two"),
+        _offer("other", "t1", 0, "zzz"),
+    ]
     request = build_context(events, agent, turn_id="t1", step=0).request
     assert [t.name for t in request.tools] == ["own", "one", "two"]
     assert request.tools[1].description == "The one tool."
@@ -193,15 +254,21 @@ def test_the_context_offers_the_tools_the_trace_recorded_last_for_the_agent():
     cache = ContextCache()
     entries = [(f"{i + 1}-0", e) for i, e in enumerate(events)]
     cache.build("tr", entries[:3], agent, turn_id="t1", step=0)
-    assert cache.build("tr", entries, agent, turn_id="t1", step=1).request == build_context(events, agent, turn_id="t1", step=1).request
+    assert (
+        cache.build("tr", entries, agent, turn_id="t1", step=1).request
+        == build_context(events, agent, turn_id="t1", step=1).request
+    )
 
 
 def test_a_call_of_a_recorded_mcp_tool_runs_and_an_unrecorded_one_is_unknown():
     agent = Agent(name="a", system_prompt="s", mcp_servers=[McpServer(name="srv", command=["x"], queue="q")])
     call = ToolCall(id="c1", name="one", arguments="{}")
     stray = ToolCall(id="c2", name="gone", arguments="{}")
-    events = [TurnInput(turn_id="t1", agent="a", text="hi"), _offer("a", "t1", 0, "one"),
-              ModelOutput(turn_id="t1", step=0, tool_calls=(call, stray), stop_reason="tool_calls")]
+    events = [
+        TurnInput(turn_id="t1", agent="a", text="hi"),
+        _offer("a", "t1", 0, "one"),
+        ModelOutput(turn_id="t1", step=0, tool_calls=(call, stray), stop_reason="tool_calls"),
+    ]
     decision = decide(events, {"a": agent}.get)
     assert isinstance(decision, RecordResults)
     (result,) = decision.results
@@ -222,10 +289,19 @@ def test_replay_rebuilds_each_call_with_the_tools_it_was_offered():
         if offer is not None:
             events.append(offer)
         body = formats.request_body(build_context(events, agent, turn_id="t1", step=step).request, endpoint)
-        events.append(ModelOutput(turn_id="t1", step=step, content="" if step == 0 else "done",
-                                  tool_calls=(ToolCall(id="c", name="one", arguments="{}"),) if step == 0 else (),
-                                  stop_reason="tool_calls" if step == 0 else "stop", request_sha256=formats.fingerprint(body),
-                                  provider="openai", model="m", endpoint="default"))
+        events.append(
+            ModelOutput(
+                turn_id="t1",
+                step=step,
+                content="" if step == 0 else "done",
+                tool_calls=(ToolCall(id="c", name="one", arguments="{}"),) if step == 0 else (),
+                stop_reason="tool_calls" if step == 0 else "stop",
+                request_sha256=formats.fingerprint(body),
+                provider="openai",
+                model="m",
+                endpoint="default",
+            )
+        )
         if step == 0:
             from agentstream.wire.events import ToolOutput
 

@@ -46,12 +46,19 @@ def settings(monkeypatch, tmp_path, text=MODELS, **env):
 
 
 def test_models_file_and_default(monkeypatch, tmp_path):
-    s = settings(monkeypatch, tmp_path, OPENAI_BASE_URL="http://127.0.0.1:9/v1", OPENAI_MODEL="local",
-                 AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"stream": false, "quirks": {"stream_tools": "forced"}}')
+    s = settings(
+        monkeypatch,
+        tmp_path,
+        OPENAI_BASE_URL="http://127.0.0.1:9/v1",
+        OPENAI_MODEL="local",
+        AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"stream": false, "quirks": {"stream_tools": "forced"}}',
+    )
     endpoints = load_endpoints(s, {"TEST_DEEPSEEK_KEY": "sk-deep", "TEST_ANTHROPIC_KEY": "sk-ant"})
     assert sorted(endpoints) == ["claude", "deepseek", "default"]
     deep = endpoints["deepseek"]
-    assert deep.base_url == "https://api.deepseek.com/v1" and deep.window_tokens == 128000 and deep.chars_per_token == 3.5
+    assert (
+        deep.base_url == "https://api.deepseek.com/v1" and deep.window_tokens == 128000 and deep.chars_per_token == 3.5
+    )
     assert deep.quirks.reasoning_field == "reasoning" and deep.quirks.tool_call_content == "null"
     assert deep.api_key.get_secret_value() == "sk-deep" and "sk-deep" not in repr(deep)
     assert endpoints["claude"].provider == "anthropic" and endpoints["claude"].thinking_budget_tokens == 2048
@@ -72,8 +79,14 @@ def test_a_missing_key_variable_is_a_configuration_error_naming_it(monkeypatch, 
     [
         ("models:\n  x:\n    provider: cohere\n    base_url: u\n    model: m\n", "provider"),
         ("models:\n  x:\n    provider: openai\n    base_url: u\n    model: m\n    quirks: {nope: 1}\n", "nope"),
-        ("models:\n  x:\n    provider: openai\n    base_url: u\n    model: m\n    extra_body: {model: other}\n", "extra_body"),
-        ("models:\n  x:\n    provider: anthropic\n    base_url: u\n    model: m\n    thinking_budget_tokens: 100\n", "1024"),
+        (
+            "models:\n  x:\n    provider: openai\n    base_url: u\n    model: m\n    extra_body: {model: other}\n",
+            "extra_body",
+        ),
+        (
+            "models:\n  x:\n    provider: anthropic\n    base_url: u\n    model: m\n    thinking_budget_tokens: 100\n",
+            "1024",
+        ),
         ("models: [", "YAML"),
     ],
 )
@@ -113,8 +126,13 @@ models:
     model: gemini-2.5-flash
     inline_tool_schemas: true
 """
-    s = settings(monkeypatch, tmp_path, text, OPENAI_BASE_URL="http://127.0.0.1:9/v1",
-                 AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"window_tokens": 4096}')
+    s = settings(
+        monkeypatch,
+        tmp_path,
+        text,
+        OPENAI_BASE_URL="http://127.0.0.1:9/v1",
+        AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{"window_tokens": 4096}',
+    )
     endpoints = load_endpoints(s, {})
     assert endpoints["gemini"].inline_tool_schemas and not endpoints["default"].inline_tool_schemas
     assert endpoints["gemini"].quirks.tool_call_content == "null"  # the OpenAI API's form by default

@@ -22,10 +22,23 @@ def test_retry_after_in_seconds_or_as_an_http_date_capped():
     assert retry_after_s(httpx.Headers({})) is None
 
 
-@pytest.mark.parametrize(("status", "kind"), [(408, Retryable), (409, Retryable), (429, Retryable), (500, Retryable), (529, Retryable),
-                                              (400, ModelInputRejected), (413, ModelInputRejected), (422, ModelInputRejected),
-                                              (401, ModelConfigError), (403, ModelConfigError), (404, ModelConfigError),
-                                              (402, ModelUnanswered)])
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (408, Retryable),
+        (409, Retryable),
+        (429, Retryable),
+        (500, Retryable),
+        (529, Retryable),
+        (400, ModelInputRejected),
+        (413, ModelInputRejected),
+        (422, ModelInputRejected),
+        (401, ModelConfigError),
+        (403, ModelConfigError),
+        (404, ModelConfigError),
+        (402, ModelUnanswered),
+    ],
+)
 def test_statuses(status, kind):
     response = httpx.Response(status, text="the key sk-x is wrong", headers={"retry-after": "1"})
     with pytest.raises(kind) as info:
@@ -37,9 +50,13 @@ def test_statuses(status, kind):
 
 
 def test_errors_inside_a_stream():
-    assert isinstance(stream_error({"type": "overloaded_error", "message": "Overloaded"}, url="u", model="m"), Retryable)
+    assert isinstance(
+        stream_error({"type": "overloaded_error", "message": "Overloaded"}, url="u", model="m"), Retryable
+    )
     assert isinstance(stream_error({"type": "server_error"}, url="u", model="m"), Retryable)
     assert isinstance(stream_error({"code": "invalid_api_key", "message": "no"}, url="u", model="m"), ModelConfigError)
     assert isinstance(stream_error({"type": "authentication_error"}, url="u", model="m"), ModelConfigError)
-    assert isinstance(stream_error({"type": "invalid_request_error", "message": "bad"}, url="u", model="m"), ModelInputRejected)
+    assert isinstance(
+        stream_error({"type": "invalid_request_error", "message": "bad"}, url="u", model="m"), ModelInputRejected
+    )
     assert isinstance(stream_error("a plain text error", url="u", model="m"), ModelInputRejected)

@@ -8,11 +8,15 @@ import pytest
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefinition, ToolResultMessage, UserMessage
 from agentstream.errors import ModelStopError
-from agentstream.wire.events import ModelOutput, ToolCall
 from agentstream.models import openai_format
 from agentstream.models.endpoints import Quirks
+from agentstream.wire.events import ModelOutput, ToolCall
 
-TOOL = ToolDefinition(name="get_weather", description="Weather.", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+TOOL = ToolDefinition(
+    name="get_weather",
+    description="Weather.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
 
 
 def assemble(chunks, **kw):
@@ -26,10 +30,18 @@ def assemble(chunks, **kw):
 def test_c11_parallel_tool_call_deltas_are_assembled_per_index():
     # C11: the exact deltas of the field case; B's arguments must not run into A's.
     deltas = [
-        {"tool_calls": [{"index": 0, "id": "call_A", "type": "function", "function": {"name": "search", "arguments": ""}}]},
-        {"tool_calls": [{"index": 0, "function": {"arguments": "{\"q\":\"alpha\"}"}}]},
-        {"tool_calls": [{"index": 1, "id": "call_B", "type": "function", "function": {"name": "search", "arguments": ""}}]},
-        {"tool_calls": [{"index": 1, "function": {"arguments": "{\"q\":\"beta\"}"}}]},
+        {
+            "tool_calls": [
+                {"index": 0, "id": "call_A", "type": "function", "function": {"name": "search", "arguments": ""}}
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"q":"alpha"}'}}]},
+        {
+            "tool_calls": [
+                {"index": 1, "id": "call_B", "type": "function", "function": {"name": "search", "arguments": ""}}
+            ]
+        },
+        {"tool_calls": [{"index": 1, "function": {"arguments": '{"q":"beta"}'}}]},
     ]
     chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
@@ -46,7 +58,7 @@ def test_c11_parallel_tool_call_deltas_are_assembled_per_index():
 def test_stream_without_indexes_is_matched_by_id_and_a_repeated_name_is_kept_once():
     # llama.cpp repeats id and name in every piece; some servers send no index at all.
     chunks = [
-        {"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{\"a\""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": '{"a"'}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": ": 1}"}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"id": "c2", "function": {"name": "g", "arguments": "{}"}}]}}]},
         {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
@@ -66,7 +78,12 @@ def test_stream_text_reasoning_refusal_and_usage():
     _, pieces, out = assemble(chunks)
     assert out.content == "Hello" and out.reasoning == "Think. " and out.usage.total_tokens == 7
     assert [(p.kind, p.text) for p in pieces] == [("reasoning", "Think. "), ("text", "Hel"), ("text", "lo")]
-    refused, _, out = assemble([{"choices": [{"delta": {"refusal": "I can't "}}]}, {"choices": [{"delta": {"refusal": "help."}, "finish_reason": "stop"}]}])
+    refused, _, out = assemble(
+        [
+            {"choices": [{"delta": {"refusal": "I can't "}}]},
+            {"choices": [{"delta": {"refusal": "help."}, "finish_reason": "stop"}]},
+        ]
+    )
     assert out.stop_reason == "refusal" and out.stop_detail == "I can't help."
 
 
@@ -77,9 +94,22 @@ def test_a_stream_without_finish_or_done_is_not_finished():
 
 def test_a_stream_ended_by_done_alone_is_interrupted_not_a_normal_stop():
     # llama.cpp's interrupt_requests: a role chunk, then [DONE], no finish reason (C14: not success).
-    for chunks in ([{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}],
-                   [{"choices": [{"index": 0, "delta": {"content": "Hel"}}]}],
-                   [{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}]}}]}]):
+    for chunks in (
+        [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}],
+        [{"choices": [{"index": 0, "delta": {"content": "Hel"}}]}],
+        [
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}]
+                        },
+                    }
+                ]
+            }
+        ],
+    ):
         assembler = openai_format.StreamAssembler()
         for c in chunks:
             assembler.feed(c)
@@ -94,19 +124,34 @@ def test_a_stream_ended_by_done_alone_is_interrupted_not_a_normal_stop():
 def parse(message, finish="stop", usage=None, max_output_tokens=None):
     return openai_format.parse_response(
         {"choices": [{"message": message, "finish_reason": finish}], "usage": usage or {}},
-        turn_id="t", step=0, request_sha256="h", latency_ms=1.0, model="m", max_output_tokens=max_output_tokens,
+        turn_id="t",
+        step=0,
+        request_sha256="h",
+        latency_ms=1.0,
+        model="m",
+        max_output_tokens=max_output_tokens,
     )
 
 
 def test_c12_cut_off_tool_calls_are_length_even_when_labelled_tool_calls():
-    cut = [{"id": "call_1", "type": "function", "function": {"name": "write_file", "arguments": "{\"path\":\"a.txt\",\"content\":\"hello wor"}}]
+    cut = [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "write_file", "arguments": '{"path":"a.txt","content":"hello wor'},
+        }
+    ]
     a = parse({"tool_calls": cut}, "length", {"completion_tokens": 300}, max_output_tokens=300)
     assert a.stop_reason == "length"
     b = parse({"tool_calls": cut}, "tool_calls", {"completion_tokens": 300}, max_output_tokens=300)
     assert b.stop_reason == "length" and "whole output budget" in b.stop_detail
     # C: empty-string arguments of a tool without parameters are a normal call
-    c = parse({"tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
-              "tool_calls", {"completion_tokens": 12}, max_output_tokens=300)
+    c = parse(
+        {"tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+        "tool_calls",
+        {"completion_tokens": 12},
+        max_output_tokens=300,
+    )
     assert c.stop_reason == "tool_calls" and c.tool_calls[0].arguments == ""
 
 
@@ -130,7 +175,10 @@ def request_with_history(reasoning_provider="openai", reasoning_model="deepseek"
         messages=(
             UserMessage(text="Weather in Oslo?"),
             AssistantMessage(
-                content="", reasoning="Need the weather tool.", provider=reasoning_provider, model=reasoning_model,
+                content="",
+                reasoning="Need the weather tool.",
+                provider=reasoning_provider,
+                model=reasoning_model,
                 tool_calls=(ToolCall(id="call_1", name="get_weather", arguments='{"city":"Oslo"}'),),
             ),
             ToolResultMessage(call_id="call_1", name="get_weather", text="-3C"),
@@ -145,12 +193,18 @@ def test_c10_reasoning_goes_back_where_the_context_put_it_in_the_endpoints_field
     request = request_with_history()
     msgs = json.loads(openai_format.request_body(request, model="deepseek"))["messages"]
     assert msgs[2] == {
-        "role": "assistant", "content": None, "reasoning_content": "Need the weather tool.",
-        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}],
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "Need the weather tool.",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+        ],
     }
     other_model = json.loads(openai_format.request_body(request, model="gpt-x"))["messages"]
     assert "reasoning_content" not in other_model[2]  # only to the model that wrote it
-    other_field = json.loads(openai_format.request_body(request, model="deepseek", quirks=Quirks(reasoning_field="reasoning")))
+    other_field = json.loads(
+        openai_format.request_body(request, model="deepseek", quirks=Quirks(reasoning_field="reasoning"))
+    )
     assert other_field["messages"][2]["reasoning"] == "Need the weather tool."
     # the policy left it out: nothing goes back, whatever the endpoint
     plain = AssistantMessage(content="", provider="openai", model="deepseek", tool_calls=request.messages[1].tool_calls)
@@ -163,32 +217,61 @@ def test_quirks_shape_the_body():
     assert json.loads(openai_format.request_body(request, model="m"))["tool_choice"] == "required"
     named = json.loads(openai_format.request_body(request, model="m", quirks=Quirks(required_tool_choice="named")))
     assert named["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    two = ChatRequest(system="S", messages=(UserMessage(text="hi"),), tools=(TOOL, ToolDefinition(name="b", description="", parameters={})), tool_choice="required")
-    assert json.loads(openai_format.request_body(two, model="m", quirks=Quirks(required_tool_choice="named")))["tool_choice"] == "auto"
+    two = ChatRequest(
+        system="S",
+        messages=(UserMessage(text="hi"),),
+        tools=(TOOL, ToolDefinition(name="b", description="", parameters={})),
+        tool_choice="required",
+    )
+    assert (
+        json.loads(openai_format.request_body(two, model="m", quirks=Quirks(required_tool_choice="named")))[
+            "tool_choice"
+        ]
+        == "auto"
+    )
     history = request_with_history()
     # the default is what the OpenAI API documents: null beside tool calls ("" is llama.cpp's quirk)
     assert json.loads(openai_format.request_body(history, model="m"))["messages"][2]["content"] is None
     for mode, expected in (("empty", ""), ("null", None)):
-        assert json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content=mode)))["messages"][2]["content"] == expected
-    assert "content" not in json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content="omit")))["messages"][2]
-    body = json.loads(openai_format.request_body(history, model="m", quirks=Quirks(max_tokens_field="max_completion_tokens"), stream=True))
+        assert (
+            json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content=mode)))[
+                "messages"
+            ][2]["content"]
+            == expected
+        )
+    assert (
+        "content"
+        not in json.loads(openai_format.request_body(history, model="m", quirks=Quirks(tool_call_content="omit")))[
+            "messages"
+        ][2]
+    )
+    body = json.loads(
+        openai_format.request_body(
+            history, model="m", quirks=Quirks(max_tokens_field="max_completion_tokens"), stream=True
+        )
+    )
     assert "max_tokens" not in body and body["max_completion_tokens"] == 512
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     # streaming decisions: llama.cpp streams tool calls only when one tool is forced by name
     forced = Quirks(stream_tools="forced", required_tool_choice="named")
     assert openai_format.streams(request, stream=True, quirks=forced)
     assert not openai_format.streams(two, stream=True, quirks=forced)
-    assert openai_format.streams(ChatRequest(system="S", messages=(UserMessage(text="hi"),)), stream=True, quirks=forced)
+    assert openai_format.streams(
+        ChatRequest(system="S", messages=(UserMessage(text="hi"),)), stream=True, quirks=forced
+    )
     assert not openai_format.streams(request, stream=False)
 
 
 def test_c11_stored_unparseable_arguments_replay_verbatim():
     bad = '{"q":"alpha"}{"q":"beta"}'
-    request = ChatRequest(system="S", messages=(
-        UserMessage(text="go"),
-        AssistantMessage(tool_calls=(ToolCall(id="c1", name="search", arguments=bad),)),
-        ToolResultMessage(call_id="c1", name="search", text="Error: invalid arguments", is_error=True),
-    ))
+    request = ChatRequest(
+        system="S",
+        messages=(
+            UserMessage(text="go"),
+            AssistantMessage(tool_calls=(ToolCall(id="c1", name="search", arguments=bad),)),
+            ToolResultMessage(call_id="c1", name="search", text="Error: invalid arguments", is_error=True),
+        ),
+    )
     body = openai_format.request_body(request, model="m")
     assert json.loads(body)["messages"][2]["tool_calls"][0]["function"]["arguments"] == bad
     assert body == openai_format.request_body(request, model="m")  # deterministic
@@ -196,7 +279,11 @@ def test_c11_stored_unparseable_arguments_replay_verbatim():
 
 def test_extra_body_and_generation_options_come_in_the_documented_order():
     request = ChatRequest(system="", messages=(UserMessage(text="hi"),))
-    body = json.loads(openai_format.request_body(request, model="m", extra_body={"top_p": 0.5}, seed=3, response_format={"type": "json_object"}))
+    body = json.loads(
+        openai_format.request_body(
+            request, model="m", extra_body={"top_p": 0.5}, seed=3, response_format={"type": "json_object"}
+        )
+    )
     assert list(body) == ["top_p", "model", "messages", "temperature", "max_tokens", "seed", "response_format"]
     assert body["messages"] == [{"role": "user", "content": "hi"}]  # no empty system message
 

@@ -8,11 +8,11 @@ import pytest
 from pydantic import BaseModel
 
 from agentstream import Agent, tool
+from agentstream.app.tool_schemas import RecursiveSchemaError, inline_refs
 from agentstream.context.request import ChatRequest, ToolDefinition, UserMessage
 from agentstream.errors import ConfigError
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint, check_agents
-from agentstream.app.tool_schemas import RecursiveSchemaError, inline_refs
 
 
 class Inner(BaseModel):
@@ -28,7 +28,7 @@ class Outer(BaseModel):
 
 
 class A(BaseModel):
-    b: "B | None" = None
+    b: B | None = None
 
 
 class B(BaseModel):
@@ -66,8 +66,11 @@ def test_nested_models_are_inlined_everywhere_they_are_referred_to():
 
 
 def test_keywords_beside_a_ref_are_kept_and_win():
-    schema = {"$defs": {"X": {"type": "string", "description": "an x"}},
-              "properties": {"x": {"$ref": "#/$defs/X", "description": "the x to use"}}, "type": "object"}
+    schema = {
+        "$defs": {"X": {"type": "string", "description": "an x"}},
+        "properties": {"x": {"$ref": "#/$defs/X", "description": "the x to use"}},
+        "type": "object",
+    }
     assert inline_refs(schema, tool="t")["properties"]["x"] == {"type": "string", "description": "the x to use"}
 
 
@@ -82,7 +85,9 @@ def test_a_schema_without_refs_comes_back_equal():
 
 
 def test_mutual_recursion_is_refused_naming_the_tool_and_the_chain():
-    with pytest.raises(RecursiveSchemaError, match=r"tool 'mutual'.*recursive \(#/\$defs/A -> #/\$defs/B -> #/\$defs/A\)"):
+    with pytest.raises(
+        RecursiveSchemaError, match=r"tool 'mutual'.*recursive \(#/\$defs/A -> #/\$defs/B -> #/\$defs/A\)"
+    ):
         inline_refs(mutual.parameters, tool="mutual")
 
 
@@ -98,8 +103,11 @@ def endpoint(**kwargs) -> ModelEndpoint:
 
 
 def test_the_body_carries_inlined_schemas_only_for_an_endpoint_that_asks():
-    request = ChatRequest(system="S", messages=(UserMessage(text="hi"),),
-                          tools=(ToolDefinition(name="nested", description="", parameters=nested.parameters),))
+    request = ChatRequest(
+        system="S",
+        messages=(UserMessage(text="hi"),),
+        tools=(ToolDefinition(name="nested", description="", parameters=nested.parameters),),
+    )
     plain = json.loads(formats.request_body(request, endpoint()))
     strict = json.loads(formats.request_body(request, endpoint(inline_tool_schemas=True)))
     assert refs_in(plain["tools"]) and not refs_in(strict["tools"])

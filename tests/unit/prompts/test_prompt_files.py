@@ -3,16 +3,20 @@ import pydantic
 import pytest
 
 from agentstream.app.base import tool
-from agentstream.errors import ConfigError
 from agentstream.app.prompts import PromptFile, PromptFileError, find_prompt_file, load_prompt_file
+from agentstream.errors import ConfigError
 
 BASE = {
     "system": "You help.{% block tools %} Use tools.{% endblock %} Cite as {{ citation }}.",
     "texts": {"nudge": "Answer now."},
     "tools": {"add": {"description": "Add numbers.", "arguments": {"a": "first"}}},
     "models": [
-        {"endpoints": ["small"], "blocks": {"tools": "{{ super() }} One tool first."}, "texts": {"nudge": "One sentence."},
-         "tools": {"add": {"arguments": {"b": "second"}}}},
+        {
+            "endpoints": ["small"],
+            "blocks": {"tools": "{{ super() }} One tool first."},
+            "texts": {"nudge": "One sentence."},
+            "tools": {"add": {"arguments": {"b": "second"}}},
+        },
     ],
 }
 

@@ -9,12 +9,12 @@ import dataclasses
 import pytest
 
 from agentstream.app.base import Agent, tool
-from agentstream.context import BRACKETS, FULLWIDTH, ContextConfig, build_request
-from agentstream.errors import ConfigError, PromptError
-from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
 from agentstream.app.inputs import ChatTurnInput
 from agentstream.app.prompts import PromptFile, PromptFileError, fill_prompt, prompt_template, turn_context
+from agentstream.context import BRACKETS, FULLWIDTH, ContextConfig, build_request
+from agentstream.errors import ConfigError, PromptError
 from agentstream.steps.decision import CallModel, EndTurn, decide
+from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
 
 
 @tool
@@ -27,7 +27,11 @@ FILE = {
     "system": "{% block role %}Base.{% endblock %} Cite like {{ citation }}.{% if context %} Context: {{ context }}{% endif %}",
     "tools": {"add": {"description": "Add (base)."}},
     "models": [
-        {"endpoints": ["big"], "blocks": {"role": "{{ super() }} Big."}, "tools": {"add": {"arguments": {"a": "The first."}}}},
+        {
+            "endpoints": ["big"],
+            "blocks": {"role": "{{ super() }} Big."},
+            "tools": {"add": {"arguments": {"a": "The first."}}},
+        },
         {"endpoints": ["small"], "blocks": {"role": "Small."}, "tools": {"add": {"description": "Add (small)."}}},
     ],
 }
@@ -39,7 +43,8 @@ def turn(text="Hi", **fields):
 
 def test_placeholders_are_filled_in_one_pass_and_other_braces_stay():
     assert fill_prompt(" Cite as {citation}. {context} {x} {{y}} ", citation="[1]", context="{citation} {context}") == (
-        "Cite as [1]. {citation} {context} {x} {{y}}")
+        "Cite as [1]. {citation} {context} {x} {{y}}"
+    )
     assert fill_prompt("No placeholders {json: 1}") == "No placeholders {json: 1}"
     write = prompt_template("Ctx: {context}|{citation}")
     assert write(ChatTurnInput(text="x", context="  ok  "), None) == "Ctx: ok|"
@@ -47,8 +52,12 @@ def test_placeholders_are_filled_in_one_pass_and_other_braces_stay():
 
 
 def test_a_text_prompt_gets_the_citation_example_and_the_turns_context():
-    agent = Agent(name="a", system_prompt="Cite like {citation}. {context}", input=ChatTurnInput,
-                  context=ContextConfig(citations=FULLWIDTH))
+    agent = Agent(
+        name="a",
+        system_prompt="Cite like {citation}. {context}",
+        input=ChatTurnInput,
+        context=ContextConfig(citations=FULLWIDTH),
+    )
     event = turn(input={"text": "Hi", "context": "The user {citation} is new."})
     assert agent.system_text(event) == "Cite like 【1】. The user {citation} is new."
     assert Agent(name="a", system_prompt="Cite like {citation}.").system_text(None) == "Cite like ."
@@ -73,14 +82,24 @@ def test_a_prompt_function_gets_the_parsed_turn_and_the_example():
 
 
 def test_a_prompt_files_layer_follows_the_calls_endpoint_with_its_tool_texts():
-    agent = Agent(name="a", system_prompt=PromptFile.model_validate(FILE), tools=[add], models=["big", "small"],
-                  input=ChatTurnInput, context=ContextConfig(citations=BRACKETS))
+    agent = Agent(
+        name="a",
+        system_prompt=PromptFile.model_validate(FILE),
+        tools=[add],
+        models=["big", "small"],
+        input=ChatTurnInput,
+        context=ContextConfig(citations=BRACKETS),
+    )
     event = turn(input={"text": "Hi", "context": "Be kind."})
     texts = {}
     for model in ("default", "big", "small"):
         on = dataclasses.replace(agent, model=model)  # as the agent loop offers it for a turn on that endpoint
         request = build_request([event], on, turn_id="t1", step=0)
-        texts[model] = (request.system, request.tools[0].description, request.tools[0].parameters["properties"]["a"].get("description"))
+        texts[model] = (
+            request.system,
+            request.tools[0].description,
+            request.tools[0].parameters["properties"]["a"].get("description"),
+        )
     assert texts == {
         "default": ("Base. Cite like [1]. Context: Be kind.", "Add (base).", None),
         "big": ("Base. Big. Cite like [1]. Context: Be kind.", "Add (base).", "The first."),
@@ -91,12 +110,21 @@ def test_a_prompt_files_layer_follows_the_calls_endpoint_with_its_tool_texts():
     assert len(set(digests.values())) == 3 and all(len(d) == 16 for d in digests.values())
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"system": "{% block role %}Hello {{ user_name }}{% endblock %}"}, r"unknown variables \['user_name'\]"),  # a renamed field fails at startup
-    ({"models": [{"endpoints": ["big"], "blocks": {"role": "{{ citatoin }}"}}]}, "citatoin"),
-    ({"tools": {"subtract": {"description": "x"}}}, "tools the agent does not have"),
-    ({"models": [{"endpoints": ["big"], "tools": {"add": {"arguments": {"c": "x"}}}}]}, "arguments tool 'add' does not take"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"system": "{% block role %}Hello {{ user_name }}{% endblock %}"},
+            r"unknown variables \['user_name'\]",
+        ),  # a renamed field fails at startup
+        ({"models": [{"endpoints": ["big"], "blocks": {"role": "{{ citatoin }}"}}]}, "citatoin"),
+        ({"tools": {"subtract": {"description": "x"}}}, "tools the agent does not have"),
+        (
+            {"models": [{"endpoints": ["big"], "tools": {"add": {"arguments": {"c": "x"}}}}]},
+            "arguments tool 'add' does not take",
+        ),
+    ],
+)
 def test_a_prompt_file_that_does_not_fit_its_agent_fails_when_the_agent_is_made(change, message):
     with pytest.raises(PromptFileError, match=message):
         Agent(name="a", system_prompt=PromptFile.model_validate({**FILE, **change}), tools=[add])
@@ -114,16 +142,27 @@ def test_a_tools_result_is_the_answer_and_later_turns_show_it():
     call = ToolCall(id="c1", name="add", arguments='{"a": 1, "b": 2}')
     output = ModelOutput(turn_id="t1", step=0, tool_calls=(call,), stop_reason="tool_calls")
     events = [turn(), output]
-    for bad in (ToolOutput(turn_id="t1", call_id="c1", name="add", text="Error", error="tool_error"),
-                ToolOutput(turn_id="t1", call_id="c1", name="add", text="  ")):
+    for bad in (
+        ToolOutput(turn_id="t1", call_id="c1", name="add", text="Error", error="tool_error"),
+        ToolOutput(turn_id="t1", call_id="c1", name="add", text="  "),
+    ):
         assert decide([*events, bad], lambda name: agent) == CallModel(turn(), agent, 1)  # no answer: the model goes on
     result = ToolOutput(turn_id="t1", call_id="c1", name="add", text=" 3 ")
     assert decide([*events, result], lambda name: agent) == EndTurn(turn(), "3", answer_call="c1")
-    history = [*events, result, TurnEnded(turn_id="t1", answer="3", answer_call="c1"),
-               TurnInput(turn_id="t2", agent="a", text="Again")]
+    history = [
+        *events,
+        result,
+        TurnEnded(turn_id="t1", answer="3", answer_call="c1"),
+        TurnInput(turn_id="t2", agent="a", text="Again"),
+    ]
     request = build_request(history, agent, turn_id="t2", step=0)
     assert [type(m).__name__ for m in request.messages] == [
-        "UserMessage", "AssistantMessage", "ToolResultMessage", "AssistantMessage", "UserMessage"]
+        "UserMessage",
+        "AssistantMessage",
+        "ToolResultMessage",
+        "AssistantMessage",
+        "UserMessage",
+    ]
     assert request.messages[3].content == "3"
     with pytest.raises(ConfigError, match="result_as_answer names tools it does not have"):
         Agent(name="a", system_prompt="S", tools=[add], result_as_answer=["nope"])
@@ -132,16 +171,32 @@ def test_a_tools_result_is_the_answer_and_later_turns_show_it():
 def test_a_tools_answer_cites_the_sources_its_result_carries():
     from agentstream.wire.events import Document, Passage
 
-    agent = Agent(name="a", system_prompt="S", tools=[add], result_as_answer=["add"], context=ContextConfig(citations=BRACKETS))
+    agent = Agent(
+        name="a", system_prompt="S", tools=[add], result_as_answer=["add"], context=ContextConfig(citations=BRACKETS)
+    )
     call = ToolCall(id="c1", name="add", arguments='{"a": 1, "b": 2}')
-    result = ToolOutput(turn_id="t1", call_id="c1", name="add", text="Staff get 25 days.", elements=(
-        Document(id="hb", title="Leave", url="https://h.example/leave"), Passage(id="hb#0", ref="hb", text="Staff get 25 days.")))
+    result = ToolOutput(
+        turn_id="t1",
+        call_id="c1",
+        name="add",
+        text="Staff get 25 days.",
+        elements=(
+            Document(id="hb", title="Leave", url="https://h.example/leave"),
+            Passage(id="hb#0", ref="hb", text="Staff get 25 days."),
+        ),
+    )
     events = [turn(), ModelOutput(turn_id="t1", step=0, tool_calls=(call,), stop_reason="tool_calls"), result]
     ended = decide(events, lambda name: agent)
     assert isinstance(ended, EndTurn) and ended.answer == "Staff get 25 days." and ended.answer_call == "c1"
     (cited,) = ended.citations  # the passage, not its document; citing the whole answer
     assert (cited.number, cited.id, cited.title, cited.url, cited.whole, cited.spans) == (
-        2, "hb#0", "Leave", "https://h.example/leave", "hb", ((0, 18),))
+        2,
+        "hb#0",
+        "Leave",
+        "https://h.example/leave",
+        "hb",
+        ((0, 18),),
+    )
 
 
 def test_the_readmes_prompt_file_is_the_shipped_one_and_fits_its_agent():

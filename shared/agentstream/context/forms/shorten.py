@@ -178,7 +178,9 @@ def checked(shorten: Shorten, output: ToolOutput, limits: ModelLimits) -> ToolOu
         return output
     name = getattr(shorten, "__qualname__", repr(shorten))
     if not isinstance(shortened, ToolOutput):
-        raise ShortenError(f"shorten function {name} returned {type(shortened).__name__}, not a ToolOutput (call {output.call_id})")
+        raise ShortenError(
+            f"shorten function {name} returned {type(shortened).__name__}, not a ToolOutput (call {output.call_id})"
+        )
     if shortened.error != output.error:
         raise ShortenError(
             f"shorten function {name} changed the error of the result of call {output.call_id} "
