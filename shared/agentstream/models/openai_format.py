@@ -8,8 +8,9 @@ What is kept as data, never repaired (C11, C12, C14 of the field cases):
 
 - tool-call arguments are stored exactly as received (an object a server sent is kept as its
   JSON text) and sent back exactly as stored, never re-parsed;
-- streamed tool-call pieces are assembled per call ``index`` (then by ``id``), so the pieces of
-  parallel calls never run together;
+- streamed tool-call pieces are assembled by call ``id`` first, by ``index`` only where ids are
+  absent (see :class:`StreamAssembler`), so the pieces of parallel calls never run together,
+  even from a server that numbers every call ``index: 0``;
 - ``finish_reason`` ``length``, ``content_filter``, a ``refusal``, and a finish reason this
   module does not know become the stop reasons ``length``, ``content_filter``, ``refusal`` and
   ``unknown``; a reply labelled ``tool_calls`` that used the whole output budget and left
@@ -349,29 +350,56 @@ def parse_response(
 
 
 class _StreamedCall:
-    __slots__ = ("call_id", "name", "arguments")
+    __slots__ = ("call_id", "index", "name", "arguments")
 
-    def __init__(self) -> None:
+    def __init__(self, index: int | None) -> None:
         self.call_id: str | None = None
+        self.index = index
         self.name = ""
         self.arguments: list[str] = []
+
+    def complete(self) -> bool:
+        """Whether the arguments so far are one whole JSON value (a next name starts a new call)."""
+        text = "".join(self.arguments)
+        return bool(text.strip()) and _parses(text)
+
+
+def _piece_name(raw: dict[str, Any]) -> str:
+    function = raw.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _piece_has_arguments(raw: dict[str, Any]) -> bool:
+    function = raw.get("function")
+    piece = function.get("arguments") if isinstance(function, dict) else None
+    return isinstance(piece, (dict, list)) or (isinstance(piece, str) and bool(piece))
 
 
 class StreamAssembler:
     """Folds streamed ``chat.completion.chunk`` objects into one reply (pure).
 
     Feed each chunk's JSON object to :meth:`feed`, which returns the pieces to publish as
-    deltas; call :meth:`mark_done` on ``data: [DONE]``; then :meth:`output`. Tool-call pieces
-    are assembled per ``index``; a server that sends no index is matched by ``id``, and a piece
-    with neither continues the last call. A name repeated in every piece (llama.cpp does that)
-    is kept once.
+    deltas; call :meth:`mark_done` on ``data: [DONE]``; then :meth:`output`.
+
+    Tool-call pieces are assembled by call id first, by ``index`` only where ids are absent:
+
+    - a piece with an id seen before continues that call (llama.cpp repeats id and name in
+      every piece); a new id starts a new call, even under an index already used (Ollama
+      numbers every streamed call ``index: 0``), unless the call at that index has no id yet
+      and no whole arguments (a server that sends the id late);
+    - a piece without an id continues the last call under its ``index`` (the last call when it
+      has no index), unless it names a tool after that call's arguments are whole JSON: then
+      it starts a new call (a name merely repeated with no arguments is kept once).
+
+    Each call is published (its delta ``index``) and returned in the order it started.
     """
 
     def __init__(self) -> None:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._refusal: list[str] = []
-        self._calls: dict[int, _StreamedCall] = {}
+        self._calls: list[_StreamedCall] = []
         self.finish_reason: str | None = None
         self.saw_finish = False
         self.saw_done = False
@@ -391,21 +419,35 @@ class StreamAssembler:
         """The server sent ``data: [DONE]``."""
         self.saw_done = True
 
+    def _new_call(self, index: int | None) -> tuple[int, _StreamedCall]:
+        self._calls.append(_StreamedCall(index))
+        return len(self._calls) - 1, self._calls[-1]
+
+    def _last_at(self, index: int | None) -> tuple[int, _StreamedCall] | None:
+        """The last call under ``index`` (the last call of all when ``index`` is None)."""
+        for position in range(len(self._calls) - 1, -1, -1):
+            if index is None or self._calls[position].index == index:
+                return position, self._calls[position]
+        return None
+
     def _call_for(self, raw: dict[str, Any]) -> tuple[int, _StreamedCall]:
-        index = raw.get("index")
-        if isinstance(index, int):
-            return index, self._calls.setdefault(index, _StreamedCall())
-        call_id = raw.get("id")
+        index = raw.get("index") if isinstance(raw.get("index"), int) else None
+        call_id = str(raw.get("id") or "")
         if call_id:
-            for i, call in self._calls.items():
+            for position, call in enumerate(self._calls):
                 if call.call_id == call_id:
-                    return i, call
-            i = len(self._calls)
-            return i, self._calls.setdefault(i, _StreamedCall())
-        if self._calls:
-            i = max(self._calls)
-            return i, self._calls[i]
-        return 0, self._calls.setdefault(0, _StreamedCall())
+                    return position, call
+            last = self._last_at(index)
+            if last is not None and last[1].call_id is None and not last[1].complete():
+                return last
+            return self._new_call(index)
+        last = self._last_at(index)
+        if last is None:
+            return self._new_call(index)
+        name = _piece_name(raw)
+        if name and last[1].name and last[1].complete() and (name != last[1].name or _piece_has_arguments(raw)):
+            return self._new_call(index)
+        return last
 
     def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """One chunk → the pieces it adds (text, reasoning, tool-call pieces)."""
@@ -475,7 +517,7 @@ class StreamAssembler:
         A stream that ended without a finish reason (``[DONE]`` alone, or cut) is stopped
         ``interrupted``, whatever it holds: it is never taken as a complete answer (C14).
         """
-        calls = [(c.call_id, c.name, "".join(c.arguments)) for _, c in sorted(self._calls.items())]
+        calls = [(c.call_id, c.name, "".join(c.arguments)) for c in self._calls]
         output = build_output(
             content="".join(self._content),
             reasoning="".join(self._reasoning) or None,

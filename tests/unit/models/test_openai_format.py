@@ -294,3 +294,84 @@ def test_model_output_of_old_traces_still_decodes():
     old = b'{"type":"model_output","turn_id":"t","step":0,"content":"x"}'
     event = codec.decode_entry({b"v": b"1", b"e": old})
     assert isinstance(event, ModelOutput) and event.attempt_id == "" and event.endpoint == ""
+
+
+def _chunks(*tool_call_pieces, finish="tool_calls"):
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"tool_calls": [p]}, "finish_reason": None}]} for p in tool_call_pieces
+    ]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    return chunks
+
+
+def test_two_streamed_calls_under_one_index_with_their_own_ids_stay_two_calls():
+    # Ollama numbers every streamed call index 0; each call has its own id
+    chunks = _chunks(
+        {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":'}},
+        {"index": 0, "function": {"arguments": ' "Oslo"}'}},
+        {"index": 0, "id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{"}},
+        {"index": 0, "function": {"arguments": '"zone": "CET"}'}},
+    )
+    _, pieces, out = assemble(chunks)
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+        ("call_a", "get_weather", {"city": "Oslo"}),
+        ("call_b", "get_time", {"zone": "CET"}),
+    ]
+    # the published pieces name each call by its own position
+    assert [(p.index, p.call_id, p.name) for p in pieces if p.call_id] == [
+        (0, "call_a", "get_weather"),
+        (1, "call_b", "get_time"),
+    ]
+    assert [(p.index, p.text) for p in pieces if not p.call_id] == [(0, ' "Oslo"}'), (1, '"zone": "CET"}')]
+
+
+def test_a_new_name_after_whole_arguments_starts_a_new_call_where_ids_are_absent():
+    chunks = _chunks(
+        {"index": 0, "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        {"index": 0, "function": {"name": "get_weather", "arguments": '{"city": '}},
+        {"index": 0, "function": {"arguments": '"Bergen"}'}},
+    )
+    _, _, out = assemble(chunks)
+    assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_weather", {"city": "Bergen"}),
+    ]
+    assert len({c.id for c in out.tool_calls}) == 2
+
+
+def test_without_ids_the_index_still_separates_calls_and_a_repeated_bare_name_is_kept_once():
+    chunks = _chunks(
+        {"index": 0, "function": {"name": "f", "arguments": '{"a": '}},
+        {"index": 1, "function": {"name": "g", "arguments": "{}"}},
+        {"index": 0, "function": {"name": "f", "arguments": "1}"}},  # a name repeated mid-arguments
+        {"index": 0, "function": {"name": "f"}},  # repeated after whole arguments, nothing new
+    )
+    _, _, out = assemble(chunks)
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("f", '{"a": 1}'), ("g", "{}")]
+
+
+def test_an_id_sent_after_the_first_piece_joins_the_call_it_belongs_to():
+    chunks = _chunks(
+        {"index": 0, "function": {"name": "f", "arguments": '{"a"'}},
+        {"index": 0, "id": "call_late", "function": {"arguments": ": 1}"}},
+    )
+    _, _, out = assemble(chunks)
+    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [("call_late", "f", '{"a": 1}')]
+
+
+@pytest.mark.parametrize("numbering", ["per_call", "all_zero", "none"])
+@pytest.mark.parametrize("split", [1, 3, 7])
+def test_parallel_calls_assemble_whatever_the_index_numbering_and_the_piece_size(numbering, split):
+    calls = [("call_1", "search", '{"q": "alpha"}'), ("call_2", "search", '{"q": "beta"}'), ("call_3", "calc", "{}")]
+    pieces = []
+    for position, (call_id, name, arguments) in enumerate(calls):
+        parts = [arguments[i : i + split] for i in range(0, len(arguments), split)]
+        for number, part in enumerate(parts):
+            piece = {"function": {"arguments": part}}
+            if number == 0:
+                piece = {"id": call_id, "type": "function", "function": {"name": name, "arguments": part}}
+            if numbering != "none":
+                piece["index"] = position if numbering == "per_call" else 0
+            pieces.append(piece)
+    _, _, out = assemble(_chunks(*pieces))
+    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == calls
