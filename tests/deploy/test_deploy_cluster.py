@@ -62,7 +62,7 @@ def test_keda_has_one_trigger_per_partition_stream_on_a_cluster(render: Render) 
     for kind in ("lag", "pending"):
         mine = [t for t in triggers if t["name"].startswith(kind)]
         assert [t["metadata"]["stream"] for t in mine] == streams  # every partition, each once
-        assert [t["name"] for t in mine] == [f"{kind}-p{k}" for k in range(3)]
+        assert [t["name"] for t in mine] == [f"{kind}_p{k}" for k in range(3)]
     for t in triggers:
         assert t["type"] == "redis-cluster-streams"
         md = t["metadata"]
@@ -78,10 +78,10 @@ def test_partitions_on_a_single_redis_keep_redis_streams_triggers(render: Render
     (so,) = r.of_kind("ScaledObject")
     assert {t["type"] for t in so["spec"]["triggers"]} == {"redis-streams"}
     assert sorted((t["name"], t["metadata"]["stream"]) for t in so["spec"]["triggers"]) == [
-        ("lag-p0", "agentstream:tools:default"),
-        ("lag-p1", "agentstream:tools:default:p1"),
-        ("pending-p0", "agentstream:tools:default"),
-        ("pending-p1", "agentstream:tools:default:p1"),
+        ("lag_p0", "agentstream:tools:default"),
+        ("lag_p1", "agentstream:tools:default:p1"),
+        ("pending_p0", "agentstream:tools:default"),
+        ("pending_p1", "agentstream:tools:default:p1"),
     ]
     assert all("databaseIndex" in t["metadata"] for t in so["spec"]["triggers"])
 

@@ -309,7 +309,7 @@ def test_bundled_redis_is_secure_by_default(default_render: Rendered) -> None:
     env = {e["name"]: e for e in c["env"]}
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
     assert env["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
-    for d, ac in containers(default_render):
+    for _d, ac in containers(default_render):
         aenv = {e["name"]: e for e in ac["env"]}
         assert aenv["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
             "name": secret["metadata"]["name"],

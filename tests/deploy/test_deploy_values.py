@@ -129,7 +129,8 @@ BAD_COMBINATIONS = {
     "pool without name": ({"toolWorkers": {"pools": [{"queue": "q"}]}}, "toolWorkers.pools[0] has no name"),
     "pool queue named like a partition": (
         {"toolWorkers": {"pools": [{"name": "heavy", "queue": "heavy:p1"}]}},
-        'queue "heavy:p1" ends in the partition suffix \':p<k>\' of work streams (its stream would be a partition of queue "heavy"',
+        "queue \"heavy:p1\" ends in the partition suffix ':p<k>' of work streams "
+        '(its stream would be a partition of queue "heavy"',
     ),
     "duplicate pool": (
         {"toolWorkers": {"pools": [{"name": "a", "queue": "a"}, {"name": "a", "queue": "b"}]}},

@@ -654,3 +654,42 @@ spec:
     matchLabels:
       {{- include "agentstream.selectorLabels" . | nindent 6 }}
 {{- end }}
+
+{{/*
+KEDA's scalingModifiers of a tool pool whose stream has several partitions (empty for one): a
+formula that adds the triggers of every partition, so the pool follows the total lag (and pending
+entries), and its target. With both kinds of trigger each sum is divided by its own target and the
+larger taken (target 1); with one kind, its sum against its own target. Context: (dict "pool"
+merged-pool "partitions" N). Returns YAML: use with fromYaml.
+*/}}
+{{- define "agentstream.kedaFormula" -}}
+{{- $pool := .pool }}
+{{- $n := int .partitions }}
+{{- if gt $n 1 }}
+{{- $lag := list }}
+{{- $pending := list }}
+{{- range $k := until $n }}
+{{- $lag = append $lag (printf "lag_p%d" $k) }}
+{{- $pending = append $pending (printf "pending_p%d" $k) }}
+{{- end }}
+{{- $lagSum := printf "(%s)" (join " + " $lag) }}
+{{- $pendingSum := printf "(%s)" (join " + " $pending) }}
+{{- $useLag := gt (int $pool.lagCount) 0 }}
+{{- $usePending := $pool.pendingTrigger }}
+{{- if and $useLag $usePending }}
+{{- $l := printf "%s / %d" $lagSum (int $pool.lagCount) }}
+{{- $p := printf "%s / %d" $pendingSum (int $pool.concurrency) }}
+formula: {{ printf "%s > %s ? %s : %s" $l $p $l $p | quote }}
+target: "1"
+activationTarget: {{ divf (int $pool.activationLagCount) (int $pool.lagCount) | toString | quote }}
+{{- else if $useLag }}
+formula: {{ $lagSum | quote }}
+target: {{ $pool.lagCount | toString | quote }}
+activationTarget: {{ $pool.activationLagCount | toString | quote }}
+{{- else }}
+formula: {{ $pendingSum | quote }}
+target: {{ $pool.concurrency | toString | quote }}
+{{- end }}
+metricType: AverageValue
+{{- end }}
+{{- end }}
