@@ -449,6 +449,29 @@ class StreamAssembler:
             return self._new_call(index)
         return last
 
+    def _call_piece(self, raw: dict[str, Any]) -> Delta | None:
+        """One streamed tool-call piece → the delta that publishes what it adds (None: nothing)."""
+        index, call = self._call_for(raw)
+        new_id = ""
+        if raw.get("id") and call.call_id is None:
+            call.call_id = new_id = str(raw["id"])
+        function = raw.get("function") or {}
+        new_name = ""
+        name = function.get("name")
+        if isinstance(name, str) and name and not call.name:
+            call.name = new_name = name
+        piece = function.get("arguments")
+        if isinstance(piece, (dict, list)):  # a whole object instead of text pieces
+            call.arguments = [_arguments_text(piece)]
+            piece = call.arguments[0]
+        elif isinstance(piece, str) and piece:
+            call.arguments.append(piece)
+        else:
+            piece = ""
+        if not (new_id or new_name or piece):
+            return None
+        return Delta(kind="tool_call", index=index, call_id=new_id, name=new_name, text=piece)
+
     def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """One chunk → the pieces it adds (text, reasoning, tool-call pieces)."""
         if isinstance(chunk.get("usage"), dict):
@@ -473,27 +496,9 @@ class StreamAssembler:
             if not raw_calls and isinstance(delta.get("function_call"), dict):
                 raw_calls = [{"index": 0, "function": delta["function_call"]}]  # the legacy form
             for raw in raw_calls or []:
-                if not isinstance(raw, dict):
-                    continue
-                index, call = self._call_for(raw)
-                new_id = ""
-                if raw.get("id") and call.call_id is None:
-                    call.call_id = new_id = str(raw["id"])
-                function = raw.get("function") or {}
-                new_name = ""
-                name = function.get("name")
-                if isinstance(name, str) and name and not call.name:
-                    call.name = new_name = name
-                piece = function.get("arguments")
-                if isinstance(piece, (dict, list)):  # a whole object instead of text pieces
-                    call.arguments = [_arguments_text(piece)]
-                    piece = call.arguments[0]
-                elif isinstance(piece, str) and piece:
-                    call.arguments.append(piece)
-                else:
-                    piece = ""
-                if new_id or new_name or piece:
-                    out.append(Delta(kind="tool_call", index=index, call_id=new_id, name=new_name, text=piece))
+                piece = self._call_piece(raw) if isinstance(raw, dict) else None
+                if piece is not None:
+                    out.append(piece)
             finish = choice.get("finish_reason")
             if finish:
                 self.finish_reason = str(finish)
@@ -536,7 +541,8 @@ class StreamAssembler:
         )
         if not self.saw_finish:
             detail = (
-                "the stream ended with [DONE] but no finish reason (the server cut the reply off, e.g. for another request)"
+                "the stream ended with [DONE] but no finish reason "
+                "(the server cut the reply off, e.g. for another request)"
                 if self.saw_done
                 else "the stream ended without a finish reason"
             )
