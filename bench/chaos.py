@@ -77,7 +77,10 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         ("services stopped by an input", f["services stopped by an input"]),
         (
             "hostile entries / duplicate copies / malformed copies injected",
-            f"{f['hostile entries injected']} / {f['duplicate copies of live entries']} / {f['malformed copies of live entries']}",
+            (
+                f"{f['hostile entries injected']} / {f['duplicate copies of live entries']} / "
+                f"{f['malformed copies of live entries']}"
+            ),
         ),
         ("kill → next progress of the work it held, p50", f"{f['kill → next progress p50 (s)']} s"),
         ("kill → next progress of the work it held, p90", f"{f['kill → next progress p90 (s)']} s"),

@@ -126,7 +126,7 @@ def conversation(events_wanted: int, *, sources: bool = True, seed: int = 7) -> 
                 name = rng.choice(["search", "read", "run"])
                 tool_calls.append(
                     ToolCall(
-                        id=f"call_{calls}", name=name, arguments='{"query": "%s"}' % words(rng, rng.randint(3, 40))
+                        id=f"call_{calls}", name=name, arguments=json.dumps({"query": words(rng, rng.randint(3, 40))})
                     )
                 )
             events.append(ModelOutput(turn_id=turn, step=step, tool_calls=tuple(tool_calls), stop_reason="tool_calls"))
@@ -245,8 +245,13 @@ def main() -> None:
         last = events[-1]
         repeat = 5 if size <= 10_000 else 3
         built = build_context(events, AGENT, turn_id=last.turn_id, step=0)
-        cold = best_ms(lambda: build_context(events, AGENT, turn_id=last.turn_id, step=0), repeat)
-        plain = best_ms(lambda: build_context(events, AGENT, turn_id=last.turn_id, step=0, limits=None), repeat)
+        cold = best_ms(
+            lambda events=events, last=last: build_context(events, AGENT, turn_id=last.turn_id, step=0), repeat
+        )
+        plain = best_ms(
+            lambda events=events, last=last: build_context(events, AGENT, turn_id=last.turn_id, step=0, limits=None),
+            repeat,
+        )
         median, p95, added = incremental(events, args.steps)
         replay = replay_s(events) if len(events) <= args.replay_max else None
         row = {
@@ -332,14 +337,18 @@ def write(run: dict, baseline: dict | None) -> None:
         "and 95th percentile over 200 model calls at the end of the trace). Replay: every model call of",
         "the trace rebuilt, rendered and fingerprinted (`agentstream trace verify`), once. Target: cold 10 k ≤ 50 ms.",
         "",
-        "| events | results | cold rebuild | cold, no limits | cached step (median) | cached step (p95) | replay, every call | messages sent | compactions |",
+        (
+            "| events | results | cold rebuild | cold, no limits | cached step (median) | cached step (p95) | "
+            "replay, every call | messages sent | compactions |"
+        ),
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in run["rows"]:
         was = before.get((row["events"], row["workload"]), {})
         lines.append(
             f"| {row['events']:,} | {row['workload']} | {cell(row, was, 'cold_ms')} | {cell(row, was, 'plain_ms')} | "
-            f"{cell(row, was, 'step_median_ms', 3)} | {cell(row, was, 'step_p95_ms', 3)} | {cell(row, was, 'replay_s', 2, 's')} | "
+            f"{cell(row, was, 'step_median_ms', 3)} | {cell(row, was, 'step_p95_ms', 3)} | "
+            f"{cell(row, was, 'replay_s', 2, 's')} | "
             f"{row['messages']} | {row['compactions']} |"
         )
     section = "\n".join(lines) + "\n"

@@ -562,8 +562,12 @@ async def _growth(port: int, checkpoints: list[int], window: int = 20) -> dict:
                 "ref_turn_ms": statistics.median(ref_latencies[lo:point]) * 1000,
                 "ref_loop_cpu_ms": statistics.median(ref_cpus[lo:point]),
                 # turn by turn, each long turn against the reference turn just after it
-                "relative_turn": statistics.median(a / b for a, b in zip(latencies[lo:point], ref_latencies[lo:point])),
-                "relative_cpu": statistics.median(a / b for a, b in zip(cpus[lo:point], ref_cpus[lo:point]) if b > 0),
+                "relative_turn": statistics.median(
+                    a / b for a, b in zip(latencies[lo:point], ref_latencies[lo:point], strict=True)
+                ),
+                "relative_cpu": statistics.median(
+                    a / b for a, b in zip(cpus[lo:point], ref_cpus[lo:point], strict=True) if b > 0
+                ),
                 "events": point * 5,
             }
     finally:
@@ -697,7 +701,10 @@ def cluster_report(result: dict) -> str:
         f"{result['when']}, {result['host']}, {result['cpus']} CPUs, Redis {result['redis']}, load before "
         f"{result['load_before'][0]:.2f}, after {result['load_after'][0]:.2f}; medians of the runs.",
         "",
-        "| run | Redis | turns/s | steps/s | step p50 ms | step p99 ms | CPU µs/step: loop, worker, Redis | Redis commands/turn | Redis CPU µs/turn (per node) | load |",
+        (
+            "| run | Redis | turns/s | steps/s | step p50 ms | step p99 ms | CPU µs/step: loop, worker, Redis | "
+            "Redis commands/turn | Redis CPU µs/turn (per node) | load |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, runs in result.items():
@@ -708,7 +715,8 @@ def cluster_report(result: dict) -> str:
             lines.append(
                 f"| {label} | {which} | {r['turns_per_s']:.0f} | {r['steps_per_s']:.0f} | {r['step_p50_ms']:.2f} | "
                 f"{r['step_p99_ms']:.2f} | {cpu['agent-loop']:.0f}, {cpu['tool-worker']:.0f}, {cpu['redis']:.0f} | "
-                f"{r['redis_calls_per_turn']:.1f} | {2 * cpu['redis']:.0f} ({2 * cpu['redis'] / (3 if which == 'cluster' else 1):.0f}) | "
+                f"{r['redis_calls_per_turn']:.1f} | {2 * cpu['redis']:.0f} "
+                f"({2 * cpu['redis'] / (3 if which == 'cluster' else 1):.0f}) | "
                 f"{r['load']:.2f} |"
             )
     return "\n".join(lines) + "\n"

@@ -8,7 +8,8 @@ its trace; the result is recorded and the run key given back in one more:
 - a job that names no call of its trace's running turn (a call the trace never made, whether
   or not its turn has ended; a turn that is not running; a trace that does not exist; a real
   call with another tool or other arguments than the call recorded) is
-  acknowledged and reported on the errors stream; nothing is written into any trace (:func:`agentstream.runtime.call_runs.job_problem`);
+  acknowledged and reported on the errors stream; nothing is written into any trace
+  (:func:`agentstream.runtime.call_runs.job_problem`);
 - a call already answered, or whose turn was cancelled or has ended, is skipped (a queued job of
   a cancelled turn never runs; the agent loop writes its cancelled result);
 - a second job for the same call (published twice) is dropped: the call runs once;

@@ -13,6 +13,6 @@ import sys
 if not sys.flags.safe_path and sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
-from agentstream.cli.commands import main  # noqa: E402
+from agentstream.cli.commands import main
 
 main()

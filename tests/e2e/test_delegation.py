@@ -61,7 +61,7 @@ def test_a_parent_delegates_two_tasks_in_parallel_and_answers_from_their_results
     results = [e for e in parent if isinstance(e, ToolOutput)]
     assert {r.call_id for r in results} == {c.id for c in asked.tool_calls}
     assert all(r.error is None for r in results)
-    for call, topic in zip(asked.tool_calls, ["A", "B"]):
+    for call, topic in zip(asked.tool_calls, ["A", "B"], strict=True):
         child = events_of(client, keys, child_trace_id("p1", call.id))
         task = child[0]
         assert isinstance(task, TaskInput)
@@ -146,7 +146,9 @@ def test_cancelling_a_parent_cancels_every_descendant(client, keys, services):
     (reply,) = wait_replies(client, keys, 1, timeout_s=60)
     assert reply.status == "failed" and reply.code == "cancelled"
     for trace_id in (level1_id, level2_id):
-        (ending,) = wait_for(lambda: endings(events_of(client, keys, trace_id)), 60, f"the end of {trace_id}")
+        (ending,) = wait_for(
+            lambda trace_id=trace_id: endings(events_of(client, keys, trace_id)), 60, f"the end of {trace_id}"
+        )
         assert isinstance(ending, TurnFailed) and ending.code == "cancelled", ending
     # the parent's open call got a final result, and the root's history is valid
     root = events_of(client, keys, "c1")

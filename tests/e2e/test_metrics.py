@@ -57,7 +57,7 @@ def test_metrics_after_a_turn(redis_url, namespace, keys, scripted_model, tmp_pa
     assert 'agentstream_tool_errors_total{error="tool_error",tool="calculator"} 1.0' in tools_text
     assert f'agentstream_stream_length{{stream="{keys.turns}"}} 2.0' in loop_text
     assert f'agentstream_consumer_lag{{group="agent-loop",stream="{keys.turns}"}} 0.0' in loop_text, [
-        l for l in loop_text.splitlines() if "lag" in l or "length" in l
+        line for line in loop_text.splitlines() if "lag" in line or "length" in line
     ]
     for name in ("agentstream_reclaims_total", "agentstream_dead_letters_total"):
         assert f"# TYPE {name} counter" in loop_text, name
@@ -102,7 +102,7 @@ def test_metrics_endpoint_paths_formats_freshness_and_operations_metrics(
         client.close()
     # fresh at the scrape: the turn was published after the last background reading
     assert f'agentstream_stream_length{{stream="{keys.turns}"}} 1.0' in text, [
-        l for l in text.splitlines() if "length" in l
+        line for line in text.splitlines() if "length" in line
     ]
     assert f'agentstream_consumer_lag{{group="tool-workers",stream="{tools}"}} 1.0' in text
     assert f'agentstream_stream_consumers{{group="tool-workers",stream="{tools}"}} 0.0' in text

@@ -89,7 +89,10 @@ def test_the_app_module_is_found_from_the_current_directory(tmp_path):
     """)
     )
     # the console script (not python -m): sys.path does not start with the current directory
-    code = "import sys; from agentstream.cli.commands import main; sys.argv = ['agentstream', 'run', 'hi', '--app', 'myagents:app', '--agent', 'nope']; main()"
+    code = (
+        "import sys; from agentstream.cli.commands import main; sys.argv = ['agentstream', 'run', 'hi', "
+        "'--app', 'myagents:app', '--agent', 'nope']; main()"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [sys.executable, "-I", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60

@@ -91,7 +91,7 @@ async def test_c24_a_long_history_is_summarised_in_chunks_that_each_fit_the_wind
     assert len(model.requests) >= 2
     for request in model.requests:
         assert estimate_tokens(request, chatty.model_limits) + request.max_output_tokens <= WINDOW_TOKENS
-    for earlier, system in zip(range(1, len(seen)), seen[1:]):
+    for earlier, system in zip(range(1, len(seen)), seen[1:], strict=True):
         assert f"SUMMARY-{earlier}" in system  # each chunk folds in the summary so far
 
 

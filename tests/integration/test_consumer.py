@@ -554,7 +554,7 @@ async def test_an_entry_read_new_costs_no_command_for_its_count_and_one_given_ba
 
     c = make(redis, keys, "w1", handler, min_idle_ms=60_000)
     await c.ensure_group()
-    entry = (await redis.xadd(stream, {b"x": b"1"})).decode()
+    await redis.xadd(stream, {b"x": b"1"})
     await run_for(c, 0.3)
     assert seen == [None] and c.handled == 1  # handled with no count written, then acknowledged
     assert not await redis.hgetall(c.attempts_key)

@@ -319,7 +319,7 @@ async def test_redis_killed_and_restarted_under_load_fails_the_waiting_commands_
         load = _Load(client).start()
         in_flight: list[int] = []  # the commands waiting on the shared connection at each kill
         try:
-            for round_ in range(3):
+            for _round in range(3):
                 await load.wait_ok(load.phase, 500)
                 in_flight.append(len(client.connection_pool.shared._waiting))
                 server.kill()

@@ -99,7 +99,7 @@ async def test_a_burst_of_refused_turns_of_one_trace_with_two_agent_loops_gets_o
         counts = await replies_per_turn(redis, keys.replies)
         twice = {turn_id: n for turn_id, n in counts.items() if n != 1}
         assert not twice, f"turns replied to more than once: {twice}"
-        for trace_id, (refused, good) in expected.items():
+        for trace_id, (refused, _good) in expected.items():
             failed = {e.turn_id for e in await events_of(store, trace_id) if isinstance(e, TurnFailed)}
             assert failed == refused, (trace_id, failed ^ refused)
     finally:

@@ -19,10 +19,14 @@ from agentstream.errors import Deferred
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, TurnMessage
 from agentstream.wire.keys import REPLY_FIELD, TURN_FIELD
-from tests.integration.test_agent_loop_delivery import model, services  # noqa: F401 (fixtures)
+from tests.integration import test_agent_loop_delivery as delivery
 from tests.support.inprocess import events_of, publish, wait_for, wait_reply
 
 pytestmark = pytest.mark.integration
+
+# the delivery tests' fixtures, shared by name
+model = delivery.model
+services = delivery.services
 
 
 def _hint_inside_the_window(loop, trace_id: str, taken_by_hint: list) -> None:
@@ -73,7 +77,7 @@ async def _replies_of(redis, keys, turn_id: str) -> list:
     ]
 
 
-async def test_a_hint_that_takes_the_lease_just_released_does_not_reply_again(redis, keys, services, store):  # noqa: F811
+async def test_a_hint_that_takes_the_lease_just_released_does_not_reply_again(redis, keys, services, store):
     proc = await services.start("p1", "agent-loop", "tool-worker")
     windows: list = []
     _hint_inside_the_window(proc.loop, "w1", windows)
@@ -85,7 +89,7 @@ async def test_a_hint_that_takes_the_lease_just_released_does_not_reply_again(re
     assert len(await _replies_of(redis, keys, "t1")) == 1
 
 
-async def test_a_hint_that_takes_the_lease_just_released_does_not_publish_the_jobs_again(redis, keys, services, store):  # noqa: F811
+async def test_a_hint_that_takes_the_lease_just_released_does_not_publish_the_jobs_again(redis, keys, services, store):
     proc = await services.start("p1", "agent-loop")  # no tool worker: the jobs stay on their stream
     windows: list = []
     _hint_inside_the_window(proc.loop, "w2", windows)
@@ -98,8 +102,11 @@ async def test_a_hint_that_takes_the_lease_just_released_does_not_publish_the_jo
 
 
 async def test_the_turns_entry_handled_again_before_the_reply_went_out_does_not_reply_twice(
-    redis, keys, services, store
-):  # noqa: F811
+    redis,
+    keys,
+    services,
+    store,
+):
     # The turn has ended in the trace and its step loop is about to publish the reply when the
     # entry that brought the turn is handled again (its claim lapsed, or a copy deferred earlier
     # comes back): it must leave the reply to the lease's holder, not race it.

@@ -20,12 +20,16 @@ from agentstream.steps.replay import rebuild_calls
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, TurnInput
 from agentstream.wire.keys import JOB_FIELD
-from tests.integration.test_agent_loop_delivery import model, services  # noqa: F401 (fixtures)
+from tests.integration import test_agent_loop_delivery as delivery
 from tests.support import apps
 from tests.support.inprocess import events_of, publish, wait_for, wait_reply
 from tests.support.redis_server import single_node_only
 
 pytestmark = pytest.mark.integration
+
+# the delivery tests' fixtures, shared by name
+model = delivery.model
+services = delivery.services
 
 
 def _verify(proc, events, app=apps.app) -> None:
@@ -33,7 +37,7 @@ def _verify(proc, events, app=apps.app) -> None:
     assert calls and all(c.matches for c in calls), [(c.turn_id, c.step) for c in calls if not c.matches]
 
 
-async def test_a_trace_deleted_by_retention_and_started_again_is_folded_anew(redis, keys, services, store):  # noqa: F811
+async def test_a_trace_deleted_by_retention_and_started_again_is_folded_anew(redis, keys, services, store):
     proc = await services.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="r1", turn_id="t1", agent="plan", text="do: work(1) record(old)")
     assert (await wait_reply(redis, keys, "t1")).status == "ended"
@@ -49,7 +53,7 @@ async def test_a_trace_deleted_by_retention_and_started_again_is_folded_anew(red
     assert proc.loop.folds.get("r1").first_id == (await store.read("r1"))[0][0]
 
 
-async def test_two_agent_loops_taking_turns_on_one_conversation_see_each_others_appends(redis, keys, services, store):  # noqa: F811
+async def test_two_agent_loops_taking_turns_on_one_conversation_see_each_others_appends(redis, keys, services, store):
     first = await services.start("p1", "agent-loop", "tool-worker")
     second = await services.start("p2", "agent-loop")
     for n in range(6):
@@ -63,7 +67,7 @@ async def test_two_agent_loops_taking_turns_on_one_conversation_see_each_others_
     assert served, "no agent loop folded the conversation"
 
 
-async def test_a_turn_published_as_soon_as_the_reply_came_does_not_wait_for_the_lease(redis, keys, services, store):  # noqa: F811
+async def test_a_turn_published_as_soon_as_the_reply_came_does_not_wait_for_the_lease(redis, keys, services, store):
     services.env["AGENTSTREAM_LEASE_TTL_MS"] = "120000"  # a wait for the lease would outlast the test
     await services.start("p1", "agent-loop", "tool-worker")
     for n in range(4):
@@ -171,7 +175,7 @@ def _whole_reads(commands: list[tuple], trace_key: str) -> int:
     )
 
 
-async def test_no_step_of_the_agent_loop_reads_the_whole_trace_once_it_is_folded(redis, keys, services, store):  # noqa: F811
+async def test_no_step_of_the_agent_loop_reads_the_whole_trace_once_it_is_folded(redis, keys, services, store):
     proc = await services.start("p1", "agent-loop")
     await services.start("p2", "tool-worker")
     recorder = _Recorder(proc.redis)
@@ -252,7 +256,7 @@ async def test_a_tool_using_turn_costs_at_most_20_redis_commands_whatever_the_co
     redis,
     keys,
     services,
-    store,  # noqa: F811
+    store,
 ):
     services.env["AGENTSTREAM_BLOCK_MS"] = "5000"  # few idle polls (they are set apart anyway)
     loop = await services.start("p1", "agent-loop")
@@ -291,7 +295,7 @@ async def test_a_tool_using_turn_costs_at_most_20_redis_commands_whatever_the_co
     assert later <= first + 0.5  # no command more for a longer conversation
 
 
-async def test_a_tool_job_reads_no_event_of_its_trace(redis, keys, services, store):  # noqa: F811
+async def test_a_tool_job_reads_no_event_of_its_trace(redis, keys, services, store):
     await services.start("p1", "agent-loop")
     worker = await services.start("p2", "tool-worker")
     for n in range(6):  # a conversation with some history
@@ -313,7 +317,7 @@ async def test_a_tool_job_reads_no_event_of_its_trace(redis, keys, services, sto
     assert reads == []  # the call was checked, claimed and its run key taken by one script
 
 
-async def test_a_job_for_a_call_recorded_without_its_marker_reads_only_its_turn(redis, keys, services, store):  # noqa: F811
+async def test_a_job_for_a_call_recorded_without_its_marker_reads_only_its_turn(redis, keys, services, store):
     # a model output appended by a version that did not mark its calls: the job is checked by
     # reading its turn, from the turn's input on, and still runs once
     await services.start("p1", "agent-loop")
@@ -401,8 +405,11 @@ async def test_a_pooled_connection_left_with_an_unread_reply_is_not_handed_out_a
 
 
 async def test_conversations_whose_folds_are_evicted_by_the_byte_bound_fold_again_correctly(
-    redis, keys, services, store
-):  # noqa: F811
+    redis,
+    keys,
+    services,
+    store,
+):
     # a cache too small for two conversations: each step of one evicts the other's fold, whose
     # next step folds it again from its first entry; answers and requests are as from scratch
     services.env["AGENTSTREAM_FOLD_CACHE_BYTES"] = "1"
@@ -426,7 +433,7 @@ async def test_conversations_whose_folds_are_evicted_by_the_byte_bound_fold_agai
         _verify(proc, events)  # every model call's request rebuilds, byte for byte, from the trace
 
 
-async def test_the_watchdogs_look_at_a_waiting_trace_reads_only_its_latest_step(redis, keys, services, store):  # noqa: F811
+async def test_the_watchdogs_look_at_a_waiting_trace_reads_only_its_latest_step(redis, keys, services, store):
     # A long conversation's key hash holds markers of every turn and call; the watchdog looks at
     # each trace that waits on slow tools every interval, so it reads only the waiting step's.
     services.env["AGENTSTREAM_WATCHDOG_INTERVAL_MS"] = "200"
@@ -451,7 +458,7 @@ async def test_the_watchdogs_look_at_a_waiting_trace_reads_only_its_latest_step(
     assert reads and max(len(c) for c in reads) <= 2 + 2 * 2 + 2  # the record; each call's and the turn's markers
 
 
-async def test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip(redis, keys, services, store, redis_url):  # noqa: F811
+async def test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip(redis, keys, services, store, redis_url):
     """The tool worker's critical path: the result's append and the trace's wake-up share one
     pipeline (on one Redis; on a cluster the wake-up follows the append, so it cannot overtake it)."""
     from agentstream.runtime.connection import is_cluster_url
@@ -502,8 +509,12 @@ _GATED = App(
 
 
 async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_with_its_append(
-    redis, keys, services, store, redis_url
-):  # noqa: F811
+    redis,
+    keys,
+    services,
+    store,
+    redis_url,
+):
     """The agent loop's critical path: on one Redis the append of a model output with tool calls
     publishes their jobs, records them for the watchdog and releases the lease in the same
     script (one round trip), and the append of the answer with the turn's ending publishes the
@@ -538,7 +549,9 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
             await publish(
                 redis, keys, trace_id="r10", turn_id=f"t{n}", agent="plan", text=f"do: work({n}) held(r10-t{n})"
             )
-            await wait_for(lambda: _grew(redis, wakes, wakes_before), timeout_s=10, what="the first result's wake-up")
+            await wait_for(
+                lambda before=wakes_before: _grew(redis, wakes, before), timeout_s=10, what="the first result's wake-up"
+            )
             await wait_for(first_wake_up_handled, timeout_s=10, what="the first wake-up's step")
             _GATES.setdefault(f"r10-t{n}", asyncio.Event()).set()
             assert (await wait_reply(redis, keys, f"t{n}")).status == "ended"

@@ -10,12 +10,14 @@ from agentstream.steps.summarising import decode_job as decode_compaction_job
 from agentstream.wire import codec
 from agentstream.wire.events import Compaction, TaskInput
 from agentstream.wire.keys import COMPACTION_FIELD, JOB_FIELD
-from tests.support import apps, compaction_apps, delegation_apps
+from tests.support import apps, compaction_apps, delegation_apps, otel
 from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
-from tests.support.otel import Parent, ancestors, exporter, hex_span_id, hex_trace_id, named, parent_id  # noqa: F401
+from tests.support.otel import Parent, ancestors, hex_span_id, hex_trace_id, named, parent_id
 from tests.support.scripted_model import ScriptedModelServer, calculator_rule
 
 pytestmark = pytest.mark.integration
+
+exporter = otel.exporter  # the fixture, by name
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ async def test_work_entries_without_their_field_are_reported_by_name(store, redi
     await loop.on_turn("5-0", {b"text": b"hello", b"agent": b"calc"})
     errors = await errors_of(redis, keys)
     assert len(errors) == 5, errors
-    for error, field in zip(errors, ["wake", "cancel", "job", "compaction"]):
+    for error, field in zip(errors, ["wake", "cancel", "job", "compaction"], strict=True):
         assert f"entry has no field '{field}'" in error["error"] and "truncated" not in error["error"], error
     assert json.loads(errors[0]["payload"]) == {"trace": "c1"}
     turn_error = errors[4]

@@ -269,7 +269,7 @@ def messy_trace(seed: int, turns_wanted: int, size: float) -> list[Any]:
                     usage=usage,
                     reasoning=reasoning,
                     stop_reason="tool_calls",
-                    tool_calls=tuple(ToolCall(id=i, name=n, arguments="{}") for i, n in zip(ids, names)),
+                    tool_calls=tuple(ToolCall(id=i, name=n, arguments="{}") for i, n in zip(ids, names, strict=True)),
                 )
             )
             order = list(range(len(ids)))

@@ -193,7 +193,7 @@ def test_folds_evicted_under_the_byte_bound_fold_again_to_the_same_decisions(tra
     entries = [_entries(events) for events in traces_]
     done = [0] * len(traces_)
     refolded = 0
-    while any(d < len(e) for d, e in zip(done, entries)):
+    while any(d < len(e) for d, e in zip(done, entries, strict=True)):
         n = data.draw(st.sampled_from([i for i, e in enumerate(entries) if done[i] < len(e)]))
         cut = data.draw(st.integers(done[n] + 1, len(entries[n])))
         fold = cache.get(f"tr{n}")

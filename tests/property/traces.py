@@ -151,7 +151,7 @@ def traces(draw: st.DrawFn, agent: str | None = None) -> list[Any]:
                     stop_reason="tool_calls",
                     tool_calls=tuple(
                         ToolCall(id=i, name=n, arguments='{"query": "' + "a" * draw(SIZES) + '"}')
-                        for i, n in zip(ids, names)
+                        for i, n in zip(ids, names, strict=True)
                     ),
                 )
             )

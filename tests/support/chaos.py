@@ -246,7 +246,7 @@ class ChaosRun:
         self.stopped_logs: list[str] = []
         self.injected = Counter()
 
-    def run(self) -> ChaosResult:
+    def run(self) -> ChaosResult:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
         cfg = self.config
         started = time.monotonic()
         with ScriptedModelServer(parallel_rule) as model:
@@ -481,7 +481,7 @@ class ChaosRun:
 
     # --- checking -------------------------------------------------------------------------
 
-    def _verify(self) -> ChaosResult:
+    def _verify(self) -> ChaosResult:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
         r = ChaosResult(
             turns=len(self.turns),
             kills=len(self.kills),

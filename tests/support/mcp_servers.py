@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.token:
         inner = app
 
-        async def app(scope, receive, send):  # noqa: F811 - wraps the SDK's app with a token check
+        async def app(scope, receive, send):
             if scope["type"] == "http":
                 headers = dict(scope.get("headers") or [])
                 if headers.get(b"authorization") != f"Bearer {args.token}".encode():

@@ -65,7 +65,7 @@ class MockLLM:
     def __enter__(self) -> MockLLM:
         main = install()
         env = dict(os.environ, PORT=str(self.port), HOST="127.0.0.1")
-        self._logfile = open(self._log, "wb")  # noqa: SIM115 - closed in __exit__
+        self._logfile = open(self._log, "wb")
         self._proc = subprocess.Popen(
             ["node", str(main), "--config", str(self.config_path)],
             env=env,

@@ -64,7 +64,7 @@ class Services:
         self._logs: list = []
 
     def start(self, name: str, service: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
+        out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL
         self._logs.append(out) if self.log_dir else None
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentstream", "serve", service, "--app", self.app, *args],

@@ -2,7 +2,8 @@
 
 It answers by a rule of the conversation so far (a "function model"): each request's JSON is
 passed to ``rule(body) -> response message dict`` and the reply is wrapped as a
-chat-completions response (a ``usage`` key in the rule's dict replaces the usage reported). Every request body is kept for assertions.
+chat-completions response (a ``usage`` key in the rule's dict replaces the usage reported).
+Every request body is kept for assertions.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def test_the_docs_tool_returns_passages_of_the_documentation_on_disk_as_sources(
     passages = [e for e in result.elements if isinstance(e, Passage)]
     assert documents and len(passages) == len(documents)
     names = {entry.name: entry for entry in corpus()}
-    for document, passage in zip(documents, passages):
+    for document, passage in zip(documents, passages, strict=True):
         entry = names[document.id.removeprefix("pydoc:")]
         assert passage.ref == document.id and passage.text in entry.paragraphs  # real text, as on disk
         assert document.properties["location"] == f"python -m pydoc {entry.name}"
@@ -163,7 +163,7 @@ def test_the_readmes_element_and_app_type_examples_run():
     assert len(blocks) >= 2
     for block in blocks:
         namespace: dict = {}
-        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(block, "README.md", "exec"), namespace)
         assert isinstance(namespace["app"], App)
     tools = namespace["app"].tools
     ticket = asyncio.run(tools["ticket"].invoke('{"key": "7"}'))

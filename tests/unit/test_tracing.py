@@ -16,7 +16,10 @@ from agentstream.ops import logs, tracing
 from agentstream.steps.summarising import CompactionJob, decode_job
 from agentstream.wire import codec
 from agentstream.wire.events import ToolJob
-from tests.support.otel import Parent, exporter, hex_span_id, hex_trace_id, parent_id  # noqa: F401
+from tests.support import otel
+from tests.support.otel import Parent, hex_span_id, hex_trace_id, parent_id
+
+exporter = otel.exporter  # the fixture, by name
 
 
 def test_carrier_of_keeps_only_the_w3c_pairs():

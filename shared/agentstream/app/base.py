@@ -573,7 +573,8 @@ class Agent:
         server_names = [s.name for s in self.mcp_servers]
         if len(set(server_names)) != len(server_names):
             raise ConfigError(
-                f"agent {self.name!r}: MCP server names used twice: {sorted({n for n in server_names if server_names.count(n) > 1})}"
+                f"agent {self.name!r}: MCP server names used twice: "
+                f"{sorted({n for n in server_names if server_names.count(n) > 1})}"
             )
         names = [t.name for t in self.tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -227,7 +227,7 @@ class LocalModelServer:
         config_path = self._tmpdir / "server.json"
         config_path.write_text(json.dumps(config, indent=2))
         env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-        log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        log = open(self.log_path, "wb")
         self._log_file = log
         started = time.perf_counter()
         try:

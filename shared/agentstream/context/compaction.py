@@ -227,7 +227,7 @@ def summary_request(
 
 
 def compaction_event(
-    compaction_plan: CompactionPlan, summary: str, *, provider: str = "", model: str = "", usage: Usage = Usage()
+    compaction_plan: CompactionPlan, summary: str, *, provider: str = "", model: str = "", usage: Usage | None = None
 ) -> Compaction:
     """The event that records a summary.
 
@@ -246,7 +246,7 @@ def compaction_event(
         replaced_turns=len(compaction_plan.replaced),
         provider=provider,
         model=model,
-        usage=usage,
+        usage=usage if usage is not None else Usage(),
     )
 
 

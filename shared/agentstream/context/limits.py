@@ -81,7 +81,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Union
 
 import msgspec
 
@@ -187,7 +186,7 @@ class Share:
             raise ValueError(f"a share of the window must be above 0 and at most 1, got {self.fraction}")
 
 
-Threshold = Union[Share, Tokens]
+Threshold = Share | Tokens
 """A size of a context: a :class:`Share` of the window or a number of :class:`Tokens`."""
 
 

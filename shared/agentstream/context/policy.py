@@ -204,7 +204,7 @@ class Forms:
     cap: Tokens | None | Literal["policy"] = "policy"
 
 
-class Reasoning(str, enum.Enum):
+class Reasoning(enum.StrEnum):
     """Which reasoning of earlier model outputs is sent back to the model."""
 
     NEVER = "never"

@@ -13,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from agentstream.app.inputs import Text, as_recorded, elements_then_text, parse_payload
+from agentstream.app.inputs import Text, elements_then_text, parse_payload
+from agentstream.app.inputs import as_recorded as input_as_recorded
 from agentstream.context.citations import CitationStyle
 from agentstream.context.elements import Numbering, images_of
 from agentstream.context.forms.shorten import (
@@ -141,7 +142,7 @@ def input_message(event: TurnInput, agent: Any, show: ShowElements) -> UserMessa
         try:
             parsed = parse_payload(input_type, payload)
         except ValueError:
-            text: str | None = as_recorded(event, show)
+            text: str | None = input_as_recorded(event, show)
         else:
             text = (render or elements_then_text)(parsed, show, event)
         if text is None:

@@ -11,7 +11,7 @@ comes back unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 
@@ -31,9 +31,9 @@ class SystemMessage(msgspec.Struct, frozen=True, kw_only=True, tag="system"):
     text: str
 
 
-AnyMessage = Union[SystemMessage, UserMessage, AssistantMessage, ToolResultMessage]
+AnyMessage = SystemMessage | UserMessage | AssistantMessage | ToolResultMessage
 Kind = Literal["system", "user", "assistant", "tool"]
-KindSpec = Union[Kind, type, Sequence[Kind | type]]
+KindSpec = Kind | type | Sequence[Kind | type]
 
 _KINDS: dict[type, str] = {
     SystemMessage: "system",
@@ -124,7 +124,7 @@ def _partial(
     return best
 
 
-def trim_messages(
+def trim_messages(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
     messages: Sequence[AnyMessage],
     *,
     max_tokens: int,
@@ -175,7 +175,9 @@ def trim_messages(
                 tail = [*unit, *tail]
                 continue
             if allow_partial and len(unit) == 1:
-                part = _partial(unit[0], lambda m: token_counter([*system, m, *tail]) <= max_tokens, splitter, True)
+                part = _partial(
+                    unit[0], lambda m, tail=tail: token_counter([*system, m, *tail]) <= max_tokens, splitter, True
+                )
                 if part is not None:
                     kept.insert(0, [part])
             break
@@ -234,9 +236,11 @@ def trim_request(
         raise ContextFullError(
             f"the running turn (its newest user input and its {sum(isinstance(m, ToolResultMessage) for m in running)} "
             f"tool result(s)) needs about {running_tokens} tokens, the system prompt {system_tokens}, the tool "
-            f"definitions {tools_tokens} and the output reserve {output_reserve}: {running_tokens + system_tokens + tools_tokens + output_reserve} "
+            f"definitions {tools_tokens} and the output reserve {output_reserve}: "
+            f"{running_tokens + system_tokens + tools_tokens + output_reserve} "
             f"in all, over the model's window of {limits.window.count} tokens, even with every earlier message left out. "
-            "Shorten the tool results (result_cap, per-tool forms) or the input, or use a model with a larger window. Nothing was sent."
+            "Shorten the tool results (result_cap, per-tool forms) or the input, or use a model with a larger "
+            "window. Nothing was sent."
         )
     older = trim_messages(
         messages[:start],

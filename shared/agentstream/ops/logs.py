@@ -19,6 +19,7 @@ import logging
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import IO
 
 import msgspec
@@ -27,7 +28,10 @@ from pythonjsonlogger.json import JsonFormatter
 from agentstream.ops import tracing
 
 _FIELDS = ("trace_id", "turn_id", "call_id")
-_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("agentstream_log_context", default={})
+# An immutable default: the bound mappings are never changed in place, each binding makes a new one.
+_context: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "agentstream_log_context", default=MappingProxyType({})
+)
 
 
 class bind:
@@ -106,12 +110,12 @@ def iso_utc(created: float) -> str:
 
 
 class _UtcJsonFormatter(JsonFormatter):
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 (logging's name)
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return iso_utc(record.created)
 
 
 class _UtcTextFormatter(logging.Formatter):
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return iso_utc(record.created)
 
 

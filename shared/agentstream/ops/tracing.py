@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ _propagator = TraceContextTextMapPropagator() if _otel is not None else None
 _provider: Any = None  # set_tracer_provider(); None: OpenTelemetry's global provider
 _KINDS = {"internal", "client", "consumer"}
 # Without OpenTelemetry: the carrier of the innermost span() block, passed on unchanged.
-_fallback: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("agentstream_trace_carrier", default={})
+_fallback: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "agentstream_trace_carrier", default=MappingProxyType({})
+)
 
 
 def set_tracer_provider(provider: Any) -> None:

@@ -261,9 +261,9 @@ class _SharedClusterPipeline(ClusterPipeline):
             ):  # connect them all, then queue with no wait between
                 await next(connection for connection in shared if not connection.usable()).ready()
             packed = [multiplex.pack(cmd.args) for cmd in queue]  # a bad argument raises before anything is sent
-            futures = [connection.submit_packed(command) for connection, command in zip(shared, packed)]
+            futures = [connection.submit_packed(command) for connection, command in zip(shared, packed, strict=True)]
             results: list = []
-            for cmd, node, future in zip(queue, nodes, futures):
+            for cmd, node, future in zip(queue, nodes, futures, strict=True):
                 try:
                     reply = await future
                 except (RedisConnectionError, RedisTimeoutError) as exc:
@@ -284,7 +284,7 @@ class _SharedClusterPipeline(ClusterPipeline):
         finally:
             await self.reset()
         if raise_on_error:
-            for cmd, result in zip(queue, results):
+            for cmd, result in zip(queue, results, strict=True):
                 if isinstance(result, Exception):
                     text = " ".join(map(safe_str, cmd.args))
                     result.args = (

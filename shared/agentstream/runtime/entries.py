@@ -59,7 +59,7 @@ def entry_fields(flat: Sequence[Any]) -> dict:
     """An entry's flat ``[field, value, ...]`` (as a script returns it) → its fields: a dict, or
     an :class:`~agentstream.wire.entries.EntryFields` when a field repeats."""
     it = iter(flat)
-    fields = dict(zip(it, it))
+    fields = dict(zip(it, it, strict=True))
     return EntryFields.from_flat(flat) if len(fields) * 2 < len(flat) else fields
 
 
@@ -78,8 +78,8 @@ def _keeping(command: str, parse: Callable[..., Any] | None) -> Callable[..., An
         parsed = parse(response, **options) if parse is not None else response
         if parse is None:
             return parsed
-        for raw_entries, entries in zip(raw, _parsed_lists(command, parsed)):
-            for i, (raw_entry, entry) in enumerate(zip(raw_entries or (), entries)):
+        for raw_entries, entries in zip(raw, _parsed_lists(command, parsed), strict=False):
+            for i, (raw_entry, entry) in enumerate(zip(raw_entries or (), entries, strict=False)):
                 # a field given twice: the dict has fewer fields than the entry has pairs
                 if (
                     raw_entry

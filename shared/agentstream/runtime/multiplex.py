@@ -507,7 +507,7 @@ class MultiplexedPipeline(Pipeline):
             futures = [self._shared.submit_packed(command) for command in packed]
             replies = [await future for future in futures]  # a lost connection raises here, as in redis-py's pipeline
             response = []
-            for (args, options), reply in zip(stack, replies):
+            for (args, options), reply in zip(stack, replies, strict=True):
                 try:
                     value = finish(self, args[0], reply, options)
                     response.append(await value if inspect.isawaitable(value) else value)

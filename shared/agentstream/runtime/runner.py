@@ -104,7 +104,7 @@ def _masked(text: str, redis) -> str:
     return redact_url(text) if "://" in text and " " not in text else text
 
 
-async def run_consumers(
+async def run_consumers(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
     consumers: Sequence[Runner],
     *,
     stop: asyncio.Event | None = None,
@@ -194,7 +194,7 @@ async def run_consumers(
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         reported = {name for name, _ in failures}
-        for task, result in zip(tasks, results):
+        for task, result in zip(tasks, results, strict=True):
             if task.get_name() not in reported and isinstance(result, Exception):
                 log.error("consumer %s stopped with an error while draining", task.get_name(), exc_info=result)
                 failures.append((task.get_name(), result))

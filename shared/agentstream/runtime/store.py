@@ -525,9 +525,10 @@ class CallState:
 # entry} (no marker of the call), {'other', marker} (the call is another turn's or tool's),
 # {'arguments', marker} (the call was made with other arguments; a marker written before
 # markers had a digest, `<turn>\n<tool>`, answers 'unchecked' when the arguments are to be
-# checked: the caller reads the turn). Then the call is claimed for the job unless it is answered, its turn is cancelled or over, or
-# another job holds it; and a claimed call's run key is taken for the runner unless another
-# runner holds it: {'ok', result, cancelled, ended, started, holder, run holder, ms left}.
+# checked: the caller reads the turn). Then the call is claimed for the job unless it is
+# answered, its turn is cancelled or over, or another job holds it; and a claimed call's run
+# key is taken for the runner unless another runner holds it:
+# {'ok', result, cancelled, ended, started, holder, run holder, ms left}.
 _BEGIN_CALL_LUA = """
 local h = KEYS[1]
 local call, turn = ARGV[1], ARGV[2]
@@ -893,7 +894,9 @@ class TraceStore:
         elif isinstance(first, Exception):
             raise first
         else:
-            failed.extend(hint for hint, answer in zip(hints, answers[1:]) if isinstance(answer, Exception))
+            failed.extend(
+                hint for hint, answer in zip(hints, answers[1:], strict=True) if isinstance(answer, Exception)
+            )
         return first
 
     def _appended(self, trace_id: str, fence: int | None, after: str | None, raw_out, raw_first, raw_entries):

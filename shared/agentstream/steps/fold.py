@@ -231,7 +231,10 @@ class TraceFold:
         if record.ending is None:
             active = self.active_turn()
             if active is None or active.turn_id != turn_id:
-                return f"turn {turn_id!r} of trace {trace_id!r} is not the running turn ({active.turn_id if active else None!r} runs)"
+                return (
+                    f"turn {turn_id!r} of trace {trace_id!r} is not the running turn "
+                    f"({active.turn_id if active else None!r} runs)"
+                )
         for output in record.outputs:
             for call in output.tool_calls:
                 if call.id == call_id:

@@ -41,7 +41,7 @@ class EntryFields(dict):
     def from_flat(cls, flat: Sequence[bytes]) -> EntryFields:
         """``[f1, v1, f2, v2, ...]`` (the reply of XRANGE, XREADGROUP...) → the entry's fields."""
         it = iter(flat)
-        return cls(list(zip(it, it)))
+        return cls(list(zip(it, it, strict=True)))
 
     def values_of(self, name: bytes) -> list[bytes]:
         """Every value given for ``name``, in the order stored."""

@@ -142,7 +142,10 @@ def name_problem(name: str, *, ends_a_stream: bool) -> str | None:
             if k[0] != "0"
             else f"it has the form of one (queue {base + ':p1'!r} would be partition 1 of queue {base!r})"
         )
-        return f"it ends in {suffix!r}, the partition suffix of work streams (':p<k>'): {clash} with AGENTSTREAM_PARTITIONS above 1"
+        return (
+            f"it ends in {suffix!r}, the partition suffix of work streams (':p<k>'): {clash} with "
+            f"AGENTSTREAM_PARTITIONS above 1"
+        )
     return None
 
 

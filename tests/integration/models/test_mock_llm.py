@@ -58,7 +58,9 @@ rules:
           "id": "chatcmpl-{{timestamp}}",
           "object": "chat.completion",
           "model": "{{jmes request body.model}}",
-          "choices": [{"index": 0, "message": {"role": "assistant", "content": "The result is {{jmes request body.messages[-1].content}}."},
+          "choices": [{"index": 0,
+                       "message": {"role": "assistant",
+                                   "content": "The result is {{jmes request body.messages[-1].content}}."},
                        "finish_reason": "stop"}]
         }
   - path: "/v1/chat/completions"
@@ -67,13 +69,15 @@ rules:
       status: 200
       content: |
         {"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
-         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Streaming through mock-llm works."}, "finish_reason": "stop"}]}
+         "choices": [{"index": 0, "finish_reason": "stop",
+                      "message": {"role": "assistant", "content": "Streaming through mock-llm works."}}]}
   - path: "/v1/chat/completions"
     match: "body.messages[-1].content == 'bad key'"
     response:
       status: 401
       content: |
-        {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}
+        {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error",
+                   "param": null, "code": "invalid_api_key"}}
 """
 
 

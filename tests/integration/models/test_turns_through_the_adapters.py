@@ -318,7 +318,7 @@ async def test_c08_a_conversation_switches_provider_and_model_and_goes_on(run, r
         [blk for m in b["messages"] if m["role"] == "assistant" for blk in m["content"] if blk["type"] == "thinking"]
         for b in bodies
     ]
-    to_b = [t for b, t in zip(bodies, thinking_of) if b["model"] == "claude-b"]
+    to_b = [t for b, t in zip(bodies, thinking_of, strict=True) if b["model"] == "claude-b"]
     assert to_b[0] == []  # turn 3's first call: claude-a's blocks are never sent to claude-b
     assert all(blk["signature"] == api.sign("claude-b", blk["thinking"]) for t in to_b for blk in t)  # only its own
     last_a = thinking_of[-1]

@@ -74,7 +74,7 @@ class Trace:
         for _ in calls:
             self._calls += 1
             ids.append(f"call_{self._calls}")
-        tool_calls = tuple(ToolCall(id=i, name=n, arguments=a) for i, (n, a) in zip(ids, calls))
+        tool_calls = tuple(ToolCall(id=i, name=n, arguments=a) for i, (n, a) in zip(ids, calls, strict=True))
         self.events.append(
             ModelOutput(
                 turn_id=turn_id,
@@ -113,7 +113,7 @@ class Trace:
         """A whole turn: input, one output calling ``len(results)`` tools, the results, an answer, the end."""
         turn_id = self.user(text)
         ids = self.calls(turn_id, *[(name, '{"query": "q"}') for _ in results])
-        for call_id, text_ in zip(ids, results):
+        for call_id, text_ in zip(ids, results, strict=True):
             self.result(turn_id, call_id, text_, name=name, **result_kwargs)
         self.answer(turn_id, answer)
         self.end(turn_id)

@@ -5,6 +5,8 @@ Each test's assertions are the case's "Expected".
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 import pytest
 
@@ -260,7 +262,7 @@ def test_c21_at_the_budget_a_shrink_cuts_deep_once_then_the_prefix_holds_for_man
         trace.answer(turn, f"answer {index}")
         trace.end(turn)
     assert changes, "the history outgrew the start threshold"
-    gaps = [b - a for a, b in zip(changes, changes[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(changes)]
     assert all(gap >= 5 for gap in gaps), f"the prefix changed too often: at turns {changes}"
 
 

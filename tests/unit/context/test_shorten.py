@@ -78,10 +78,10 @@ def test_json_cap_moves_cut_json_into_the_text():
 @pytest.mark.parametrize(
     "bad",
     [
-        lambda o, l: msgspec.structs.replace(o, elements=()),
-        lambda o, l: msgspec.structs.replace(o, elements=tuple(reversed(o.elements))),
-        lambda o, l: msgspec.structs.replace(o, elements=(*o.elements, Document(id="new"))),
-        lambda o, l: msgspec.structs.replace(o, error="changed"),
+        lambda o, limits: msgspec.structs.replace(o, elements=()),
+        lambda o, limits: msgspec.structs.replace(o, elements=tuple(reversed(o.elements))),
+        lambda o, limits: msgspec.structs.replace(o, elements=(*o.elements, Document(id="new"))),
+        lambda o, limits: msgspec.structs.replace(o, error="changed"),
     ],
 )
 def test_a_shorten_function_that_changes_elements_or_the_error_is_refused(bad):
@@ -96,7 +96,7 @@ def test_the_builder_refuses_a_bad_full_function():
     turn = trace.tool_turn("q", ["r"])
     nxt = trace.user("again")
     _ = turn
-    policy = ContextPolicy(tools={"search": Forms(full=lambda o, l: msgspec.structs.replace(o, error="boom"))})
+    policy = ContextPolicy(tools={"search": Forms(full=lambda o, limits: msgspec.structs.replace(o, error="boom"))})
     with pytest.raises(ShortenError, match="changed the error"):
         build_context(trace.events, make_agent(window=100_000, policy=policy), turn_id=nxt, step=0)
 
@@ -119,3 +119,27 @@ def test_the_result_cap_cuts_a_long_result_even_under_budget():
     nxt = trace.user("again")
     messages = build_context(trace.events, make_agent(window=200_000), turn_id=nxt, step=0).request.messages
     assert len(messages[2].text) < 25_000 and "more tokens not shown]" in messages[2].text
+
+
+def test_the_estimate_takes_a_recorded_result_as_its_own_full_form_without_making_it(monkeypatch):
+    """The default full form is the result itself, so sizing it makes no full output (the
+    shortcut of the context rebuild); a tool with its own full function has it made."""
+    from agentstream.context.elements import Numbering
+    from agentstream.context.render import ContextConfig, Parts, ResultRenderer
+
+    def made(self, result):
+        raise AssertionError("the full form was made to be measured")
+
+    default = ResultRenderer(ContextConfig(policy=ContextPolicy()), LIMITS, Numbering())
+    assert default.tool_sizes("search").full_as_recorded
+    monkeypatch.setattr(ResultRenderer, "full_output", made)
+    parts = Parts()
+    full, _, _ = default.estimates(output(), "r1", parts)
+    assert parts.full is not None and parts.full.text == "see the sources"
+    assert full > len("see the sources")
+
+    own = ContextPolicy(tools={"search": Forms(full=first_words(3))})
+    custom = ResultRenderer(ContextConfig(policy=own), LIMITS, Numbering())
+    assert not custom.tool_sizes("search").full_as_recorded
+    with pytest.raises(AssertionError, match="made to be measured"):
+        custom.estimates(output(), "r1", Parts())

@@ -39,7 +39,7 @@ def test_keys_from_text_and_file_add_up_and_names_are_unique(tmp_path):
     one = {"name": "a", "sha256": "0" * 64, "agents": ["*"]}
     path = tmp_path / "keys.yaml"
     path.write_text("keys:\n  - {name: b, sha256: '" + "1" * 64 + "', agents: [calc]}\n")
-    ring = load_keys(text='{"keys": [%s]}' % str(one).replace("'", '"'), path=str(path))
+    ring = load_keys(text='{"keys": [' + str(one).replace("'", '"') + "]}", path=str(path))
     assert [k.name for k in ring.keys] == ["a", "b"] and ring.keys[0].all_agents
     with pytest.raises(ConfigError, match="no API keys"):
         load_keys()

@@ -318,7 +318,7 @@ def test_the_readme_example_declares_a_working_app():
     section = readme.split("## Tools from MCP servers", 1)[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the project's own README
+    exec(compile(code, "README.md", "exec"), scope)
     app = scope["app"]
     assert app.tool_queues == ["mcp-files", "mcp-search"]
     assert app.mcp_servers["search"].transport({"SEARCH_MCP_AUTH": "Bearer x"}).headers == {"Authorization": "Bearer x"}

@@ -187,7 +187,9 @@ def checked(shorten: Shorten, output: ToolOutput, limits: ModelLimits) -> ToolOu
             f"from {output.error!r} to {shortened.error!r}; a shorten function may change text and data only"
         )
     elements, kept = output.elements, shortened.elements
-    if len(elements) != len(kept) or any(type(a) is not type(b) or a.id != b.id for a, b in zip(elements, kept)):
+    if len(elements) != len(kept) or any(
+        type(a) is not type(b) or a.id != b.id for a, b in zip(elements, kept, strict=True)
+    ):
         before = [(type(e), e.id) for e in elements]
         after = [(type(e), e.id) for e in kept]
         raise ShortenError(
