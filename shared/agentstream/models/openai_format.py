@@ -472,7 +472,7 @@ class StreamAssembler:
             return None
         return Delta(kind="tool_call", index=index, call_id=new_id, name=new_name, text=piece)
 
-    def feed(self, chunk: dict[str, Any]) -> list[Delta]:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+    def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """One chunk → the pieces it adds (text, reasoning, tool-call pieces)."""
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
