@@ -47,6 +47,7 @@ from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
 from agentstream_services.gateway import schemas
+from agentstream_services.gateway.perimeter import Perimeter
 from agentstream_services.gateway.settings import GatewaySettings
 
 log = logging.getLogger("agentstream.gateway")
@@ -58,7 +59,8 @@ TRACE_ID_MAX = 512
 LIST_MAX = 200
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
-    401: {"model": schemas.Problem, "description": "No valid API key."},
+    401: {"model": schemas.Problem, "description": "No valid API key (refused before the body is read)."},
+    413: {"model": schemas.Problem, "description": "The body is over the gateway's limit (refused as it streams)."},
     429: {"model": schemas.Problem, "description": "Over the key's rate limit; see Retry-After."},
 }
 _WIRE_REPLY = {
@@ -178,7 +180,6 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         responses={
             **_PROBLEMS,
             403: {"model": schemas.Problem, "description": "The key may not use this agent or conversation."},
-            413: {"model": schemas.Problem},
             422: {"model": schemas.Problem, "description": "Not a valid turn."},
         },
         openapi_extra={
@@ -192,13 +193,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         """Publish a turn: the wire's turn message (``agentstream schema turn``), validated by the
         same decoder the agent loop uses. The turn is answered by the running services; wait for
         its reply at ``reply_url`` or follow it at ``stream_url``."""
-        raw = await request.body()
-        if len(raw) > gateway.max_body_bytes:
-            raise HTTPException(
-                413,
-                f"the body is {len(raw)} bytes, over the gateway's limit of {gateway.max_body_bytes} "
-                "(AGENTSTREAM_GATEWAY_MAX_BODY_BYTES)",
-            )
+        raw = await request.body()  # at most max_body_bytes: the perimeter answers 413 past it
         try:  # the wire's rules, as the agent loop applies them (size, depth, schema, ids, metadata, reply stream)
             turn = wire.validate_turn(raw, keys=keys, limits=settings.wire_limits)
         except TurnRejected as exc:
@@ -583,6 +578,9 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         async def root() -> RedirectResponse:
             return RedirectResponse("/console/")
 
+    # before any route: the key, then the body limit while it streams (and the security headers);
+    # CORS is added after it, so it is outside: a preflight is answered without a key
+    api.add_middleware(Perimeter, keyring=keyring, max_body_bytes=gateway.max_body_bytes)
     if gateway.cors_origin_list:
         api.add_middleware(
             CORSMiddleware,

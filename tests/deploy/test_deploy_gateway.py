@@ -102,6 +102,10 @@ def test_service_pdb_ingress_with_tls_and_network_policy(gateway_render: Rendere
     assert rule["host"] == "agents.example.com"
     assert rule["http"]["paths"][0]["backend"] == {"service": {"name": FULLNAME, "port": {"name": "http"}}}
     assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    # the Ingress caps bodies as the gateway does (issue 33: a 400 MB body reached the gateway)
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == "1048576"
+    (gateway_container,) = gateway_render.named("Deployment", FULLNAME)["spec"]["template"]["spec"]["containers"]
+    assert {"name": "AGENTSTREAM_GATEWAY_MAX_BODY_BYTES", "value": "1048576"} in gateway_container["env"]
     policy = gateway_render.named("NetworkPolicy", FULLNAME)
     assert [p["ports"][0]["port"] for p in policy["spec"]["ingress"]] == ["http", "metrics"]
 

@@ -1,0 +1,174 @@
+"""The gateway's perimeter: what every request must pass before any route runs (pure ASGI).
+
+- **Authentication before the body.** A request to ``/v1/...`` (but a CORS preflight) without a
+  valid ``Authorization: Bearer <key>`` is answered 401 before one byte of its body is read; the
+  routes' own key dependency then counts the request against the key's rate limit.
+- **The body limit, while it streams.** A ``Content-Length`` over ``max_body_bytes`` is answered
+  413 at once; a body without one (chunked) is counted as it arrives, and the request is answered
+  413 as soon as the count passes the limit (the route never sees more than the limit). The
+  connection is then closed by the server, which reads no more of it.
+- **Response headers** on every answer (:data:`SECURITY_HEADERS`): no framing, no sniffing, no
+  referrer beyond the origin, a content security policy that lets the console load only its own
+  files; ``Cache-Control: no-store`` on the API's answers (traces, replies, conversations).
+
+Nothing here touches Redis; the decisions (:func:`bearer_token`, :func:`declared_length`) are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from agentstream.ops import metrics
+from agentstream.ops.apikeys import KeyRing
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PROTECTED_PREFIX = "/v1/"
+"""Every route under it needs an API key."""
+
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        b"object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
+"""Headers put on every response (a route's own header of the same name wins)."""
+
+NO_STORE = (b"cache-control", b"no-store")
+"""Put on every ``/v1/...`` response that has no ``Cache-Control`` of its own: what a key may read
+stays out of shared and browser caches."""
+
+
+def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The token of the first ``Authorization: Bearer <token>`` header (scheme in any case), or None."""
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").strip().partition(" ")
+            token = token.strip()
+            return token if scheme.lower() == "bearer" and token else None
+    return None
+
+
+def declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The request's ``Content-Length`` as a number of bytes; None when absent.
+
+    Raises:
+        ValueError: it is not a non-negative integer, or it is given twice with different values.
+    """
+    found: int | None = None
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            text = value.decode("latin-1").strip()
+            if not text.isdigit():
+                raise ValueError(f"Content-Length must be a number of bytes, got {text[:40]!r}")
+            if found is not None and int(text) != found:
+                raise ValueError("Content-Length is given twice with different values")
+            found = int(text)
+    return found
+
+
+def too_large(size: int | str, limit: int) -> str:
+    """The 413's detail: the size seen (or ``"more than"`` it) and the limit with its setting."""
+    return (
+        f"the body is {size} bytes, over the gateway's limit of {limit} (AGENTSTREAM_GATEWAY_MAX_BODY_BYTES); "
+        "it was not read further"
+    )
+
+
+class Perimeter:
+    """ASGI middleware: authentication before the body, the body limit while it streams, and the
+    security headers (see the module docstring).
+
+    Args:
+        app: the app behind it.
+        keyring: the API keys (a request to ``/v1/...`` needs one of them).
+        max_body_bytes: the largest request body read, in bytes.
+    """
+
+    def __init__(self, app: ASGIApp, *, keyring: KeyRing, max_body_bytes: int) -> None:
+        self.app = app
+        self.keyring = keyring
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        api = scope["path"].startswith(PROTECTED_PREFIX)
+        send = _with_headers(send, api=api)
+        headers = scope["headers"]
+        if api and scope["method"] != "OPTIONS":
+            token = bearer_token(headers)
+            if token is None or self.keyring.find(token) is None:
+                metrics.GATEWAY_UNAUTHORIZED.inc()
+                response = JSONResponse(
+                    {"detail": "a valid API key is needed: Authorization: Bearer <key>"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer", "Connection": "close"},
+                )
+                await response(scope, receive, send)
+                return
+        limit = self.max_body_bytes
+        try:
+            length = declared_length(headers)
+        except ValueError as exc:
+            await JSONResponse({"detail": str(exc)}, status_code=400, headers={"Connection": "close"})(
+                scope, receive, send
+            )
+            return
+        if length is not None and length > limit:
+            await JSONResponse({"detail": too_large(length, limit)}, status_code=413, headers={"Connection": "close"})(
+                scope, receive, send
+            )
+            return
+        received = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise HTTPException(413, too_large(f"more than {limit}", limit), headers={"Connection": "close"})
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, sending)
+        except HTTPException as exc:  # raised by limited() where no handler turned it into an answer
+            if exc.status_code != 413 or started:
+                raise
+            await JSONResponse({"detail": exc.detail}, status_code=413, headers={"Connection": "close"})(
+                scope, receive, send
+            )
+
+
+def _with_headers(send: Send, *, api: bool) -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            present = {name.lower() for name, _ in message.get("headers", [])}
+            extra = [(n, v) for n, v in SECURITY_HEADERS if n not in present]
+            if api and NO_STORE[0] not in present:
+                extra.append(NO_STORE)
+            message = {**message, "headers": [*message.get("headers", []), *extra]}
+        await send(message)
+
+    return sending

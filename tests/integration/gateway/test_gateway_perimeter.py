@@ -1,0 +1,143 @@
+"""The gateway's perimeter (issue 33, items 3 and 10) in the test's event loop on a real Redis:
+how much of a request body each route reads, from a caller with and without a key, counted at the
+source (httpx's ASGI transport pulls the body chunk by chunk as the app asks for it)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from agentstream.ops.apikeys import load_keys
+from agentstream.ops.settings import Settings
+from agentstream.wire.events import TurnEnded, TurnInput
+from agentstream_services.gateway.api import create_api
+from agentstream_services.gateway.perimeter import bearer_token, declared_length
+from agentstream_services.gateway.settings import GatewaySettings
+from tests.support.apps import app
+from tests.support.gateway import CALC_KEY, KEYS_DOCUMENT, auth
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 4096
+CHUNK = 1024
+
+
+def _client(store, keys, **gateway):
+    settings = Settings(namespace=keys.namespace)
+    api = create_api(
+        app,
+        settings,
+        GatewaySettings(keys=KEYS_DOCUMENT, max_body_bytes=LIMIT, **gateway),
+        store,
+        load_keys(text=KEYS_DOCUMENT),
+    )
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://gateway")
+
+
+class _Body:
+    """A request body of ``chunks`` chunks that counts how many bytes the app pulled."""
+
+    def __init__(self, chunks: int, first: bytes = b"") -> None:
+        self.chunks = chunks
+        self.first = first
+        self.sent = 0
+
+    async def __aiter__(self):
+        for i in range(self.chunks):
+            data = (self.first if i == 0 and self.first else b"x" * CHUNK).ljust(CHUNK, b" ")
+            self.sent += len(data)
+            yield data
+
+
+def _routes(trace_id: str) -> list[tuple[str, str]]:
+    return [
+        ("POST", "/v1/turns"),
+        ("POST", f"/v1/traces/{trace_id}/cancel"),
+        ("GET", f"/v1/traces/{trace_id}"),
+        ("GET", f"/v1/traces/{trace_id}/turns/t/reply?timeout_s=0"),
+        ("GET", "/v1/conversations"),
+        ("GET", "/v1/agents"),
+        ("GET", "/v1/dead-letters"),
+        ("GET", f"/v1/traces/{trace_id}/explain?step=0"),
+    ]
+
+
+async def test_without_a_key_no_route_reads_one_byte_of_the_body(store, keys):
+    await store.append("p1", TurnInput(turn_id="t", agent="calc", text="hi"))
+    async with _client(store, keys) as client:
+        for method, path in _routes("p1"):
+            for headers in ({}, auth("ask_wrong"), {"Authorization": "Basic x"}):
+                body = _Body(10_000)  # 10 MB, chunked
+                response = await client.request(method, path, content=body, headers=headers)
+                assert response.status_code == 401, (method, path, response.text)
+                assert body.sent == 0, (method, path, body.sent)
+                assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_with_a_key_a_body_over_the_limit_is_413_as_soon_as_it_passes_it(store, keys):
+    await store.append("p2", TurnInput(turn_id="t", agent="calc", text="hi"))
+    await store.append("p2", TurnEnded(turn_id="t", answer="ok"))
+    async with _client(store, keys) as client:
+        for method, path in _routes("p2"):
+            body = _Body(10_000, first=b'{"reason": "')
+            response = await client.request(method, path, content=body, headers=auth(CALC_KEY))
+            if body.sent == 0:  # a route that reads no body never pulls it
+                assert response.status_code != 413, (method, path)
+                continue
+            assert response.status_code == 413, (method, path, response.text)
+            assert body.sent <= LIMIT + CHUNK, (method, path, body.sent)
+            assert "AGENTSTREAM_GATEWAY_MAX_BODY_BYTES" in response.json()["detail"]
+        # a declared length over the limit: refused before the body is pulled
+        body = _Body(10)
+        response = await client.post(
+            "/v1/turns", content=body, headers={**auth(CALC_KEY), "Content-Length": str(LIMIT + 1)}
+        )
+        assert response.status_code == 413 and body.sent == 0
+        # under the limit, the routes read their bodies as before
+        ok = await client.post(
+            "/v1/turns",
+            json={"trace_id": "p3", "turn_id": "t1", "agent": "calc", "text": "2+2"},
+            headers=auth(CALC_KEY),
+        )
+        assert ok.status_code == 202, ok.text
+
+
+async def test_the_posting_routes_read_their_bodies_only_after_the_key(store, keys):
+    await store.append("p4", TurnInput(turn_id="t", agent="calc", text="hi"))
+    async with _client(store, keys) as client:
+        for path in ("/v1/turns", "/v1/traces/p4/cancel"):
+            body = _Body(2, first=b"{not json")
+            response = await client.post(path, content=body, headers={"Content-Type": "application/json"})
+            assert response.status_code == 401 and body.sent == 0, path
+
+
+async def test_every_answer_has_the_security_headers_and_api_answers_are_not_stored(store, keys):
+    await store.append("p5", TurnInput(turn_id="t", agent="calc", text="hi"))
+    async with _client(store, keys) as client:
+        for path, api in [("/v1/traces/p5", True), ("/v1/agents", True), ("/console/", False), ("/healthz", False)]:
+            response = await client.get(path, headers=auth(CALC_KEY))
+            assert response.status_code == 200, path
+            csp = response.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp, path
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert response.headers["referrer-policy"] == "no-referrer"
+            assert (response.headers.get("cache-control") == "no-store") == api, path
+        refused = await client.get("/v1/traces/p5")
+        assert refused.status_code == 401 and refused.headers["cache-control"] == "no-store"
+
+
+def test_the_perimeters_decisions():
+    assert bearer_token([(b"authorization", b"Bearer abc")]) == "abc"
+    assert bearer_token([(b"Authorization", b"bearer  abc ")]) == "abc"
+    assert bearer_token([(b"authorization", b"Basic abc")]) is None
+    assert bearer_token([(b"authorization", b"Bearer")]) is None
+    assert bearer_token([]) is None
+    assert declared_length([(b"content-length", b"12")]) == 12
+    assert declared_length([]) is None
+    for bad in (
+        [(b"content-length", b"-1")],
+        [(b"content-length", b"1e9")],
+        [(b"content-length", b"1"), (b"content-length", b"2")],
+    ):
+        with pytest.raises(ValueError):
+            declared_length(bad)
