@@ -48,6 +48,12 @@ METRICS = (
     "agentstream_mcp_sessions_total",
     "agentstream_mcp_server_up",
     "agentstream_mcp_tools_refused",
+    "agentstream_gateway_requests_total",
+    "agentstream_gateway_request_seconds",
+    "agentstream_gateway_turns_total",
+    "agentstream_gateway_unauthorized_total",
+    "agentstream_gateway_rate_limited_total",
+    "agentstream_gateway_streams_open",
 )
 
 
@@ -226,5 +232,18 @@ def test_dashboard_queries_every_metric() -> None:
     assert re.search(r"by \(le, model\)", text) and re.search(r"by \(le, tool\)", text)
     assert "by (model, kind)" in text
     assert "by (stream, group)" in text
+    assert "by (le, route)" in text, "the gateway's latency by route"
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_dashboards_metric_list_is_every_metric_the_services_export() -> None:
+    """METRICS (what the dashboard must query) is what agentstream registers: a metric added to
+    the services without a panel fails here, not silently."""
+    from prometheus_client import REGISTRY
+
+    import agentstream.ops.metrics  # noqa: F401 (registers the metrics)
+
+    suffix = {"counter": "_total", "info": "_info"}
+    exported = {f.name + suffix.get(f.type, "") for f in REGISTRY.collect() if f.name.startswith("agentstream_")}
+    assert exported == set(METRICS)

@@ -285,7 +285,7 @@ def test_pod_monitor_scrapes_the_agentstream_pods(full_render: Rendered) -> None
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     selected = pm["spec"]["selector"]["matchExpressions"][0]["values"]
-    assert set(selected) == AGENTSTREAM_COMPONENTS
+    assert set(selected) == AGENTSTREAM_COMPONENTS | {"gateway"}
 
 
 # ---------------------------------------------------------------- the bundled Redis, secure by default

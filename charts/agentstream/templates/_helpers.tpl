@@ -462,6 +462,8 @@ spec:
       labels:
         {{- include "agentstream.selectorLabels" . | nindent 8 }}
         app.kubernetes.io/part-of: agentstream
+        # scraped through its metrics Service when the ServiceMonitor is on (podmonitor.yaml)
+        agentstream.io/metrics-service: "true"
         {{- with $svc.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
