@@ -77,6 +77,7 @@ from agentstream.wire.events import (
     TurnInput,
     TurnMessage,
 )
+from agentstream.wire.failures import FailureCode
 from agentstream.wire.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
 from agentstream_services.agent_loop.children import Children
 from agentstream_services.agent_loop.compactions import Compactions
@@ -88,12 +89,12 @@ BUSY_POLICIES = ("queue", "reject", "interrupt")
 """What a turn published on a busy conversation does: wait behind the running turn (default),
 fail at once with code ``busy``, or cancel the running turn and then run."""
 
-DEAD_LETTER_CODE = "dead_letter"
+DEAD_LETTER_CODE = FailureCode.DEAD_LETTER
 REJECT_LEASE_WAIT_S = 2.0
 """How long a refused turn waits for its trace's lease to append its ``turn_failed`` (seconds; at
 most the lease time). Refusals of one trace that arrive together each hold the lease for a single
 append; past this wait the entry is deferred until the holder's lease would expire."""
-DEADLINE_CODE = "deadline"
+DEADLINE_CODE = FailureCode.DEADLINE
 """The code of a turn ended by a deadline: its model call's (AGENTSTREAM_MODEL_DEADLINE_S) or its own
 (AGENTSTREAM_TURN_DEADLINE_S)."""
 
@@ -389,7 +390,7 @@ class AgentLoop:
         if self.busy_policy == "reject":
             failed = TurnFailed(
                 turn_id=turn.turn_id,
-                code="busy",
+                code=FailureCode.BUSY,
                 reason=f"conversation {turn.trace_id!r} is busy with turn {running.turn_id!r}; this turn was rejected "
                 "(busy policy 'reject'): publish it again once that turn has ended",
             )
@@ -400,7 +401,7 @@ class AgentLoop:
             # already marked.
             await self._ensure_reply(turn.trace_id, routing, failed)
             await self.store.append(turn.trace_id, failed)
-            metrics.TURNS_FAILED.labels(agent=turn.agent, code="busy").inc()
+            metrics.TURNS_FAILED.labels(agent=turn.agent, code=FailureCode.BUSY).inc()
             return False
         message = CancelMessage(
             trace_id=turn.trace_id,
@@ -863,7 +864,7 @@ class AgentLoop:
                 if model is None:
                     failed = TurnFailed(
                         turn_id=turn.turn_id,
-                        code="config",
+                        code=FailureCode.CONFIG,
                         reason=f"agent {agent.name!r} names model {agent.model!r}, which is not configured",
                     )
                     return await self._end(trace_id, token, fold, failed, turn)
@@ -887,14 +888,14 @@ class AgentLoop:
                         trace_id, token, fold, _past_turn_deadline(turn, self.turn_deadline_s, step), turn
                     )
                 except ModelError as exc:
-                    code = DEADLINE_CODE if isinstance(exc, ModelDeadlineExceeded) else "model_error"
+                    code = DEADLINE_CODE if isinstance(exc, ModelDeadlineExceeded) else FailureCode.MODEL_ERROR
                     failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=f"model call {step} failed: {exc}")
                     return await self._end(trace_id, token, fold, failed, turn)
                 unstorable = self.store.codec.unstorable(output)
                 if unstorable is not None:  # the turn's failure, not a handler failure that calls the model again
                     failed = TurnFailed(
                         turn_id=turn.turn_id,
-                        code="model_error",
+                        code=FailureCode.MODEL_ERROR,
                         reason=f"model call {step} returned an output that cannot be stored: {unstorable}",
                     )
                     return await self._end(trace_id, token, fold, failed, turn)
@@ -1086,7 +1087,7 @@ class AgentLoop:
         fold.notes[("context", ending.turn_id)] = tracing.inject()  # the reply goes out in the ending step's context
         if isinstance(ending, TurnEnded):
             metrics.TURNS_ENDED.labels(agent=turn.agent).inc()
-        elif ending.code == "cancelled":
+        elif ending.code == FailureCode.CANCELLED:
             metrics.TURNS_CANCELLED.labels(agent=turn.agent).inc()
         else:
             metrics.TURNS_FAILED.labels(agent=turn.agent, code=ending.code).inc()
@@ -1348,7 +1349,7 @@ def _log_ending(trace_id: str, ending: TurnEnded | TurnFailed, stop_reason: str 
         stop = f" (last stop reason {stop_reason})" if stop_reason else ""
         if isinstance(ending, TurnEnded):
             log.info("turn %s of trace %s ended%s", ending.turn_id, trace_id, stop)
-        elif ending.code == "cancelled":
+        elif ending.code == FailureCode.CANCELLED:
             log.info("turn %s of trace %s was cancelled: %s", ending.turn_id, trace_id, ending.reason)
         else:
             log.warning(

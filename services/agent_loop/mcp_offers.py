@@ -21,10 +21,11 @@ from agentstream.mcp_tools.offers import desired_offer, latest_offer, offer_dige
 from agentstream.runtime.mcp_catalogs import read_catalogs
 from agentstream.runtime.store import TraceStore
 from agentstream.wire.events import Event, ToolsOffered, TurnFailed, TurnInput
+from agentstream.wire.failures import FailureCode
 
 log = logging.getLogger("agentstream.agent_loop")
 
-TOOLS_UNAVAILABLE = "tools_unavailable"
+TOOLS_UNAVAILABLE = FailureCode.TOOLS_UNAVAILABLE
 """TurnFailed code: an MCP server of the agent never published its tools."""
 
 

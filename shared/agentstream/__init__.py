@@ -23,7 +23,7 @@ from agentstream.app.base import Agent, AgentSettings, App, Tool, ToolResult, To
 from agentstream.app.inputs import ChatTurnInput, Text, ToolDeclaration, ToolState, TurnDenied
 from agentstream.app.tool_context import CallContext, current_call
 from agentstream.delegation import Delegation
-from agentstream.errors import AgentStreamError, ToolCancelled
+from agentstream.errors import AgentStreamError, AgentStreamSignal, ToolCancelled
 from agentstream.mcp_tools import McpServer
 from agentstream.wire.events import (
     TRACE_SCHEMA_VERSION,
@@ -41,12 +41,14 @@ from agentstream.wire.events import (
     TurnInput,
     TurnMessage,
 )
+from agentstream.wire.failures import FailureCode
 
 __all__ = [
     "TRACE_SCHEMA_VERSION",
     "Agent",
     "AgentSettings",
     "AgentStreamError",
+    "AgentStreamSignal",
     "App",
     "CallContext",
     "ChatTurnInput",
@@ -54,6 +56,7 @@ __all__ = [
     "Delegation",
     "Document",
     "Element",
+    "FailureCode",
     "Image",
     "McpServer",
     "ModelOutput",

@@ -1,10 +1,24 @@
-"""Every error agentstream raises, under one base class.
+"""Every error agentstream raises, under one base class, and its signals, under another.
 
-The tree::
+Three families, kept apart (as pydantic-ai keeps them): misuse found at startup
+(:class:`ConfigError`), failures of a run (the rest of :class:`AgentStreamError`), and signals
+raised on purpose for a caller to act on (:class:`AgentStreamSignal`). An ``except
+AgentStreamError`` meant for failures never swallows a signal meant for the consumer or the tool
+runner. The failure codes a failed turn carries are :class:`agentstream.wire.failures.FailureCode`.
+
+The tree (``tests/unit/test_errors.py`` checks that it names every exception class of the
+package, each under its real base)::
 
     AgentStreamError
     ├── ConfigError              misuse found at startup: a bad app path, an unknown model id,
-    │                            a missing setting. Fix the configuration and restart.
+    │   │                        a missing setting. Fix the configuration and restart.
+    │   ├── PromptFileError      a prompt file that does not fit its agent (also a ValueError;
+    │   │                        agentstream.app.prompts)
+    │   ├── SchemaRefused        an MCP tool's schema cannot be offered to the endpoint
+    │   │                        (agentstream.mcp_tools.schemas)
+    │   └── UninlinableSchema    a tool's argument schema cannot be inlined
+    │       │                    (agentstream.app.tool_schemas)
+    │       └── RecursiveSchemaError  the schema refers to itself
     ├── TraceError               the stored record cannot be used as it is
     │   ├── SchemaVersionError   an entry was written by a newer agentstream than this one
     │   ├── EventDecodeError     an entry is not a valid event (names the trace and entry id)
@@ -13,30 +27,46 @@ The tree::
     │                            process exits non-zero, so an orchestrator restarts it
     ├── TurnRejected             a published turn breaks a rule of the wire (the reason names
     │                            the field or the limit; see agentstream.wire.checks)
-    ├── TurnDenied               an agent refuses a turn, raised on purpose by its settings
-    │                            function, or for tool states it does not allow (agentstream.app.inputs)
-    ├── Deferred                 a handler's signal, raised on purpose: not now, hand me this
-    │                            work-stream entry again after a delay (not a failure)
     ├── ToolError                a tool call could not produce a result
     │   ├── ToolArgumentsError   the arguments are not JSON or do not validate
     │   ├── UnknownToolError     the model named a tool the agent does not have
-    │   ├── ToolTimeoutError     the tool ran past its timeout
-    │   └── ToolCancelled        the call's turn was cancelled (a tool raises it to stop early)
+    │   └── ToolTimeoutError     the tool ran past its timeout
     ├── ContextError             the context library could not build a request
+    │   ├── PromptError          an agent's system prompt could not be written for a turn
     │   ├── UnrenderedEventError an event type that no renderer knows
     │   ├── ContextFullError     the context cannot fit the model's window
     │   ├── ShortenError         a shorten function added, removed or reordered elements,
     │   │                        or changed a result's error
     │   └── CompactionError      a summary that is empty or replaces nothing
-    └── ModelError               a model call failed
-        ├── ModelConfigError     wrong key, model or URL (HTTP 401/403/404): not retried
-        ├── ModelUnanswered      no answer after the retries (network, timeout, 408/409/429/5xx)
-        │   ├── ModelInputRejected  the server refused this request's input (HTTP 400/413/422):
-        │   │                       sending the same body again cannot help
-        │   └── ModelDeadlineExceeded  the call as a whole ran past its deadline
-        ├── InvalidModelOutput   the reply cannot be used (refused, cut off, empty, malformed)
-        └── ModelStopError       a stored model output did not finish normally (raised on
-                                 purpose by ``ModelOutput.raise_for_stop``)
+    ├── ModelError               a model call failed
+    │   ├── ModelConfigError     wrong key, model or URL (HTTP 401/403/404): not retried
+    │   ├── ModelUnanswered      no answer after the retries (network, timeout, 408/409/429/5xx)
+    │   │   ├── ModelInputRejected  the server refused this request's input (HTTP 400/413/422):
+    │   │   │                       sending the same body again cannot help
+    │   │   └── ModelDeadlineExceeded  the call as a whole ran past its deadline
+    │   ├── InvalidModelOutput   the reply cannot be used (refused, cut off, empty, malformed)
+    │   └── ModelStopError       a stored model output did not finish normally (raised on
+    │                            purpose by ``ModelOutput.raise_for_stop``)
+    └── LocalModelError          the local model server could not be started
+                                 (agentstream.cli.localmodel)
+
+    AgentStreamSignal            raised on purpose for the caller to act on; not a failure
+    ├── Deferred                 a handler's signal: not now, hand me this work-stream entry
+    │                            again after a delay (the consumer does; no delivery counted)
+    ├── TurnDenied               an agent refuses a turn, raised by its settings function, or
+    │                            for tool states it does not allow (agentstream.app.inputs): the
+    │                            turn fails with the signal's code, no model is called
+    └── ToolCancelled            the call's turn was cancelled (a tool raises it to stop early;
+                                 the tool runner records a cancelled result)
+
+    (outside both trees, never seen by a user of the library:)
+
+    Retryable                    one attempt of a model call failed, another may not
+                                 (agentstream.models.http; caught by its retry loop)
+    AssertionError
+    ├── UnexpectedModelCall      a model double got a call it was not written for
+    │                            (agentstream.app.testing)
+    └── RealModelCallBlocked     a test bed's service tried a real model call
 
 Errors say what happened, to what (trace id, call id, stream) and what to do next. Third-party
 errors are converted at the boundary into the most specific of these (``raise ... from exc``).
@@ -46,7 +76,16 @@ from __future__ import annotations
 
 
 class AgentStreamError(Exception):
-    """Base class of every agentstream error."""
+    """Base class of every agentstream error (not of its signals: :class:`AgentStreamSignal`)."""
+
+
+class AgentStreamSignal(Exception):
+    """Base class of the signals agentstream code raises on purpose: not failures.
+
+    A signal asks its catcher to act (defer the entry, fail the turn with a code, record a
+    cancelled result); each is caught by name where it is meant to be, so an ``except
+    AgentStreamError`` written for failures lets it through.
+    """
 
 
 class ConfigError(AgentStreamError):
@@ -114,7 +153,7 @@ class TurnRejected(AgentStreamError):
         self.code = code
 
 
-class TurnDenied(AgentStreamError):
+class TurnDenied(AgentStreamSignal):
     """An agent refuses a turn: its settings function says no, or the turn asks of a tool what
     the agent does not allow. The turn fails with ``code`` and ``reason``; no model is called.
 
@@ -132,7 +171,7 @@ class TurnDenied(AgentStreamError):
         self.code = code
 
 
-class Deferred(AgentStreamError):
+class Deferred(AgentStreamSignal):
     """Raised by a work-stream handler on purpose: not now; hand me this entry again after ``delay_s``.
 
     The entry stays pending on the consumer (its claim renewed) and the deferral does not
@@ -161,7 +200,7 @@ class ToolTimeoutError(ToolError):
     """The tool ran longer than its timeout."""
 
 
-class ToolCancelled(ToolError):
+class ToolCancelled(AgentStreamSignal):
     """The call's turn was cancelled; raised by :meth:`agentstream.app.tool_context.CallContext.raise_if_cancelled`."""
 
 

@@ -60,6 +60,7 @@ from agentstream.app.prompts import (
 from agentstream.errors import ConfigError, PromptError, ToolArgumentsError, ToolCancelled, ToolTimeoutError
 from agentstream.mcp_tools.server import McpServer
 from agentstream.wire.codec import ENCODE_ERRORS
+from agentstream.wire.failures import FailureCode
 from agentstream.wire.jsontext import arguments_unicode_refusal
 from agentstream.wire.keys import check_queue_name
 
@@ -684,7 +685,7 @@ class Agent:
         try:
             parsed = self.parse_input(payload)
         except ValueError as exc:
-            raise TurnDenied(str(exc), code="bad_turn") from None
+            raise TurnDenied(str(exc), code=FailureCode.BAD_TURN) from None
         changes = self.settings(resources, parsed, model)
         if not isinstance(changes, AgentSettings):
             raise ConfigError(
@@ -934,7 +935,7 @@ class App:
         from agentstream.errors import TurnRejected
         from agentstream.wire.events import TurnInput
 
-        def refused(reason: str, code: str = "bad_turn") -> TurnRejected:
+        def refused(reason: str, code: str = FailureCode.BAD_TURN) -> TurnRejected:
             return TurnRejected(
                 f"turn {message.turn_id!r} for agent {message.agent!r}: {reason}",
                 trace_id=message.trace_id,

@@ -37,6 +37,7 @@ from typing import Any, Literal, get_args
 import pydantic
 
 from agentstream.errors import ConfigError, TurnDenied
+from agentstream.wire.failures import FailureCode
 
 ToolState = Literal["off", "auto", "required"]
 """What a turn asks of one tool: not offered, offered for the model to use as it sees fit, or
@@ -271,22 +272,24 @@ def tool_states(
         if declaration is None:
             raise TurnDenied(
                 f"the turn asks a state of tool {name!r}, which its agent does not declare (tools: {names})",
-                code="bad_turn",
+                code=FailureCode.BAD_TURN,
             )
         if state not in TOOL_STATES:
             raise TurnDenied(
                 f"the turn asks tool {name!r} for state {state!r}; the states are {', '.join(TOOL_STATES)}",
-                code="bad_turn",
+                code=FailureCode.BAD_TURN,
             )
         if declaration.locked and state != declaration.default:
             raise TurnDenied(
                 f"the turn asks tool {name!r} to be {state!r}, but its agent locks it at {declaration.default!r}",
-                code="bad_turn",
+                code=FailureCode.BAD_TURN,
             )
     states = {d.name: d.state(requested) for d in declared}
     for name, state in states.items():
         if state == "required" and name not in supplied:
-            raise TurnDenied(f"the turn requires tool {name!r}, which this app does not supply", code="bad_turn")
+            raise TurnDenied(
+                f"the turn requires tool {name!r}, which this app does not supply", code=FailureCode.BAD_TURN
+            )
     return states
 
 

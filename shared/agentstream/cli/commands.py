@@ -74,6 +74,7 @@ from agentstream.wire.events import (
     TurnMessage,
     UnknownEvent,
 )
+from agentstream.wire.failures import FailureCode
 from agentstream.wire.jsontext import control_character
 
 DEFAULT_APP = "agentstream.demo.app:app"
@@ -804,7 +805,7 @@ def cancel(
         _fail(_unreachable(settings, exc))
     if ending is not None:
         typer.echo(describe(ending))
-    raise typer.Exit(0 if isinstance(ending, TurnFailed) and ending.code == "cancelled" else 1)
+    raise typer.Exit(0 if isinstance(ending, TurnFailed) and ending.code == FailureCode.CANCELLED else 1)
 
 
 RUN_HINT = "the services' log lines above say what they did (`--log-level info` shows more)"

@@ -27,9 +27,10 @@ from agentstream.wire.events import (
     TurnFailed,
     TurnInput,
 )
+from agentstream.wire.failures import FailureCode
 from agentstream.wire.jsontext import unicode_problem
 
-TIMED_OUT = "timed_out"
+TIMED_OUT = FailureCode.TIMED_OUT
 """The TurnFailed code the supervisor gives a child that passed its deadline."""
 
 DIGEST_ARGUMENTS_CHARS = 300

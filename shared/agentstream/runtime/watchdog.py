@@ -55,11 +55,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from agentstream.runtime.operations import owed_key, wake_trace
+from agentstream.wire.failures import FailureCode
 from agentstream.wire.keys import Keys, partition_stream
 
 log = logging.getLogger("agentstream.runtime.watchdog")
 
-LOST_WORK_CODE = "lost_work"
+LOST_WORK_CODE = FailureCode.LOST_WORK
 """The TurnFailed code of a turn whose awaited work vanished."""
 
 AWAITED_FIELD = "awaited"

@@ -44,10 +44,11 @@ from agentstream.wire.events import (
     TurnFailed,
     TurnInput,
 )
+from agentstream.wire.failures import FailureCode
 
 EMPTY_REPLY_RETRIES = 1
 
-PASSES_CAP_CODE = "passes_cap"
+PASSES_CAP_CODE = FailureCode.PASSES_CAP
 """The ToolOutput error of a call past the passes cap, and the TurnFailed code of a turn whose
 model would not stop calling tools."""
 
@@ -128,7 +129,7 @@ class Idle:
 
 Decision = CallModel | RecordResults | RunTools | EndTurn | FailTurn | CancelTurn | Idle
 
-CANCELLED_CODE = "cancelled"
+CANCELLED_CODE = FailureCode.CANCELLED
 """The TurnFailed code of a cancelled turn."""
 
 
@@ -228,24 +229,26 @@ def decide_view(  # noqa: C901 (an outlier from before the complexity limit; iss
         return _cancel_view(view, turn, cancel)
     agent = agent_of(turn.agent)
     if agent is None:
-        return FailTurn(turn, "unknown_agent", f"no agent named {turn.agent!r} in this app")
+        return FailTurn(turn, FailureCode.UNKNOWN_AGENT, f"no agent named {turn.agent!r} in this app")
     refused = model_refusal(agent, turn, endpoints)
     if refused is not None:
-        return FailTurn(turn, "bad_turn", refused)
+        return FailTurn(turn, FailureCode.BAD_TURN, refused)
     try:
         agent = agent.for_turn(turn)  # its settings function's changes for this turn
     except TurnDenied as exc:
         return FailTurn(turn, exc.code, exc.reason)
     except ConfigError as exc:
         return FailTurn(
-            turn, "config", f"agent {agent.name!r}: its settings for turn {turn.turn_id!r} are not valid: {exc}"
+            turn,
+            FailureCode.CONFIG,
+            f"agent {agent.name!r}: its settings for turn {turn.turn_id!r} are not valid: {exc}",
         )
     offered = offered_agent(agent, turn, endpoints)  # a child's model and depth: delegations withheld at the limit
     outputs = view.outputs
     if not outputs:
         unlisted = unlisted_required(offered, turn, view.offer_of(offered.name) if view.offer_of is not None else None)
         if unlisted is not None:
-            return FailTurn(turn, "bad_turn", unlisted)
+            return FailTurn(turn, FailureCode.BAD_TURN, unlisted)
         return CallModel(turn, offered, 0)
     last = outputs[-1]
     results = {e.call_id for e in view.results}
@@ -253,11 +256,13 @@ def decide_view(  # noqa: C901 (an outlier from before the complexity limit; iss
     if last.stop_reason in ("refusal", "content_filter"):
         detail = f": {last.stop_detail}" if last.stop_detail else ""
         what = "refused" if last.stop_reason == "refusal" else "was stopped by the provider's content filter"
-        return FailTurn(turn, last.stop_reason, f"the model {what}{detail}")
+        return FailTurn(turn, FailureCode(last.stop_reason), f"the model {what}{detail}")
 
     if last.stop_reason in _ABNORMAL_STOPS:  # C14: never taken for a success, its tool calls never run
         detail = f" ({last.stop_detail})" if last.stop_detail else ""
-        return FailTurn(turn, last.stop_reason, f"model call {last.step} {_ABNORMAL_STOPS[last.stop_reason]}{detail}")
+        return FailTurn(
+            turn, FailureCode(last.stop_reason), f"model call {last.step} {_ABNORMAL_STOPS[last.stop_reason]}{detail}"
+        )
 
     if last.tool_calls:
         # the passes cap counts the calls that called tools (since the last answer to a request,
@@ -336,7 +341,9 @@ def decide_view(  # noqa: C901 (an outlier from before the complexity limit; iss
         return CallModel(turn, offered, last.step + 1)
 
     if last.stop_reason == "length" and not last.content.strip():
-        return FailTurn(turn, "cut_off", "the model's reply was cut off by the output token limit before any answer")
+        return FailTurn(
+            turn, FailureCode.CUT_OFF, "the model's reply was cut off by the output token limit before any answer"
+        )
     if not last.content.strip():
         empty_in_a_row = 0
         for output in reversed(outputs):
@@ -345,7 +352,7 @@ def decide_view(  # noqa: C901 (an outlier from before the complexity limit; iss
             empty_in_a_row += 1
         if empty_in_a_row <= EMPTY_REPLY_RETRIES:
             return CallModel(turn, offered, last.step + 1)
-        return FailTurn(turn, "empty_reply", f"the model gave an empty reply {empty_in_a_row} times in a row")
+        return FailTurn(turn, FailureCode.EMPTY_REPLY, f"the model gave an empty reply {empty_in_a_row} times in a row")
     return _end_turn(view, turn, agent, last.content.strip())
 
 

@@ -37,17 +37,18 @@ from agentstream.app.base import Agent
 from agentstream.context import BuiltContext, ChatRequest, CompactionPlan, build_context, require_fit, trimmed_request
 from agentstream.errors import CompactionError, ContextError, ContextFullError, PromptError
 from agentstream.wire.events import Compaction, CompactionFailed, Event
+from agentstream.wire.failures import FailureCode
 
-SUMMARY_FAILED = "summary_failed"
+SUMMARY_FAILED = FailureCode.SUMMARY_FAILED
 """CompactionFailed code: the summary call failed; the turn goes on with plain trimming."""
 
-COMPACTION_ERROR = "compaction_error"
+COMPACTION_ERROR = FailureCode.COMPACTION_ERROR
 """CompactionFailed and TurnFailed code: the summary was empty or would replace nothing."""
 
-CONTEXT_FULL = "context_full"
+CONTEXT_FULL = FailureCode.CONTEXT_FULL
 """TurnFailed code: the context does not fit the model's window, even after a summary."""
 
-PROMPT_ERROR = "prompt"
+PROMPT_ERROR = FailureCode.PROMPT
 """The TurnFailed code of a turn whose system prompt could not be written (:class:`PromptError`)."""
 
 
@@ -205,4 +206,4 @@ def failure_code(exc: ContextError) -> str:
         return CONTEXT_FULL
     if isinstance(exc, PromptError):
         return PROMPT_ERROR
-    return "context"
+    return FailureCode.CONTEXT

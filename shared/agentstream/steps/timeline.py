@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from agentstream.steps.decision import final_stop_reason
 from agentstream.wire.events import Event, ModelOutput, Reply, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.failures import FailureCode
 
 if TYPE_CHECKING:
     from agentstream.steps.fold import TraceFold
@@ -103,7 +104,7 @@ def conversation_state(trace_id: str, entries: Sequence[tuple[str, Event]]) -> C
                 return ConversationState(state="ended", answer=_preview(answer), **base)
             case TurnFailed(code=code, reason=reason):
                 return ConversationState(
-                    state="cancelled" if code == "cancelled" else "failed", code=code, reason=reason, **base
+                    state="cancelled" if code == FailureCode.CANCELLED else "failed", code=code, reason=reason, **base
                 )
             case ModelOutput(tool_calls=calls):
                 asked = [(c.id, c.name) for c in calls]

@@ -39,10 +39,11 @@ from agentstream.errors import TurnRejected
 from agentstream.wire import codec
 from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.events import TurnMessage
+from agentstream.wire.failures import FailureCode
 from agentstream.wire.jsontext import control_character, duplicate_key
 from agentstream.wire.keys import Keys
 
-BAD_TURN = "bad_turn"
+BAD_TURN = FailureCode.BAD_TURN
 """The code of every refused turn (its reply's ``code``)."""
 
 LIMIT_SETTINGS = {

@@ -42,6 +42,7 @@ from agentstream.wire.events import (
     UnknownEvent,
     Wake,
 )
+from agentstream.wire.failures import with_failure_codes
 from agentstream.wire.jsontext import control_character, duplicate_key, unicode_problem
 from agentstream.wire.registry import NO_APP_TYPES, AppTypes, element_union, event_union, tag_of
 
@@ -353,7 +354,7 @@ DEFAULT_CODEC = TraceCodec()
 
 def reply_schema() -> dict[str, Any]:
     """The JSON schema (2020-12) of the reply message the agent loop publishes."""
-    schema = msgspec.json.schema(Reply)
+    schema = with_failure_codes(msgspec.json.schema(Reply))
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["description"] = (
         "An agentstream reply: the JSON in the field `reply` of an entry on the replies stream "

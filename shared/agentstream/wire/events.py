@@ -401,7 +401,9 @@ class TurnFailed(msgspec.Struct, frozen=True, kw_only=True, tag="turn_failed"):
 
     Attributes:
         turn_id: the failed turn.
-        code: a stable machine-readable cause (``bad_turn``, ``model_error``, ``passes_cap``, ...).
+        code: a stable machine-readable cause: one of
+            :class:`~agentstream.wire.failures.FailureCode` (``bad_turn``, ``model_error``, ...,
+            every one listed there), or an app's own code (``TurnDenied(code=...)``).
         reason: what went wrong and what to do, for a person.
     """
 
@@ -481,8 +483,9 @@ class CompactionFailed(msgspec.Struct, frozen=True, kw_only=True, tag="compactio
     Attributes:
         turn_id: the running turn.
         kept_from_turn: the first turn the summary would have kept.
-        code: ``summary_failed``: the summary call failed (the model erred, refused or was not
-            configured), so the turn goes on with the oldest history trimmed instead;
+        code: a :class:`~agentstream.wire.failures.FailureCode`. ``summary_failed``: the summary call
+            failed (the model erred, refused or was not configured), so the turn goes on with the
+            oldest history trimmed instead;
             ``compaction_error``: the summary was empty or would replace nothing, so the turn
             ends with this reason.
         reason: what went wrong, for a person.
@@ -612,7 +615,8 @@ class Reply(msgspec.Struct, kw_only=True):
     At-least-once: a backend dedupes replies by ``(trace_id, turn_id)`` (a turn id is unique
     within its trace only).
 
-    ``status`` is ``ended`` (``answer`` set) or ``failed`` (``code`` and ``reason`` set).
+    ``status`` is ``ended`` (``answer`` set) or ``failed`` (``code`` and ``reason`` set; ``code`` is
+    one of :class:`~agentstream.wire.failures.FailureCode`, or an app's own).
     ``stop_reason`` is the stop reason of the turn's last model output when it was not a normal
     stop (``length``: the answer was cut off by the output token limit), else None.
     ``citations`` are the sources an ended turn's answer cites (see :class:`TurnEnded`).

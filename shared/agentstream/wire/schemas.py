@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from agentstream.wire.events import TRACE_SCHEMA_VERSION
+from agentstream.wire.failures import with_failure_codes
 from agentstream.wire.registry import NO_APP_TYPES, AppTypes, element_union, event_union, tag_of
 
 _HOLDERS = ("TurnInput", "TaskInput", "ToolOutput")
@@ -38,18 +39,20 @@ def trace_events_schema(types: AppTypes = NO_APP_TYPES) -> dict[str, Any]:
         holder = defs.get(name)
         if holder is not None and "elements" in holder.get("properties", {}):
             holder["properties"]["elements"]["items"] = {"anyOf": element_refs}
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"urn:agentstream:trace-events:v{TRACE_SCHEMA_VERSION}",
-        "title": f"agentstream trace event, schema version {TRACE_SCHEMA_VERSION}",
-        "description": (
-            "The JSON in the field `e` of an entry of a trace stream (`agentstream:trace:{<trace id>}`); the "
-            f"field `v` holds the schema version ({TRACE_SCHEMA_VERSION}). Events are tagged by `type`, "
-            "elements by `kind`."
-        ),
-        "x-agentstream-trace-schema-version": TRACE_SCHEMA_VERSION,
-        "x-agentstream-events": {tag_of(cls): cls.__name__ for cls in types.events},
-        "x-agentstream-elements": {tag_of(cls): cls.__name__ for cls in types.elements},
-        "anyOf": event_ref.get("anyOf", [event_ref]),
-        "$defs": defs,
-    }
+    return with_failure_codes(
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"urn:agentstream:trace-events:v{TRACE_SCHEMA_VERSION}",
+            "title": f"agentstream trace event, schema version {TRACE_SCHEMA_VERSION}",
+            "description": (
+                "The JSON in the field `e` of an entry of a trace stream (`agentstream:trace:{<trace id>}`); the "
+                f"field `v` holds the schema version ({TRACE_SCHEMA_VERSION}). Events are tagged by `type`, "
+                "elements by `kind`."
+            ),
+            "x-agentstream-trace-schema-version": TRACE_SCHEMA_VERSION,
+            "x-agentstream-events": {tag_of(cls): cls.__name__ for cls in types.events},
+            "x-agentstream-elements": {tag_of(cls): cls.__name__ for cls in types.elements},
+            "anyOf": event_ref.get("anyOf", [event_ref]),
+            "$defs": defs,
+        }
+    )
