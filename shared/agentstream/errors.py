@@ -42,7 +42,8 @@ package, each under its real base)::
     │   ├── ModelConfigError     wrong key, model or URL (HTTP 401/403/404): not retried
     │   ├── ModelUnanswered      no answer after the retries (network, timeout, 408/409/429/5xx)
     │   │   ├── ModelInputRejected  the server refused this request's input (HTTP 400/413/422):
-    │   │   │                       sending the same body again cannot help
+    │   │   │   │                   sending the same body again cannot help
+    │   │   │   └── ContextWindowExceeded  the server said the request is over the model's window
     │   │   └── ModelDeadlineExceeded  the call as a whole ran past its deadline
     │   ├── InvalidModelOutput   the reply cannot be used (refused, cut off, empty, malformed)
     │   └── ModelStopError       a stored model output did not finish normally (raised on
@@ -281,6 +282,34 @@ class ModelInputRejected(ModelUnanswered):
     body would be refused again, so the caller must change the request (shorten the context,
     fix the endpoint's quirks) instead of retrying.
     """
+
+
+class ContextWindowExceeded(ModelInputRejected):
+    """The endpoint said the request does not fit the model's context window (a window miss).
+
+    Raised instead of a plain :class:`ModelInputRejected` when the server's answer says so in any
+    of the known wordings (:func:`agentstream.models.overflow.window_miss`): OpenAI's
+    ``context_length_exceeded``, vLLM's, llama.cpp server's, Ollama's, LM Studio's, LiteLLM's
+    ``ContextWindowExceededError`` and Anthropic's ``prompt is too long``. Not retried as is:
+    the caller shrinks the request (:func:`agentstream.context.limits.learn_from_miss` says by
+    how much) and sends a smaller one.
+
+    Attributes:
+        prompt_tokens: the prompt's size in tokens as the server counted it, when it said.
+        window_tokens: the model's window in tokens as the server stated it, when it said.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        prompt_tokens: int | None = None,
+        window_tokens: int | None = None,
+    ):
+        super().__init__(message, status_code=status_code)
+        self.prompt_tokens = prompt_tokens
+        self.window_tokens = window_tokens
 
 
 class InvalidModelOutput(ModelError):

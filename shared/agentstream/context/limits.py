@@ -308,3 +308,73 @@ def corrected_tokens(chars_now: int, limits: ModelLimits, recorded: tuple[int, i
     if delta >= 0:
         return prompt_tokens + (math.ceil(delta / limits.characters_per_token) if delta > 0 else 0)
     return max(0, prompt_tokens - int(-delta / limits.characters_per_token))
+
+
+@dataclass(frozen=True)
+class MissCorrection:
+    """What one window miss teaches about a model (see :func:`learn_from_miss`).
+
+    Attributes:
+        prompt_tokens: the refused request's prompt size in tokens, to take as counted: the
+            server's count when it gave one, else the least the refusal proves.
+        limits: the model's limits corrected: a window no larger than the server stated (or than
+            the refused request proves), and characters per token no more than the refused
+            request shows.
+    """
+
+    prompt_tokens: int
+    limits: ModelLimits
+
+
+def learn_from_miss(
+    limits: ModelLimits,
+    *,
+    sent_chars: int,
+    output_tokens: int,
+    prompt_tokens: int | None = None,
+    window_tokens: int | None = None,
+    over_by_tokens: int | None = None,
+) -> MissCorrection:
+    """The correction of a model's estimate after its server refused a request as over the window.
+
+    The estimate said the request fits; the server says it does not. Whatever figures the server
+    gave (see :mod:`agentstream.models.overflow`), the corrected limits estimate that same request
+    as not fitting, so the next build shrinks or compacts before it sends:
+
+    - the window becomes the server's stated window when that is smaller; without one, a window
+      that the refused request (its counted prompt plus ``output_tokens``) overflows;
+    - the prompt counts as the server's ``prompt_tokens``; else the window plus
+      ``over_by_tokens`` (Ollama states only that); else the least a refusal proves (the window
+      minus the output budget, plus one); never below the estimate plus one;
+    - characters per token fall to what that count shows (``sent_chars / prompt_tokens``)
+      when it is lower.
+
+    Args:
+        limits: the model's limits the refused request was built with.
+        sent_chars: the refused request's characters (:func:`request_chars`).
+        output_tokens: the output budget the request asked for (``max_tokens``), in tokens.
+        prompt_tokens, window_tokens, over_by_tokens: the server's figures (None: not given).
+
+    Raises:
+        ValueError: ``sent_chars`` or ``output_tokens`` is negative.
+    """
+    if sent_chars < 0 or output_tokens < 0:
+        raise ValueError(f"sent_chars and output_tokens must be at least 0, got {sent_chars} and {output_tokens}")
+    window = limits.window.count
+    if window_tokens is not None and 0 < window_tokens < window:
+        window = window_tokens
+    estimate = limits.tokens_of_chars(sent_chars)
+    if prompt_tokens is not None and prompt_tokens > 0:
+        counted = prompt_tokens
+    elif over_by_tokens is not None and over_by_tokens > 0:
+        counted = window + over_by_tokens
+    else:
+        counted = window - output_tokens + 1
+    counted = max(counted, estimate + 1)
+    if counted + output_tokens <= window:  # the server refused what fits the stated window: it is smaller
+        window = max(1, counted + output_tokens - 1)
+    per_token = limits.characters_per_token
+    if sent_chars > 0:
+        per_token = min(per_token, sent_chars / counted)
+    learned = ModelLimits(window=Tokens(window), characters_per_token=per_token, model=limits.model)
+    return MissCorrection(prompt_tokens=counted, limits=learned)

@@ -82,7 +82,9 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
     In a child trace the agent runs on the model its task names, and each delegation whose
     ``max_depth`` the child has reached is withheld (not offered), so the chain of subagents
     ends (field case C30). An agent without ``model_limits`` gets the limits of the endpoint
-    it runs on (its window and characters per token, :attr:`ModelEndpoint.limits`), and its
+    it runs on (its window and characters per token, :attr:`ModelEndpoint.limits`); limits
+    that name no model get the endpoint's model name, so token counts and corrections are per
+    model (a count one model recorded never sizes a call to another); and its
     policy's output reserve is capped at what its calls may write (``max_output_tokens`` plus
     the endpoint's thinking budget), so a small window (the local model's 8192 tokens) is not
     all reserved for an output the request never allows. This is the one place where limits
@@ -111,10 +113,12 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
     model = turn.model or agent.model  # the turn's model (refused by decide unless allowed), a child's task's
     limits = agent.model_limits
     config = agent.context
-    endpoint = endpoints.get(model) if endpoints and limits is None else None
-    if endpoint is not None:
+    endpoint = endpoints.get(model) if endpoints else None
+    if endpoint is not None and limits is None:
         limits = endpoint.limits
         config = _reserve_capped(agent, endpoint)
+    elif endpoint is not None and limits is not None and limits.model is None:
+        limits = dataclasses.replace(limits, model=endpoint.model)  # counts of this model only correct it
     if not withheld and model == agent.model and limits is agent.model_limits and config is agent.context:
         return agent
     key = (id(agent), withheld, model, limits, id(config))

@@ -217,8 +217,12 @@ class ModelEndpoint:
         """The model's limits as the context builder takes them: ``window_tokens`` and
         ``chars_per_token``. Every agent without ``model_limits`` gets these (see
         :func:`agentstream.delegation.offered_agent`), in the agent loop, the compaction
-        service and replay alike, so their requests and fingerprints agree."""
-        return ModelLimits(window=Tokens(self.window_tokens), characters_per_token=self.chars_per_token)
+        service and replay alike, so their requests and fingerprints agree. Only this model's
+        recorded token counts correct its estimates (``ModelLimits.model``): a count another model
+        recorded in the same trace was made by another tokenizer."""
+        return ModelLimits(
+            window=Tokens(self.window_tokens), characters_per_token=self.chars_per_token, model=self.model
+        )
 
 
 class _EndpointOptions(BaseModel):

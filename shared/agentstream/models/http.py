@@ -12,7 +12,9 @@ Retried, with exponential backoff (tenacity) or the server's ``Retry-After`` (RF
 Not retried:
 
 - HTTP 401, 403, 404 → :class:`ModelConfigError` (wrong key, model or URL);
-- HTTP 400, 413, 422 → :class:`ModelInputRejected` (the same body would be refused again);
+- HTTP 400, 413, 422 → :class:`ModelInputRejected` (the same body would be refused again), or
+  :class:`ContextWindowExceeded` when the answer says the request is over the model's window
+  (any server's wording, see :mod:`agentstream.models.overflow`);
 - any other 4xx → :class:`ModelUnanswered` with its status.
 
 Error messages name the URL and the model, show the start of the server's answer, and never
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -31,7 +34,14 @@ from typing import Any, TypeVar
 import httpx
 import tenacity
 
-from agentstream.errors import ModelConfigError, ModelError, ModelInputRejected, ModelUnanswered
+from agentstream.errors import (
+    ContextWindowExceeded,
+    ModelConfigError,
+    ModelError,
+    ModelInputRejected,
+    ModelUnanswered,
+)
+from agentstream.models.overflow import WindowMiss, window_miss
 from agentstream.ops import metrics
 
 log = logging.getLogger("agentstream.models")
@@ -127,13 +137,32 @@ def excerpt(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _window_exceeded(url: str, label: str, miss: WindowMiss, status: int | None) -> ContextWindowExceeded:
+    figures = ", ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("prompt tokens", miss.prompt_tokens),
+            ("window tokens", miss.window_tokens),
+            ("over by tokens", miss.over_by_tokens),
+        )
+        if value is not None
+    )
+    return ContextWindowExceeded(
+        f"{url}: the request is over the model's context window ({figures or 'no figures given'}): {label}",
+        status_code=status,
+        prompt_tokens=miss.prompt_tokens,
+        window_tokens=miss.window_tokens,
+    )
+
+
 def check_status(response: httpx.Response, *, url: str, model: str, secrets: Iterable[str] = ()) -> None:
     """Raise for a response that is not a 2xx (its body must have been read).
 
     Raises:
         Retryable: 408, 409, 429, 5xx.
         ModelConfigError: 401, 403, 404.
-        ModelInputRejected: 400, 413, 422.
+        ContextWindowExceeded: 400, 413, 422 saying the request is over the window.
+        ModelInputRejected: 400, 413, 422 otherwise.
         ModelUnanswered: any other status that is not 2xx.
     """
     status = response.status_code
@@ -148,6 +177,9 @@ def check_status(response: httpx.Response, *, url: str, model: str, secrets: Ite
             status_code=status,
         )
     if status in REJECTED_STATUSES:
+        miss = window_miss(status, mask(response.text, secrets))
+        if miss is not None:
+            raise _window_exceeded(url, f"HTTP {status}: {body}", miss, status)
         raise ModelInputRejected(f"{url}: HTTP {status}, the server refused this request: {body}", status_code=status)
     raise ModelUnanswered(f"{url}: HTTP {status}: {body}", status_code=status)
 
@@ -158,7 +190,8 @@ def stream_error(error: Any, *, url: str, model: str, secrets: Iterable[str] = (
     OpenAI-compatible servers (mock-llm among them) and the Anthropic API (``event: error``)
     send errors this way once a stream has started. The error's ``type``/``code`` decides:
     overloaded or server errors are :class:`Retryable`; key, permission and model errors are
-    :class:`ModelConfigError`; anything else is :class:`ModelInputRejected`.
+    :class:`ModelConfigError`; a window miss (:func:`agentstream.models.overflow.window_miss`)
+    is :class:`ContextWindowExceeded`; anything else is :class:`ModelInputRejected`.
     """
     info = error if isinstance(error, dict) else {"message": str(error)}
     kind = str(info.get("type") or "")
@@ -172,6 +205,9 @@ def stream_error(error: Any, *, url: str, model: str, secrets: Iterable[str] = (
         return ModelConfigError(
             f"{url}: {label} (check the model endpoint's URL, the model name {model!r} and the API key)"
         )
+    miss = window_miss(None, json.dumps({"error": info}, default=str))
+    if miss is not None:
+        return _window_exceeded(url, label, miss, None)
     return ModelInputRejected(f"{url}: {label}")
 
 
