@@ -38,6 +38,7 @@ import time
 import msgspec
 
 from agentstream.app.base import App
+from agentstream.app.readable import readable_data, readable_element, readable_text
 from agentstream.app.tool_context import CallContext, set_current_call
 from agentstream.errors import Deferred
 from agentstream.ops import metrics, tracing
@@ -331,9 +332,12 @@ class ToolWorker:
             value_text, data, error, elements = too_large, None, "arguments_too_large", ()
         else:
             value = await tool.invoke(job.arguments)
-            value_text, data, error = value.text, value.data, value.error
-            elements, events = tuple(value.elements), tuple(value.events)
-            unstorable = self._unstorable(job.name, value_text, data, value.error, elements)
+            # a lone surrogate or bytes anywhere in the result: made readable, never a reason to drop it
+            value_text, data = readable_text(value.text), readable_data(value.data)
+            error = readable_text(value.error) if isinstance(value.error, str) else value.error
+            elements = tuple(readable_element(e) for e in value.elements)
+            events = tuple(value.events)
+            unstorable = self._unstorable(job.name, value_text, data, error, elements)
             if unstorable is not None:  # recorded as an error result now, not retried on every delivery
                 value_text, data, error, elements, events = f"Error: {unstorable}", None, "invalid_result", (), ()
                 log.warning(

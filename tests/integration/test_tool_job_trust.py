@@ -73,7 +73,7 @@ def _deep(levels: int) -> dict:
 def odd(kind: str) -> object:
     """Returns, by ``kind``, a value that does not store as it is."""
     _ran(f"odd:{kind}")
-    if kind == "dict":  # a plain value holding a lone surrogate: stored as its repr
+    if kind == "dict":  # a plain value holding a lone surrogate: stored with U+FFFD in its place
         return {"echo": "\ud83d"}
     if kind == "event":
         return ToolResult(text="ok", events=[Score(turn_id="t1", value=0.5), Score(turn_id="t1", value=float("nan"))])
@@ -95,7 +95,7 @@ async def _call(store, trace_id: str, name: str, arguments: str) -> ToolJob:
     return ToolJob(trace_id=trace_id, turn_id="t1", call_id="c1", name=name, arguments=arguments)
 
 
-@pytest.mark.parametrize("name", ["lone_surrogate", "odd_data"])
+@pytest.mark.parametrize("name", ["odd_data"])
 async def test_a_result_that_cannot_be_stored_is_one_error_result_and_the_tool_runs_once(store, redis, keys, name):
     RUNS.clear()
     worker = ToolWorker(APP, store)
@@ -157,6 +157,17 @@ async def test_a_model_output_that_cannot_be_stored_fails_its_turn_once(store, r
     assert len(model.requests) == 1 and not model.errors
 
 
+async def test_a_lone_surrogate_is_replaced_and_the_rest_of_the_result_is_recorded(store, redis, keys):
+    # issue 34 kind 3: one lone surrogate used to turn the whole result into an error
+    RUNS.clear()
+    worker = ToolWorker(APP, store)
+    job = await _call(store, "u-lone", "lone_surrogate", '{"key": "k"}')
+    await worker.on_job("1-1", {JOB_FIELD: codec.encode(job)}, stream=keys.tools("default"))
+    (result,) = [e for e in await events_of(store, "u-lone") if isinstance(e, ToolOutput)]
+    assert result.text == "a\ufffdb" and result.error is None
+    assert RUNS == {"lone_surrogate": 1}
+
+
 @pytest.mark.parametrize("kind", ["dict", "event", "error", "deep"])
 async def test_every_other_unstorable_result_is_recorded_once_and_the_tool_runs_once(redis, keys, kind):
     """The second trial: a plain value with a lone surrogate, an app event whose float is NaN (it
@@ -174,8 +185,10 @@ async def test_every_other_unstorable_result_is_recorded_once_and_the_tool_runs_
     (result,) = [e for e in events if isinstance(e, ToolOutput)]
     assert RUNS == {f"odd:{kind}": 1} and worker.outcomes_unknown == 0 and not result.late
     assert not [e for e in events if isinstance(e, Score)]
-    if kind == "dict":
-        assert result.error is None and "\\ud83d" in result.text
+    if kind == "dict":  # the readable part is kept; the lone surrogate is U+FFFD
+        assert result.error is None and result.text == '{"echo":"\ufffd"}' and result.data == {"echo": "\ufffd"}
+    elif kind == "error":
+        assert result.error == "bad \ufffd" and result.text == "failed"
     else:
         assert result.error == "invalid_result" and "cannot be stored" in result.text, result
 

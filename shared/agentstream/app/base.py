@@ -359,12 +359,16 @@ def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str)
 
 
 def _as_result(value: Any) -> ToolResult:
+    from agentstream.app.readable import bytes_value, readable_data, readable_text
     from agentstream.wire.events import Element
 
     if isinstance(value, ToolResult):
         return value
     if isinstance(value, str):
-        return ToolResult(text=value)
+        return ToolResult(text=readable_text(value))
+    if isinstance(value, (bytes, bytearray, memoryview)):  # text, an image, or described (agentstream.app.readable)
+        text, data, elements = bytes_value(value)
+        return ToolResult(text=text, data=data, elements=elements)
     if isinstance(value, Element):
         return ToolResult(elements=(value,))
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, Element) for v in value):
@@ -372,7 +376,7 @@ def _as_result(value: Any) -> ToolResult:
     if isinstance(value, pydantic.BaseModel):
         value = value.model_dump(mode="json")
     try:
-        data = msgspec.to_builtins(value)
+        data = readable_data(msgspec.to_builtins(value, builtin_types=(bytes, bytearray, memoryview)))
         text = msgspec.json.encode(data).decode()
     except ENCODE_ERRORS:  # no JSON form (the tool worker checks that the text stores)
         return ToolResultValue(text=str(value))
