@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from agentstream.runtime.lua import script
 from agentstream.wire.events import Event, ModelOutput, ToolJob, TurnEnded, TurnFailed, TurnInput
 from agentstream.wire.keys import Keys
 
@@ -73,12 +74,7 @@ def job_problem(events: Sequence[Event], job: ToolJob) -> str:
     return f"turn {job.turn_id!r} of trace {job.trace_id!r} made no call {job.call_id!r}"
 
 
-# KEYS: run key. ARGV: runner, ttl ms ('0' = delete). Renews or deletes the key when ours.
-_KEEP_LUA = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] == '0' then return redis.call('DEL', KEYS[1]) end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-"""
+_KEEP_LUA = script("keep_run")  # agentstream/runtime/lua/keep_run.lua
 
 
 @dataclass

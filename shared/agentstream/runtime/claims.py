@@ -26,37 +26,11 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
-# KEYS: stream. ARGV: group, consumer, idle ms to set, then entry ids.
-# For each id still owned by the consumer: XCLAIM it to the same consumer with that idle time
-# and JUSTID (no delivery counted). Returns the ids still owned.
-_KEEP_LUA = """
-local kept = {}
-for i = 4, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if #p > 0 and p[1][2] == ARGV[2] then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
-    table.insert(kept, ARGV[i])
-  end
-end
-return kept
-"""
+from agentstream.runtime.lua import script
 
-# KEYS: stream. ARGV: group, idle ms threshold, a consumer name never to delete.
-# Deletes, in one atomic step with the check, every consumer idle at least that long that owns
-# no pending entries; returns their names.
-_PRUNE_LUA = """
-local deleted = {}
-local rows = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
-for _, row in ipairs(rows) do
-  local info = {}
-  for i = 1, #row, 2 do info[row[i]] = row[i + 1] end
-  if info['name'] ~= ARGV[3] and tonumber(info['pending']) == 0 and tonumber(info['idle']) >= tonumber(ARGV[2]) then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
-    table.insert(deleted, info['name'])
-  end
-end
-return deleted
-"""
+_KEEP_LUA = script("keep_claims")  # agentstream/runtime/lua/keep_claims.lua
+
+_PRUNE_LUA = script("prune_consumers")  # agentstream/runtime/lua/prune_consumers.lua
 
 RELEASED_IDLE_MS = 1_000_000_000
 """The idle time a released entry is given (about 11.6 days): longer than any ``min_idle_ms``."""
@@ -96,40 +70,9 @@ async def release_claims(
     return {_text(x) for x in kept}
 
 
-# The attempt counter of an entry: ``entry id → handler starts``. A field that is absent for an
-# entry in the pending entries list means one start: an entry read new (XREADGROUP ``>``) starts
-# at once, and that first start is not written down (it would cost a command per entry); every
-# later start, and every start given back, writes the count.
-_COUNT = """
-local function count(attempts, entry, delta)
-  local n = tonumber(redis.call('HGET', attempts, entry) or '1') + tonumber(delta)
-  redis.call('HSET', attempts, entry, n)
-  return n
-end
-"""
+_COUNT_LUA = script("count_attempts")  # agentstream/runtime/lua/count_attempts.lua
 
-# KEYS: attempts hash. ARGV: entry id, delta.
-_COUNT_LUA = (
-    _COUNT
-    + """
-return count(KEYS[1], ARGV[1], ARGV[2])
-"""
-)
-
-# KEYS: stream, its attempts hash (same slot). ARGV: group, consumer, entry id, refund.
-# Confirms the consumer still owns the entry and renews its claim (XCLAIM JUSTID), then counts
-# one start (less the refund) → the starts so far, or 0 when the entry is no longer ours.
-_START_LUA = (
-    _COUNT
-    + """
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #p == 0 or p[1][2] ~= ARGV[2] then
-  return 0
-end
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', 0, 'JUSTID')
-return count(KEYS[2], ARGV[3], 1 - tonumber(ARGV[4]))
-"""
-)
+_START_LUA = script("start_attempt")  # agentstream/runtime/lua/start_attempt.lua
 
 
 async def count_attempt(redis: aioredis.Redis, attempts_key: str, entry_id: str, *, refund: int = 0) -> int:

@@ -80,6 +80,7 @@ from agentstream.runtime.claims import (
     supports_claim_option,
 )
 from agentstream.runtime.entries import keep_doubled_fields
+from agentstream.runtime.lua import script
 from agentstream.runtime.retention import trim_acknowledged
 from agentstream.wire.checks import excerpt
 from agentstream.wire.keys import attempts_key as default_attempts_key
@@ -943,36 +944,7 @@ class StreamConsumer:
             log.debug("trimmed %d acknowledged entries of %s below %s", trimmed.removed, self.stream, trimmed.threshold)
 
 
-# KEYS: the stream, its attempts hash (same slot). ARGV: group, entry id.
-# KEYS: stream, attempts hash. ARGV: group, entry ids (at most ACK_BATCH). Acknowledges them
-# (one XACK) and drops their counters (one HDEL).
-ACK_FUNCTION_LUA = """
-local function ack_entries(stream, counters, group, ids)
-  local fields = {}
-  for _, id in ipairs(ids) do
-    fields[#fields + 1] = id
-    fields[#fields + 1] = id .. ':error'
-  end
-  redis.call('XACK', stream, group, unpack(ids))
-  redis.call('HDEL', counters, unpack(fields))
-end
-"""
-"""A Lua function, ``ack_entries(stream, counters, group, ids)``: the acknowledgement of handled
-entries as a consumer sends it (XACK, and HDEL of their attempts counters ``<id>`` and
-``<id>:error``), for a script that acknowledges a handler's entry with its last write
-(:func:`current_delivery`)."""
-
-_ACK_LUA = (
-    ACK_FUNCTION_LUA
-    + """
-local ids = {}
-for i = 2, #ARGV do
-  ids[#ids + 1] = ARGV[i]
-end
-ack_entries(KEYS[1], KEYS[2], ARGV[1], ids)
-return 0
-"""
-)
+_ACK_LUA = script("ack")  # agentstream/runtime/lua/ack.lua
 
 ACK_BATCH = 1000
 """The most entries acknowledged by one command (Lua's ``unpack`` takes a few thousand values)."""

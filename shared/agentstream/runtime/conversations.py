@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from agentstream.runtime.lua import script
 from agentstream.runtime.store import TraceStore
 from agentstream.steps.timeline import ConversationState, conversation_state
 from agentstream.wire import codec
@@ -57,14 +58,7 @@ async def children(store: TraceStore, trace_id: str, root_trace_id: str) -> list
     return sorted(c for c in ids if c.startswith(prefix) and "/" not in c[len(prefix) :])
 
 
-# KEYS: the index. ARGV: time (Unix ms), trace id, how many to keep. The index is trimmed only
-# when it grew (a conversation it did not hold), so a turn of a listed one costs one ZADD.
-_NOTE_LUA = """
-if redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[3]) - 1)
-end
-return 0
-"""
+_NOTE_LUA = script("note_conversation")  # agentstream/runtime/lua/note_conversation.lua
 
 
 async def note_turn(store: TraceStore, trace_id: str, *, at_ms: int | None = None, keep: int = KEEP) -> None:

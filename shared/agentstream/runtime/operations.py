@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, ResponseError
 
+from agentstream.runtime.lua import script
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, error_fields
 from agentstream.wire.events import CancelMessage, Reply, Wake
@@ -39,14 +40,7 @@ Entry = tuple[str, Mapping[bytes | str, bytes]]
 
 log = logging.getLogger("agentstream.runtime.operations")
 
-# KEYS: the root trace's descendants set. ARGV: the child trace id, the limit.
-# 1 = admitted (now, or before), 0 = the root already has ``limit`` descendants.
-_ADMIT_CHILD_LUA = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
-if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-redis.call('SADD', KEYS[1], ARGV[1])
-return 1
-"""
+_ADMIT_CHILD_LUA = script("admit_child")  # agentstream/runtime/lua/admit_child.lua
 
 
 async def wake_trace(redis: aioredis.Redis, keys: Keys, trace_id: str, reason: str) -> str:

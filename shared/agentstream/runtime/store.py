@@ -35,8 +35,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from agentstream.errors import StaleLeaseError
-from agentstream.runtime.consumer import ACK_FUNCTION_LUA
 from agentstream.runtime.entries import entry_fields, keep_doubled_fields
+from agentstream.runtime.lua import script
 from agentstream.runtime.operations import Entry, redirect_refused_replies
 from agentstream.wire import codec
 from agentstream.wire import codec as _codec
@@ -55,306 +55,15 @@ from agentstream.wire.keys import Keys
 
 log = logging.getLogger("agentstream.runtime.store")
 
-# The fencing token of a new lease: a counter per trace in its key hash (no global hot key). A new
-# counter (a new trace, or one deleted by retention and started again) starts at the server's
-# clock in microseconds, so a token never repeats one issued to the same trace id before.
-_FENCE_LUA = """
-local function next_fence(keys_hash)
-  local n = redis.call('HINCRBY', keys_hash, 'fence', 1)
-  if n == 1 then
-    local t = redis.call('TIME')
-    n = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('HSET', keys_hash, 'fence', string.format('%d', n))
-  end
-  return n
-end
-"""
-
-# Giving a lease back: the markers first (whatever the lease's state: they record effects done
-# already), then 0 when the lease is not `token`'s, 2 when a hint came while it was held and it
-# is kept (the dirty mark cleared), else 1: released.
-_RELEASE_FUNCTION_LUA = """
-local function release(lease, dirty, keys_hash, token, keep_if_dirty, marks)
-  for _, mark in ipairs(marks) do
-    redis.call('HSET', keys_hash, mark, '1')
-  end
-  if redis.call('GET', lease) ~= token then
-    return 0
-  end
-  if keep_if_dirty and redis.call('DEL', dirty) == 1 then
-    return 2
-  end
-  redis.call('DEL', lease)
-  return 1
-end
-"""
-
-# Entries after an id (exclusive), or from the first; and the trace's first entry id.
-_READ_LUA = """
-local function read_after(trace, after, count)
-  local first = redis.call('XRANGE', trace, '-', '+', 'COUNT', 1)
-  local first_id = ''
-  if first[1] then first_id = first[1][1] end
-  local start = '-'
-  if after ~= '' then start = '(' .. after end
-  return first_id, redis.call('XRANGE', trace, start, '+', 'COUNT', count)
-end
-"""
-
-# KEYS: trace stream, idempotency hash, lease, a run key ('' when none). ARGV: fence token
-# ('' = unfenced), version, after ('' = read nothing back), how many trailing events are
-# conditional, expiry in ms of the trace and its key hash when something is appended ('' =
-# none), the most entries read back, guard key ('' = none), the run key's holder ('' = none: the
-# run key is deleted when that holder still has it), then per event: its idempotency key, its
-# bytes, a count m, and m (field, value) markers set in the key hash when the event is appended.
-# The conditional events are appended only when no entry came after `after` before this call.
-# Returns {{status, id, ...}, first id, entries}: status 1 = appended, 0 = already there (id of
-# the first append), 2 = not appended (the condition failed), -1 = fenced off, -2 = the guard
-# key is there (nothing appended).
-_APPEND_HEAD_LUA = """
-if ARGV[1] ~= '' then
-  local current = redis.call('GET', KEYS[3])
-  if current ~= ARGV[1] then
-    return {{-1, current or ''}, '', {}}
-  end
-end
-if ARGV[7] ~= '' then
-  local guard = redis.call('HGET', KEYS[2], ARGV[7])
-  if guard then
-    return {{-2, guard}, '', {}}
-  end
-end
-local starts = {}
-local i = first_event
-while i <= #ARGV do
-  table.insert(starts, i)
-  i = i + 3 + 2 * tonumber(ARGV[i + 2])
-end
-local conditional_from = #starts + 1
-local n_then = tonumber(ARGV[4])
-if n_then > 0 then
-  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-  local last_id = ''
-  if last[1] then last_id = last[1][1] end
-  if last_id == ARGV[3] then
-    n_then = 0
-  end
-  conditional_from = #starts + 1 - n_then
-end
-local out = {}
-local created = false
-for n, i in ipairs(starts) do
-  if n >= conditional_from then
-    table.insert(out, 2)
-    table.insert(out, '')
-  else
-    local existing = redis.call('HGET', KEYS[2], ARGV[i])
-    if existing then
-      table.insert(out, 0)
-      table.insert(out, existing)
-    else
-      local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'e', ARGV[i + 1], 'k', ARGV[i])
-      redis.call('HSET', KEYS[2], ARGV[i], id)
-      for m = 1, tonumber(ARGV[i + 2]) do
-        redis.call('HSET', KEYS[2], ARGV[i + 1 + 2 * m], ARGV[i + 2 + 2 * m])
-      end
-      table.insert(out, 1)
-      table.insert(out, id)
-      created = true
-    end
-  end
-end
-if created and ARGV[5] ~= '' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
-  redis.call('PEXPIRE', KEYS[2], ARGV[5])
-end
-if ARGV[8] ~= '' and redis.call('GET', KEYS[4]) == ARGV[8] then
-  redis.call('DEL', KEYS[4])
-end
-"""
-
-_APPEND_LUA = (
-    _READ_LUA
-    + "local first_event = 9\n"
-    + _APPEND_HEAD_LUA
-    + """
-if ARGV[3] == '' then
-  return {out, '', {}}
-end
-local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
-return {out, first_id, entries}
-"""
-)
-
-# An append, then, in the same script, the publication of what the step leaves waiting (tool
-# jobs, a reply), the markers that say it went out, the watchdog's record of the jobs and the
-# release of the lease (one server, not a cluster: the streams published to and the awaiting set
-# are other hash slots). KEYS: as _APPEND_LUA (the run key slot holds the trace), then the dirty
-# mark, the awaiting set, the work stream and the attempts counter of the entry the step handles
-# (acknowledged when the lease is released: the handler's work is done), and the stream of each
-# entry published. ARGV: as _APPEND_LUA, except that ARGV[9] is the count P of publication
-# arguments that follow it, the events starting after them: the trace id, the awaited time in ms
-# ('' = no watchdog record), the consumer group and the id of the entry to acknowledge ('' =
-# none), the count of markers and the markers, then per entry its call id ('' = not a tool job),
-# turn id, field and payload. The
-# entries go out only when every event was appended by this call and no entry came after `after`
-# before it (the step decided them from the trace up to `after`, under the lease checked first).
-# Returns the append's answer, then the outcome of the publication (0 = not published, 1 =
-# published and released, 2 = published and the lease kept: a hint came meanwhile, its mark
-# cleared; -3 = a stream, or the awaiting set, holds another type, checked before any XADD, or
-# an XADD failed, with its error: no marker set, the lease held), the entry ids, and 1 when the
-# work entry was acknowledged (with a release, its stream a stream and its counters a hash).
-_APPEND_PUBLISH_LUA = (
-    _READ_LUA
-    + _RELEASE_FUNCTION_LUA
-    + ACK_FUNCTION_LUA
-    + """
-local first_event = 10 + tonumber(ARGV[9])
-local untouched = true
-do
-  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-  local last_id = ''
-  if last[1] then last_id = last[1][1] end
-  untouched = (last_id == ARGV[3])
-end
-"""
-    + _APPEND_HEAD_LUA
-    + """
-local published = 0
-local acked = 0
-local entry_ids = {}
-local all_new = untouched and ARGV[1] ~= '' and #out > 0
-for n = 1, #out, 2 do
-  if out[n] ~= 1 then all_new = false end
-end
-local function refuses(key, kind)
-  local t = redis.call('TYPE', key)['ok']
-  return t ~= 'none' and t ~= kind
-end
-if all_new then
-  local n_marks = tonumber(ARGV[14])
-  local record = {}
-  local a = 15 + n_marks
-  for j = 9, #KEYS do
-    if refuses(KEYS[j], 'stream') then
-      published = -3
-      entry_ids = {'WRONGTYPE ' .. KEYS[j] .. ' holds no stream'}
-    end
-  end
-  if ARGV[11] ~= '' and refuses(KEYS[6], 'zset') then
-    published = -3
-    entry_ids = {'WRONGTYPE ' .. KEYS[6] .. ' holds no sorted set'}
-  end
-  for j = 9, #KEYS do
-    if published ~= 0 then break end
-    local id = redis.pcall('XADD', KEYS[j], '*', ARGV[a + 2], ARGV[a + 3])
-    if type(id) == 'table' and id.err then
-      published = -3
-      entry_ids = {id.err}
-      break
-    end
-    table.insert(entry_ids, id)
-    if ARGV[a] ~= '' then table.insert(record, {ARGV[a + 1], ARGV[a], KEYS[j], id}) end
-    a = a + 4
-  end
-  if published == 0 then
-    if ARGV[11] ~= '' and #record > 0 then
-      redis.call('HSET', KEYS[2], 'awaited', cjson.encode(record))
-      redis.call('ZADD', KEYS[6], ARGV[11], ARGV[10])
-    end
-    local marks = {}
-    for m = 15, 14 + n_marks do
-      marks[#marks + 1] = ARGV[m]
-    end
-    published = release(KEYS[3], KEYS[5], KEYS[2], ARGV[1], true, marks)
-    if published == 1 and ARGV[13] ~= '' and not refuses(KEYS[7], 'stream') and not refuses(KEYS[8], 'hash') then
-      ack_entries(KEYS[7], KEYS[8], ARGV[12], {ARGV[13]})
-      acked = 1
-    end
-  end
-end
-local first_id, entries = read_after(KEYS[1], ARGV[3], tonumber(ARGV[6]))
-return {out, first_id, entries, published, entry_ids, acked}
-"""
-)
-
-# KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: lease ttl in ms, after ('' =
-# from the first entry), the most entries read. Takes the lease when it is free and reads what
-# came after `after`: {1, token, first id, entries}. When another holds it, marks the trace
-# dirty (its holder looks again before it lets go): {0, holder's token, ms left}. A trace with
-# no stream is not taken: {2}.
-_TAKE_LUA = (
-    _FENCE_LUA
-    + _READ_LUA
-    + """
-local function take(ttl_ms, after, count)
-  if redis.call('EXISTS', KEYS[1]) == 0 then
-    return {2}
-  end
-  local holder = redis.call('GET', KEYS[3])
-  if holder then
-    redis.call('SET', KEYS[4], '1', 'PX', tonumber(ttl_ms) * 4)
-    return {0, holder, redis.call('PTTL', KEYS[3])}
-  end
-  local token = next_fence(KEYS[2])
-  redis.call('SET', KEYS[3], string.format('%d', token), 'PX', ttl_ms)
-  redis.call('DEL', KEYS[4])
-  local first_id, entries = read_after(KEYS[1], after, count)
-  return {1, string.format('%d', token), first_id, entries}
-end
-"""
-)
-
-_TAKE_ONLY_LUA = (
-    _TAKE_LUA
-    + """
-return take(ARGV[1], ARGV[2], tonumber(ARGV[3]))
-"""
-)
-
-# KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: turn id, the turn entry's id,
-# version, the TurnInput's bytes, expiry in ms ('' = none), take the lease ('1'/'0'), lease ttl
-# in ms, after, the most entries read, the turn's digest ('' = none). A turn that ended before:
-# {'ended', entry that first brought it, absorbed, differs}. Else the turn is appended once
-# (`entry:<turn>` remembers the entry that brought it, `digest:<turn>` its digest) and, when
-# asked, the trace taken as _TAKE_LUA does: {'turn', created, take's reply or {}, differs}.
-# Another entry bringing a turn that is in the trace and has not ended is a copy published
-# before the turn's ending: `copy:<turn>:<entry>` records it in the same step as the ending
-# is checked, so whenever that entry comes back (deferred, re-delivered) it is absorbed, not
-# answered again. `absorbed`: this entry was recorded so; `differs`: its digest is not the
-# admitted turn's (said once per copy entry, the first time it is recorded, and for each
-# entry that finds the turn ended).
-_ADMIT_LUA = (
-    _TAKE_LUA
-    + """
-local turn = ARGV[1]
-local digest = redis.call('HGET', KEYS[2], 'digest:' .. turn)
-local differs = 0
-if ARGV[10] ~= '' and digest and digest ~= ARGV[10] then differs = 1 end
-if redis.call('HEXISTS', KEYS[2], 'end:' .. turn) == 1 then
-  return {'ended', redis.call('HGET', KEYS[2], 'entry:' .. turn) or '',
-          redis.call('HEXISTS', KEYS[2], 'copy:' .. turn .. ':' .. ARGV[2]), differs}
-end
-redis.call('HSETNX', KEYS[2], 'entry:' .. turn, ARGV[2])
-local created = 0
-if redis.call('HEXISTS', KEYS[2], 'turn:' .. turn) == 0 then
-  local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[3], 'e', ARGV[4], 'k', 'turn:' .. turn)
-  redis.call('HSET', KEYS[2], 'turn:' .. turn, id)
-  if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'digest:' .. turn, ARGV[10]) end
-  created = 1
-  if ARGV[5] ~= '' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[5])
-    redis.call('PEXPIRE', KEYS[2], ARGV[5])
-  end
-elseif redis.call('HGET', KEYS[2], 'entry:' .. turn) ~= ARGV[2] then
-  if redis.call('HSET', KEYS[2], 'copy:' .. turn .. ':' .. ARGV[2], '1') == 0 then differs = 0 end
-end
-if ARGV[6] ~= '1' then
-  return {'turn', created, {}, differs}
-end
-return {'turn', created, take(ARGV[7], ARGV[8], tonumber(ARGV[9])), differs}
-"""
-)
+# The Lua scripts of the store, one per operation (agentstream/runtime/lua/<name>.lua).
+_APPEND_LUA = script("append")
+_APPEND_PUBLISH_LUA = script("append_publish")
+_TAKE_ONLY_LUA = script("take")
+_ADMIT_LUA = script("admit_turn")
+_ACQUIRE_LUA = script("acquire")
+_RENEW_LUA = script("renew")
+_RELEASE_LUA = script("release")
+_BEGIN_CALL_LUA = script("begin_call")
 
 
 def turn_digest(turn: TurnInput) -> str:
@@ -517,63 +226,6 @@ class CallState:
         return self.has_result or self.cancelled or self.turn_ended
 
 
-# KEYS: the trace's key hash, the trace stream, the call's run key. ARGV: call id, turn id,
-# job ref, tool name, runner ('' = take no run key), run key ttl in ms, '1' when the caller
-# checked the call itself (no marker check), the digest of the job's arguments ('' = not
-# checked), '1' when any tool will do (the name is not checked; an empty name is a name).
-# First the job must name a call that may run: {'no_trace'}, {'no_turn'}, {'unchecked', turn
-# entry} (no marker of the call), {'other', marker} (the call is another turn's or tool's),
-# {'arguments', marker} (the call was made with other arguments; a marker written before
-# markers had a digest, `<turn>\n<tool>`, answers 'unchecked' when the arguments are to be
-# checked: the caller reads the turn). Then the call is claimed for the job unless it is
-# answered, its turn is cancelled or over, or another job holds it; and a claimed call's run
-# key is taken for the runner unless another runner holds it:
-# {'ok', result, cancelled, ended, started, holder, run holder, ms left}.
-_BEGIN_CALL_LUA = """
-local h = KEYS[1]
-local call, turn = ARGV[1], ARGV[2]
-local ended = redis.call('HEXISTS', h, 'end:' .. turn)
-if ARGV[7] ~= '1' then
-  if redis.call('EXISTS', KEYS[2]) == 0 then return {'no_trace'} end
-  local entry = redis.call('HGET', h, 'turn:' .. turn)
-  if not entry then return {'no_turn'} end
-  local made = redis.call('HGET', h, 'call:' .. call)
-  if not made then return {'unchecked', entry} end
-  local marker = made
-  local want = turn .. '\\n' .. ARGV[4]
-  if ARGV[9] == '1' then
-    made, want = string.sub(made, 1, #turn + 1), turn .. '\\n'
-  elseif string.sub(made, 1, #want + 1) == want .. '\\n' then  -- the call's arguments digest follows
-    if ARGV[8] ~= '' and string.sub(made, #want + 2) ~= ARGV[8] then return {'arguments', marker} end
-    made = want
-  elseif made == want and ARGV[8] ~= '' then  -- no digest: its arguments are checked in the turn's events
-    return {'unchecked', entry}
-  end
-  if made ~= want then return {'other', marker} end
-end
-local result = redis.call('HEXISTS', h, 'result:' .. call)
-local cancelled = redis.call('HEXISTS', h, 'cancel:' .. turn)
-local started = redis.call('HEXISTS', h, 'started:' .. call)
-local holder = redis.call('HGET', h, 'claim:' .. call)
-local live = result == 0 and cancelled == 0 and ended == 0
-if not holder and live then
-  redis.call('HSET', h, 'claim:' .. call, ARGV[3])
-  holder = ARGV[3]
-end
-local runner, left = '', 0
-if live and holder == ARGV[3] and ARGV[5] ~= '' then
-  local current = redis.call('GET', KEYS[3])
-  if current and current ~= ARGV[5] then
-    runner, left = current, redis.call('PTTL', KEYS[3])
-  else
-    redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
-    runner = ARGV[5]
-  end
-end
-return {'ok', result, cancelled, ended, started, holder or '', runner, left}
-"""
-
-
 class TraceStore:
     """Reads and writes traces.
 
@@ -600,7 +252,7 @@ class TraceStore:
         self._append_publish_script = redis.register_script(_APPEND_PUBLISH_LUA)
         self._take_script = redis.register_script(_TAKE_ONLY_LUA)
         self._admit_script = redis.register_script(_ADMIT_LUA)
-        self._acquire_script = redis.register_script(_FENCE_LUA + _ACQUIRE_LUA)
+        self._acquire_script = redis.register_script(_ACQUIRE_LUA)
         self._release_script = redis.register_script(_RELEASE_LUA)
         self._begin_call_script = redis.register_script(_BEGIN_CALL_LUA)
         self._renew_script = redis.register_script(_RENEW_LUA)
@@ -762,7 +414,7 @@ class TraceStore:
         return appended
 
     def _append_args(self, then, *, fence, after, expire_ms, unless, release) -> list:
-        """The first eight arguments of the append script (see _APPEND_LUA)."""
+        """The first eight arguments of the append script (see lua/append.lua)."""
         return [
             "" if fence is None else str(fence),
             codec._VERSION_BYTES,
@@ -1311,36 +963,6 @@ class TraceStore:
     async def mark_dirty(self, trace_id: str, *, ttl_ms: int) -> None:
         """Note that a hint for the trace arrived (read by :meth:`release_lease`)."""
         await self.redis.set(self.keys.dirty(trace_id), b"1", px=ttl_ms)
-
-
-_RENEW_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-_ACQUIRE_LUA = """
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return false
-end
-local token = string.format('%d', next_fence(KEYS[1]))
-redis.call('SET', KEYS[2], token, 'PX', ARGV[1])
-return token
-"""
-
-# KEYS: lease, dirty mark, the trace's key hash. ARGV: token, keep if dirty ('1'/'0'), then
-# markers to set in the key hash (whatever the lease's state: they record effects done already).
-_RELEASE_LUA = (
-    _RELEASE_FUNCTION_LUA
-    + """
-local marks = {}
-for i = 3, #ARGV do
-  marks[#marks + 1] = ARGV[i]
-end
-return release(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2] == '1', marks)
-"""
-)
 
 
 def _problem(text: str) -> CallState:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from agentstream.runtime.lua import script
 from agentstream.runtime.operations import owed_key, wake_trace
 from agentstream.wire.failures import FailureCode
 from agentstream.wire.keys import Keys, partition_stream
@@ -68,15 +69,7 @@ AWAITED_FIELD = "awaited"
 
 _JOB_PREFIX = "job:"  # per call, as versions before AWAITED_FIELD recorded them (still read)
 
-# KEYS: awaiting set. ARGV: member, score seen. Removes the member only if its score is still
-# the one seen (a newer publish re-scored it meanwhile: it stays).
-_FORGET_LUA = """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) == tonumber(ARGV[2]) then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 0
-"""
+_FORGET_LUA = script("forget_awaited")  # agentstream/runtime/lua/forget_awaited.lua
 
 
 def awaiting_key(keys: Keys, partition: int = 0) -> str:
@@ -86,15 +79,7 @@ def awaiting_key(keys: Keys, partition: int = 0) -> str:
     return partition_stream(f"{keys.namespace}:awaiting", partition)
 
 
-# KEYS: the owed replies set. ARGV: trace id, the score it was read with. Removes the trace only
-# when no refusal noted it again meanwhile (a newer score).
-_FORGIVE_LUA = """
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[2]) then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 0
-"""
+_FORGIVE_LUA = script("forgive_owed")  # agentstream/runtime/lua/forgive_owed.lua
 
 
 async def record_jobs(
