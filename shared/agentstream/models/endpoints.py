@@ -109,6 +109,15 @@ class Quirks(BaseModel):
             of tool results a user message restates them (``Result of <tool>: <text>``), with
             ``tool_results_note`` as its last line. The tool messages are still sent.
         tool_results_note: the last line of that user message.
+        tool_calls_in_text: recover a reply whose whole text is one call of an offered tool,
+            as JSON (no ``tool_calls``, finish ``stop``), as a server without a tool-call
+            parser for the model sends it: vLLM without ``--enable-auto-tool-choice
+            --tool-call-parser``, llama.cpp's server without ``--jinja``, Ollama or LM Studio
+            with a model whose template has no tool section, a LiteLLM proxy in front of any of
+            them. The call runs and the output's ``stop_detail`` says it was recovered from
+            text (see :mod:`agentstream.models.text_calls`). Default False: such a reply stays
+            the answer, with a warning in the log and in
+            ``agentstream_model_text_tool_calls_total{recovered="false"}``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -121,6 +130,7 @@ class Quirks(BaseModel):
     stream_usage: bool = True
     tool_results_as_user: bool = False
     tool_results_note: str = "Answer the question in one short sentence."
+    tool_calls_in_text: bool = False
 
     @pydantic.model_validator(mode="before")
     @classmethod

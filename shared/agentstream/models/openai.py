@@ -9,16 +9,20 @@ see :mod:`agentstream.models.base`. The key is sent as a Bearer token.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from httpx_sse import ServerSentEvent
 
 from agentstream.context.request import ChatRequest
-from agentstream.models import openai_format
+from agentstream.models import openai_format, text_calls
 from agentstream.models.base import HttpChatModel
 from agentstream.models.http import stream_error
+from agentstream.ops import metrics
 from agentstream.wire.deltas import Delta
 from agentstream.wire.events import ModelOutput
+
+log = logging.getLogger("agentstream.models")
 
 
 class OpenAIChatModel(HttpChatModel):
@@ -40,7 +44,8 @@ class OpenAIChatModel(HttpChatModel):
     def _parse(self, payload: dict[str, Any], request: ChatRequest, **fields: Any) -> ModelOutput:
         if "error" in payload and "choices" not in payload:
             raise stream_error(payload["error"], url=self.url, model=self.endpoint.model, secrets=self._secrets())
-        return openai_format.parse_response(payload, max_output_tokens=request.max_output_tokens, **fields)
+        output = openai_format.parse_response(payload, max_output_tokens=request.max_output_tokens, **fields)
+        return self._calls_in_text(output, request)
 
     def _assembler(self) -> openai_format.StreamAssembler:
         return openai_format.StreamAssembler()
@@ -61,4 +66,28 @@ class OpenAIChatModel(HttpChatModel):
     def _stream_output(
         self, assembler: openai_format.StreamAssembler, request: ChatRequest, **fields: Any
     ) -> ModelOutput:
-        return assembler.output(max_output_tokens=request.max_output_tokens, **fields)
+        output = assembler.output(max_output_tokens=request.max_output_tokens, **fields)
+        return self._calls_in_text(output, request)
+
+    def _calls_in_text(self, output: ModelOutput, request: ChatRequest) -> ModelOutput:
+        """A reply whose whole text is one call of an offered tool: recovered as that call when
+        the endpoint says so (``quirks.tool_calls_in_text``), else kept, with a warning and a count
+        (see :mod:`agentstream.models.text_calls`)."""
+        if output.tool_calls or not request.tools or not output.content.lstrip().startswith(("{", "[", "<", "`")):
+            return output
+        endpoint = self.endpoint.id
+        if self.endpoint.quirks.tool_calls_in_text:
+            recovered = text_calls.recover(output, request.tools)
+            if recovered is not output:
+                metrics.MODEL_TEXT_TOOL_CALLS.labels(endpoint=endpoint, recovered="true").inc()
+                log.info("endpoint %s: %s", endpoint, recovered.stop_detail)
+            return recovered
+        if text_calls.looks_like_text_call(output, request.tools):
+            metrics.MODEL_TEXT_TOOL_CALLS.labels(endpoint=endpoint, recovered="false").inc()
+            log.warning(
+                "endpoint %s: the reply's whole text is a call of an offered tool as JSON (the server has no "
+                "tool-call parser for this model); it stays the answer. Start the server with its tool-call "
+                "parser, or set quirks.tool_calls_in_text: true on the endpoint to run such calls",
+                endpoint,
+            )
+        return output

@@ -81,6 +81,12 @@ MODEL_RETRIES = Counter(
     "Model HTTP attempts retried, by endpoint and the status that caused it.",
     ["endpoint", "status"],
 )
+MODEL_TEXT_TOOL_CALLS = Counter(
+    "agentstream_model_text_tool_calls_total",
+    "Replies whose whole text was one call of an offered tool as JSON (a server without a tool-call parser), "
+    "by endpoint and whether the call was recovered (quirks.tool_calls_in_text) or the text stayed the answer.",
+    ["endpoint", "recovered"],
+)
 STREAM_CONSUMERS = Gauge(
     "agentstream_stream_consumers",
     "Live consumers of a consumer group (seen within the live idle time); 0 with work waiting: nothing consumes it.",
