@@ -3,11 +3,13 @@
 For each MCP server whose queue the worker serves, an :class:`McpConnection` holds one client
 session of the official SDK (:class:`mcp.Client`, protocol version negotiated by the SDK):
 
-- **Start.** stdio: the SDK starts the command (with the declared and inherited environment);
-  streamable HTTP: the URL, with headers read from the environment (kept in memory only). The
-  first listing must come within the server's ``connect_timeout_s``.
+- **Start.** stdio: the command is started (with the declared and inherited environment), its
+  stdout read with a cap and its stderr logged line by line (:mod:`~agentstream.mcp_tools.transports`);
+  streamable HTTP: the URL, with headers read from the environment (kept in memory only), its
+  response bodies read with a cap. The first listing must come within the server's ``connect_timeout_s``.
 - **Listing.** Every tool the server lists (every page) that the allow-list lets through gets its
-  input schema normalised (:func:`~agentstream.mcp_tools.schemas.normalise_input_schema`); a
+  input schema normalised (:func:`~agentstream.mcp_tools.schemas.normalise_input_schema`: bounded
+  work, in a thread, within :data:`SCHEMA_DEADLINE_S`, so no listing stalls the worker's loop); a
   tool that cannot be offered is logged at ERROR naming the tool and the keyword, and recorded
   among the catalog's refusals. The catalog goes to Redis for the agent loops. The listing is
   read again on the server's list-changed notification (``notifications/tools/list_changed``,
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -36,7 +39,7 @@ from typing import Any
 import httpx2
 import jsonschema
 import pydantic
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.exceptions import MCPError
@@ -49,6 +52,7 @@ from agentstream.mcp_tools.offers import Catalog, Refusal, offer_digest
 from agentstream.mcp_tools.results import result_value
 from agentstream.mcp_tools.schemas import SchemaRefused, normalise_input_schema
 from agentstream.mcp_tools.server import McpServer, Transport
+from agentstream.mcp_tools.transports import CappedTransport, stdio_transport
 from agentstream.ops import metrics
 from agentstream.runtime.connection import RedisClient
 from agentstream.runtime.mcp_catalogs import publish_catalog
@@ -97,12 +101,67 @@ def _argument_problems(validator: Any, value: dict[str, Any]) -> list[str]:
     return problems[:5]
 
 
+SCHEMA_DEADLINE_S = 10.0
+"""The longest the checks of one listing's input schemas may take (in a thread), in seconds; past
+it the listing fails as a session that stopped answering does."""
+
+
+class McpListingError(RuntimeError):
+    """A server's tool listing could not be taken in (the reason says why): its session ends."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedTool:
+    """A listed tool that can be offered: its normalised parameters and its arguments' validator
+    (None when its schema is not valid JSON Schema: its arguments are not checked then)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    validator: Any
+
+
+def prepare_listing(server: str, listed: Sequence[Any]) -> tuple[list[PreparedTool], list[Refusal]]:
+    """The tools of a listing (``name``, ``description``, ``title``, ``input_schema`` each) that can
+    be offered, and the refusals of the others (a bad name, a schema refused by
+    :func:`~agentstream.mcp_tools.schemas.normalise_input_schema`), first occurrence of a name
+    only. CPU work bounded by the schemas' limits; no I/O, so it may run in a thread."""
+    prepared: list[PreparedTool] = []
+    refused: list[Refusal] = []
+    seen: set[str] = set()
+    for entry in listed:
+        if entry.name in seen:
+            continue
+        seen.add(entry.name)
+        try:
+            _check_name(entry.name)
+            parameters = normalise_input_schema(entry.name, entry.input_schema)
+        except SchemaRefused as exc:
+            refused.append(Refusal(tool=exc.tool, keyword=exc.keyword, reason=exc.reason))
+            continue
+        validator = None
+        try:
+            cls = jsonschema.validators.validator_for(entry.input_schema)
+            cls.check_schema(entry.input_schema)
+            validator = cls(entry.input_schema)
+        except jsonschema.SchemaError as exc:
+            log.warning(
+                "MCP server %r: the input schema of tool %r is not valid JSON Schema (%s); its arguments "
+                "are not checked before the call",
+                server,
+                entry.name,
+                exc.message,
+            )
+        prepared.append(PreparedTool(entry.name, entry.description or entry.title or "", parameters, validator))
+    return prepared, refused
+
+
 class McpTool(Tool):
     """One tool of an MCP server, as the tool worker runs it (a :class:`~agentstream.Tool`).
 
     Its settings (timeout, side effects, queue) come from the server's declaration; its
     arguments are checked against the input schema the server listed (JSON Schema, with the
-    ``jsonschema`` library) before the call goes out.
+    ``jsonschema`` library: ``validator``, made by :func:`prepare_listing`) before the call goes out.
     """
 
     def __init__(
@@ -112,7 +171,7 @@ class McpTool(Tool):
         *,
         description: str = "",
         parameters: Mapping[str, Any] | None = None,
-        input_schema: Mapping[str, Any] | None = None,
+        validator: Any = None,
     ):
         server = connection.server
         self.fn = None
@@ -126,20 +185,7 @@ class McpTool(Tool):
         self.is_async = True
         self.arguments_model = None
         self.connection = connection
-        self._validator = None
-        if input_schema is not None:
-            try:
-                cls = jsonschema.validators.validator_for(input_schema)
-                cls.check_schema(input_schema)
-                self._validator = cls(input_schema)
-            except jsonschema.SchemaError as exc:
-                log.warning(
-                    "MCP server %r: the input schema of tool %r is not valid JSON Schema (%s); its arguments "
-                    "are not checked before the call",
-                    server.name,
-                    name,
-                    exc.message,
-                )
+        self._validator = validator
 
     def __repr__(self) -> str:
         return f"McpTool({self.name!r}, server={self.connection.server.name!r}, side_effects={self.side_effects!r})"
@@ -304,11 +350,11 @@ class McpConnection:
 
     def _target(self, stack: contextlib.AsyncExitStack) -> Any:
         t = self.transport
-        if t.command:
-            return StdioServerParameters(
-                command=t.command[0], args=list(t.command[1:]), env=dict(t.env) or None, cwd=t.cwd
-            )
-        http = httpx2.AsyncClient(headers=dict(t.headers), timeout=httpx2.Timeout(30.0, read=300.0))
+        if t.command:  # its stdout read with a cap, its stderr into the logger (never the worker's stderr)
+            return stdio_transport(t, self.server.name)
+        http = httpx2.AsyncClient(
+            headers=dict(t.headers), timeout=httpx2.Timeout(30.0, read=300.0), transport=CappedTransport()
+        )
         stack.push_async_callback(http.aclose)
         return streamable_http_client(t.url, http_client=http)
 
@@ -388,24 +434,25 @@ class McpConnection:
             cursor = page.next_cursor
             if not cursor:
                 break
+        wanted = [entry for entry in listed if self.server.allows(entry.name)]
+        try:  # the schema work is bounded (prepare_listing), and runs off the event loop with a deadline
+            prepared, refused = await asyncio.wait_for(
+                asyncio.to_thread(prepare_listing, self.server.name, wanted), timeout=SCHEMA_DEADLINE_S
+            )
+        except TimeoutError:
+            raise McpListingError(
+                f"checking the input schemas of its {len(wanted)} tool(s) took more than {SCHEMA_DEADLINE_S:g} s"
+            ) from None
         tools: dict[str, McpTool] = {}
         offered: list[OfferedTool] = []
-        refused: list[Refusal] = []
-        for entry in listed:
-            if not self.server.allows(entry.name) or entry.name in tools:
-                continue
-            try:
-                _check_name(entry.name)
-                parameters = normalise_input_schema(entry.name, entry.input_schema)
-            except SchemaRefused as exc:
-                refused.append(Refusal(tool=exc.tool, keyword=exc.keyword, reason=exc.reason))
-                continue
-            description = entry.description or entry.title or ""
-            tools[entry.name] = McpTool(
-                self, entry.name, description=description, parameters=parameters, input_schema=entry.input_schema
+        for tool in prepared:
+            tools[tool.name] = McpTool(
+                self, tool.name, description=tool.description, parameters=tool.parameters, validator=tool.validator
             )
             offered.append(
-                OfferedTool(name=entry.name, description=description, parameters=parameters, server=self.server.name)
+                OfferedTool(
+                    name=tool.name, description=tool.description, parameters=tool.parameters, server=self.server.name
+                )
             )
         digest = offer_digest(offered)
         refusals = tuple(refused)

@@ -14,19 +14,36 @@ a subset. What several of them reject, and what this module does about it:
 - ``$schema`` and ``$id`` at the top are dropped (metadata only; some endpoints refuse unknown
   keys), and an object without ``properties`` gets ``"properties": {}``.
 
+- size: a schema over :data:`MAX_SCHEMA_BYTES` of JSON, or that has or inlines to more than
+  :data:`~agentstream.app.tool_schemas.MAX_INLINED_NODES` values or
+  :data:`~agentstream.app.tool_schemas.MAX_SCHEMA_DEPTH` levels, is refused (keyword
+  ``inputSchema``): the work on what a server lists is bounded, whatever it lists.
+
 A refused tool is not offered; :class:`SchemaRefused` names the tool, the keyword and why, and
 the tool workers log it at startup and publish it with the server's catalog.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentstream.app.tool_schemas import RecursiveSchemaError, UninlinableSchema, inline_refs
+from agentstream.app.tool_schemas import (
+    MAX_INLINED_NODES,
+    MAX_SCHEMA_DEPTH,
+    RecursiveSchemaError,
+    SchemaTooLarge,
+    UninlinableSchema,
+    inline_refs,
+    measure,
+)
 from agentstream.errors import ConfigError
 
 _TOP_COMBINATORS = ("anyOf", "oneOf", "allOf", "not", "enum", "const")
+
+MAX_SCHEMA_BYTES = 256 * 1024
+"""The largest input schema offered, in bytes of its JSON."""
 
 
 class SchemaRefused(ConfigError):
@@ -45,6 +62,21 @@ class SchemaRefused(ConfigError):
         self.reason = reason
 
 
+def _check_size(tool: str, schema: Mapping[str, Any]) -> None:
+    """Refuse a schema over the limits as given (values and depth first: JSON of any depth is safe to count)."""
+    values, depth = measure(schema)
+    if values > MAX_INLINED_NODES or depth > MAX_SCHEMA_DEPTH:
+        raise SchemaRefused(
+            tool,
+            "inputSchema",
+            f"has {values:,} values nested {depth} levels deep, over the limit of {MAX_INLINED_NODES:,} values "
+            f"and {MAX_SCHEMA_DEPTH} levels",
+        )
+    size = len(json.dumps(schema, ensure_ascii=False, default=str).encode())
+    if size > MAX_SCHEMA_BYTES:
+        raise SchemaRefused(tool, "inputSchema", f"is {size:,} bytes of JSON, over the limit of {MAX_SCHEMA_BYTES:,}")
+
+
 def normalise_input_schema(tool: str, schema: Any) -> dict[str, Any]:
     """A copy of ``schema`` that the model endpoints accept (see the module docstring).
 
@@ -56,13 +88,16 @@ def normalise_input_schema(tool: str, schema: Any) -> dict[str, Any]:
         A new dict: references inlined, ``type: object`` at the top.
 
     Raises:
-        SchemaRefused: the schema is not an object, has a combinator at the top, or has a
-            recursive or remote reference.
+        SchemaRefused: the schema is not an object, is too large (as given or inlined), has a
+            combinator at the top, or has a recursive or remote reference.
     """
     if not isinstance(schema, Mapping):
         raise SchemaRefused(tool, "inputSchema", f"is a {type(schema).__name__}, not a JSON object")
+    _check_size(tool, schema)
     try:
         root = inline_refs(dict(schema), tool=tool)
+    except SchemaTooLarge as exc:
+        raise SchemaRefused(tool, "inputSchema", exc.reason) from None
     except RecursiveSchemaError as exc:
         raise SchemaRefused(tool, "$ref", f"{exc.reason}, so it cannot be inlined") from None
     except UninlinableSchema as exc:

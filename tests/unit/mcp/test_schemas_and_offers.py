@@ -3,6 +3,9 @@ in the context (the pure parts; the services with real servers are in tests/e2e/
 
 from __future__ import annotations
 
+import functools
+import json
+
 import pytest
 
 from agentstream import Agent, App, McpServer, tool
@@ -323,3 +326,54 @@ def test_the_readme_example_declares_a_working_app():
     assert app.tool_queues == ["mcp-files", "mcp-search"]
     assert app.mcp_servers["search"].transport({"SEARCH_MCP_AUTH": "Bearer x"}).headers == {"Authorization": "Bearer x"}
     assert app.mcp_servers["files"].has_side_effects("write_file")
+
+
+def schema_bomb(depth: int) -> dict:
+    """About 2 KB at depth 17: each definition names the next one twice, so inlining it whole
+    would make 2^depth values (issue 33: 987 MB and a stalled worker)."""
+    defs = {
+        f"d{i}": {
+            "type": "object",
+            "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}, "b": {"$ref": f"#/$defs/d{i + 1}"}},
+        }
+        for i in range(depth)
+    }
+    defs[f"d{depth}"] = {"type": "string"}
+    return {"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": defs}
+
+
+def test_a_schema_bomb_is_refused_with_a_reason_after_bounded_work():
+    from agentstream.app.tool_schemas import MAX_INLINED_NODES, SchemaTooLarge, inline_refs
+
+    bomb = schema_bomb(40)  # 2^40 values inlined: no machine finishes that, so this returns only if bounded
+    assert len(json.dumps(bomb)) < 5_000
+    with pytest.raises(SchemaRefused) as info:
+        normalise_input_schema("bomb", bomb)
+    assert info.value.keyword == "inputSchema" and "levels deep" in info.value.reason  # depth stops it first
+    with pytest.raises(SchemaRefused) as info:
+        normalise_input_schema("bomb", schema_bomb(14))  # 2^15 values, 30 levels
+    assert info.value.keyword == "inputSchema" and f"more than {MAX_INLINED_NODES:,} values" in info.value.reason
+    with pytest.raises(SchemaTooLarge):
+        inline_refs(bomb, tool="bomb", max_nodes=1_000)
+    small = inline_refs(schema_bomb(3), tool="ok")  # a shallow one still inlines
+    assert small["properties"]["x"]["properties"]["a"]["properties"]["b"]["properties"]["a"] == {"type": "string"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "words"),
+    [
+        ({"type": "object", "properties": {"p": {"type": "string", "enum": ["v"] * 30_000}}}, "30,006 values"),
+        ({"type": "object", "properties": {"p": {"description": "x" * 300_000}}}, "bytes of JSON, over the limit"),
+        (
+            {
+                "type": "object",
+                "properties": {"p": functools.reduce(lambda inner, _: {"items": inner}, range(5000), {})},
+            },
+            "levels deep",
+        ),
+    ],
+)
+def test_schemas_too_large_as_given_are_refused(schema, words):
+    with pytest.raises(SchemaRefused) as info:
+        normalise_input_schema("big", schema)
+    assert info.value.keyword == "inputSchema" and words in info.value.reason, info.value.reason
