@@ -20,6 +20,7 @@ None).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,7 +30,14 @@ from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
 from agentstream.context.compaction import instructions as compaction_instructions
 from agentstream.context.elements import Numbering
 from agentstream.context.forms.shorten import Form
-from agentstream.context.limits import DEFAULT_LIMITS, ModelLimits, text_chars
+from agentstream.context.limits import (
+    DEFAULT_LIMITS,
+    MissCorrection,
+    ModelLimits,
+    learn_from_miss,
+    request_chars,
+    text_chars,
+)
 from agentstream.context.render import ContextConfig, EventFilter, cap_images
 from agentstream.context.reopen import resolve_reopen
 from agentstream.context.request import ChatRequest, Message, ToolDefinition
@@ -307,6 +315,80 @@ def build_request(
         ShortenError: a shorten function changed a result's elements or its error.
     """
     return require_fit(build_context(events, agent, turn_id=turn_id, step=step, config=config, limits=limits))
+
+
+def rebuild_after_miss(
+    events: Sequence[Any],
+    agent: Agent,
+    *,
+    turn_id: str,
+    step: int,
+    prompt_tokens: int | None = None,
+    window_tokens: int | None = None,
+    over_by_tokens: int | None = None,
+    config: ContextConfig | None = None,
+    limits: LimitsArg = FROM_AGENT,
+) -> tuple[BuiltContext, MissCorrection]:
+    """The context of model call ``step`` again, smaller, after the server refused it as over the
+    model's window although the estimate said it fits (a window miss).
+
+    The refused request is rebuilt as it was sent; :func:`~agentstream.context.limits.learn_from_miss`
+    corrects the model's limits from the server's figures (``prompt_tokens``, ``window_tokens``,
+    ``over_by_tokens``: any may be None); the context is built again under the corrected limits,
+    with the refused request's size counted as the server counted it, so the policy's shrinks
+    run (and a compaction is planned, ``BuiltContext.compaction``, where the policy has one).
+    The caller sends the rebuilt request once (through its compaction or trimming as usual,
+    with the agent's limits replaced by ``correction.limits``).
+
+    Returns:
+        ``(built, correction)``: the smaller context and what the miss taught.
+
+    Raises:
+        ContextFullError: nothing can be shed (the rebuilt request is no smaller than the refused
+            one and no compaction is due); the message gives the figures.
+        ValueError: the agent has no limits (``limits=None``): nothing to correct.
+    """
+    config, resolved = settings_of(agent, config, limits)
+    if resolved is None:
+        raise ValueError("rebuild_after_miss needs the model's limits; got limits=None")
+    state = new_state(events, agent, config, resolved)
+    refused = build_from_state(state, turn_id=turn_id, step=step)
+    index = state.turn_index.get(turn_id, len(state.turns) - 1)
+    sent_chars = state.chars(index, step)
+    output_tokens = min(state.reserve, refused.request.max_output_tokens) or refused.request.max_output_tokens
+    correction = learn_from_miss(
+        resolved,
+        sent_chars=sent_chars,
+        output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens,
+        window_tokens=window_tokens,
+        over_by_tokens=over_by_tokens,
+    )
+    again = new_state(events, agent, config, correction.limits)
+    again.recorded = (correction.prompt_tokens, sent_chars)  # the refused request, as the server counted it
+    built = build_from_state(again, turn_id=turn_id, step=step)
+    refused_chars = request_chars(refused.request)
+    if built.compaction is None and request_chars(built.request) >= refused_chars:
+        # the shrinks shed nothing: the oldest history, trimmed whole, is the last resort
+        said = ", ".join(
+            f"{name} {value}"
+            for name, value in (("prompt", prompt_tokens), ("window", window_tokens), ("over by", over_by_tokens))
+            if value is not None
+        )
+        full = ContextFullError(
+            f"turn {turn_id!r} step {step}: the model's server refused the request as over its context window "
+            f"({said + ' tokens' if said else 'no figures given'}; estimated {refused.size_tokens} of "
+            f"{refused.window_tokens} tokens with the output reserve) and nothing more can be shed: the running "
+            "turn alone is too large for this model. Nothing was sent again."
+        )
+        try:
+            trimmed = trim_request(built.request, correction.limits, output_reserve=output_tokens, note=TRIMMED_NOTE)
+        except ContextFullError:
+            raise full from None
+        if request_chars(trimmed) >= refused_chars:
+            raise full
+        built = dataclasses.replace(built, request=trimmed, fits=True)
+    return built, correction
 
 
 TRIMMED_NOTE = "Earlier messages of this conversation were left out to fit the model's context window."
