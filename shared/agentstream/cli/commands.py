@@ -186,7 +186,10 @@ def _settings() -> Settings:
     except pydantic.ValidationError as exc:
         problems = []
         for error in exc.errors():
-            name = str(error["loc"][0]) if error["loc"] else "?"
+            if not error["loc"]:  # settings that contradict each other: the message names them
+                problems.append(str(error["msg"]).removeprefix("Value error, "))
+                continue
+            name = str(error["loc"][0])
             variable = name if name.isupper() else f"AGENTSTREAM_{name.upper()}"
             problems.append(f"{variable}={os.environ.get(variable, '')!r}: {error['msg']}")
         raise AgentStreamError("bad setting: " + "; ".join(problems)) from None

@@ -15,7 +15,9 @@ Variables (all optional):
 - ``AGENTSTREAM_DELTA_TTL_S``: seconds a trace's token-delta stream lives after its last write.
 - ``REDIS_URL`` naming a Redis Cluster: scheme ``redis+cluster://`` (``rediss+cluster://`` with
   TLS) and any node's address, or a plain ``redis://`` URL with ``AGENTSTREAM_REDIS_CLUSTER=true``
-  (see :func:`agentstream.runtime.connection.connect`).
+  (see :func:`agentstream.runtime.connection.connect`). A service refuses to start (one line,
+  exit code 2) when the server's mode is not the URL's, or when a ``max_connections`` in the URL
+  is below the connections it holds at once (:func:`agentstream.runtime.runner.startup_checks`).
 - ``AGENTSTREAM_PARTITIONS``: how many partitions each work stream has (default 1: one stream
   each, today's names); a trace's work always goes to one partition (see :mod:`agentstream.wire.keys`).
   Every process of a deployment must have the same value.
@@ -28,7 +30,9 @@ Variables (all optional):
   do not count) after which an entry goes to the dead-letter stream and its turn ends with a
   reason. Keep it at 2 or more: a job running beside one that kills its worker loses a start too.
 - ``AGENTSTREAM_CONSUMER_DELETE_IDLE_MS``: a consumer idle this long that owns no pending
-  entries (a dead or rescaled pod's name) is deleted from its group; 0 never deletes.
+  entries (a dead or rescaled pod's name) is deleted from its group; 0 never deletes. At least
+  ``AGENTSTREAM_MIN_IDLE_MS``, ``AGENTSTREAM_LEASE_TTL_MS`` and two ``AGENTSTREAM_BLOCK_MS``,
+  or the settings are refused (see :func:`agentstream.ops.startup.contradictions`).
 - ``AGENTSTREAM_WATCHDOG_INTERVAL_MS``: how often the agent loop looks for turns waiting on tool
   jobs that vanished without a result (and ends them, code ``lost_work``); 0 never looks.
 - ``AGENTSTREAM_CONCURRENCY``: entries one consumer handles at the same time.
@@ -98,10 +102,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentstream.errors import ConfigError
+from agentstream.ops.startup import contradictions
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, parse_patterns
 from agentstream.wire.keys import DEFAULT_NAMESPACE, Keys, check_namespace
 
@@ -232,6 +237,20 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         """An empty variable (compose's ``${VAR:-}``) means unset."""
         return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        """Settings that contradict each other are refused, with the reason
+        (:func:`agentstream.ops.startup.contradictions`)."""
+        found = contradictions(
+            min_idle_ms=self.min_idle_ms,
+            lease_ttl_ms=self.lease_ttl_ms,
+            block_ms=self.block_ms,
+            consumer_delete_idle_ms=self.consumer_delete_idle_ms,
+        )
+        if found:
+            raise ValueError("; ".join(found))
+        return self
 
     @cached_property
     def wire_limits(self) -> WireLimits:

@@ -532,6 +532,55 @@ def connect(url: str, *, block_ms: int = 2000, cluster: bool | None = None) -> a
     return keep_doubled_fields(MultiplexedRedis.from_pool(pool))  # the client closes the pool
 
 
+def _address(client: aioredis.Redis) -> str:
+    """Where a client connects, for messages: ``host:port`` (a cluster's first startup node), or
+    the unix socket's path; never a password."""
+    if isinstance(client, RedisCluster):
+        return next(iter(client.nodes_manager.startup_nodes), "?")
+    kwargs = client.connection_pool.connection_kwargs
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', 6379)}"
+
+
+async def cluster_mode_refusal(client: aioredis.Redis) -> str | None:
+    """At start: why this client must not be used (a Redis Cluster node reached as a single
+    Redis, or a single Redis reached as a cluster; one line naming the scheme to write, see
+    :func:`agentstream.ops.startup.cluster_mismatch`), or None when the modes agree or the server
+    does not say (``INFO cluster`` refused, or without ``cluster_enabled``).
+
+    Raises:
+        redis-py's ConnectionError or TimeoutError: Redis cannot be reached (try again later).
+    """
+    from agentstream.ops.startup import cluster_mismatch
+
+    cluster_client = isinstance(client, RedisCluster)
+    try:
+        info = await client.info("cluster")
+    except RedisClusterException as exc:  # the cluster client learns the slot map first
+        if cluster_client and "cluster mode is not enabled" in str(exc).lower():
+            return cluster_mismatch(url_is_cluster=True, server_is_cluster=False, address=_address(client))
+        raise
+    except ResponseError as exc:  # INFO refused (an ACL user without +info): the server does not say
+        log.warning("cannot check whether %s is a Redis Cluster: %s", _address(client), exc)
+        return None
+    if "cluster_enabled" not in info:
+        return None
+    server_cluster = str(info["cluster_enabled"]) == "1"
+    return cluster_mismatch(url_is_cluster=cluster_client, server_is_cluster=server_cluster, address=_address(client))
+
+
+def pool_size(client: aioredis.Redis) -> tuple[int, bool, bool]:
+    """``(max_connections, per node, multiplexed)`` of a client made by :func:`connect`: the cap
+    of its pool (per node on a cluster) and whether its commands that do not block share a
+    connection."""
+    if isinstance(client, RedisCluster):
+        cap = int(client.nodes_manager.connection_kwargs.get("max_connections") or MAX_CONNECTIONS)
+        return cap, True, bool(getattr(client, "_multiplex", False))
+    pool = client.connection_pool
+    return int(pool.max_connections), False, getattr(pool, "shared", None) is not None
+
+
 DATA_DIR_ENV = "AGENTSTREAM_DATA_DIR"
 """The variable that names the embedded Redis's data folder (``agentstream run --data-dir``)."""
 

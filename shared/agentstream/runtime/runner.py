@@ -20,6 +20,7 @@ from agentstream.errors import ConfigError, ServiceFailed
 from agentstream.ops import metrics
 from agentstream.ops.redact import redact_url, url_secrets
 from agentstream.runtime import stream_gauges
+from agentstream.runtime.connection import COMMAND_ERRORS
 
 log = logging.getLogger("agentstream.runtime.runner")
 
@@ -104,6 +105,70 @@ def _masked(text: str, redis) -> str:
     return redact_url(text) if "://" in text and " " not in text else text
 
 
+def runner_connections(runner: object) -> tuple[int, int]:
+    """``(blocking reads it holds at once, entries it handles at once)`` of a runner: its own
+    ``connections`` attribute when it has one, else one blocking read (a stream consumer's
+    XREADGROUP, a listener's XREAD) and its consumer config's concurrency (0 without one)."""
+    declared = getattr(runner, "connections", None)
+    if declared is not None:
+        return declared
+    config = getattr(runner, "config", None)
+    return 1, int(getattr(config, "concurrency", 0) or 0)
+
+
+CHECK_RETRY_MAX_S = 5.0
+"""The longest wait between two tries of the start-up checks while Redis cannot be reached."""
+
+
+async def startup_checks(consumers: Sequence[Runner], stop: asyncio.Event, readiness: Readiness | None = None) -> None:
+    """What must hold before a service takes any work, for each Redis client its runners use:
+
+    - the client's pool holds the connections they need at once
+      (:func:`agentstream.ops.startup.pool_refusal`: blocking readers per stream and partition,
+      the shared connection or one per handler);
+    - the server is in the mode the URL says, a Redis Cluster or a single Redis
+      (:func:`agentstream.runtime.connection.cluster_mode_refusal`).
+
+    While Redis cannot be reached (or refuses the password) the check is tried again (waits
+    doubling up to :data:`CHECK_RETRY_MAX_S`) until it answers or ``stop`` is set, as the
+    consumers would wait; ``readiness`` (what ``/readyz`` says) then gives the reason.
+
+    Raises:
+        ConfigError: a check failed; the message says what to change, in one line.
+    """
+    from agentstream.ops.startup import connections_needed, pool_refusal
+    from agentstream.runtime.connection import cluster_mode_refusal, pool_size
+
+    clients: dict[int, tuple[object, list[Runner]]] = {}
+    for c in consumers:
+        client = getattr(c, "redis", None)
+        if client is not None:
+            clients.setdefault(id(client), (client, []))[1].append(c)
+    for client, runners in clients.values():
+        if hasattr(client, "connection_pool") or hasattr(client, "nodes_manager"):
+            cap, per_node, multiplexed = pool_size(client)  # type: ignore[arg-type]
+            need = connections_needed((runner_connections(r) for r in runners), multiplexed=multiplexed)
+            refusal = pool_refusal(need, cap, per_node=per_node)
+            if refusal:
+                raise ConfigError(refusal)
+        wait_s = 0.25
+        while not stop.is_set():
+            try:
+                refusal = await cluster_mode_refusal(client)  # type: ignore[arg-type]
+            except (*COMMAND_ERRORS, OSError) as exc:
+                reason = f"Redis: {type(exc).__name__}: {_masked(str(exc), client)}"
+                if readiness is not None:
+                    readiness.state = (False, reason)
+                log.warning("cannot check Redis before starting (%s); trying again in %.1f s", reason, wait_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), wait_s)
+                wait_s = min(wait_s * 2, CHECK_RETRY_MAX_S)
+                continue
+            if refusal:
+                raise ConfigError(refusal)
+            break
+
+
 async def run_consumers(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
     consumers: Sequence[Runner],
     *,
@@ -161,14 +226,15 @@ async def run_consumers(  # noqa: C901 (an outlier from before the complexity li
                 f"cannot serve /metrics, /healthz and /readyz on port {metrics_port} (AGENTSTREAM_METRICS_PORT): "
                 f"{exc.strerror or exc}"
             ) from None
-    tasks = [asyncio.create_task(c.run(stop), name=f"consume:{c.stream}") for c in consumers]
-    readiness.tasks = tasks
-    prober = asyncio.create_task(readiness.run(), name="readiness") if metrics_port else None
-    observer = None
-    if streams is not None:
-        observer = asyncio.create_task(streams.run(interval_s=metrics_interval_s, stop=stop))
+    prober = observer = None
     failures: list[tuple[str, BaseException | None]] = []
     try:
+        await startup_checks(consumers, stop, readiness)  # before any work is taken; /readyz says why meanwhile
+        tasks = [asyncio.create_task(c.run(stop), name=f"consume:{c.stream}") for c in consumers]
+        readiness.tasks = tasks
+        prober = asyncio.create_task(readiness.run(), name="readiness") if metrics_port else None
+        if streams is not None:
+            observer = asyncio.create_task(streams.run(interval_s=metrics_interval_s, stop=stop))
         waiter = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
