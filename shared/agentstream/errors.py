@@ -18,7 +18,8 @@ package, each under its real base)::
     │   │                        (agentstream.mcp_tools.schemas)
     │   └── UninlinableSchema    a tool's argument schema cannot be inlined
     │       │                    (agentstream.app.tool_schemas)
-    │       └── RecursiveSchemaError  the schema refers to itself
+    │       ├── RecursiveSchemaError  the schema refers to itself
+    │       └── SchemaTooLarge   it has, or inlines to, too many values or levels
     ├── TraceError               the stored record cannot be used as it is
     │   ├── SchemaVersionError   an entry was written by a newer agentstream than this one
     │   ├── EventDecodeError     an entry is not a valid event (names the trace and entry id)

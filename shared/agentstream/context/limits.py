@@ -373,6 +373,8 @@ def learn_from_miss(
     counted = max(counted, estimate + 1)
     if counted + output_tokens <= window:  # the server refused what fits the stated window: it is smaller
         window = max(1, counted + output_tokens - 1)
+        # a window of 1 token cannot shrink further: the prompt then counts as over it
+        counted = max(counted, window - output_tokens + 1)
     per_token = limits.characters_per_token
     if sent_chars > 0:
         per_token = min(per_token, sent_chars / counted)
