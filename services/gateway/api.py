@@ -46,6 +46,7 @@ from agentstream.steps.timeline import conversation_state, reply_from_fold, repl
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
+from agentstream.wire.keys import trace_id_problem
 from agentstream_services.gateway import schemas
 from agentstream_services.gateway.perimeter import Perimeter
 from agentstream_services.gateway.settings import GatewaySettings
@@ -77,6 +78,9 @@ def _event_json(event: Event) -> dict[str, Any]:
 def _trace_id(trace_id: str) -> str:
     if not trace_id.strip() or len(trace_id) > TRACE_ID_MAX:
         raise HTTPException(422, f"a trace id must be 1 to {TRACE_ID_MAX} characters, not only whitespace")
+    problem = trace_id_problem(trace_id)
+    if problem is not None:  # the wire refuses it too: no such trace can exist
+        raise HTTPException(422, f"trace id {trace_id!r} cannot name a trace: {problem}")
     return trace_id
 
 

@@ -18,7 +18,7 @@ from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.compaction.compactor import Compactor
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support import apps
-from tests.support.inprocess import InProcess, errors_of, publish, wait_reply
+from tests.support.inprocess import InProcess, errors_of, publish, replies, wait_for, wait_reply
 from tests.support.scripted_model import ScriptedModelServer
 
 pytestmark = pytest.mark.integration
@@ -58,7 +58,7 @@ async def test_work_entries_without_their_field_are_reported_by_name(store, redi
     await loop.on_turn("5-0", {b"text": b"hello", b"agent": b"calc"})
     errors = await errors_of(redis, keys)
     assert len(errors) == 5, errors
-    for error, field in zip(errors, ["wake", "cancel", "job", "compaction"], strict=True):
+    for error, field in zip(errors[:4], ["wake", "cancel", "job", "compaction"], strict=True):
         assert f"entry has no field '{field}'" in error["error"] and "truncated" not in error["error"], error
     assert json.loads(errors[0]["payload"]) == {"trace": "c1"}
     turn_error = errors[4]
@@ -126,3 +126,69 @@ async def test_the_reply_of_a_cut_off_answer_carries_its_stop_reason(redis_url, 
         finally:
             await services.stop_all()
     assert reply.status == "ended" and reply.answer == "The answer is" and reply.stop_reason == "length", reply
+
+
+HASH_TAG_BREAKERS = ["}x", "x}", "{x", "a}b{c", "{}", "x}:trace:{y"]
+DOT_SEGMENTS = [".", "..", "a/..", "../b", "a/./b", "a/../../traces/victim"]
+KEY_NAME_CHARACTERS = ["a:b", "a*b?[c]", "a b", "ü-ß", "a/b.c", "..x", "x..", "%2E%2E", "a\\b", "#1"]
+
+
+async def test_ids_that_would_break_a_key_name_are_refused_bad_turn_and_others_answered(
+    redis_url, namespace, redis, keys, store, scripted_model
+):
+    """Issue 33, items 4 and 9 (single Redis and, with AGENTSTREAM_TEST_REDIS=cluster, a cluster):
+    a trace id that closes the hash tag early split a trace's keys across slots, so the turn was
+    dead-lettered with CROSSSLOT and nobody heard of it. Each is refused on the errors stream,
+    naming the field, and nothing is written under a key it would name; every other character
+    of key names is a trace like any other."""
+    services = InProcess(
+        apps.app,
+        redis_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+    )
+    refused = HASH_TAG_BREAKERS + DOT_SEGMENTS
+    try:
+        await services.start("p1", "agent-loop", "tool-worker")
+        for i, trace_id in enumerate(refused):
+            await publish(redis, keys, trace_id=trace_id, turn_id=f"bad-{i}", agent="calc", text="What is 6 * 7?")
+        for i, trace_id in enumerate(KEY_NAME_CHARACTERS):
+            await publish(redis, keys, trace_id=trace_id, turn_id=f"good-{i}", agent="calc", text="What is 6 * 7?")
+        for i, trace_id in enumerate(KEY_NAME_CHARACTERS):
+            reply = await wait_reply(redis, keys, f"good-{i}")
+            assert reply.status == "ended" and reply.trace_id == trace_id and "42" in reply.answer, reply
+        errors = await wait_for(
+            lambda: _errors_when(redis, keys, len(refused)), what=f"{len(refused)} refusals on the errors stream"
+        )
+    finally:
+        await services.stop_all()
+    for trace_id in refused:
+        (error,) = [e for e in errors if f"`$.trace_id` is {trace_id!r}" in e["error"]]
+        assert "hash tag" in error["error"] or "'..' part" in error["error"], error
+        assert not await redis.exists(keys.trace(trace_id)), trace_id
+    assert not any(r.turn_id.startswith("bad-") for r in (await replies(redis, keys)).values())
+    for stream in keys.partitions_of(keys.turns):  # nothing left behind: no dead letter, nothing pending
+        assert not await redis.exists(keys.dead(stream)), stream
+
+
+async def _errors_when(redis, keys, count: int):
+    errors = await errors_of(redis, keys)
+    return errors if len(errors) >= count else None
+
+
+def test_a_cancel_naming_such_a_trace_is_not_read():
+    import msgspec
+
+    for trace_id in HASH_TAG_BREAKERS + DOT_SEGMENTS:
+        with pytest.raises(msgspec.DecodeError, match="trace_id"):
+            codec.decode_cancel(json.dumps({"trace_id": trace_id}).encode())
+    assert codec.decode_cancel(b'{"trace_id": "a:b/c.d"}').trace_id == "a:b/c.d"
+
+
+def test_a_child_trace_of_a_dot_call_id_has_no_dot_segment():
+    from agentstream.delegation import child_trace_id
+    from agentstream.wire.keys import trace_id_problem
+
+    for call_id in (".", "..", "}", "a/../b"):
+        assert trace_id_problem(child_trace_id("conv", call_id)) is None, call_id

@@ -21,8 +21,9 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-const key = () => localStorage.getItem(KEY_STORE);
-const enc = (id) => id.split("/").map(encodeURIComponent).join("/");
+const key = () => sessionStorage.getItem(KEY_STORE);
+// an id is one path segment, "/" included (%2F): no "." or ".." segment for the browser to normalise
+const enc = (id) => encodeURIComponent(id);
 const when = (ms) => (ms ? new Date(ms).toLocaleTimeString() : "");
 
 async function api(path, options = {}) {
@@ -79,7 +80,7 @@ function askKey(message = "") {
   form.querySelector(".error").textContent = message;
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    localStorage.setItem(KEY_STORE, form.key.value.trim());
+    sessionStorage.setItem(KEY_STORE, form.key.value.trim());
     try { await whoami(); route(); } catch (error) { if (error.message !== "401") form.querySelector(".error").textContent = error.message; }
   });
   document.getElementById("main").replaceChildren(form);
@@ -294,6 +295,6 @@ function route() {
   else current = conversationsView(main);
 }
 
-document.getElementById("forget").addEventListener("click", () => { localStorage.removeItem(KEY_STORE); askKey(); });
+document.getElementById("forget").addEventListener("click", () => { sessionStorage.removeItem(KEY_STORE); askKey(); });
 window.addEventListener("hashchange", route);
 if (key()) whoami().then(route, () => {}); else askKey();

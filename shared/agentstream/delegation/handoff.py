@@ -145,9 +145,13 @@ def child_trace_id(parent_trace_id: str, call_id: str) -> str:
     Deterministic, so a hand-off that runs twice opens the same child once. In the call id,
     braces become parentheses (a hash tag of its own would move the child to another slot) and
     ``/`` becomes ``%2F``, so the part after the last ``/`` is always the call and the rest the
-    parent (what :func:`child_trace_refusal` relies on).
+    parent (what :func:`child_trace_refusal` relies on); a call id ``.`` or ``..`` becomes ``%2E``
+    or ``%2E%2E`` (a dot segment: see :func:`agentstream.wire.keys.trace_id_problem`).
     """
-    return f"{parent_trace_id}/{call_id.replace('{', '(').replace('}', ')').replace('/', '%2F')}"
+    part = call_id.replace("{", "(").replace("}", ")").replace("/", "%2F")
+    if part in (".", ".."):
+        part = part.replace(".", "%2E")
+    return f"{parent_trace_id}/{part}"
 
 
 def parent_ids(trace_id: str) -> list[str]:

@@ -41,7 +41,7 @@ from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.events import TurnMessage
 from agentstream.wire.failures import FailureCode
 from agentstream.wire.jsontext import control_character, duplicate_key
-from agentstream.wire.keys import Keys
+from agentstream.wire.keys import Keys, trace_id_problem
 
 BAD_TURN = FailureCode.BAD_TURN
 """The code of every refused turn (its reply's ``code``)."""
@@ -181,7 +181,8 @@ class Routing:
     """Where a refused turn's failure goes: ids, reply stream and metadata that passed the checks.
 
     ``trace_id``/``turn_id`` are None when missing, not strings, empty or longer than
-    ``max_id_bytes``; ``reply_to`` is None when missing or refused (the failure reply then goes
+    ``max_id_bytes`` (``trace_id`` also when :func:`~agentstream.wire.keys.trace_id_problem`
+    refuses it); ``reply_to`` is None when missing or refused (the failure reply then goes
     to the default replies stream), ``reply_to_refusal`` says why it was refused; ``metadata``
     is empty when missing, malformed or over ``max_metadata_bytes``.
     """
@@ -231,8 +232,9 @@ def routing_of(payload: bytes | str, keys: Keys, limits: WireLimits = DEFAULT_LI
             decoded = {}
         if metadata_bytes(decoded) <= limits.max_metadata_bytes:
             metadata = decoded
+    trace_id = small_str(raw.trace_id)
     return Routing(
-        trace_id=small_str(raw.trace_id),
+        trace_id=trace_id if trace_id is not None and trace_id_problem(trace_id) is None else None,
         turn_id=small_str(raw.turn_id),
         reply_to=reply_to,
         reply_to_refusal=refusal,
@@ -303,8 +305,9 @@ def validate_turn(
 
     The checks, in order (a payload over a limit is refused before it is decoded): the size of
     the whole turn, its nesting depth, the schema (fields, types, non-empty ids and text), the
-    length of the ids, the size of the metadata, the reply stream, and (when ``agents`` is
-    given) that the agent exists.
+    length of the ids, the trace id's characters (:func:`~agentstream.wire.keys.trace_id_problem`:
+    its refusal names no trace, so it goes to the errors stream), the size of the metadata, the
+    reply stream, and (when ``agents`` is given) that the agent exists.
 
     Args:
         payload: the JSON text (the ``turn`` field of a turns-stream entry, or a request body).
@@ -351,6 +354,13 @@ def validate_turn(
             raise rejected(
                 _over(f"turn message field `$.{name}`", length, "max_id_bytes", limits.max_id_bytes), "max_id_bytes"
             )
+    problem = trace_id_problem(turn.trace_id)
+    if problem is not None:  # no failure is written under keys this id would name: the errors stream has it
+        raise TurnRejected(
+            f"turn message field `$.trace_id` is {turn.trace_id!r}: {problem}",
+            trace_id=None,
+            turn_id=turn.turn_id,
+        )
     meta_size = metadata_bytes(turn.metadata)
     if meta_size > limits.max_metadata_bytes:
         raise rejected(

@@ -44,6 +44,7 @@ from agentstream.wire.events import (
 )
 from agentstream.wire.failures import with_failure_codes
 from agentstream.wire.jsontext import control_character, duplicate_key, unicode_problem
+from agentstream.wire.keys import trace_id_problem
 from agentstream.wire.registry import NO_APP_TYPES, AppTypes, element_union, event_union, tag_of
 
 _event_encoder = msgspec.json.Encoder()
@@ -425,7 +426,8 @@ def decode_cancel(payload: bytes) -> CancelMessage:
 
     Raises:
         msgspec.DecodeError: not JSON (not Unicode: the reason says where), not a cancel, a key
-            named twice, or a ``trace_id``/``turn_id`` with a control character.
+            named twice, a ``trace_id``/``turn_id`` with a control character, or a ``trace_id``
+            that may not name a trace (:func:`agentstream.wire.keys.trace_id_problem`).
     """
     message = _guarded(_cancel_decoder, payload)
     doubled = duplicate_key(payload)
@@ -435,6 +437,9 @@ def decode_cancel(payload: bytes) -> CancelMessage:
         found = control_character(getattr(message, name))
         if found is not None:
             raise msgspec.DecodeError(f"cancel message field `$.{name}` holds {found}; {ID_RULE}")
+    problem = trace_id_problem(message.trace_id)
+    if problem is not None:
+        raise msgspec.DecodeError(f"cancel message field `$.trace_id` is {message.trace_id!r}: {problem}")
     return message
 
 

@@ -149,6 +149,30 @@ def name_problem(name: str, *, ends_a_stream: bool) -> str | None:
     return None
 
 
+DOT_SEGMENTS = (".", "..")
+"""Path segments a browser or a proxy normalises away: refused as parts of a trace id."""
+
+
+def trace_id_problem(trace_id: str) -> str | None:
+    """Why ``trace_id`` may not name a trace (its keys share the hash tag ``{<trace id>}``), or
+    None when it may.
+
+    Refused: ``{`` or ``}`` (a ``}`` closes the hash tag early, so ``x}a`` and ``x}b`` would share a
+    slot with ``x`` and a trace's keys could land in different slots of a Redis Cluster: its
+    scripts then fail with CROSSSLOT), and a ``/``-separated part that is ``.`` or ``..`` (an HTTP
+    client normalises ``/v1/traces/a/../b`` to another conversation's address). Pure.
+    """
+    braces = [c for c in HASH_TAG_CHARACTERS if c in trace_id]
+    if braces:
+        return (
+            f"it contains {' and '.join(repr(c) for c in braces)}, which would close or open the Redis Cluster "
+            "hash tag of the trace's keys ({<trace id>}): they could land in different slots"
+        )
+    if any(part in DOT_SEGMENTS for part in trace_id.split("/")):
+        return "it has a '.' or '..' part between '/'s, which HTTP clients and proxies normalise to another address"
+    return None
+
+
 def check_queue_name(queue: str) -> str:
     """``queue`` itself, when it may name a tool queue (stream ``<ns>:tools:<queue>``; see
     :func:`name_problem`), whatever the number of partitions (so raising it later is safe).

@@ -141,3 +141,17 @@ def test_the_perimeters_decisions():
     ):
         with pytest.raises(ValueError):
             declared_length(bad)
+
+
+async def test_ids_with_dot_segments_or_braces_are_refused_on_every_trace_route(store, keys):
+    # issue 33, items 4 and 9: the browser normalised /v1/traces/a/../../traces/<victim>
+    async with _client(store, keys) as client:
+        for trace_id in ("a%2F..%2F..%2Ftraces%2Fvictim", "x%2F%2E%2E", "a%2F.", "%7Dx", "x%7B"):
+            for method, path in _routes(trace_id)[1:4] + [("GET", f"/v1/traces/{trace_id}/stream")]:
+                response = await client.request(method, path, headers=auth(CALC_KEY))
+                assert response.status_code == 422, (method, path, response.text)
+                assert "cannot name a trace" in response.json()["detail"]
+        for trace_id in ("a/../b", "}x", "."):
+            body = {"trace_id": trace_id, "turn_id": "t1", "agent": "calc", "text": "2+2"}
+            refused = await client.post("/v1/turns", json=body, headers=auth(CALC_KEY))
+            assert refused.status_code == 422 and "$.trace_id" in refused.json()["detail"], refused.text

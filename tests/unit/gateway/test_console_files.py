@@ -28,3 +28,12 @@ def test_the_page_references_only_its_own_files():
         text = (CONSOLE / name).read_text()
         assert not re.search(r"https?://", text), f"{name} names an outside address"
         assert "@import" not in text and "innerHTML" not in text
+
+
+def test_the_key_lives_in_the_tab_and_ids_are_one_encoded_path_segment():
+    # issue 33: a key in localStorage outlives the tab; an id such as `a/../../traces/<victim>` was
+    # sent as segments the browser normalised, so the console showed and cancelled another conversation
+    app = (CONSOLE / "app.js").read_text()
+    assert "localStorage" not in app and "sessionStorage.getItem(KEY_STORE)" in app
+    assert "const enc = (id) => encodeURIComponent(id);" in app
+    assert not re.search(r"/v1/traces/\$\{(?!enc\()", app), "a trace id in an API path that is not encoded"
