@@ -119,3 +119,73 @@ async def test_a_reply_the_agent_loops_acl_may_not_write_goes_to_the_default_str
         await loop_client.aclose()
         await admin.execute_command("ACL", "DELUSER", user)
         await admin.aclose()
+
+
+async def test_two_backends_under_the_readme_acl(redis7_url, namespace, scripted_model):
+    """Issue 33, item 2: two backends, each with the README's exact rule for its own replies
+    stream. Every direct access to the other's replies stream or conversation is refused; what
+    the README says the ACL does not separate (the shared turns and cancel streams) is shown too,
+    so the README's sentence stays true."""
+    keys = Keys(namespace)
+    admin = aioredis.Redis.from_url(redis7_url)
+    host_port = redis7_url.split("://", 1)[1]
+    clients, users = {}, []
+    for name in ("backend-7", "backend-8"):
+        rules = [r.replace("backend-7", name) for r in readme_acl(namespace)]
+        user, password = f"{name}-{namespace}", next(r[1:] for r in rules if r.startswith(">"))
+        await admin.execute_command("ACL", "SETUSER", user, *rules[1:])
+        users.append(user)
+        clients[name] = aioredis.Redis.from_url(f"redis://{user}:{password}@{host_port}")
+    a, b = clients["backend-7"], clients["backend-8"]
+    mine, theirs = f"{keys.replies}:backend-7", f"{keys.replies}:backend-8"
+    services = InProcess(
+        apps.app,
+        redis7_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}'},
+    )
+    try:
+        await services.start("p1", "agent-loop", "tool-worker")
+        turn = {"trace_id": "b-private", "turn_id": "t1", "agent": "calc", "text": "What is 6 * 7?", "reply_to": theirs}
+        await b.xadd(keys.turns, {TURN_FIELD: json.dumps(turn)})
+
+        async def b_reply():
+            got = await b.xread({theirs: "0"}, count=10, block=100)
+            return got[0][1] if got else None
+
+        await wait_for(b_reply, what="backend-8's reply")
+        for attempt in [
+            a.xrange(theirs),  # read the other's replies
+            a.xread({theirs: "0"}),
+            a.xadd(theirs, {REPLY_FIELD: b"{}"}),  # forge a reply into the other's stream
+            a.xadd(mine, {REPLY_FIELD: b"{}"}),  # or into its own
+            a.xrange(keys.trace("b-private")),  # read the other's conversation
+            a.hgetall(keys.trace_keys("b-private")),
+            a.xrange(keys.turns),  # read the other's turns
+            a.xrange(keys.cancel),  # read the other's cancels
+            b.xrange(mine),  # and the other way round
+            b.xadd(mine, {REPLY_FIELD: b"{}"}),
+        ]:
+            with pytest.raises((NoPermissionError, ResponseError)) as caught:
+                await attempt
+            assert "NOPERM" in str(caught.value) or "permission" in str(caught.value).lower(), caught.value
+        # what the README says the ACL does not separate: the shared turns stream (a turn into the
+        # other's conversation, answered on its own replies stream), the shared cancel stream
+        intruding = {**turn, "turn_id": "t2", "reply_to": mine}
+        await a.xadd(keys.turns, {TURN_FIELD: json.dumps(intruding)})
+
+        async def a_reply():
+            got = await a.xread({mine: "0"}, count=10, block=100)
+            return got[0][1] if got else None
+
+        ((_, fields),) = await wait_for(a_reply, what="backend-7's reply in backend-8's conversation")
+        assert codec.decode_reply(fields[REPLY_FIELD]).trace_id == "b-private"
+        assert await a.xadd(keys.cancel, {CANCEL_FIELD: json.dumps({"trace_id": "b-private", "by": "backend-8"})})
+    finally:
+        await services.stop_all()
+        for client in clients.values():
+            await client.aclose()
+        for user in users:
+            await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
