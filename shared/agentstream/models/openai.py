@@ -15,6 +15,7 @@ from typing import Any
 from httpx_sse import ServerSentEvent
 
 from agentstream.context.request import ChatRequest
+from agentstream.errors import InvalidModelOutput
 from agentstream.models import openai_format, text_calls
 from agentstream.models.base import HttpChatModel
 from agentstream.models.http import stream_error
@@ -61,7 +62,10 @@ class OpenAIChatModel(HttpChatModel):
             raise stream_error(chunk["error"], url=self.url, model=self.endpoint.model, secrets=self._secrets())
         if not isinstance(chunk, dict):
             return [], False
-        return assembler.feed(chunk), False
+        try:
+            return assembler.feed(chunk), False
+        except ValueError as exc:  # a piece that is no reply of this API (a call of another type)
+            raise InvalidModelOutput(f"{self.shown_url}: {exc}") from None
 
     def _stream_output(
         self, assembler: openai_format.StreamAssembler, request: ChatRequest, **fields: Any

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import msgspec.structs
 
 from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
 from agentstream.models.endpoints import DEFAULT_QUIRKS, Quirks
@@ -101,7 +102,7 @@ def message_dicts(
                     ]
                 out.append(entry)
             case ToolResultMessage(call_id=call_id, text=text):
-                out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+                out.append({"role": "tool", "tool_call_id": call_id, "content": text or EMPTY_TOOL_RESULT})
                 following = request.messages[position + 1] if position + 1 < len(request.messages) else None
                 if not isinstance(following, ToolResultMessage):
                     images = _run_images(request.messages, position)
@@ -112,6 +113,10 @@ def message_dicts(
                         out.append({"role": "user", "content": _user_content(TOOL_IMAGES_NOTE, images)})
     return out
 
+
+EMPTY_TOOL_RESULT = "(the tool returned no output)"
+"""The content of a tool message whose result is empty: several OpenAI-compatible servers refuse an
+empty tool message (the Anthropic format leaves ``content`` out instead, as its API documents)."""
 
 TOOL_IMAGES_NOTE = "The images that the tool results above returned:"
 """The text of the user message that carries tool results' images (a tool message carries text only)."""
@@ -130,7 +135,11 @@ def _restated_results(messages: Sequence[Message], last: int, quirks: Quirks) ->
     first = last
     while first > 0 and isinstance(messages[first - 1], ToolResultMessage):
         first -= 1
-    lines = [f"Result of {m.name}: {m.text}" for m in messages[first : last + 1] if isinstance(m, ToolResultMessage)]
+    lines = [
+        f"Result of {m.name}: {m.text or EMPTY_TOOL_RESULT}"
+        for m in messages[first : last + 1]
+        if isinstance(m, ToolResultMessage)
+    ]
     return "\n".join([*lines, quirks.tool_results_note])
 
 
@@ -299,6 +308,36 @@ def build_output(
     )
 
 
+def _refuse_other_call_types(raw: Any) -> None:
+    """Refuse a tool call of a type other than ``function`` (a ``custom`` tool call, say).
+
+    agentstream offers function tools only, so such a call answers a tool it never offered and
+    has no name or JSON arguments to run; it is refused with the reason (the peer frameworks
+    refuse it too), not run under an empty name.
+
+    Raises:
+        ValueError: ``raw`` is a call of another type.
+    """
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind not in (None, "function"):
+        name = (raw.get(str(kind)) or {}).get("name") if isinstance(raw.get(str(kind)), dict) else None
+        raise ValueError(
+            f"the reply holds a tool call of type {kind!r}"
+            + (f" (tool {name!r})" if name else "")
+            + ", but only function tools were offered; a call of another type cannot be run"
+        )
+
+
+def _audio_transcript(message: dict[str, Any]) -> str | None:
+    audio = message.get("audio")
+    transcript = audio.get("transcript") if isinstance(audio, dict) else None
+    return transcript if isinstance(transcript, str) else None
+
+
+AUDIO_NOTE = "the reply came as audio; its text is the audio's transcript"
+"""The ``stop_detail`` of an output whose text is the transcript of an audio reply."""
+
+
 def parse_response(
     payload: dict[str, Any],
     *,
@@ -327,12 +366,14 @@ def parse_response(
     message = choice["message"]
     calls = []
     for raw in message.get("tool_calls") or []:
+        _refuse_other_call_types(raw)
         function = raw.get("function") or {}
         calls.append((raw.get("id"), str(function.get("name") or ""), _arguments_text(function.get("arguments"))))
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     content = message.get("content")
-    return build_output(
-        content=content if isinstance(content, str) else "",
+    transcript = _audio_transcript(message) if not (isinstance(content, str) and content) else None
+    output = build_output(
+        content=content if isinstance(content, str) and content else (transcript or ""),
         reasoning=reasoning if isinstance(reasoning, str) else None,
         calls=calls,
         finish=choice.get("finish_reason"),
@@ -347,6 +388,9 @@ def parse_response(
         endpoint=endpoint,
         attempt_id=attempt_id,
     )
+    if transcript is not None and output.stop_detail is None:
+        output = msgspec.structs.replace(output, stop_detail=AUDIO_NOTE)
+    return output
 
 
 class _StreamedCall:
@@ -399,6 +443,7 @@ class StreamAssembler:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._refusal: list[str] = []
+        self._transcript: list[str] = []
         self._calls: list[_StreamedCall] = []
         self.finish_reason: str | None = None
         self.saw_finish = False
@@ -451,6 +496,7 @@ class StreamAssembler:
 
     def _call_piece(self, raw: dict[str, Any]) -> Delta | None:
         """One streamed tool-call piece → the delta that publishes what it adds (None: nothing)."""
+        _refuse_other_call_types(raw)
         index, call = self._call_for(raw)
         new_id = ""
         if raw.get("id") and call.call_id is None:
@@ -485,6 +531,10 @@ class StreamAssembler:
             if isinstance(text, str) and text:
                 self._content.append(text)
                 out.append(Delta(kind="text", text=text))
+            transcript = _audio_transcript(delta)
+            if transcript:  # an audio reply: its transcript is the text (AUDIO_NOTE)
+                self._transcript.append(transcript)
+                out.append(Delta(kind="text", text=transcript))
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
                 self._reasoning.append(reasoning)
@@ -523,8 +573,9 @@ class StreamAssembler:
         ``interrupted``, whatever it holds: it is never taken as a complete answer (C14).
         """
         calls = [(c.call_id, c.name, "".join(c.arguments)) for c in self._calls]
+        transcript = "".join(self._transcript) if not self._content else ""
         output = build_output(
-            content="".join(self._content),
+            content="".join(self._content) or transcript,
             reasoning="".join(self._reasoning) or None,
             calls=calls,
             finish=self.finish_reason,
@@ -539,6 +590,8 @@ class StreamAssembler:
             endpoint=endpoint,
             attempt_id=attempt_id,
         )
+        if transcript and output.stop_detail is None:
+            output = msgspec.structs.replace(output, stop_detail=AUDIO_NOTE)
         if not self.saw_finish:
             detail = (
                 "the stream ended with [DONE] but no finish reason "

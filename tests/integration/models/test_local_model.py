@@ -16,7 +16,8 @@ from agentstream.context.request import AssistantMessage, ChatRequest, ToolDefin
 from agentstream.errors import ConfigError, ModelUnanswered
 from agentstream.models import build_model, formats
 from agentstream.models.endpoints import ModelEndpoint, Quirks
-from agentstream.runtime.deltas import ListSink, PartialReplies
+from agentstream.runtime.deltas import PartialReplies
+from agentstream.wire.deltas import ListSink
 from agentstream.wire.events import ToolCall
 from tests.support.procs import ROOT
 

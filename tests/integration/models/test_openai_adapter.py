@@ -19,7 +19,8 @@ from agentstream.context.request import ChatRequest, ToolDefinition, UserMessage
 from agentstream.errors import ModelConfigError, ModelInputRejected, ModelUnanswered
 from agentstream.models import build_model
 from agentstream.models.endpoints import ModelEndpoint
-from agentstream.runtime.deltas import Dropped, ListSink, PartialReplies
+from agentstream.runtime.deltas import Dropped, PartialReplies
+from agentstream.wire.deltas import ListSink
 from tests.support.fault_server import FaultServer, Reply, chat, chunk, text_stream
 
 REQUEST = ChatRequest(system="S", messages=(UserMessage(text="Say hello"),), max_output_tokens=64)
@@ -257,3 +258,42 @@ async def test_streamed_parallel_tool_calls_and_a_server_that_does_not_stream():
         whole = await model.complete(REQUEST, turn_id="t", step=1, deltas=sink)
         await model.aclose()
     assert whole.content == "plain" and [d.kind for d in sink.deltas] == ["start", "text", "end"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_custom_tool_call_is_an_invalid_output_not_a_call_with_no_name(stream):
+    from agentstream.errors import InvalidModelOutput
+
+    custom = {"id": "call_c", "type": "custom", "custom": {"name": "shell", "input": "ls"}}
+    reply = (
+        Reply(events=[chunk({"role": "assistant", "tool_calls": [{"index": 0, **custom}]}), chunk(finish="tool_calls")])
+        if stream
+        else chat(None, tool_calls=[custom], finish="tool_calls")
+    )
+    with FaultServer([reply]) as server:
+        model, _ = model_for(server, stream=stream, retries=0)
+        request = ChatRequest(system="S", messages=(UserMessage(text="list"),), tools=(SEARCH,))
+        with pytest.raises(InvalidModelOutput, match="type 'custom'"):
+            await model.complete(request, turn_id="t", step=0)
+        await model.aclose()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_window_miss_from_the_server_is_the_typed_error_with_its_figures(stream):
+    from agentstream.errors import ContextWindowExceeded
+
+    body = {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+            "9013 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    }
+    with FaultServer([Reply(status=400, body=body)]) as server:
+        model, _ = model_for(server, stream=stream)
+        with pytest.raises(ContextWindowExceeded) as caught:
+            await model.complete(REQUEST, turn_id="t", step=0)
+        await model.aclose()
+    assert (caught.value.prompt_tokens, caught.value.window_tokens) == (9013, 8192)
+    assert len(server.requests) == 1  # not retried as is

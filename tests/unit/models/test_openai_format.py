@@ -375,3 +375,61 @@ def test_parallel_calls_assemble_whatever_the_index_numbering_and_the_piece_size
             pieces.append(piece)
     _, _, out = assemble(_chunks(*pieces))
     assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == calls
+
+
+# --- the peer's cases (openai-agents-python's converter and stream tests), decided -------------
+
+
+def test_an_empty_tool_result_is_sent_as_a_placeholder_not_an_empty_tool_message():
+    request = ChatRequest(
+        system="",
+        messages=(
+            UserMessage(text="run it"),
+            AssistantMessage(tool_calls=(ToolCall(id="c1", name="get_weather", arguments="{}"),)),
+            ToolResultMessage(call_id="c1", name="get_weather", text=""),
+        ),
+        tools=(TOOL,),
+    )
+    sent = openai_format.message_dicts(request, model="m")
+    assert sent[-1] == {"role": "tool", "tool_call_id": "c1", "content": openai_format.EMPTY_TOOL_RESULT}
+    restated = openai_format.message_dicts(request, model="m", quirks=Quirks(tool_results_as_user=True))
+    assert restated[-1]["content"].startswith(f"Result of get_weather: {openai_format.EMPTY_TOOL_RESULT}")
+
+
+def test_an_audio_only_reply_is_its_transcript_and_says_so():
+    message = {
+        "role": "assistant",
+        "content": None,
+        "audio": {"id": "audio_1", "data": "UklGRg==", "expires_at": 1733500000, "transcript": "It is sunny."},
+    }
+    out = openai_format.parse_response(
+        {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]},
+        turn_id="t",
+        step=0,
+        request_sha256="h",
+        latency_ms=1.0,
+        model="m",
+    )
+    assert out.content == "It is sunny." and out.stop_reason == "stop"
+    assert out.stop_detail == openai_format.AUDIO_NOTE
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "audio": {"id": "audio_1", "transcript": "It is "}}}]},
+        {"choices": [{"index": 0, "delta": {"audio": {"data": "UklGRg==", "transcript": "sunny."}}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    _, pieces, streamed = assemble(chunks)
+    assert streamed.content == "It is sunny." and streamed.stop_detail == openai_format.AUDIO_NOTE
+    assert [p.text for p in pieces] == ["It is ", "sunny."]
+
+
+def test_a_custom_tool_call_is_refused_with_the_reason_not_run_under_an_empty_name():
+    custom = {"id": "call_c", "type": "custom", "custom": {"name": "shell", "input": "ls -la"}}
+    payload = {
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "tool_calls": [custom]}, "finish_reason": "tool_calls"}
+        ]
+    }
+    with pytest.raises(ValueError, match="type 'custom' \\(tool 'shell'\\).*only function tools"):
+        openai_format.parse_response(payload, turn_id="t", step=0, request_sha256="h", latency_ms=1.0, model="m")
+    with pytest.raises(ValueError, match="type 'custom'"):
+        assemble([{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **custom}]}}]}])
