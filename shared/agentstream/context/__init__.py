@@ -93,7 +93,7 @@ from agentstream.context.request import (
     ToolResultMessage,
     UserMessage,
 )
-from agentstream.context.trimming import SystemMessage, trim_messages, trim_request
+from agentstream.context.trimming import SystemMessage, atrim_messages, trim_messages, trim_request
 
 __all__ = [
     "ALWAYS",
@@ -166,6 +166,7 @@ __all__ = [
     "sources",
     "summary_request",
     "tool_definitions",
+    "atrim_messages",
     "trim_messages",
     "trim_request",
     "trimmed_request",

@@ -10,8 +10,9 @@ comes back unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Literal
+import inspect
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import Any, Literal
 
 import msgspec
 
@@ -49,16 +50,25 @@ def kind_of(message: AnyMessage) -> str:
     return _KINDS[type(message)]
 
 
-def _kinds(spec: KindSpec | None) -> frozenset[str] | None:
+def _kinds(spec: KindSpec | None, where: str = "kind") -> frozenset[str] | None:
+    """The kinds a ``start_on``/``end_on`` names, or None.
+
+    Raises:
+        ValueError: an item that is no known kind or message class (it would match no message,
+            so the trim would keep nothing without a word).
+    """
     if spec is None:
         return None
     items = [spec] if isinstance(spec, (str, type)) else list(spec)
     out = set()
     for item in items:
-        if isinstance(item, type):
-            out.add(_KINDS[item])
-        else:
-            out.add(_ALIASES.get(item, item))
+        kind = (
+            _KINDS.get(item) if isinstance(item, type) else _ALIASES.get(item, item) if isinstance(item, str) else None
+        )
+        if kind not in _KINDS.values():
+            known = ", ".join([*_KINDS.values(), *_ALIASES, *(c.__name__ for c in _KINDS)])
+            raise ValueError(f"trimming: {where} names {item!r}, which is no message kind (known: {known})")
+        out.add(kind)
     return frozenset(out)
 
 
@@ -105,39 +115,88 @@ def units(messages: Sequence[AnyMessage]) -> list[list[AnyMessage]]:
     return out
 
 
-def _partial(
-    message: AnyMessage, fits: Callable[[AnyMessage], bool], splitter: Callable[[str], list[str]], keep_end: bool
-) -> AnyMessage | None:
+Count = Generator[tuple[str, Any], Any, Any]
+"""The trimming algorithm's requests: ``("count", messages)`` → tokens, ``("split", text)`` → parts."""
+
+
+def _partial(message: AnyMessage, fits: Callable[[AnyMessage], Count], keep_end: bool) -> Count:
     """The message with as many of its text's parts as fit (its last parts, or its first), or None."""
     if isinstance(message, ToolResultMessage) or (isinstance(message, AssistantMessage) and message.tool_calls):
         return None
     field = "content" if isinstance(message, AssistantMessage) else "text"
-    parts = splitter(getattr(message, field))
+    parts = yield ("split", getattr(message, field))
     chosen: list[str] = []
     best = None
     for part in reversed(parts) if keep_end else parts:
         trial = [part, *chosen] if keep_end else [*chosen, part]
         candidate = msgspec.structs.replace(message, **{field: "".join(trial)})
-        if not fits(candidate):
+        if not (yield from fits(candidate)):
             break
         chosen, best = trial, candidate
     return best
 
 
-def trim_messages(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
-    messages: Sequence[AnyMessage],
+def _trim(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+    original: tuple[AnyMessage, ...],
     *,
     max_tokens: int,
-    token_counter: Callable[[Sequence[AnyMessage]], int],
-    strategy: Literal["first", "last"] = "last",
-    allow_partial: bool = False,
-    text_splitter: Callable[[str], list[str]] | None = None,
-    start_on: KindSpec | None = None,
-    end_on: KindSpec | None = None,
-    include_system: bool = False,
-) -> tuple[AnyMessage, ...]:
-    """Keep the first or the last messages that fit ``max_tokens``.
+    strategy: Literal["first", "last"],
+    allow_partial: bool,
+    starts: frozenset[str] | None,
+    ends: frozenset[str] | None,
+    include_system: bool,
+) -> Count:
+    """The trimming algorithm, asking its driver for each count and split (sync or async)."""
 
+    def under(messages: list[AnyMessage]) -> Count:
+        return (yield ("count", messages)) <= max_tokens
+
+    system: list[AnyMessage] = []
+    body = list(original)
+    if include_system and body and isinstance(body[0], SystemMessage):
+        system = [body.pop(0)]
+    grouped = units(body)
+    if strategy == "last" and ends is not None:
+        while grouped and kind_of(grouped[-1][-1]) not in ends:
+            grouped.pop()
+    kept: list[list[AnyMessage]] = []
+    if (yield from under([*system, *(m for u in grouped for m in u)])):
+        kept = grouped
+    elif strategy == "last":
+        tail: list[AnyMessage] = []
+        for unit in reversed(grouped):
+            if (yield from under([*system, *unit, *tail])):
+                kept.insert(0, unit)
+                tail = [*unit, *tail]
+                continue
+            if allow_partial and len(unit) == 1:
+                part = yield from _partial(unit[0], lambda m, tail=tail: under([*system, m, *tail]), True)
+                if part is not None:
+                    kept.insert(0, [part])
+            break
+    else:
+        head: list[AnyMessage] = list(system)
+        for unit in grouped:
+            if (yield from under([*head, *unit])):
+                kept.append(unit)
+                head.extend(unit)
+                continue
+            if allow_partial and len(unit) == 1:
+                part = yield from _partial(unit[0], lambda m: under([*head, m]), False)
+                if part is not None:
+                    kept.append([part])
+            break
+    if strategy == "last" and starts is not None:
+        while kept and kind_of(kept[0][0]) not in starts:
+            kept.pop(0)
+    if strategy == "first" and ends is not None:
+        while kept and kind_of(kept[-1][-1]) not in ends:
+            kept.pop()
+    result = tuple([*system, *(m for u in kept for m in u)])
+    return original if result == original else result
+
+
+_ARGS_DOC = """
     Args:
         messages: the messages, oldest first (a system message, if any, first).
         max_tokens: the most tokens the kept messages may count.
@@ -150,57 +209,106 @@ def trim_messages(  # noqa: C901 (an outlier from before the complexity limit; i
         end_on: drop trailing messages after the last one of this kind (or kinds).
         include_system: with ``last``, keep a leading system message (it counts toward the budget).
 
+    Kinds (``start_on``, ``end_on``) are ``system``, ``user`` (or ``human``), ``assistant`` (or
+    ``ai``), ``tool`` (or ``function``), or the message classes.
+
     Returns:
         The kept messages; ``messages`` itself, as a tuple, when nothing had to go.
+
+    Raises:
+        ValueError: a kind that is none of these (it would keep nothing, silently), a
+            ``strategy`` other than ``first`` and ``last``, or a negative ``max_tokens``.
+"""
+
+
+def _start(
+    messages: Sequence[AnyMessage],
+    max_tokens: int,
+    strategy: str,
+    allow_partial: bool,
+    start_on: KindSpec | None,
+    end_on: KindSpec | None,
+    include_system: bool,
+) -> Count:
+    if strategy not in ("first", "last"):
+        raise ValueError(f"trimming: strategy must be 'first' or 'last', got {strategy!r}")
+    if max_tokens < 0:
+        raise ValueError(f"trimming: max_tokens must be at least 0, got {max_tokens}")
+    return _trim(
+        tuple(messages),
+        max_tokens=max_tokens,
+        strategy=strategy,  # type: ignore[arg-type]
+        allow_partial=allow_partial,
+        starts=_kinds(start_on, "start_on"),
+        ends=_kinds(end_on, "end_on"),
+        include_system=include_system,
+    )
+
+
+def trim_messages(
+    messages: Sequence[AnyMessage],
+    *,
+    max_tokens: int,
+    token_counter: Callable[[Sequence[AnyMessage]], int],
+    strategy: Literal["first", "last"] = "last",
+    allow_partial: bool = False,
+    text_splitter: Callable[[str], list[str]] | None = None,
+    start_on: KindSpec | None = None,
+    end_on: KindSpec | None = None,
+    include_system: bool = False,
+) -> tuple[AnyMessage, ...]:
+    """Keep the first or the last messages that fit ``max_tokens`` (a sync counter and splitter;
+    :func:`atrim_messages` takes async ones too).
     """
-    original = tuple(messages)
+    steps = _start(messages, max_tokens, strategy, allow_partial, start_on, end_on, include_system)
     splitter = text_splitter or split_lines
-    starts, ends = _kinds(start_on), _kinds(end_on)
-    system: list[AnyMessage] = []
-    body = list(original)
-    if include_system and body and isinstance(body[0], SystemMessage):
-        system = [body.pop(0)]
-    grouped = units(body)
-    if strategy == "last" and ends is not None:
-        while grouped and kind_of(grouped[-1][-1]) not in ends:
-            grouped.pop()
-    kept: list[list[AnyMessage]] = []
-    if token_counter([*system, *(m for u in grouped for m in u)]) <= max_tokens:
-        kept = grouped
-    elif strategy == "last":
-        tail: list[AnyMessage] = []
-        for unit in reversed(grouped):
-            if token_counter([*system, *unit, *tail]) <= max_tokens:
-                kept.insert(0, unit)
-                tail = [*unit, *tail]
-                continue
-            if allow_partial and len(unit) == 1:
-                part = _partial(
-                    unit[0], lambda m, tail=tail: token_counter([*system, m, *tail]) <= max_tokens, splitter, True
+    answer: Any = None
+    try:
+        while True:
+            what, arg = steps.send(answer)
+            answer = token_counter(arg) if what == "count" else splitter(arg)
+            if inspect.isawaitable(answer):
+                close = getattr(answer, "close", None)
+                if close is not None:
+                    close()  # never awaited: no "coroutine was never awaited" warning
+                raise TypeError(
+                    f"trim_messages: the {'token_counter' if what == 'count' else 'text_splitter'} is async; "
+                    "use `await atrim_messages(...)`, which takes sync and async ones"
                 )
-                if part is not None:
-                    kept.insert(0, [part])
-            break
-    else:
-        head: list[AnyMessage] = list(system)
-        for unit in grouped:
-            if token_counter([*head, *unit]) <= max_tokens:
-                kept.append(unit)
-                head.extend(unit)
-                continue
-            if allow_partial and len(unit) == 1:
-                part = _partial(unit[0], lambda m: token_counter([*head, m]) <= max_tokens, splitter, False)
-                if part is not None:
-                    kept.append([part])
-            break
-    if strategy == "last" and starts is not None:
-        while kept and kind_of(kept[0][0]) not in starts:
-            kept.pop(0)
-    if strategy == "first" and ends is not None:
-        while kept and kind_of(kept[-1][-1]) not in ends:
-            kept.pop()
-    result = tuple([*system, *(m for u in kept for m in u)])
-    return original if result == original else result
+    except StopIteration as done:
+        return done.value
+
+
+async def atrim_messages(
+    messages: Sequence[AnyMessage],
+    *,
+    max_tokens: int,
+    token_counter: Callable[[Sequence[AnyMessage]], int | Awaitable[int]],
+    strategy: Literal["first", "last"] = "last",
+    allow_partial: bool = False,
+    text_splitter: Callable[[str], list[str] | Awaitable[list[str]]] | None = None,
+    start_on: KindSpec | None = None,
+    end_on: KindSpec | None = None,
+    include_system: bool = False,
+) -> tuple[AnyMessage, ...]:
+    """:func:`trim_messages` with a token counter and a text splitter that may be async (a
+    coroutine function, or one returning an awaitable), awaited in turn; sync ones work too.
+    """
+    steps = _start(messages, max_tokens, strategy, allow_partial, start_on, end_on, include_system)
+    splitter = text_splitter or split_lines
+    answer: Any = None
+    try:
+        while True:
+            what, arg = steps.send(answer)
+            answer = token_counter(arg) if what == "count" else splitter(arg)
+            if inspect.isawaitable(answer):
+                answer = await answer
+    except StopIteration as done:
+        return done.value
+
+
+trim_messages.__doc__ = (trim_messages.__doc__ or "") + _ARGS_DOC
+atrim_messages.__doc__ = (atrim_messages.__doc__ or "") + _ARGS_DOC
 
 
 def trim_request(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from agentstream.context import (
     AssistantMessage,
     ChatRequest,
@@ -10,6 +14,7 @@ from agentstream.context import (
     Tokens,
     ToolResultMessage,
     UserMessage,
+    atrim_messages,
     trim_messages,
     trim_request,
 )
@@ -100,3 +105,44 @@ def test_trim_request_fits_the_window_and_starts_on_a_user_message():
     assert isinstance(trimmed.messages[0], UserMessage) and trimmed.messages[-1] == history[-1]
     assert trimmed.system.endswith("left out.")
     assert trim_request(trimmed, ModelLimits(window=Tokens(100_000)), output_reserve=500) is trimmed
+
+
+# --- the seed's last gaps (issue 34): kinds refused, async counters and splitters --------------
+
+
+@pytest.mark.parametrize("bad", ["generic", "humans", "", object, ["user", "chat"]])
+def test_an_unknown_kind_is_refused_not_a_trim_that_keeps_nothing(bad):
+    messages = [UserMessage(text="a"), AssistantMessage(content="b")]
+    with pytest.raises(ValueError, match="no message kind"):
+        trim_messages(messages, max_tokens=100, token_counter=count, end_on=bad)
+    with pytest.raises(ValueError, match="start_on names"):
+        trim_messages(messages, max_tokens=100, token_counter=count, start_on=bad)
+
+
+def test_known_kinds_by_name_alias_and_class_are_taken():
+    messages = [UserMessage(text="a"), AssistantMessage(content="b"), UserMessage(text="c")]
+    for spec in ("ai", "assistant", AssistantMessage, ["ai"]):
+        assert trim_messages(messages, max_tokens=100, token_counter=count, end_on=spec) == tuple(messages[:2])
+
+
+def test_an_async_counter_or_splitter_is_awaited_by_atrim_and_named_by_the_sync_trim():
+    messages = [UserMessage(text="one\ntwo\n"), AssistantMessage(content="three\nfour\nfive\n")]
+
+    async def acount(ms) -> int:
+        await asyncio.sleep(0)
+        return words(ms)
+
+    async def asplit(text: str) -> list[str]:
+        await asyncio.sleep(0)
+        return text.splitlines(keepends=True)
+
+    sync = trim_messages(messages, max_tokens=4, token_counter=words, allow_partial=True)
+    kept = asyncio.run(
+        atrim_messages(messages, max_tokens=4, token_counter=acount, allow_partial=True, text_splitter=asplit)
+    )
+    assert kept == sync and kept != tuple(messages)  # the same trim, partial split included
+    assert asyncio.run(atrim_messages(messages, max_tokens=4, token_counter=words, allow_partial=True)) == sync
+    with pytest.raises(TypeError, match="token_counter is async; use `await atrim_messages"):
+        trim_messages(messages, max_tokens=4, token_counter=acount)
+    with pytest.raises(TypeError, match="text_splitter is async"):
+        trim_messages(messages, max_tokens=4, token_counter=words, allow_partial=True, text_splitter=asplit)
