@@ -41,6 +41,7 @@ METRICS = (
     "agentstream_trimmed_entries_total",
     "agentstream_model_errors_total",
     "agentstream_model_retries_total",
+    "agentstream_model_text_tool_calls_total",
     "agentstream_handlers_in_flight",
     "agentstream_stream_consumers",
     "agentstream_build_info",
