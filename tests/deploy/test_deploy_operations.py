@@ -200,12 +200,71 @@ def test_redis_py_reads_the_ca_from_the_rendered_url(full_render: Rendered) -> N
             {"redis": {"external": {"tlsCA": {"existingSecret": "ca"}}}},
             "tlsCA.existingSecret needs redis.external.tls=true",
         ),
+        (
+            {"redis": {"bundled": {"extraArgs": ["--maxmemory-policy", "allkeys-lru"]}}},
+            'extraArgs[0] "--maxmemory-policy" sets --maxmemory-policy, which the chart sets itself',
+        ),
+        (
+            {"redis": {"bundled": {"extraArgs": ["--maxclients", "100", "--MAXMEMORY-POLICY volatile-lru"]}}},
+            'extraArgs[2] "--MAXMEMORY-POLICY volatile-lru" sets --maxmemory-policy',
+        ),
+        ({"redis": {"bundled": {"extraArgs": ["--maxmemory", "4gb"]}}}, "use redis.bundled.maxmemory instead"),
+        ({"redis": {"bundled": {"extraArgs": ["--appendonly", "no"]}}}, "sets --appendonly"),
+        ({"redis": {"bundled": {"extraArgs": ["--save", "60 1"]}}}, "sets --save"),
+        ({"redis": {"bundled": {"extraArgs": ["--requirepass", "x"]}}}, "use redis.auth.existingSecret instead"),
+        ({"redis": {"bundled": {"maxmemory": "600mb"}}}, "maxmemory 600mb is not below the Redis container's memory"),
+        ({"redis": {"bundled": {"maxmemory": "512mb"}}}, "maxmemory 512mb is not below"),  # 512 MiB = the limit
+        (
+            {"redis": {"bundled": {"maxmemory": "1gb", "resources": {"limits": {"memory": "1G"}}}}},
+            "maxmemory 1gb is not below the Redis container's memory limit 1G",  # 1 GiB > 10^9 bytes
+        ),
+        ({"redis": {"bundled": {"maxmemory": ""}}}, "redis.bundled.maxmemory is empty (no limit)"),
+        (
+            {"redis": {"bundled": {"resources": {"limits": {"memory": "half a gig"}}}}},
+            'limits.memory "half a gig": cannot read it as a memory size',
+        ),
     ],
-    ids=["evicting policy", "ca without tls"],
+    ids=[
+        "evicting policy",
+        "ca without tls",
+        "evicting policy in extraArgs",
+        "one-argument form in any case",
+        "maxmemory in extraArgs",
+        "appendonly off",
+        "rdb snapshots",
+        "password",
+        "maxmemory above the limit",
+        "maxmemory at the limit",
+        "binary and decimal units",
+        "no maxmemory under a limit",
+        "unreadable limit",
+    ],
 )
 def test_unsafe_redis_settings_are_refused(render: Render, values: dict[str, Any], message: str) -> None:
     r = render(values=values)
     assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("bundled", "maxmemory"),
+    [
+        ({"maxmemory": "500mb"}, "500mb"),  # below 512Mi
+        ({"maxmemory": "1gb", "resources": {"limits": {"memory": "1.5Gi"}}}, "1gb"),
+        ({"maxmemory": "900mb", "resources": {"limits": {"memory": "1G"}}}, "900mb"),  # 943718400 < 10^9
+        ({"maxmemory": "", "resources": {"limits": {"memory": None}}}, None),  # no limit at all (null removes it)
+        ({"extraArgs": ["--maxclients", "2000", "--hz", "20"]}, "400mb"),  # others pass through
+    ],
+)
+def test_safe_redis_memory_settings_render(render: Render, bundled: dict[str, Any], maxmemory: str | None) -> None:
+    r = render(values={"redis": {"bundled": bundled}})
+    assert r.returncode == 0, r.stderr
+    (sts,) = r.of_kind("StatefulSet")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    assert (args[args.index("--maxmemory") + 1] if "--maxmemory" in args else None) == maxmemory
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    for extra in bundled.get("extraArgs", []):
+        assert extra in args
 
 
 # ---------------------------------------------------------------- probes, tests, monitoring

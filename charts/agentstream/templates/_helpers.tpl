@@ -695,3 +695,34 @@ target: {{ $pool.concurrency | toString | quote }}
 metricType: AverageValue
 {{- end }}
 {{- end }}
+
+{{/*
+Bytes of a Kubernetes quantity ("512Mi", "1G", "1.5Gi", "536870912"), as a number; fails naming
+`where` when it cannot be read. Context: (list quantity where).
+*/}}
+{{- define "agentstream.quantityBytes" -}}
+{{- $q := toString (index . 0) }}
+{{- $where := index . 1 }}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$" $q) }}
+{{- fail (printf "%s %q: cannot read it as a memory size (write e.g. 512Mi or 1Gi)" $where $q) }}
+{{- end }}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $q | float64 }}
+{{- $unit := trimPrefix (regexFind "^[0-9]+(\\.[0-9]+)?" $q) $q }}
+{{- $units := dict "" 1.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0 "P" 1000000000000000.0 "E" 1000000000000000000.0 }}
+{{- mulf $number (get $units $unit) }}
+{{- end }}
+
+{{/*
+Bytes of a redis.conf size ("400mb", "1gb", "1048576"; values.schema.json allows b, kb, mb, gb,
+powers of 1024, in any case), as a number. Context: (list size where).
+*/}}
+{{- define "agentstream.redisBytes" -}}
+{{- $size := lower (toString (index . 0)) }}
+{{- $where := index . 1 }}
+{{- if not (regexMatch "^[0-9]+(b|kb|mb|gb)?$" $size) }}
+{{- fail (printf "%s %q: cannot read it as a Redis size (write e.g. 400mb)" $where $size) }}
+{{- end }}
+{{- $number := regexFind "^[0-9]+" $size | float64 }}
+{{- $units := dict "" 1.0 "b" 1.0 "kb" 1024.0 "mb" 1048576.0 "gb" 1073741824.0 }}
+{{- mulf $number (get $units (trimPrefix (regexFind "^[0-9]+" $size) $size)) }}
+{{- end }}
