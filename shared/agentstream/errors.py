@@ -11,7 +11,7 @@ package, each under its real base)::
 
     AgentStreamError
     ├── ConfigError              misuse found at startup: a bad app path, an unknown model id,
-    │   │                        a missing setting. Fix the configuration and restart.
+    │   │                        a missing setting (also a ValueError). Fix it and restart.
     │   ├── PromptFileError      a prompt file that does not fit its agent (also a ValueError;
     │   │                        agentstream.app.prompts)
     │   ├── SchemaRefused        an MCP tool's schema cannot be offered to the endpoint
@@ -90,8 +90,12 @@ class AgentStreamSignal(Exception):
     """
 
 
-class ConfigError(AgentStreamError):
-    """The configuration is wrong; raised at startup, before any work is taken."""
+class ConfigError(AgentStreamError, ValueError):
+    """The configuration is wrong; raised at startup, before any work is taken.
+
+    Also a ``ValueError``: a bad setting is a bad value, and callers that catch ``ValueError`` for
+    one (as the seed's callers do) catch it.
+    """
 
 
 class TraceError(AgentStreamError):

@@ -127,3 +127,11 @@ def test_the_schemas_reference_the_failure_codes(schema: dict, holders: list[str
     for name in holders:
         choices = schema["$defs"][name]["properties"]["code"]["anyOf"]
         assert {"$ref": "#/$defs/FailureCode"} in choices
+
+
+def test_a_config_error_is_a_value_error_as_the_seeds_callers_catch_it():
+    from agentstream.models.endpoints import ModelEndpoint
+
+    with pytest.raises(ValueError, match="unknown provider"):
+        ModelEndpoint(id="x", provider="nope", base_url="http://x", model="m")
+    assert issubclass(errors.ConfigError, errors.AgentStreamError)

@@ -221,6 +221,8 @@ def _connect(settings: Settings):
         )
     try:
         return connect(settings.redis_url, block_ms=settings.block_ms)
+    except ConfigError:
+        raise  # a setting that does not go with the URL: its own message (ConfigError is a ValueError)
     except ValueError as exc:
         raise AgentStreamError(f"REDIS_URL {_shown_url(settings.redis_url)!r} is not a Redis URL: {exc}") from None
 
@@ -329,6 +331,8 @@ async def _serve(
         )
     try:
         redis = connect(settings.redis_url, block_ms=settings.block_ms)
+    except ConfigError:
+        raise  # a setting that does not go with the URL: its own message (ConfigError is a ValueError)
     except ValueError as exc:
         raise AgentStreamError(f"REDIS_URL {_shown_url(settings.redis_url)!r} is not a Redis URL: {exc}") from None
     store = TraceStore(redis, settings.keys, codec=app.codec)  # reads the app's own types
