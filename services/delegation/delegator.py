@@ -222,6 +222,7 @@ class Delegator:
             job.turn_id,
             numbering=fold.numbering(),
             turn=fold.turn_input(job.turn_id),
+            child=self.app.agent(delegation.agent),
         )
         if isinstance(outcome, ToolOutput):
             log.info("delegation %s of trace %s refused: %s", job.call_id, parent, outcome.error)

@@ -224,6 +224,29 @@ def numbering_of(events: Sequence[Event]) -> Numbering:
     return numbering
 
 
+def task_model(
+    delegation: Delegation, child: Agent | None, parent_events: Sequence[Event], call: ToolCall, turn: TurnInput | None
+) -> str | None:
+    """The model endpoint a delegated task runs on (the ``model`` its TaskInput records).
+
+    The rule: the delegation's own ``model`` when it names one; else the child agent's model when
+    the child pins one (its ``model`` is set to an endpoint other than ``default``); else the
+    model of the parent's call that delegated (the endpoint its model output records, or the
+    parent turn's ``model``), as the seed says a task that names no model runs on the model of
+    the parent's latest input. None (nothing known) runs the child on its own model.
+    """
+    if delegation.model is not None:
+        return delegation.model
+    if child is not None and child.model not in (None, "default"):
+        return child.model
+    for event in reversed(parent_events):
+        if isinstance(event, ModelOutput) and any(c.id == call.id for c in event.tool_calls):
+            if event.endpoint:
+                return event.endpoint
+            break
+    return turn.model if turn is not None else None
+
+
 def hand_off(
     delegation: Delegation,
     parent_trace_id: str,
@@ -233,6 +256,7 @@ def hand_off(
     *,
     numbering: Numbering | None = None,
     turn: TurnInput | None = None,
+    child: Agent | None = None,
 ) -> HandOff | ToolOutput:
     """The child that a call of ``delegation`` opens, or the error result that it gets instead.
 
@@ -245,6 +269,8 @@ def hand_off(
         numbering: the parent trace's element numbering, when the caller keeps it folded
             (default: :func:`numbering_of` the parent's events).
         turn: the parent's turn input, when the caller has it (default: found in the events).
+        child: the agent the delegation runs, when the caller has it: whether it pins a model
+            (see :func:`task_model`, the rule of the task's model).
 
     Returns:
         A :class:`HandOff`, or a ToolOutput with an error for the parent's model: the
@@ -293,7 +319,7 @@ def hand_off(
         delegation=delegation.name,
         arguments=arguments,
         expects=delegation.result_schema,
-        model=delegation.model,
+        model=task_model(delegation, child, parent_events, call, turn),
         lineage=(*lineage, digest),
         deadline_s=delegation.deadline_s,
     )

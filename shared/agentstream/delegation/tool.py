@@ -59,7 +59,9 @@ class Delegation(Tool):
             ``arbitrary_types_allowed``). An input that is not an object (a ``RootModel``) is
             shown as one argument named ``input``.
         agent: the name of the agent that runs each child, on its own config.
-        model: the model endpoint id the child runs on; None uses the agent's own model.
+        model: the model endpoint id the child runs on. None: the child agent's own model when it
+            pins one (a ``model`` other than ``default``), else the model of the parent's call that
+            delegated (see :func:`agentstream.delegation.handoff.task_model`).
         result: reads a child's result from its ended trace; the default is the child's
             final answer (:func:`default_result`).
         result_schema: the JSON Schema (2020-12 or any draft ``jsonschema`` knows) that each

@@ -217,3 +217,34 @@ def test_children_of_a_turn_are_its_delegation_calls():
         ("conv/c1", "c1"),
         ("conv/c3", "c3"),
     ]
+
+
+# --- the model a task runs on (the seed: the parent's, unless the delegation or the child pins one)
+
+
+def _delegated_on(endpoint: str, *, turn_model: str | None = None) -> tuple[TurnInput, list, ToolCall]:
+    turn = TurnInput(turn_id="t1", agent="lead", text="go", model=turn_model)
+    made = call("c1", topic="X")
+    events = [turn, ModelOutput(turn_id="t1", step=0, tool_calls=(made,), endpoint=endpoint)]
+    return turn, events, made
+
+
+def test_a_task_that_names_no_model_runs_on_the_model_of_the_parents_call():
+    turn, events, made = _delegated_on("big")
+    outcome = hand_off(research, "root", events, made, "t1", child=WORKER)  # WORKER pins no model
+    assert isinstance(outcome, HandOff) and outcome.task.model == "big"
+
+
+def test_the_delegations_model_then_a_child_that_pins_one_win_over_the_parents():
+    turn, events, made = _delegated_on("big")
+    pinned = Delegation(name="research", description="x", input=Research, agent="worker", model="small")
+    assert hand_off(pinned, "root", events, made, "t1", child=WORKER).task.model == "small"
+    own = Agent(name="worker", system_prompt="Worker.", model="tiny", tools=[lookup])
+    assert hand_off(research, "root", events, made, "t1", child=own).task.model == "tiny"
+
+
+def test_without_an_endpoint_recorded_the_parent_turns_model_is_used_then_none():
+    turn, events, made = _delegated_on("", turn_model="big")
+    assert hand_off(research, "root", events, made, "t1", child=WORKER).task.model == "big"
+    turn, events, made = _delegated_on("")
+    assert hand_off(research, "root", events, made, "t1", child=WORKER).task.model is None
