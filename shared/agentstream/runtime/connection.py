@@ -250,8 +250,7 @@ class _SharedClusterPipeline(ClusterPipeline):
         if self._transaction or not queue or not client._multiplex:
             return await super().execute(raise_on_error, allow_redirections)
         try:
-            if client._initialize:
-                await client.initialize()
+            await client.ready_for_commands()
             nodes = [None if "target_nodes" in cmd.kwargs else client._node_of(cmd.args) for cmd in queue]
             if any(node is None for node in nodes):
                 return await super().execute(raise_on_error, allow_redirections)
@@ -314,7 +313,10 @@ class _Cluster(RedisCluster):
     did not run there (``MOVED``, ``ASK``, ``TRYAGAIN``, ``CLUSTERDOWN``) sends it again through
     redis-py's path, which follows the redirection and learns the new slot map. A lost
     connection or a timeout raises as redis-py's path does with no retry, and the slot map is
-    learnt again before the next command (a failover may have moved the slots). Non-transaction
+    learnt again before the next command (a failover may have moved the slots): by this class
+    itself, with redis-py's public ``NodesManager.initialize``, not by setting redis-py's private
+    ``_initialize`` flag, which since redis-py 8.2 only asks for a refresh that runs at most once
+    per ``topology_refresh_min_interval`` (1 s), so the next commands went to the old map. Non-transaction
     pipelines of such commands go the same way (:class:`_SharedClusterPipeline`). Other commands,
     transactions, blocking reads and commands with ``target_nodes`` take redis-py's path;
     ``AGENTSTREAM_REDIS_MULTIPLEX=0`` sends every command that way.
@@ -332,10 +334,37 @@ class _Cluster(RedisCluster):
         self._shared_timeout_s = shared.get("socket_timeout")
         self._multiplex = multiplex_wanted() and multiplex.available(self.nodes_manager) and not self.read_from_replicas
         self._shared: dict[str, SharedConnection] = {}  # node name → its shared connection
+        self._losses = 0  # shared connections lost or timed out so far
+        self._learnt_after = 0  # how many of them the slot map has been learnt again after
+        self._failed_node: str | None = None  # the node lost last: the refresh asks it last
+        self._learning: asyncio.Lock | None = None
+
+    async def ready_for_commands(self) -> None:
+        """Initialize the client (redis-py's ``initialize``: a no-op once done, until ``aclose``),
+        and learn the slot map again if a node's shared connection was lost since it was last
+        learnt. Every command and pipeline of the shared connections waits for this first.
+
+        Raises:
+            redis.exceptions.RedisClusterException: no node answered, or the nodes' slot maps do
+            not cover every slot (redis-py's ``NodesManager.initialize``); the next command
+            tries again.
+        """
+        await self.initialize()
+        if self._learnt_after != self._losses:
+            await self._learn_slot_map_again()
+
+    async def _learn_slot_map_again(self) -> None:
+        if self._learning is None:
+            self._learning = asyncio.Lock()
+        async with self._learning:  # the commands that wait here meanwhile find it learnt
+            losses = self._losses
+            if self._learnt_after >= losses:
+                return
+            await self.nodes_manager.initialize(last_failed_node_name=self._failed_node)
+            self._learnt_after = losses
 
     async def execute_command(self, *args, **kwargs):
-        if self._initialize:
-            await self.initialize()
+        await self.ready_for_commands()
         if self._multiplex and "target_nodes" not in kwargs:
             node = self._node_of(args)
             if node is not None:
@@ -365,10 +394,11 @@ class _Cluster(RedisCluster):
     def _lost(self, node, exc: Exception) -> None:
         """A node's shared connection was lost or timed out: as redis-py's path does with no
         retry, the node goes to the end of the startup list and the slot map is learnt again
-        before the next command."""
+        before the next command (:meth:`ready_for_commands`)."""
         exc.last_failed_node_name = node.name  # type: ignore[attr-defined]
         self.nodes_manager.move_node_to_end_of_cached_nodes(node.name)
-        self._initialize = True
+        self._failed_node = node.name
+        self._losses += 1
 
     async def _execute_shared(self, node, args: tuple, kwargs: dict):
         shared = self._shared_of(node)
