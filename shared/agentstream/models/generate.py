@@ -22,9 +22,12 @@ Retry-After) and 5xx, then raise :class:`ModelUnanswered`; HTTP 400/413/422 rais
 (see :mod:`agentstream.models.http`). Extra body fields that would override a field the adapter
 sets are refused when the endpoint is made (:class:`ModelEndpoint`).
 
-The record. Every reply is a :class:`ModelOutput` (append it to a trace if you keep one): the
-endpoint, the model, the sha256 of the exact request body, the stop reason, the usage and the
-text; :class:`Generated` adds, per reply, the temperature, the seed and the error. The API key
+The record. Every reply is a :class:`ModelOutput`: the endpoint, the model, the sha256 of the
+exact request body, the stop reason, the usage and the text; given a trace (``trace=`` a
+:class:`~agentstream.runtime.store.TraceStore` or anything with its ``append``, and ``trace_id=``),
+:meth:`Generator.generate` and :meth:`Generator.sample` append each reply's output to it, a
+rejected one too, in the order of the replies. :class:`Generated` adds, per reply, the
+temperature, the seed and the error. The API key
 is never recorded. A recorded reply can be read again through the same schema without calling
 the model (:meth:`Generator.recheck`).
 """
@@ -35,7 +38,7 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import jsonschema
 import pydantic
@@ -61,6 +64,18 @@ _REFUSED = {
     "interrupted": "the reply was interrupted",
     "unknown": "the reply ended for a reason agentstream does not know",
 }
+
+
+class TraceRecorder(Protocol):
+    """Where a generation records its model outputs (a :class:`~agentstream.runtime.store.TraceStore`)."""
+
+    async def append(self, trace_id: str, event: Any) -> Any:
+        """Append one event to the trace ``trace_id``."""
+
+
+def _check_trace(trace: TraceRecorder | None, trace_id: str | None) -> None:
+    if trace is not None and not trace_id:
+        raise ValueError("a generation given a trace needs the trace_id to record its outputs under")
 
 
 @dataclass(frozen=True)
@@ -320,6 +335,8 @@ class Generator:
         max_tokens: int | None = None,
         turn_id: str = "",
         step: int = 0,
+        trace: TraceRecorder | None = None,
+        trace_id: str | None = None,
     ) -> Generated:
         """One reply → a :class:`Generated` whose value is the text, ``parse(text)``, or the JSON
         validated by ``schema``.
@@ -328,22 +345,33 @@ class Generator:
             messages: a user message, ``{"role", "content"}`` dicts (system, user, assistant),
                 request messages, or a whole ChatRequest.
             turn_id, step: tag the recorded model output.
+            trace, trace_id: where the reply's model output is recorded (accepted or not).
 
         Raises:
+            ValueError: ``trace`` without ``trace_id``.
             InvalidModelOutput: the reply is not accepted (the reason says why; the model output
                 is on the error's ``output`` attribute). Never repaired.
             ModelUnanswered, ModelInputRejected, ModelConfigError: from the adapter.
         """
-        value, attempt = await self._one(
-            messages,
-            schema=schema,
-            parse=parse,
-            temperature=self.temperature if temperature is None else temperature,
-            seed=self.seed if seed is None else seed,
-            max_tokens=max_tokens or self.max_tokens,
-            turn_id=turn_id,
-            step=step,
-        )
+        _check_trace(trace, trace_id)
+        try:
+            value, attempt = await self._one(
+                messages,
+                schema=schema,
+                parse=parse,
+                temperature=self.temperature if temperature is None else temperature,
+                seed=self.seed if seed is None else seed,
+                max_tokens=max_tokens or self.max_tokens,
+                turn_id=turn_id,
+                step=step,
+            )
+        except InvalidModelOutput as exc:
+            rejected = getattr(exc, "output", None)
+            if trace is not None and rejected is not None:
+                await trace.append(trace_id or "", rejected)
+            raise
+        if trace is not None and attempt.output is not None:
+            await trace.append(trace_id or "", attempt.output)
         return Generated(value=value, attempts=(attempt,))
 
     async def sample(
@@ -357,6 +385,8 @@ class Generator:
         max_tokens: int | None = None,
         first_greedy: bool = True,
         turn_id: str = "",
+        trace: TraceRecorder | None = None,
+        trace_id: str | None = None,
     ) -> Generated:
         """``k`` replies to the same messages → a Generated whose value is the list of ``k``
         values, None where a reply failed (its attempt says why).
@@ -364,13 +394,15 @@ class Generator:
         The first reply is asked at the generator's own temperature and seed when
         ``first_greedy`` (the reply :meth:`generate` gives); the others at ``temperature`` with
         seeds 1 … k-1, so a rerun asks the same requests. Replies are asked ``workers`` at a time.
+        Given ``trace`` and ``trace_id``, every reply's model output is recorded there, in reply order.
 
         Raises:
-            ValueError: ``k`` is below 1.
+            ValueError: ``k`` is below 1, or ``trace`` without ``trace_id``.
             ModelError: every reply failed (the first failure, noting how many failed).
         """
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
+        _check_trace(trace, trace_id)
         plans = []
         for i in range(k):
             if i == 0 and first_greedy:
@@ -399,6 +431,10 @@ class Generator:
                     return None, Attempt(None, temp, seed, f"{type(exc).__name__}: {exc}"), exc
 
         results = await asyncio.gather(*(run(i, t, s) for i, (t, s) in enumerate(plans)))
+        if trace is not None:
+            for _, attempt, _ in results:
+                if attempt.output is not None:
+                    await trace.append(trace_id or "", attempt.output)
         failures = [exc for _, _, exc in results if exc is not None]
         if len(failures) == k:
             first = failures[0]

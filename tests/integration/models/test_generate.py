@@ -159,3 +159,24 @@ async def test_response_formats_and_refused_extra_fields():
     with pytest.raises(ConfigError, match="not valid"):
         g = generator("http://127.0.0.1:9/v1", "m")
         g.read("{}", schema={"type": "no-such-type"})
+
+
+async def test_given_a_trace_each_reply_is_recorded_there_accepted_or_not(store):
+    from tests.support.inprocess import events_of
+
+    good = json.dumps({"steps": ["read"], "risky": False})
+    with FaultServer([chat(good), chat("not json"), chat(good), chat("nope"), chat(good)]) as server:
+        g = gen(server)
+        one = await g.generate("Plan it.", schema=Plan, trace=store, trace_id="gen-1", turn_id="g1")
+        with pytest.raises(InvalidModelOutput):
+            await g.generate("Plan it.", schema=Plan, trace=store, trace_id="gen-1", turn_id="g2")
+        many = await g.sample("Plan it.", k=3, schema=Plan, trace=store, trace_id="gen-2", turn_id="s1")
+        with pytest.raises(ValueError, match="trace_id"):
+            await g.generate("Plan it.", trace=store)
+        await g.model.aclose()
+    first = await events_of(store, "gen-1")
+    assert [(e.turn_id, e.content) for e in first] == [("g1", good), ("g2", "not json")]
+    assert first[0] == one.outputs[0]
+    sampled = await events_of(store, "gen-2")
+    assert [(e.turn_id, e.step) for e in sampled] == [("s1", 0), ("s1", 1), ("s1", 2)]
+    assert [e.request_sha256 for e in sampled] == [o.request_sha256 for o in many.outputs]
