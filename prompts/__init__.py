@@ -1,1 +1,1 @@
-"""The prompt files shipped with agentstream (YAML; see :mod:`agentstream.app.prompts`)."""
+"""The prompt files shipped with agentstream (YAML; see :mod:`agentstream.declarations.prompts`)."""

@@ -12,7 +12,8 @@ means for the traces around it.
 
 from __future__ import annotations
 
-from agentstream.app.base import App, Tool
+from agentstream.declarations.apps import App
+from agentstream.declarations.tools import Tool
 from agentstream.delegation import ChildEnded, children_of, delegations_of
 from agentstream.ops import tracing
 from agentstream.runtime.operations import Entry

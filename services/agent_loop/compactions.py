@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from agentstream.app.base import Agent
 from agentstream.context import BuiltContext, ChatRequest
+from agentstream.declarations.agents import Agent
 from agentstream.ops import tracing
 from agentstream.runtime import operations
 from agentstream.runtime.store import TraceStore

@@ -30,8 +30,8 @@ import time
 
 import msgspec
 
-from agentstream.app.base import App
 from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
+from agentstream.declarations.apps import App
 from agentstream.delegation import child_trace_refusal, parent_ids
 from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
 from agentstream.models import ChatModel, endpoints_of

@@ -1,7 +1,7 @@
 """The agent loop's part in MCP tools: record what each model call offers, route calls to queues.
 
 Before a model call of an agent with MCP servers, the loop reads the servers' catalogs (one
-MGET), works out the tools to offer (:func:`agentstream.mcp_tools.offers.desired_offer`) and,
+MGET), works out the tools to offer (:func:`agentstream.steps.offers.desired_offer`) and,
 when they differ from the last ones the trace recorded for the agent, appends a
 :class:`~agentstream.wire.events.ToolsOffered` event first (fenced, once per turn, step and digest):
 the context library then offers what the trace says. A catalog that no tool worker has
@@ -15,11 +15,11 @@ import logging
 import time
 from collections.abc import Sequence
 
-from agentstream.app.base import Agent
+from agentstream.declarations.agents import Agent
 from agentstream.errors import Deferred
-from agentstream.mcp_tools.offers import desired_offer, latest_offer, offer_digest, offered_tool
 from agentstream.runtime.mcp_catalogs import read_catalogs
 from agentstream.runtime.store import TraceStore
+from agentstream.steps.offers import desired_offer, latest_offer, offer_digest, offered_tool
 from agentstream.wire.events import Event, ToolsOffered, TurnFailed, TurnInput
 from agentstream.wire.failures import FailureCode
 

@@ -6,7 +6,7 @@ import functools
 
 import httpx
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.models import ChatModel, build_models
 from agentstream.models.endpoints import check_agents, load_endpoints
 from agentstream.ops.settings import Settings
@@ -36,7 +36,7 @@ def build(
 
     Every configured model endpoint (``default`` from OPENAI_*, and AGENTSTREAM_MODELS_FILE's)
     gets its adapter; every agent must name one of them. ``models`` (endpoint id → model, e.g.
-    the doubles of :mod:`agentstream.app.testing`) replaces the configured endpoints.
+    the doubles of :mod:`agentstream.testing`) replaces the configured endpoints.
 
     Raises:
         ConfigError: no model endpoint is configured, the configuration is not valid, a key

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 
 import msgspec
 
-from agentstream.app.base import App
 from agentstream.context import CompactionPlan, build_context, compaction_event, settings_of, summary_request
 from agentstream.context.builder import build_from_state, new_state
+from agentstream.declarations.apps import App
 from agentstream.delegation import offered_agent
 from agentstream.errors import CompactionError, ContextError, ModelError
 from agentstream.models import ChatModel, endpoints_of

@@ -7,7 +7,7 @@ import functools
 
 import httpx
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.errors import ConfigError
 from agentstream.models import ChatModel, build_models
 from agentstream.models.endpoints import load_endpoints

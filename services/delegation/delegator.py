@@ -21,7 +21,7 @@ import time
 
 import msgspec
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.delegation import (
     Delegation,
     HandOff,

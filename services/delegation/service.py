@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.ops.settings import Settings
 from agentstream.runtime.consumer import StreamConsumer, partition_consumers
 from agentstream.runtime.store import TraceStore

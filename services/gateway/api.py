@@ -27,7 +27,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.delegation import child_trace_refusal, parent_ids
 from agentstream.errors import AgentStreamError, TurnRejected
 from agentstream.models.endpoints import ModelEndpoint

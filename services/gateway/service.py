@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.errors import ConfigError
 from agentstream.models.endpoints import load_endpoints
 from agentstream.ops import metrics

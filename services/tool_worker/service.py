@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.ops.settings import Settings
 from agentstream.runtime.cancel import CancelListener
 from agentstream.runtime.consumer import StreamConsumer, partition_consumers

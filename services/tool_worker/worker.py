@@ -25,7 +25,7 @@ its trace; the result is recorded and the run key given back in one more:
 
 A result that finds its call already answered (cancelled, outcome unknown, dead letter) is kept
 as a late result, which no context shows. A cancel heard while a call runs sets the call's
-cancel flag (:mod:`agentstream.app.tool_context`) and cancels an async tool's task.
+cancel flag (:mod:`agentstream.declarations.tool_context`) and cancels an async tool's task.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ import time
 
 import msgspec
 
-from agentstream.app.base import App
-from agentstream.app.readable import readable_data, readable_element, readable_text
-from agentstream.app.tool_context import CallContext, set_current_call
+from agentstream.app.base import invoke_tool
+from agentstream.declarations.apps import App
+from agentstream.declarations.readable import readable_data, readable_element, readable_text
+from agentstream.declarations.tool_context import CallContext, set_current_call
 from agentstream.errors import Deferred
 from agentstream.ops import metrics, tracing
 from agentstream.runtime import operations
@@ -331,7 +332,7 @@ class ToolWorker:
         elif too_large is not None:
             value_text, data, error, elements = too_large, None, "arguments_too_large", ()
         else:
-            value = await tool.invoke(job.arguments)
+            value = await invoke_tool(tool, job.arguments)
             # a lone surrogate or bytes anywhere in the result: made readable, never a reason to drop it
             value_text, data = readable_text(value.text), readable_data(value.data)
             error = readable_text(value.error) if isinstance(value.error, str) else value.error

@@ -4,27 +4,29 @@ The public API of the shared library: declare an :class:`App` of :class:`Agent` 
 :func:`tool` s (and :class:`Delegation` s, tools that run a subagent); the events of a trace
 are in :mod:`agentstream.wire.events`; the context library is :mod:`agentstream.context`.
 
-The library is a folder per layer (README "Layout"):
+The library is a folder per layer, bottom first (README "Layout"; ``LAYERS`` in
+``tests/unit/test_layers.py``), each importing only its own layer and those below:
 
-- pure layers, no Redis, no asyncio, nothing of the runtime: :mod:`agentstream.wire` (events,
-  codec, keys, the checks on what a client publishes), :mod:`agentstream.context` (the context
-  library), :mod:`agentstream.steps` (the step decision and the fold);
-- the model adapters (:mod:`agentstream.models`), subagents (:mod:`agentstream.delegation`),
-  MCP tools (:mod:`agentstream.mcp_tools`), the app surface (:mod:`agentstream.app`) and
-  operations (:mod:`agentstream.ops`: settings, logs, metrics, tracing);
+- :mod:`agentstream.errors`; :mod:`agentstream.wire` (events, codec, keys, failure codes, the
+  checks on what a client publishes); :mod:`agentstream.ops` (settings, logs, metrics, tracing);
+- pure layers, no Redis, no asyncio, no httpx: :mod:`agentstream.declarations` (what an app
+  declares: App, Agent, tools, inputs, prompts), :mod:`agentstream.context` (the context
+  library), the model formats of :mod:`agentstream.models`, :mod:`agentstream.steps` (the step
+  decision and the fold); subagents (:mod:`agentstream.delegation`);
 - :mod:`agentstream.runtime`, the only layer that sends Redis commands, as named operations;
-- :mod:`agentstream.cli`, the ``agentstream`` command.
+- MCP tools (:mod:`agentstream.mcp_tools`), running an app (:mod:`agentstream.app`: tools in
+  threads, loading an app), the services, then :mod:`agentstream.cli`, the testing kit
+  (:mod:`agentstream.testing`) and the demo.
 
+This package imports the public names lazily, so importing a pure layer loads only it.
 The services (``agentstream_services``) import the runtime and the pure layers, never ``redis``.
 ``tests/unit/test_layers.py`` checks these rules.
 """
 
-from agentstream.app.base import Agent, AgentSettings, App, Tool, ToolResult, ToolResultValue, load_app, tool
-from agentstream.app.inputs import ChatTurnInput, Text, ToolDeclaration, ToolState, TurnDenied
-from agentstream.app.tool_context import CallContext, current_call
-from agentstream.delegation import Delegation
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from agentstream.errors import AgentStreamError, AgentStreamSignal, ToolCancelled
-from agentstream.mcp_tools import McpServer
 from agentstream.wire.events import (
     TRACE_SCHEMA_VERSION,
     CitedSource,
@@ -42,6 +44,48 @@ from agentstream.wire.events import (
     TurnMessage,
 )
 from agentstream.wire.failures import FailureCode
+
+if TYPE_CHECKING:
+    from agentstream.app.base import load_app
+    from agentstream.declarations.agents import Agent, AgentSettings
+    from agentstream.declarations.apps import App
+    from agentstream.declarations.inputs import ChatTurnInput, Text, ToolDeclaration, ToolState, TurnDenied
+    from agentstream.declarations.tool_context import CallContext, current_call
+    from agentstream.declarations.tools import Tool, ToolResult, ToolResultValue, tool
+    from agentstream.delegation import Delegation
+    from agentstream.mcp_tools import McpServer
+
+_LAZY = {
+    "load_app": "agentstream.app.base",
+    "Agent": "agentstream.declarations.agents",
+    "AgentSettings": "agentstream.declarations.agents",
+    "App": "agentstream.declarations.apps",
+    "ChatTurnInput": "agentstream.declarations.inputs",
+    "Text": "agentstream.declarations.inputs",
+    "ToolDeclaration": "agentstream.declarations.inputs",
+    "ToolState": "agentstream.declarations.inputs",
+    "TurnDenied": "agentstream.declarations.inputs",
+    "CallContext": "agentstream.declarations.tool_context",
+    "current_call": "agentstream.declarations.tool_context",
+    "Tool": "agentstream.declarations.tools",
+    "ToolResult": "agentstream.declarations.tools",
+    "ToolResultValue": "agentstream.declarations.tools",
+    "tool": "agentstream.declarations.tools",
+    "Delegation": "agentstream.delegation",
+    "McpServer": "agentstream.mcp_tools",
+}
+"""Public names imported on first use, so that ``import agentstream.wire`` (which runs this
+package first) loads only the wire, not the app surface with its threads and HTTP clients."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentstream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "TRACE_SCHEMA_VERSION",

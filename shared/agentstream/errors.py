@@ -13,11 +13,11 @@ package, each under its real base)::
     ├── ConfigError              misuse found at startup: a bad app path, an unknown model id,
     │   │                        a missing setting (also a ValueError). Fix it and restart.
     │   ├── PromptFileError      a prompt file that does not fit its agent (also a ValueError;
-    │   │                        agentstream.app.prompts)
+    │   │                        agentstream.declarations.prompts)
     │   ├── SchemaRefused        an MCP tool's schema cannot be offered to the endpoint
     │   │                        (agentstream.mcp_tools.schemas)
     │   └── UninlinableSchema    a tool's argument schema cannot be inlined
-    │       │                    (agentstream.app.tool_schemas)
+    │       │                    (agentstream.declarations.tool_schemas)
     │       ├── RecursiveSchemaError  the schema refers to itself
     │       └── SchemaTooLarge   it has, or inlines to, too many values or levels
     ├── TraceError               the stored record cannot be used as it is
@@ -56,7 +56,7 @@ package, each under its real base)::
     ├── Deferred                 a handler's signal: not now, hand me this work-stream entry
     │                            again after a delay (the consumer does; no delivery counted)
     ├── TurnDenied               an agent refuses a turn, raised by its settings function, or
-    │                            for tool states it does not allow (agentstream.app.inputs): the
+    │                            for tool states it does not allow (agentstream.declarations.inputs): the
     │                            turn fails with the signal's code, no model is called
     └── ToolCancelled            the call's turn was cancelled (a tool raises it to stop early;
                                  the tool runner records a cancelled result)
@@ -67,7 +67,7 @@ package, each under its real base)::
                                  (agentstream.models.http; caught by its retry loop)
     AssertionError
     ├── UnexpectedModelCall      a model double got a call it was not written for
-    │                            (agentstream.app.testing)
+    │                            (agentstream.testing)
     └── RealModelCallBlocked     a test bed's service tried a real model call
 
 Errors say what happened, to what (trace id, call id, stream) and what to do next. Third-party
@@ -207,7 +207,7 @@ class ToolTimeoutError(ToolError):
 
 
 class ToolCancelled(AgentStreamSignal):
-    """The call's turn was cancelled; raised by :meth:`agentstream.app.tool_context.CallContext.raise_if_cancelled`."""
+    """The call's turn was cancelled; raised by :meth:`agentstream.declarations.tool_context.CallContext.raise_if_cancelled`."""
 
 
 class ContextError(AgentStreamError):

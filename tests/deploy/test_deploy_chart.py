@@ -488,7 +488,7 @@ def test_network_policies(full_render: Rendered, render: Any) -> None:
 
 
 def test_prompts_configmap_is_mounted(full_render: Rendered) -> None:
-    from agentstream.app.prompts import PROMPTS_DIR_ENV  # the variable the Python side reads
+    from agentstream.declarations.prompts import PROMPTS_DIR_ENV  # the variable the Python side reads
 
     cm = full_render.named("ConfigMap", f"{FULLNAME}-prompts")
     assert "demo.yaml" in cm["data"]

@@ -1,5 +1,5 @@
 """The chart runs a tool-worker pool for an MCP server: its command and env, or its URL and a
-Secret for its headers, rendered as the variables agentstream.mcp_tools.server reads."""
+Secret for its headers, rendered as the variables agentstream.declarations.mcp_servers reads."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentstream.app.base import invoke_tool
 from agentstream.cli.localmodel import MODEL_ALIAS, LocalModelError, LocalModelServer, find_gguf
 from agentstream.demo.app import DEMO_QUESTIONS, demo
 from agentstream.demo.tools import calculator
@@ -160,7 +161,7 @@ def test_full_pipeline_question_tool_result_answer(client: httpx.Client) -> None
     messages = first_messages(question)
     first = chat(client, messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=demo.max_output_tokens)
     (call,) = first.json()["choices"][0]["message"]["tool_calls"]
-    result = asyncio.run(calculator.invoke(call["function"]["arguments"]))
+    result = asyncio.run(invoke_tool(calculator, call["function"]["arguments"]))
     assert result.error is None
     messages += [
         {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -233,6 +234,7 @@ def render():
     return env.from_string("{{ m }}").render(m="It's <b> & \"q\"")
 before = render()
 from agentstream.cli.llama_server import render_prompts_as_text
+from agentstream.app.base import invoke_tool
 render_prompts_as_text()
 print(json.dumps({"uses": 'autoescape=jinja2.select_autoescape(["html", "xml"])' in source, "before": before, "after": render()}))
 """

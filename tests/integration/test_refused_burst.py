@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from agentstream.app.testing import TestModel
 from agentstream.errors import Deferred
 from agentstream.runtime import operations
+from agentstream.testing import TestModel
 from agentstream.wire import codec
 from agentstream.wire.events import TurnFailed
 from agentstream.wire.keys import REPLY_FIELD, TURN_FIELD, WAKE_FIELD

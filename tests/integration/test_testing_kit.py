@@ -1,4 +1,4 @@
-"""agentstream.app.testing: the model doubles and the in-process test bed, on a real Redis, with the
+"""agentstream.testing: the model doubles and the in-process test bed, on a real Redis, with the
 README's app and its example tests run as written."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentstream import Agent, App, tool
-from agentstream.app.testing import (
+from agentstream.testing import (
     FunctionModel,
     RealModelCallBlocked,
     ScriptedModel,

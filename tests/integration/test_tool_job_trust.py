@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from agentstream import Agent, App, ToolResult, tool
-from agentstream.app.testing import ScriptedModel, call
 from agentstream.runtime.store import TraceStore
+from agentstream.testing import ScriptedModel, call
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, ToolStarted, TurnFailed, TurnInput
 from agentstream.wire.keys import JOB_FIELD, TURN_FIELD
@@ -210,7 +210,7 @@ async def test_a_model_output_that_would_not_read_back_fails_its_turn(store, red
 
         return Output(turn_id="t1", step=0, content="hi", latency_ms=float("nan"))
 
-    from agentstream.app.testing import FunctionModel
+    from agentstream.testing import FunctionModel
 
     loop = AgentLoop(APP, store, {"default": FunctionModel(nan_latency)})
     turn = json.dumps({"trace_id": "nan", "turn_id": "t1", "agent": "a", "text": "go"})

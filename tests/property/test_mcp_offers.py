@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentstream.context import build_context
-from agentstream.mcp_tools.offers import offer_digest
+from agentstream.steps.offers import offer_digest
 from agentstream.wire.events import ModelOutput, OfferedTool, ToolsOffered, TurnInput
 from tests.property.test_context_properties import agent_of, calls_of
 from tests.property.test_context_shortcuts import SETTINGS, assert_same_contexts

@@ -21,9 +21,9 @@ from typing import Any
 import pydantic
 
 from agentstream import Agent, App, Document, Passage, ToolResult, tool
-from agentstream.app.inputs import ChatTurnInput
-from agentstream.app.prompts import PromptFile
 from agentstream.context import BRACKETS, ContextConfig
+from agentstream.declarations.inputs import ChatTurnInput
+from agentstream.declarations.prompts import PromptFile
 from agentstream.delegation import Delegation
 
 

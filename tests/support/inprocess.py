@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from agentstream.app.base import App
+from agentstream.declarations.apps import App
 from agentstream.ops.settings import Settings
 from agentstream.runtime.connection import connect
 from agentstream.runtime.runner import run_consumers

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentstream import Agent, App, ChatTurnInput, McpServer, ToolDeclaration
-from agentstream.app.prompts import PromptFile
+from agentstream.declarations.prompts import PromptFile
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from agentstream.app.base import Tool, load_app
+from agentstream.app.base import invoke_tool, load_app
+from agentstream.declarations.tools import Tool
 from agentstream.demo import tools as demo_tools
 from agentstream.demo.tools import (
     calculator,
@@ -97,10 +98,10 @@ def test_calculator_refuses(expression: str, message: str) -> None:
 
 async def test_calculator_errors_become_error_results() -> None:
     assert isinstance(calculator, Tool)
-    result = await calculator.invoke('{"expression": "__import__(\'os\')"}')
+    result = await invoke_tool(calculator, '{"expression": "__import__(\'os\')"}')
     assert result.error == "tool_error"
     assert "ValueError" in result.text and "unknown function" in result.text
-    ok = await calculator.invoke('{"expression": "6 * 7"}')
+    ok = await invoke_tool(calculator, '{"expression": "6 * 7"}')
     assert ok.error is None and ok.text == "42"
 
 

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from agentstream import App, ToolResult, tool
+from agentstream.app.base import invoke_tool
 from agentstream.context import BRACKETS, ContextConfig, build_request
 from agentstream.context.cited import read_back
 from agentstream.context.elements import Numbering
@@ -177,11 +178,11 @@ def test_a_tool_returns_elements_alone_a_list_of_them_or_a_tool_result():
             events=[Note(turn_id="t", text="n")],
         )
 
-    assert asyncio.run(one.invoke("")).elements == (Source(id="s", text="x"),)
-    assert asyncio.run(many.invoke("")).elements == (Document(id="d"), Passage(id="d#1", ref="d", text="p"))
-    value = asyncio.run(full.invoke(""))
+    assert asyncio.run(invoke_tool(one, "")).elements == (Source(id="s", text="x"),)
+    assert asyncio.run(invoke_tool(many, "")).elements == (Document(id="d"), Passage(id="d#1", ref="d", text="p"))
+    value = asyncio.run(invoke_tool(full, ""))
     assert (value.text, value.data, len(value.elements), len(value.events)) == ("t", {"n": 1}, 1, 1)
-    assert asyncio.run(tool(lambda: []).invoke("")).data == []  # an empty list stays data
+    assert asyncio.run(invoke_tool(tool(lambda: []), "")).data == []  # an empty list stays data
 
 
 # --- citations read back -----------------------------------------------------------------------

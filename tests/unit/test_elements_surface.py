@@ -10,8 +10,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from agentstream.app.base import Agent
+from agentstream.app.base import invoke_tool
 from agentstream.context import ContextConfig, ContextPolicy, build_request
+from agentstream.declarations.agents import Agent
 from agentstream.models import anthropic_format, openai_format
 from agentstream.wire import codec
 from agentstream.wire.events import (
@@ -121,7 +122,7 @@ def test_max_images_keeps_the_newest_images_on_both_formats_and_notes_the_older_
 def test_the_docs_tool_returns_passages_of_the_documentation_on_disk_as_sources():
     from agentstream.demo.docs import corpus, docs_search
 
-    result = asyncio.run(docs_search.invoke(json.dumps({"question": "How do I read a file line by line?"})))
+    result = asyncio.run(invoke_tool(docs_search, json.dumps({"question": "How do I read a file line by line?"})))
     assert result.error is None and result.elements
     documents = [e for e in result.elements if isinstance(e, Document)]
     passages = [e for e in result.elements if isinstance(e, Passage)]
@@ -133,7 +134,7 @@ def test_the_docs_tool_returns_passages_of_the_documentation_on_disk_as_sources(
         assert document.properties["location"] == f"python -m pydoc {entry.name}"
         assert "line" in passage.text.lower()
     assert result.text == passages[0].text  # the best passage is the result's text: the docs agent's answer
-    topic = asyncio.run(docs_search.invoke(json.dumps({"question": "What does the with statement do?"})))
+    topic = asyncio.run(invoke_tool(docs_search, json.dumps({"question": "What does the with statement do?"})))
     assert topic.elements[0].id == "pydoc:with" and topic.elements[0].title == 'The "with" statement'
 
 
@@ -166,5 +167,5 @@ def test_the_readmes_element_and_app_type_examples_run():
         exec(compile(block, "README.md", "exec"), namespace)
         assert isinstance(namespace["app"], App)
     tools = namespace["app"].tools
-    ticket = asyncio.run(tools["ticket"].invoke('{"key": "7"}'))
+    ticket = asyncio.run(invoke_tool(tools["ticket"], '{"key": "7"}'))
     assert ticket.elements[0].id == "T-7"

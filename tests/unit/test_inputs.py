@@ -10,9 +10,11 @@ import json
 import pytest
 
 from agentstream import AgentSettings, ChatTurnInput, Text, ToolDeclaration, TurnDenied
-from agentstream.app.base import Agent, App, tool
-from agentstream.app.inputs import as_recorded, parse_payload, tool_states
 from agentstream.context import build_context
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.apps import App
+from agentstream.declarations.inputs import as_recorded, parse_payload, tool_states
+from agentstream.declarations.tools import tool
 from agentstream.errors import ConfigError, TurnRejected
 from agentstream.steps.decision import CallModel, FailTurn, RecordResults, RunTools, decide
 from agentstream.steps.fold import fold_events

@@ -3,9 +3,14 @@
 Read from the source with :mod:`ast` (no module is imported), so a rule broken anywhere in a
 module (a function's lazy import, a ``TYPE_CHECKING`` block) fails here:
 
-- the pure layers (the wire, the context library, the step decision and fold) import neither
-  ``redis`` nor ``asyncio``, and nothing of the runtime, the CLI or the services, directly or
-  through the modules they import;
+- the library is a stack of folders, :data:`LAYERS`, bottom first; a module imports only from its
+  own layer or the layers below it (a function's lazy import included), so no folder imports
+  upward and no two folders import each other; a type-only import (``if TYPE_CHECKING:``) loads
+  nothing, and an upward one is listed in :data:`TYPE_ONLY_UPWARD` with its reason;
+- the pure layers (the wire, the declarations, the context library, the step decision and fold)
+  import neither ``redis`` nor ``asyncio``, and nothing of the runtime, the CLI or the services,
+  directly or through the modules they import; and, imported in a fresh interpreter, they and
+  the model formats load no ``asyncio``, ``redis`` or ``httpx``;
 - the wire imports only the wire and :mod:`agentstream.errors`;
 - only the runtime imports ``redis`` (:data:`REDIS_OUTSIDE_RUNTIME` is empty and stays so);
 - the services import the runtime and the pure layers, never ``redis``;
@@ -18,6 +23,8 @@ module (a function's lazy import, a ``TYPE_CHECKING`` block) fails here:
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {"agentstream": ROOT / "shared/agentstream", "agentstream_services": ROOT / "services"}
 
-PURE = ("agentstream.wire", "agentstream.context", "agentstream.steps")
+PURE = ("agentstream.wire", "agentstream.declarations", "agentstream.context", "agentstream.steps")
 UPPER = ("agentstream.runtime", "agentstream.cli", "agentstream_services")
 REDIS_OUTSIDE_RUNTIME: set[str] = set()
 """Modules outside the runtime that still import ``redis`` (none: keep it so; code outside the
@@ -47,12 +54,25 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str) -> tuple[set[str], set[str]]:
-    """(the agentstream modules ``name`` imports, the outside top-level packages it imports)."""
+def _type_only(tree: ast.Module) -> set[int]:
+    """The ids of the import statements of ``tree`` inside an ``if TYPE_CHECKING:`` block."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return found
+
+
+def _imports(name: str, *, loaded_only: bool = False) -> tuple[set[str], set[str]]:
+    """(the agentstream modules ``name`` imports, the outside top-level packages it imports);
+    with ``loaded_only``, without the imports of ``if TYPE_CHECKING:`` blocks (they load nothing)."""
     tree = ast.parse(MODULES[name].read_text())
     package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    skipped = _type_only(tree) if loaded_only else set()
     inside, outside = set(), set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -79,6 +99,8 @@ def _imports(name: str) -> tuple[set[str], set[str]]:
 
 
 GRAPH = {name: _imports(name) for name in MODULES}
+LOADED = {name: _imports(name, loaded_only=True)[0] for name in MODULES}
+"""The agentstream modules each module loads when it runs (its imports outside ``TYPE_CHECKING``)."""
 
 
 def _closure(name: str) -> set[str]:
@@ -96,6 +118,123 @@ def _in(name: str, layers: tuple[str, ...]) -> bool:
 
 
 PURE_MODULES = sorted(name for name in MODULES if _in(name, PURE))
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("agentstream.errors",),
+    ("agentstream.wire",),
+    ("agentstream.ops",),
+    ("agentstream.declarations",),
+    ("agentstream.context",),
+    ("agentstream.models",),
+    ("agentstream.delegation",),
+    ("agentstream.steps",),
+    ("agentstream.runtime",),
+    ("agentstream.mcp_tools",),
+    ("agentstream.app",),
+    ("agentstream_services",),
+    ("agentstream.cli", "agentstream.testing", "agentstream.demo", "agentstream.__main__"),
+)
+"""The folders of the library, bottom first: the wire; operations (settings, logs, metrics,
+tracing: leaves every layer may use); what an app declares; the pure core (the context library,
+the model formats and adapters, subagents, the step decision and fold); the runtime on Redis;
+MCP servers' tools; running an app (tools in threads, loading it); the services; then what sits
+on top of everything (the CLI, the testing kit, the demo app). The root package, the public API,
+imports lazily from any layer and is left out."""
+
+TYPE_ONLY_UPWARD: dict[tuple[str, str], str] = {
+    ("agentstream.declarations.agents", "agentstream.context.limits"): "Agent's model_limits field is a ModelLimits",
+    ("agentstream.declarations.agents", "agentstream.context.render"): "Agent's context field is a ContextConfig",
+    ("agentstream.declarations.agents", "agentstream.context"): "the package of the two above",
+}
+"""Type-only imports (``if TYPE_CHECKING:``) that name a type of a higher layer: (module, what it
+names) → why. They load nothing; keep the list short."""
+
+
+def _layer(name: str) -> int:
+    for index, layer in enumerate(LAYERS):
+        if _in(name, layer):
+            return index
+    raise AssertionError(f"{name} is in no layer: add its folder to LAYERS")
+
+
+def _folder(name: str) -> str:
+    parts = name.split(".")
+    return parts[0] if parts[0] == "agentstream_services" else ".".join(parts[:2])
+
+
+LAYERED = sorted(name for name in MODULES if name != "agentstream")
+
+
+@pytest.mark.parametrize("name", LAYERED)
+def test_a_module_loads_only_its_own_layer_and_those_below(name: str) -> None:
+    upward = sorted(dep for dep in LOADED[name] if dep != "agentstream" and _layer(dep) > _layer(name))
+    assert not upward, f"{name} (layer {LAYERS[_layer(name)]}) imports upward: {upward}"
+
+
+@pytest.mark.parametrize("name", LAYERED)
+def test_a_type_only_import_upward_is_listed(name: str) -> None:
+    type_only = GRAPH[name][0] - LOADED[name]
+    upward = {dep for dep in type_only if dep != "agentstream" and _layer(dep) > _layer(name)}
+    unlisted = sorted(dep for dep in upward if (name, dep) not in TYPE_ONLY_UPWARD)
+    assert not unlisted, f"{name} names types of a higher layer: {unlisted} (import them where they belong)"
+
+
+def test_the_type_only_list_is_current() -> None:
+    stale = sorted(pair for pair in TYPE_ONLY_UPWARD if pair[1] not in GRAPH[pair[0]][0] - LOADED[pair[0]])
+    assert not stale, f"no longer type-only imports (drop them from TYPE_ONLY_UPWARD): {stale}"
+
+
+def test_no_two_folders_import_each_other() -> None:
+    # the folders' graph (by what loads, through any module) has no cycle, however long
+    edges: dict[str, set[str]] = {}
+    for name in LAYERED:
+        for dep in LOADED[name]:
+            if dep != "agentstream" and _folder(dep) != _folder(name):
+                edges.setdefault(_folder(name), set()).add(_folder(dep))
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = sorted(folder for folder in edges if folder in reaches(folder))
+    assert not cycles, f"folders that import themselves back through others: {cycles}"
+
+
+def test_pure_modules_reach_only_pure_layers_and_below() -> None:
+    top = _layer("agentstream.steps")
+    for name in PURE_MODULES:
+        reached = sorted(dep for dep in _closure(name) if dep != "agentstream" and _layer(dep) > top)
+        assert not reached, f"{name} (a pure layer) reaches, directly or not, {reached}"
+
+
+LOAD_CHECKED = (
+    "agentstream.wire",
+    "agentstream.declarations",
+    "agentstream.context",
+    "agentstream.steps",
+    "agentstream.models.formats",
+    "agentstream.models.openai_format",
+    "agentstream.models.anthropic_format",
+)
+
+
+@pytest.mark.parametrize("package", LOAD_CHECKED)
+def test_importing_the_pure_layers_loads_no_asyncio_redis_or_httpx(package: str) -> None:
+    # every module of the package, in a fresh interpreter: what it loads, not what it says
+    modules = [name for name in MODULES if _in(name, (package,))]
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in ('asyncio', 'redis', 'httpx') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", f"importing {package} loads {out.stdout.strip()}"
 
 
 def test_the_layers_exist() -> None:

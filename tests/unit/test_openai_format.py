@@ -1,7 +1,8 @@
 import json
 
-from agentstream.app.base import Agent, tool
 from agentstream.context import build_request
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.tools import tool
 from agentstream.models import openai_format
 from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput
 

@@ -160,8 +160,8 @@ def test_the_namespace_may_end_in_a_suffix_or_hold_colons() -> None:
 
 
 def test_tools_mcp_servers_and_settings_refuse_such_names_at_configuration() -> None:
-    from agentstream.app.base import tool
-    from agentstream.mcp_tools.server import McpServer
+    from agentstream.declarations.mcp_servers import McpServer
+    from agentstream.declarations.tools import tool
     from agentstream.ops.settings import Settings
 
     with pytest.raises(ConfigError, match=r"tool 'lookup': tool queue name 'x:p1'.*partition 1 of queue 'x'"):

@@ -4,8 +4,9 @@ library count alike."""
 
 import pydantic
 
-from agentstream.app.base import Agent, tool
 from agentstream.context import build_request
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.tools import tool
 from agentstream.delegation import Delegation
 from agentstream.steps.decision import PASSES_CAP_CODE, CallModel, RecordResults, decide, passes_before
 from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput

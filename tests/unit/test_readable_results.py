@@ -12,8 +12,9 @@ import json
 import pytest
 
 from agentstream import Agent, tool
-from agentstream.app.readable import bytes_value, readable_data, readable_text, sniff
+from agentstream.app.base import invoke_tool
 from agentstream.context import build_request
+from agentstream.declarations.readable import bytes_value, readable_data, readable_text, sniff
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.wire import codec
@@ -28,7 +29,7 @@ NOISE = bytes(range(128, 256)) * 3
 
 
 def run(fn, arguments: str = "{}"):
-    return asyncio.run(tool(fn).invoke(arguments))
+    return asyncio.run(invoke_tool(tool(fn), arguments))
 
 
 def test_bytes_that_are_utf8_are_shown_as_text():

@@ -2,8 +2,10 @@
 
 import pytest
 
-from agentstream.app.base import Agent, App, tool
 from agentstream.context import ToolResultMessage, UserMessage, build_messages, build_request
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.apps import App
+from agentstream.declarations.tools import tool
 from agentstream.steps.decision import (
     PASSES_CAP_CODE,
     PASSES_CAP_DIRECTIVE,

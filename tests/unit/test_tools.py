@@ -2,7 +2,10 @@ import asyncio
 
 import pytest
 
-from agentstream.app.base import Agent, App, load_app, tool
+from agentstream.app.base import invoke_tool, load_app
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.apps import App
+from agentstream.declarations.tools import tool
 from agentstream.errors import ConfigError, ToolArgumentsError
 
 
@@ -62,12 +65,12 @@ def test_bad_arguments_are_explained(raw, message):
 
 
 async def test_invoke_turns_every_failure_into_an_error_result():
-    assert (await add.invoke('{"a": 1}')).text == "3"
-    bad = await add.invoke('{"a": "one"}')
+    assert (await invoke_tool(add, '{"a": 1}')).text == "3"
+    bad = await invoke_tool(add, '{"a": "one"}')
     assert bad.error == "invalid_arguments" and "valid integer" in bad.text
-    raised = await boom.invoke("")
+    raised = await invoke_tool(boom, "")
     assert raised.error == "tool_error" and "RuntimeError: kaput" in raised.text
-    slow = await sleepy.invoke('{"seconds": 5}')
+    slow = await invoke_tool(sleepy, '{"seconds": 5}')
     assert slow.error == "timeout" and "0.1 s" in slow.text
 
 
@@ -77,7 +80,7 @@ def test_structured_results_keep_data():
         """A dict."""
         return {"x": 1}
 
-    result = asyncio.run(pair.invoke(""))
+    result = asyncio.run(invoke_tool(pair, ""))
     assert result.data == {"x": 1} and result.text == '{"x":1}'
 
 
@@ -131,8 +134,8 @@ def stuck() -> str:
 
 
 async def test_a_sync_tool_call_reuses_the_daemon_thread_of_the_call_before():
-    first = (await where.invoke("{}")).text.split("|")
-    second = (await where.invoke("{}")).text.split("|")
+    first = (await invoke_tool(where, "{}")).text.split("|")
+    second = (await invoke_tool(where, "{}")).text.split("|")
     assert _threads[-1] is _threads[-2]  # the same thread object: none started per call
     assert second[1] == "tool:where" and second[2] == "True"
     assert first[3] == second[3] == "unset"  # a call's context variables do not reach the next one
@@ -141,10 +144,10 @@ async def test_a_sync_tool_call_reuses_the_daemon_thread_of_the_call_before():
 async def test_a_stuck_sync_tool_keeps_only_its_own_thread():
     _release.clear()
     try:
-        timed_out = await stuck.invoke("{}")
+        timed_out = await invoke_tool(stuck, "{}")
         assert timed_out.error == "timeout"
         # the stuck thread is still running: the next calls get other threads, at once
-        results = await asyncio.wait_for(asyncio.gather(*(where.invoke("{}") for _ in range(3))), 2)
+        results = await asyncio.wait_for(asyncio.gather(*(invoke_tool(where, "{}") for _ in range(3))), 2)
         assert all(not r.error for r in results)
         stuck_threads = [t for t in threading.enumerate() if t.name == "tool:stuck"]
         assert stuck_threads and not any(t is s for t in _threads[-3:] for s in stuck_threads)

@@ -1,3 +1,4 @@
-"""The app surface: what a user's app declares (App, Agent, tools), what a running tool can
-know about its call, and the testing kit.
+"""Running an app: tools in threads with their timeouts and loading an app from
+``module:attribute`` (:mod:`agentstream.app.base`). What an app declares (App, Agent, tools,
+inputs, prompts) is :mod:`agentstream.declarations`; the testing kit is :mod:`agentstream.testing`.
 """

@@ -1315,7 +1315,7 @@ def prompt_show(
     var: Annotated[list[str] | None, typer.Option(callback=_variables, help="A template variable, NAME=VALUE.")] = None,
 ) -> None:
     """Print what one model reads from a prompt file: its system prompt, texts and tool texts."""
-    from agentstream.app.prompts import load_prompt_file
+    from agentstream.declarations.prompts import load_prompt_file
 
     variables = dict(v.split("=", 1) for v in (var or []))
     try:

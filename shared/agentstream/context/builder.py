@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentstream.app.base import Agent
 from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
 from agentstream.context.compaction import instructions as compaction_instructions
 from agentstream.context.elements import Numbering
@@ -44,6 +43,7 @@ from agentstream.context.request import ChatRequest, Message, ToolDefinition
 from agentstream.context.shrink import judge
 from agentstream.context.state import TraceState
 from agentstream.context.trimming import trim_request
+from agentstream.declarations.agents import Agent
 from agentstream.errors import ContextFullError
 from agentstream.wire.codec import gc_paused
 from agentstream.wire.events import ToolCall, ToolOutput

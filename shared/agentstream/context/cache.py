@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentstream.app.base import Agent
 from agentstream.context.builder import (
     BuiltContext,
     build_from_state,
@@ -28,6 +27,7 @@ from agentstream.context.builder import (
 from agentstream.context.render import EventFilter
 from agentstream.context.request import ChatRequest
 from agentstream.context.state import TraceState
+from agentstream.declarations.agents import Agent
 
 
 @dataclass

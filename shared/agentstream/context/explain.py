@@ -8,13 +8,13 @@ result with the shrink that gave it its form and the model call at which it did.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentstream.app.base import Agent
 from agentstream.context.builder import BuiltContext, Shrunk, build_context
 from agentstream.context.request import ChatRequest
+from agentstream.declarations.agents import Agent
 from agentstream.wire.events import ModelOutput, TurnInput
 
 
@@ -51,7 +51,7 @@ def explain(
     *,
     step: int,
     turn_id: str | None = None,
-    endpoints: Mapping[str, Any] | None = None,
+    offer: Callable[[Agent, TurnInput], Agent] | None = None,
 ) -> Explanation:
     """Explain model call ``step`` of turn ``turn_id`` (default: the trace's newest turn).
 
@@ -60,9 +60,11 @@ def explain(
         agent_of: looks an agent up by name (``App.agent``).
         step: the call's step within its turn (0-based).
         turn_id: the call's turn; None takes the newest turn.
-        endpoints: the configured model endpoints by id: the agent is taken as the call's turn
-            offered it (:func:`agentstream.delegation.offered_agent`: a child's model, withheld
-            delegations, the endpoint's limits), as the agent loop and replay take it.
+        offer: the agent as the call's turn is offered it (a child's model, withheld delegations,
+            the endpoint's limits), as the agent loop and replay take it:
+            :func:`agentstream.steps.explaining.explain_call` passes
+            :func:`agentstream.delegation.offered_agent` with the configured endpoints. None: the
+            agent as the app declares it.
 
     Raises:
         LookupError: the trace has no such turn, the turn's agent is not in the app, or the
@@ -79,11 +81,8 @@ def explain(
     agent = agent_of(turn.agent)
     if agent is None:
         raise LookupError(f"turn {turn_id!r} names agent {turn.agent!r}, which the app does not have")
-    from agentstream.delegation import (
-        offered_agent,
-    )  # not at the top: the delegation package imports the context library
-
-    agent = offered_agent(agent, turn, endpoints)
+    if offer is not None:
+        agent = offer(agent, turn)
     steps = []
     for index, event in enumerate(events):
         if isinstance(event, ModelOutput) and event.turn_id == turn_id:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from agentstream.app.base import Agent
     from agentstream.context.elements import Numbering
     from agentstream.context.folded import Change, Slot, Turn
     from agentstream.context.forms.shorten import Form
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
     from agentstream.context.policy import ContextPolicy
     from agentstream.context.render import ContextConfig, ResultRenderer
     from agentstream.context.request import Message, ToolDefinition
+    from agentstream.declarations.agents import Agent
     from agentstream.wire.events import Compaction
 
 

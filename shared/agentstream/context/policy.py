@@ -31,6 +31,7 @@ from agentstream.context.forms.shorten import (
 )
 from agentstream.context.limits import ModelLimits, Share, Threshold, Tokens
 from agentstream.context.request import ToolDefinition
+from agentstream.declarations.inputs import DEFAULT_REOPEN_NAME
 from agentstream.wire.events import Element
 
 Unit = Literal["turns", "rounds", "results"]
@@ -235,7 +236,7 @@ class Reopen:
         description: what the model reads about it.
     """
 
-    name: str = "reopen"
+    name: str = DEFAULT_REOPEN_NAME
     description: str = REOPEN_DESCRIPTION
 
     def definition(self) -> ToolDefinition:

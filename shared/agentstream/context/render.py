@@ -13,8 +13,6 @@ from typing import Any
 
 import msgspec
 
-from agentstream.app.inputs import Text, elements_then_text, parse_payload
-from agentstream.app.inputs import as_recorded as input_as_recorded
 from agentstream.context.citations import CitationStyle
 from agentstream.context.elements import Numbering, images_of
 from agentstream.context.forms.shorten import (
@@ -36,6 +34,8 @@ from agentstream.context.request import (
     ToolResultMessage,
     UserMessage,
 )
+from agentstream.declarations.inputs import Text, elements_then_text, parse_payload
+from agentstream.declarations.inputs import as_recorded as input_as_recorded
 from agentstream.errors import ContextError
 from agentstream.wire.events import (
     Document,
@@ -130,7 +130,7 @@ def input_message(event: TurnInput, agent: Any, show: ShowElements) -> UserMessa
     of the tools the turn requires, after a blank line; None when the hook keeps it from the model.
 
     An input the type no longer parses is shown as recorded (its elements, then its payload as
-    text or JSON: :func:`agentstream.app.inputs.as_recorded`). A plain-text input of an agent with
+    text or JSON: :func:`agentstream.declarations.inputs.as_recorded`). A plain-text input of an agent with
     the default type and hook is shown without parsing (as before typed inputs).
     """
     render = getattr(agent, "render_input", None)

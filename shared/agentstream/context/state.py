@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from agentstream.app.base import Agent, ToolChoice
 from agentstream.context.compaction import summary_section
 from agentstream.context.elements import Numbering
 from agentstream.context.folded import (
@@ -54,6 +53,7 @@ from agentstream.context.render import (
 from agentstream.context.reopen import derive_reopened, is_reopen_output
 from agentstream.context.request import AssistantMessage, Message, ToolDefinition, offered_definitions
 from agentstream.context.shrink import judge, steps_of
+from agentstream.declarations.agents import Agent, ToolChoice
 from agentstream.errors import UnrenderedEventError
 from agentstream.wire.codec import gc_paused
 from agentstream.wire.events import (
@@ -468,7 +468,7 @@ class TraceState:
 
     def base_system(self, current: int) -> str:
         """The agent's system prompt for the calls of turn ``current`` (an index; -1 before any
-        turn), written from the turn's input once (:meth:`agentstream.app.base.Agent.system_text`).
+        turn), written from the turn's input once (:meth:`agentstream.declarations.agents.Agent.system_text`).
 
         Raises:
             PromptError: the agent's prompt could not be written for the turn.

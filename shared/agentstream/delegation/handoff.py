@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from agentstream.app.base import Agent
 from agentstream.context.elements import Numbering
+from agentstream.declarations.agents import Agent
 from agentstream.delegation.tool import Delegation
 from agentstream.errors import ToolArgumentsError
 from agentstream.models.endpoints import ModelEndpoint

@@ -14,8 +14,9 @@ from typing import Any
 
 import pydantic
 
-from agentstream.app.base import App, Tool, ToolResultValue
 from agentstream.context.elements import Numbering
+from agentstream.declarations.apps import App
+from agentstream.declarations.tools import Tool, ToolResultValue
 from agentstream.errors import ConfigError, ToolArgumentsError
 from agentstream.wire.events import AnyElement, Element, Event, TurnEnded
 from agentstream.wire.jsontext import arguments_unicode_refusal

@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import pydantic
 
-from agentstream.app.base import Agent, App
-from agentstream.app.prompts import PROMPT_VARIABLES, load_prompt_file
 from agentstream.context import BRACKETS, Compact, ContextConfig, ContextPolicy, ModelLimits, Tokens, turns
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.apps import App
+from agentstream.declarations.prompts import PROMPT_VARIABLES, load_prompt_file
 from agentstream.delegation import Delegation
 from agentstream.demo.docs import docs_search
 from agentstream.demo.tools import calculator, python_docs_read, python_docs_search

@@ -27,7 +27,7 @@ from typing import Annotated
 
 import pydantic
 
-from agentstream.app.base import ToolResult, tool
+from agentstream.declarations.tools import ToolResult, tool
 from agentstream.wire.events import Document, Passage
 
 _WORD = re.compile(r"[a-z][a-z0-9]*")

@@ -6,7 +6,7 @@
   docstrings of builtins and standard-library modules (through ``pydoc``).
 
 A tool that cannot do what it is asked raises ``ValueError`` with a message for the model;
-:meth:`agentstream.app.base.Tool.invoke` turns it into an error result.
+:meth:`agentstream.declarations.tools.Tool.invoke` turns it into an error result.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from agentstream.app.base import tool
+from agentstream.declarations.tools import tool
 
 # --------------------------------------------------------------------------------------------
 # calculator

@@ -19,7 +19,7 @@ tool workers run):
   server's catalog in Redis (:mod:`~agentstream.runtime.mcp_catalogs`); it lists them again on the
   server's list-changed notification;
 - the agent loop offers the catalog's tools after the agent's own, recording what it offers in
-  the trace when it changes (:mod:`~agentstream.mcp_tools.offers`), so ``trace verify`` still
+  the trace when it changes (:mod:`~agentstream.steps.offers`), so ``trace verify`` still
   rebuilds every request;
 - calls go through the tool queue like any tool call: once per call, with the server's timeouts,
   ``side_effects`` per tool, cancellation (the MCP request is cancelled); a result's text is the
@@ -28,7 +28,7 @@ tool workers run):
   with backoff and its calls in flight get an error result (:mod:`~agentstream.mcp_tools.host`).
 """
 
+from agentstream.declarations.mcp_servers import McpServer, Transport
 from agentstream.mcp_tools.schemas import SchemaRefused, normalise_input_schema
-from agentstream.mcp_tools.server import McpServer, Transport
 
 __all__ = ["McpServer", "SchemaRefused", "Transport", "normalise_input_schema"]

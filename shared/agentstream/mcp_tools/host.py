@@ -45,17 +45,17 @@ from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, Implementation, ToolListChangedNotification
 
-from agentstream.app.base import Tool, ToolResult
-from agentstream.app.tool_context import current_call
+from agentstream.declarations.mcp_servers import McpServer, Transport
+from agentstream.declarations.tool_context import current_call
+from agentstream.declarations.tools import Tool, ToolResult
 from agentstream.errors import ConfigError, ToolArgumentsError
-from agentstream.mcp_tools.offers import Catalog, Refusal, offer_digest
 from agentstream.mcp_tools.results import result_value
 from agentstream.mcp_tools.schemas import SchemaRefused, normalise_input_schema
-from agentstream.mcp_tools.server import McpServer, Transport
 from agentstream.mcp_tools.transports import CappedTransport, stdio_transport
 from agentstream.ops import metrics
 from agentstream.runtime.connection import RedisClient
 from agentstream.runtime.mcp_catalogs import publish_catalog
+from agentstream.steps.offers import Catalog, Refusal, offer_digest
 from agentstream.wire.events import OfferedTool
 from agentstream.wire.jsontext import arguments_unicode_refusal
 from agentstream.wire.keys import Keys

@@ -37,7 +37,7 @@ from mcp_types import (
     TextResourceContents,
 )
 
-from agentstream.app.base import ToolResult
+from agentstream.declarations.tools import ToolResult
 from agentstream.wire.events import Document, Element, Image
 from agentstream.wire.registry import check_image
 

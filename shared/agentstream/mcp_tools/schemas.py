@@ -15,8 +15,8 @@ a subset. What several of them reject, and what this module does about it:
   keys), and an object without ``properties`` gets ``"properties": {}``.
 
 - size: a schema over :data:`MAX_SCHEMA_BYTES` of JSON, or that has or inlines to more than
-  :data:`~agentstream.app.tool_schemas.MAX_INLINED_NODES` values or
-  :data:`~agentstream.app.tool_schemas.MAX_SCHEMA_DEPTH` levels, is refused (keyword
+  :data:`~agentstream.declarations.tool_schemas.MAX_INLINED_NODES` values or
+  :data:`~agentstream.declarations.tool_schemas.MAX_SCHEMA_DEPTH` levels, is refused (keyword
   ``inputSchema``): the work on what a server lists is bounded, whatever it lists.
 
 A refused tool is not offered; :class:`SchemaRefused` names the tool, the keyword and why, and
@@ -29,7 +29,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentstream.app.tool_schemas import (
+from agentstream.declarations.tool_schemas import (
     MAX_INLINED_NODES,
     MAX_SCHEMA_DEPTH,
     RecursiveSchemaError,

@@ -35,7 +35,7 @@ import mcp_types
 from mcp.client.stdio import _stop_server_process, get_default_environment  # the SDK's own shutdown
 from mcp.shared.message import SessionMessage
 
-from agentstream.mcp_tools.server import Transport
+from agentstream.declarations.mcp_servers import Transport
 
 log = logging.getLogger("agentstream.mcp")
 stderr_log = logging.getLogger("agentstream.mcp.stderr")

@@ -14,13 +14,25 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from agentstream.errors import ConfigError
-from agentstream.models.base import ChatModel
 from agentstream.models.endpoints import ModelEndpoint
+
+if TYPE_CHECKING:
+    import httpx
+
+    from agentstream.models.base import ChatModel
+
+
+def __getattr__(name: str) -> Any:
+    # ChatModel is imported on first use: the pure formats (``models.formats``, the replay of a
+    # request) import this package and must not load httpx and asyncio with the adapters.
+    if name == "ChatModel":
+        from agentstream.models.base import ChatModel
+
+        return ChatModel
+    raise AttributeError(f"module 'agentstream.models' has no attribute {name!r}")
 
 
 def build_model(endpoint: ModelEndpoint, *, client: httpx.AsyncClient | None = None, **settings: Any) -> ChatModel:

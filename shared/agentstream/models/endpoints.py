@@ -38,7 +38,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 import yaml
@@ -46,7 +46,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from agentstream.context.limits import ModelLimits, Tokens
 from agentstream.errors import ConfigError
-from agentstream.ops.settings import Settings
+
+if TYPE_CHECKING:
+    from agentstream.ops.settings import Settings  # a parameter's type: pydantic-settings loads asyncio
 
 ProviderKind = Literal["openai", "anthropic"]
 
@@ -396,7 +398,7 @@ def check_agents(endpoints: Mapping[str, ModelEndpoint], agents: Any) -> None:
             cannot be inlined for an endpoint with ``inline_tool_schemas`` (names the agent,
             the endpoint and the tool).
     """
-    from agentstream.app.tool_schemas import UninlinableSchema, check_inlinable
+    from agentstream.declarations.tool_schemas import UninlinableSchema, check_inlinable
 
     for agent in agents:
         for model in getattr(agent, "allowed_models", (agent.model,)):

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
-from agentstream.app.tool_schemas import inline_refs
 from agentstream.context.request import ChatRequest
+from agentstream.declarations.tool_schemas import inline_refs
 from agentstream.errors import ConfigError
 from agentstream.models import anthropic_format, openai_format
 from agentstream.models.endpoints import ModelEndpoint
@@ -82,7 +82,7 @@ def request_body(
 
 def inlined_tools(request: ChatRequest) -> ChatRequest:
     """``request`` with each tool's schema inlined (no ``$ref``, no ``$defs``; see
-    :mod:`agentstream.app.tool_schemas`).
+    :mod:`agentstream.declarations.tool_schemas`).
 
     Raises:
         ConfigError: a tool's schema is recursive (refused at startup by

@@ -62,7 +62,7 @@ Variables (all optional):
 - ``AGENTSTREAM_MCP_WAIT_S``: how long a turn waits for the first tool list of its agent's MCP
   servers (published by their tool workers), in seconds, before it fails with code
   ``tools_unavailable``. The transports of MCP servers have variables of their own (see
-  :mod:`agentstream.mcp_tools.server`).
+  :mod:`agentstream.declarations.mcp_servers`).
 
 The wire's limits (see :mod:`agentstream.wire.checks`; a turn over one is refused with code
 ``bad_turn`` before anything of it is stored, the reason naming the limit and the size):

@@ -2,7 +2,7 @@
 loop reads them.
 
 One string key per server (:meth:`agentstream.wire.keys.Keys.mcp_catalog`) holds the last
-:class:`~agentstream.mcp_tools.offers.Catalog` a tool worker of that server read; every worker of
+:class:`~agentstream.steps.offers.Catalog` a tool worker of that server read; every worker of
 the pool writes the same listing, so the last write wins harmlessly. It carries names,
 descriptions and schemas only: never a header, an environment value or a URL's credentials.
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import msgspec
 import redis.asyncio as aioredis
 
-from agentstream.mcp_tools.offers import Catalog
+from agentstream.steps.offers import Catalog
 from agentstream.wire.keys import Keys
 
 log = logging.getLogger("agentstream.mcp")

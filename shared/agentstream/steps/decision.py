@@ -21,16 +21,16 @@ from dataclasses import dataclass
 
 import msgspec
 
-from agentstream.app.base import Agent
-from agentstream.app.inputs import TurnDenied
 from agentstream.context import reopen_result
 from agentstream.context.cited import read_back, result_sources
 from agentstream.context.elements import Numbering
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.inputs import TurnDenied
 from agentstream.delegation import offered_agent
 from agentstream.delegation.handoff import numbering_of
 from agentstream.errors import ConfigError
-from agentstream.mcp_tools.offers import latest_offer
 from agentstream.models.endpoints import ModelEndpoint
+from agentstream.steps.offers import latest_offer
 from agentstream.wire.events import (
     CancelRequested,
     CitedSource,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentstream.app.base import Agent
+from agentstream.declarations.agents import Agent
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.wire.events import Event, TurnInput
 
@@ -104,7 +104,9 @@ def explain_call(
     from agentstream.steps.replay import rebuild_calls
 
     endpoints = endpoints or {}
-    explanation = explain(events, agent_of, step=step, turn_id=turn_id, endpoints=endpoints)
+    explanation = explain(
+        events, agent_of, step=step, turn_id=turn_id, offer=lambda agent, turn: offered_agent(agent, turn, endpoints)
+    )
     if explanation.made:
         rebuilt = next(
             c

@@ -27,12 +27,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentstream.app.base import Agent
 from agentstream.context import BuiltContext, reopen_result
 from agentstream.context.builder import build_from_state, new_state, settings_of
 from agentstream.context.elements import Numbering
 from agentstream.context.render import EventFilter
 from agentstream.context.state import TraceState
+from agentstream.declarations.agents import Agent
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.steps.decision import Decision, TurnView, decide_view
 from agentstream.wire.events import (
@@ -272,7 +272,7 @@ class TraceFold:
 
     def offers_of(self, agent_name: str) -> list[ToolsOffered]:
         """The agent's latest MCP tool offer as a one-event list (what
-        :func:`agentstream.mcp_tools.offers.latest_offer` finds in the whole trace), or empty."""
+        :func:`agentstream.steps.offers.latest_offer` finds in the whole trace), or empty."""
         offer = self.offers.get(agent_name)
         return [offer] if offer is not None else []
 

@@ -18,11 +18,11 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from agentstream.app.base import Agent
 from agentstream.context import BuiltContext, build_context, settings_of
 from agentstream.context.builder import build_from_state, new_state
 from agentstream.context.render import EventFilter
 from agentstream.context.state import TraceState
+from agentstream.declarations.agents import Agent
 from agentstream.delegation import offered_agent
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint

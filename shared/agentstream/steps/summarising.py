@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from agentstream.app.base import Agent
 from agentstream.context import BuiltContext, ChatRequest, CompactionPlan, build_context, require_fit, trimmed_request
+from agentstream.declarations.agents import Agent
 from agentstream.errors import CompactionError, ContextError, ContextFullError, PromptError
 from agentstream.wire.events import Compaction, CompactionFailed, Event
 from agentstream.wire.failures import FailureCode

@@ -462,7 +462,7 @@ def turn_message_schema() -> dict[str, Any]:
 def agent_turn_schema(agent_name: str, input_type: Any) -> dict[str, Any]:
     """The JSON schema (2020-12) of a turn for one agent: the turn message with ``agent`` fixed
     to its name and ``input`` the agent's typed input (a pydantic model: see
-    :mod:`agentstream.app.inputs`); ``text`` is offered only when that type has a ``text`` field."""
+    :mod:`agentstream.declarations.inputs`); ``text`` is offered only when that type has a ``text`` field."""
     import copy
 
     schema = copy.deepcopy(turn_message_schema())

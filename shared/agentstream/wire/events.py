@@ -211,7 +211,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
             ``models``), or None for the agent's own; in a child trace, the delegation's model.
         input: the turn's payload as published in the turn message's ``input`` (any JSON value,
             parsed by the agent's input type each time a context shows it), or None when the
-            payload is ``text`` (see :mod:`agentstream.app.inputs`).
+            payload is ``text`` (see :mod:`agentstream.declarations.inputs`).
         tools: the state of each declared tool on this turn (``off``, ``auto``, ``required``), as
             resolved when the turn entered the trace, or None (every tool at its declaration's
             default: turns recorded before tool states, and delegated tasks).
@@ -291,7 +291,7 @@ class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output")
             attempt on the trace's delta stream carry the same id (see :mod:`agentstream.runtime.deltas`).
         endpoint: the model endpoint id (configuration) that was called, e.g. ``default``.
         prompt_digest: the digest of the prompt file texts the call read (its endpoint's
-            layer; :attr:`agentstream.app.prompts.Prompts.digest`), or ``""`` when the agent's
+            layer; :attr:`agentstream.declarations.prompts.Prompts.digest`), or ``""`` when the agent's
             system prompt is not a prompt file. A rebuild whose digest differs names the
             prompt file as what changed.
     """
@@ -586,7 +586,7 @@ class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
         input: the turn's typed input instead of ``text``: any JSON value that the agent's input
             type parses (``Agent(input=ChatTurnInput)`` takes ``{"text": "...", "tools":
-            {"search": "off"}, "context": "..."}``; see :mod:`agentstream.app.inputs`). A turn whose
+            {"search": "off"}, "context": "..."}``; see :mod:`agentstream.declarations.inputs`). A turn whose
             input does not parse is refused (code ``bad_turn``, naming the field).
 
     Unknown fields are refused (a failed reply, code ``bad_turn``, naming the field): a misspelt

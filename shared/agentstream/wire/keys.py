@@ -66,7 +66,7 @@ Per trace:
 - ``<ns>:delegations:deadlines``: open child traces scored by their deadline (Unix ms), which
   the delegation service's supervisor watches.
 - ``<ns>:mcp:<server>:catalog``: the tools an MCP server lists, as its tool workers last read
-  them (JSON, see :class:`agentstream.mcp_tools.offers.Catalog`); the agent loop reads it before
+  them (JSON, see :class:`agentstream.steps.offers.Catalog`); the agent loop reads it before
   each model call of an agent that uses the server.
 """
 

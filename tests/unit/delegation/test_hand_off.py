@@ -7,8 +7,10 @@ import json
 import pydantic
 import pytest
 
-from agentstream.app.base import Agent, App, tool
 from agentstream.context import build_request
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.apps import App
+from agentstream.declarations.tools import tool
 from agentstream.delegation import (
     Delegation,
     HandOff,

@@ -9,13 +9,13 @@ import json
 import pytest
 
 from agentstream import Agent, App, McpServer, tool
-from agentstream.app.prompts import PromptFile
 from agentstream.context import ContextCache, build_context
+from agentstream.declarations.mcp_servers import env_prefix
+from agentstream.declarations.prompts import PromptFile
 from agentstream.errors import ConfigError
 from agentstream.mcp_tools import SchemaRefused, normalise_input_schema
-from agentstream.mcp_tools.offers import Catalog, desired_offer, latest_offer, offer_digest
-from agentstream.mcp_tools.server import env_prefix
 from agentstream.steps.decision import RecordResults, RunTools, decide
+from agentstream.steps.offers import Catalog, desired_offer, latest_offer, offer_digest
 from agentstream.steps.replay import rebuild_calls
 from agentstream.wire.events import ModelOutput, OfferedTool, ToolCall, ToolsOffered, TurnInput
 
@@ -343,7 +343,7 @@ def schema_bomb(depth: int) -> dict:
 
 
 def test_a_schema_bomb_is_refused_with_a_reason_after_bounded_work():
-    from agentstream.app.tool_schemas import MAX_INLINED_NODES, SchemaTooLarge, inline_refs
+    from agentstream.declarations.tool_schemas import MAX_INLINED_NODES, SchemaTooLarge, inline_refs
 
     bomb = schema_bomb(40)  # 2^40 values inlined: no machine finishes that, so this returns only if bounded
     assert len(json.dumps(bomb)) < 5_000

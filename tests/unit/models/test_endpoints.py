@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentstream.app.base import Agent
+from agentstream.declarations.agents import Agent
 from agentstream.errors import ConfigError
 from agentstream.models import build_models
 from agentstream.models.anthropic import AnthropicMessagesModel

@@ -8,8 +8,8 @@ import pytest
 from pydantic import BaseModel
 
 from agentstream import Agent, tool
-from agentstream.app.tool_schemas import RecursiveSchemaError, inline_refs
 from agentstream.context.request import ChatRequest, ToolDefinition, UserMessage
+from agentstream.declarations.tool_schemas import RecursiveSchemaError, inline_refs
 from agentstream.errors import ConfigError
 from agentstream.models import formats
 from agentstream.models.endpoints import ModelEndpoint, check_agents

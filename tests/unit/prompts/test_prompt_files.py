@@ -2,8 +2,8 @@ import jinja2
 import pydantic
 import pytest
 
-from agentstream.app.base import tool
-from agentstream.app.prompts import PromptFile, PromptFileError, find_prompt_file, load_prompt_file
+from agentstream.declarations.prompts import PromptFile, PromptFileError, find_prompt_file, load_prompt_file
+from agentstream.declarations.tools import tool
 from agentstream.errors import ConfigError
 
 BASE = {

@@ -8,8 +8,8 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from agentstream.app.prompts import PromptFileError, load_prompt_file
 from agentstream.cli.commands import cli
+from agentstream.declarations.prompts import PromptFileError, load_prompt_file
 
 POPEN = "{{ cycler.__init__.__globals__.os.popen('echo PWNED > %s').read() }}"
 

@@ -8,10 +8,11 @@ import dataclasses
 
 import pytest
 
-from agentstream.app.base import Agent, tool
-from agentstream.app.inputs import ChatTurnInput
-from agentstream.app.prompts import PromptFile, PromptFileError, fill_prompt, prompt_template, turn_context
 from agentstream.context import BRACKETS, FULLWIDTH, ContextConfig, build_request
+from agentstream.declarations.agents import Agent
+from agentstream.declarations.inputs import ChatTurnInput
+from agentstream.declarations.prompts import PromptFile, PromptFileError, fill_prompt, prompt_template, turn_context
+from agentstream.declarations.tools import tool
 from agentstream.errors import ConfigError, PromptError
 from agentstream.steps.decision import CallModel, EndTurn, decide
 from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
@@ -203,7 +204,7 @@ def test_the_readmes_prompt_file_is_the_shipped_one_and_fits_its_agent():
     import re
     from pathlib import Path
 
-    from agentstream.app.prompts import find_prompt_file, load_prompt_file
+    from agentstream.declarations.prompts import find_prompt_file, load_prompt_file
 
     root = Path(__file__).resolve().parents[3]
     block = re.search(r"`prompts/hr.yaml`:\n\n```yaml\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)

@@ -21,7 +21,7 @@ import msgspec
 from agentstream.wire.events import Event, OfferedTool, ToolsOffered
 
 if TYPE_CHECKING:
-    from agentstream.app.base import Agent
+    from agentstream.declarations.agents import Agent
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,8 +79,8 @@ def offered_tool(events: Sequence[Event], agent_name: str, name: str) -> Offered
 def described(tool: OfferedTool, prompts: Any) -> OfferedTool:
     """``tool`` with the texts a prompt file's ``tools`` entry gives it (description, arguments).
 
-    ``prompts`` is an :class:`agentstream.app.prompts.Prompts` (or anything with a ``tools``
-    mapping of :class:`~agentstream.app.prompts.ToolTexts`); an argument the schema does not have
+    ``prompts`` is an :class:`agentstream.declarations.prompts.Prompts` (or anything with a ``tools``
+    mapping of :class:`~agentstream.declarations.prompts.ToolTexts`); an argument the schema does not have
     is left alone (the tool workers log the mismatch).
     """
     texts = getattr(prompts, "tools", {}).get(tool.name) if prompts is not None else None

@@ -121,7 +121,7 @@ def inline_refs(
     definitions).
 
     Args:
-        schema: a tool's parameters schema (as :attr:`agentstream.app.base.Tool.parameters`).
+        schema: a tool's parameters schema (as :attr:`agentstream.declarations.tools.Tool.parameters`).
         tool: the tool's name, for the error.
         max_nodes: the most values the schema may have, as given and inlined.
         max_depth: the deepest nesting of objects and arrays, as given and inlined.

@@ -39,6 +39,11 @@ import pydantic
 from agentstream.errors import ConfigError, TurnDenied
 from agentstream.wire.failures import FailureCode
 
+DEFAULT_REOPEN_NAME = "reopen"
+"""The name of the reopen tool of the default context policy
+(:class:`agentstream.context.policy.Reopen`), which an agent's own tools may not take."""
+
+
 ToolState = Literal["off", "auto", "required"]
 """What a turn asks of one tool: not offered, offered for the model to use as it sees fit, or
 offered with an instruction to use it (a request: the model may still not call it)."""

@@ -16,7 +16,7 @@ and serves every model endpoint the app's agents name with a double. Real model 
 impossible in a bed unless a test opts in (``allow_model_requests=True``): the services get no
 HTTP adapter and their HTTP client refuses every request. ::
 
-    from agentstream.app.testing import TestBed, TestModel
+    from agentstream.testing import TestBed, TestModel
 
     async def test_weather():
         async with TestBed(app, model=TestModel()) as bed:
@@ -45,8 +45,8 @@ from typing import Any
 
 import httpx
 
-from agentstream.app.base import App
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolResultMessage, UserMessage
+from agentstream.declarations.apps import App
 from agentstream.wire.events import Event, ModelOutput, Reply, ToolCall, TurnMessage
 
 __all__ = [
@@ -469,7 +469,7 @@ class TestBed:
         Args:
             text: the user's message.
             input: the agent's typed input instead of ``text`` (``{"text": ..., "tools": {...}}``
-                for a :class:`~agentstream.app.inputs.ChatTurnInput`).
+                for a :class:`~agentstream.declarations.inputs.ChatTurnInput`).
             agent: the agent (default: the app's only agent; required when it has several).
             trace_id: the conversation (default: a new one; pass a reply's ``trace_id`` to go on).
             metadata: string pairs echoed on the reply.
