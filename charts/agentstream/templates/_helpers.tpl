@@ -290,7 +290,7 @@ Returns YAML: use with fromYaml.
 {{- $as := .root.Values.autoscaling }}
 {{- $pool := .pool }}
 {{- $out := dict "name" $pool.name "queue" $pool.queue }}
-{{- range $k := list "replicas" "concurrency" "app" "resources" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" }}
+{{- range $k := list "replicas" "concurrency" "app" "resources" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "strategy" }}
 {{- $_ := set $out $k (ternary (index $pool $k) (index $tw $k) (hasKey $pool $k)) }}
 {{- end }}
 {{- range $k := list "extraArgs" "extraEnv" "extraVolumes" "extraVolumeMounts" }}
@@ -454,6 +454,9 @@ spec:
   replicas: {{ $svc.replicas }}
   {{- end }}
   revisionHistoryLimit: 5
+  {{- with include "agentstream.strategy" (list $root $svc) }}
+  {{- . | nindent 2 }}
+  {{- end }}
   selector:
     matchLabels:
       {{- include "agentstream.selectorLabels" . | nindent 6 }}
@@ -725,4 +728,22 @@ powers of 1024, in any case), as a number. Context: (list size where).
 {{- $number := regexFind "^[0-9]+" $size | float64 }}
 {{- $units := dict "" 1.0 "b" 1.0 "kb" 1024.0 "mb" 1048576.0 "gb" 1073741824.0 }}
 {{- mulf $number (get $units (trimPrefix (regexFind "^[0-9]+" $size) $size)) }}
+{{- end }}
+
+{{/*
+A Deployment's `strategy:` block: the service's own `strategy`, else updateStrategy (empty:
+nothing, Kubernetes' default); with type Recreate, without rollingUpdate (which the API server
+refuses there, and which values.yaml's default would otherwise bring). Context: (list root svc).
+*/}}
+{{- define "agentstream.strategy" -}}
+{{- $root := index . 0 }}
+{{- $svc := index . 1 }}
+{{- with (default $root.Values.updateStrategy $svc.strategy) }}
+{{- $st := deepCopy . }}
+{{- if eq (default "RollingUpdate" $st.type) "Recreate" }}
+{{- $_ := unset $st "rollingUpdate" }}{{/* the default's maxSurge/maxUnavailable do not apply */}}
+{{- end }}
+strategy:
+  {{- toYaml $st | nindent 2 }}
+{{- end }}
 {{- end }}
