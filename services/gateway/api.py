@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Annotated, Any
 
 import msgspec
+import redis.exceptions
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -48,7 +49,7 @@ from agentstream.wire import codec
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
 from agentstream.wire.keys import trace_id_problem
 from agentstream_services.gateway import schemas
-from agentstream_services.gateway.perimeter import Perimeter
+from agentstream_services.gateway.perimeter import OpenStreams, Perimeter
 from agentstream_services.gateway.settings import GatewaySettings
 
 log = logging.getLogger("agentstream.gateway")
@@ -62,7 +63,11 @@ LIST_MAX = 200
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
     401: {"model": schemas.Problem, "description": "No valid API key (refused before the body is read)."},
     413: {"model": schemas.Problem, "description": "The body is over the gateway's limit (refused as it streams)."},
-    429: {"model": schemas.Problem, "description": "Over the key's rate limit; see Retry-After."},
+    429: {
+        "model": schemas.Problem,
+        "description": "Over the key's rate limit, or its or the gateway's open streams; see Retry-After.",
+    },
+    503: {"model": schemas.Problem, "description": "Redis is not answering or its connections are all in use."},
 }
 _WIRE_REPLY = {
     "description": "The reply: the wire's own (`agentstream schema reply`), as the agent loop publishes it.",
@@ -124,6 +129,15 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
     )
     bearer = HTTPBearer(auto_error=False, description="An API key from the gateway's keys file.")
     block_ms = min(settings.block_ms, 1000)
+    open_streams = OpenStreams(gateway.max_streams, gateway.max_streams_per_key)
+    api.state.open_streams = open_streams  # what this replica holds open (read by tests and operators' probes)
+
+    def hold_stream(key: ApiKey) -> None:
+        refusal = open_streams.take(key.name)
+        if refusal is not None:
+            metrics.GATEWAY_RATE_LIMITED.labels(key=key.name).inc()
+            raise HTTPException(429, refusal, headers={"Retry-After": "1"})
+
     default_wait_s = min(30.0, gateway.max_wait_s)
 
     async def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> ApiKey:
@@ -265,19 +279,23 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
         reply = reply_from_fold(fold, turn_id)
         if reply is None and timeout_s > 0:
-            stop = asyncio.Event()
-            asyncio.get_running_loop().call_later(timeout_s, stop.set)
-            after = fold.last_id or "0-0"
-            async for _, event in store.follow(trace_id, after=after, block_ms=block_ms, stop=stop):
-                if isinstance(event, TurnInput) or (
-                    isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id
-                ):
-                    fold = await folds.current(trace_id)
-                    if not await may_see_fold(key, fold):
-                        raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
-                    reply = reply_from_fold(fold, turn_id)
-                    if reply is not None:
-                        break
+            hold_stream(key)  # a long-poll holds a Redis connection while it waits: counted
+            try:
+                stop = asyncio.Event()
+                asyncio.get_running_loop().call_later(timeout_s, stop.set)
+                after = fold.last_id or "0-0"
+                async for _, event in store.follow(trace_id, after=after, block_ms=block_ms, stop=stop):
+                    if isinstance(event, TurnInput) or (
+                        isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id
+                    ):
+                        fold = await folds.current(trace_id)
+                        if not await may_see_fold(key, fold):
+                            raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
+                        reply = reply_from_fold(fold, turn_id)
+                        if reply is not None:
+                            break
+            finally:
+                open_streams.give(key.name)
         if reply is None:
             return JSONResponse(
                 status_code=202, content=schemas.Pending(trace_id=trace_id, turn_id=turn_id).model_dump()
@@ -341,6 +359,8 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             if ending_id is not None and _after_or_at(position, ending_id):
                 ended_early = reply_of(trace_id, events, turn_id)
 
+        hold_stream(key)  # given back when the stream ends (generate's finally)
+
         async def generate() -> AsyncIterator[ServerSentEvent]:
             nonlocal position, delta_position
             metrics.GATEWAY_STREAMS_OPEN.inc()
@@ -384,10 +404,12 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
                             event="end", id=f"{position},{delta_position}", data=codec.encode(reply).decode()
                         )
                         return
-            except AgentStreamError as exc:  # an entry that cannot be read
-                yield ServerSentEvent(event="error", data=json.dumps({"detail": str(exc)}))
+            except (AgentStreamError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                # an entry that cannot be read, or Redis lost: the stream says why and ends
+                yield ServerSentEvent(event="error", data=json.dumps({"detail": _redis_problem(exc)}))
             finally:
                 metrics.GATEWAY_STREAMS_OPEN.dec()
+                open_streams.give(key.name)
 
         return EventSourceResponse(
             generate(), ping=gateway.sse_ping_s, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -594,6 +616,12 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             max_age=600,
         )
 
+    @api.exception_handler(redis.exceptions.ConnectionError)
+    @api.exception_handler(redis.exceptions.TimeoutError)
+    async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("gateway request %s %s: %s", request.method, request.url.path, _redis_problem(exc))
+        return JSONResponse(status_code=503, content={"detail": _redis_problem(exc)}, headers={"Retry-After": "1"})
+
     @api.exception_handler(AgentStreamError)
     async def unreadable(request: Request, exc: AgentStreamError) -> JSONResponse:
         log.error("gateway request %s %s failed: %s", request.method, request.url.path, exc)
@@ -601,6 +629,16 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
 
     _add_wire_schemas(api)
     return api
+
+
+def _redis_problem(exc: Exception) -> str:
+    """The 503's reason for a Redis error: its pool exhausted, or Redis not answering (another
+    error: its own message)."""
+    if not isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return str(exc)
+    if isinstance(exc, redis.exceptions.MaxConnectionsError):
+        return "the gateway's Redis connections are all in use (too many requests in flight); retry shortly"
+    return f"Redis is not answering ({type(exc).__name__}); retry shortly"
 
 
 def _after(entry_id: str, position: str) -> bool:

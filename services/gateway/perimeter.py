@@ -11,7 +11,12 @@
   referrer beyond the origin, a content security policy that lets the console load only its own
   files; ``Cache-Control: no-store`` on the API's answers (traces, replies, conversations).
 
-Nothing here touches Redis; the decisions (:func:`bearer_token`, :func:`declared_length`) are pure.
+- **Open streams and long-polls** are counted per replica (:class:`OpenStreams`): past the
+  replica's cap or the key's, a new one is answered 429 (each holds a Redis connection while it
+  waits: one key's streams took every connection of the pool from the others).
+
+Nothing here touches Redis; the decisions (:func:`bearer_token`, :func:`declared_length`,
+:class:`OpenStreams`) are pure.
 """
 
 from __future__ import annotations
@@ -172,3 +177,43 @@ def _with_headers(send: Send, *, api: bool) -> Send:
         await send(message)
 
     return sending
+
+
+class OpenStreams:
+    """The event streams and long-polls this replica holds open, in all and per key.
+
+    Args:
+        limit: the most open at once in all.
+        per_key: the most open at once for one key.
+    """
+
+    def __init__(self, limit: int, per_key: int) -> None:
+        self.limit = limit
+        self.per_key = per_key
+        self.total = 0
+        self.by_key: dict[str, int] = {}
+
+    def take(self, key: str) -> str | None:
+        """Count one more for ``key`` → None; or, when a cap is reached, why not (nothing counted)."""
+        if self.by_key.get(key, 0) >= self.per_key:
+            return (
+                f"API key {key!r} has {self.per_key} event streams and long-polls open on this gateway, its limit "
+                "(AGENTSTREAM_GATEWAY_MAX_STREAMS_PER_KEY); close one or retry later"
+            )
+        if self.total >= self.limit:
+            return (
+                f"this gateway has {self.limit} event streams and long-polls open, its limit "
+                "(AGENTSTREAM_GATEWAY_MAX_STREAMS); retry later"
+            )
+        self.total += 1
+        self.by_key[key] = self.by_key.get(key, 0) + 1
+        return None
+
+    def give(self, key: str) -> None:
+        """One of ``key``'s ended."""
+        left = self.by_key.get(key, 0) - 1
+        if left > 0:
+            self.by_key[key] = left
+        else:
+            self.by_key.pop(key, None)
+        self.total = max(0, self.total - 1)

@@ -12,9 +12,11 @@ import contextlib
 import logging
 import time
 
+import h11
 import uvicorn
 from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from agentstream.declarations.apps import App
 from agentstream.errors import ConfigError
@@ -35,6 +37,60 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
         yield
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with the two timeouts it lacks (issue 33: six slow-header
+    connections stayed open 70 s, an idle one 80 s):
+
+    - a connection that has no request in progress, a new one too, is closed after
+      ``idle_timeout_s`` without a byte (uvicorn arms its keep-alive timer only after a response);
+    - a request's headers must be whole within ``header_timeout_s`` of its first byte (uvicorn
+      disarms every timer at each byte, so one byte every few seconds held a connection for ever).
+    """
+
+    header_timeout_s = 10.0
+    idle_timeout_s = 5.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self.timeout_keep_alive_task = self.loop.call_later(self.idle_timeout_s, self.timeout_keep_alive_handler)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            self._disarm_header_deadline()
+        elif self._header_deadline is None:  # a request begun, its headers not whole yet
+            self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def on_response_complete(self) -> None:
+        self._disarm_header_deadline()
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.logger.warning("closing a connection whose request headers took more than %g s", self.header_timeout_s)
+            self.transport.close()
+
+
+def guarded_protocol(gateway: GatewaySettings) -> type[H11Protocol]:
+    """The HTTP protocol class of the gateway's server, with its header and idle timeouts."""
+    return type(
+        "GatewayH11",
+        (_GuardedH11,),
+        {"header_timeout_s": gateway.header_timeout_s, "idle_timeout_s": gateway.idle_timeout_s},
+    )
 
 
 class GatewayRunner:
@@ -66,6 +122,10 @@ class GatewayRunner:
             lifespan="off",
             timeout_graceful_shutdown=max(1, int(grace_s)),
             proxy_headers=True,
+            http=guarded_protocol(gateway),
+            timeout_keep_alive=gateway.idle_timeout_s,  # type: ignore[arg-type]  # a float works (call_later)
+            limit_concurrency=gateway.max_connections,  # past it: 503
+            h11_max_incomplete_event_size=gateway.max_header_bytes,  # past it: 400
         )
         self.server = _Server(config)
 

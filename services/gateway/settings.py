@@ -15,6 +15,19 @@ Variables (all optional but the keys):
 - ``AGENTSTREAM_GATEWAY_MAX_BODY_BYTES``: the largest request body accepted, in bytes.
 - ``AGENTSTREAM_GATEWAY_SSE_PING_S``: seconds between keep-alive comments on an event stream.
 - ``AGENTSTREAM_GATEWAY_CONSOLE``: serve the web console on ``/`` (default true).
+
+Its server's limits (each replica's), with their defaults:
+
+- ``AGENTSTREAM_GATEWAY_HEADER_TIMEOUT_S`` (10): a request's headers must be whole within this
+  many seconds of its first byte, or the connection is closed.
+- ``AGENTSTREAM_GATEWAY_IDLE_TIMEOUT_S`` (5): a connection with no request in progress (a new
+  one too) is closed after this many seconds.
+- ``AGENTSTREAM_GATEWAY_MAX_CONNECTIONS`` (1000): connections (or requests in progress) past
+  which a request is answered 503.
+- ``AGENTSTREAM_GATEWAY_MAX_HEADER_BYTES`` (16384): the most bytes of a request's headers (400 past it).
+- ``AGENTSTREAM_GATEWAY_MAX_STREAMS`` (256) and ``AGENTSTREAM_GATEWAY_MAX_STREAMS_PER_KEY`` (32):
+  event streams and long-polls open at once, in all and per key (429 past either: each holds a
+  Redis connection while it waits).
 """
 
 from __future__ import annotations
@@ -38,6 +51,12 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     sse_ping_s: float = Field(default=15.0, gt=0)
     console: bool = True
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    idle_timeout_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=1000, ge=1)
+    max_header_bytes: int = Field(default=16_384, ge=1024)
+    max_streams: int = Field(default=256, ge=1)
+    max_streams_per_key: int = Field(default=32, ge=1)
 
     @property
     def cors_origin_list(self) -> list[str]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import select
 import socket
+import time
 import uuid
 
 import pytest
 
-from tests.support.gateway import CALC_KEY, start_gateway
+from tests.support.gateway import CALC_KEY, PLAN_KEY, auth, start_gateway
 from tests.support.procs import Services
 
 pytestmark = pytest.mark.e2e
@@ -43,6 +44,7 @@ def gateway(redis_url, tmp_path_factory):
             "AGENTSTREAM_GATEWAY_MAX_BODY_BYTES": str(LIMIT),
             "AGENTSTREAM_GATEWAY_HEADER_TIMEOUT_S": "2",
             "AGENTSTREAM_GATEWAY_IDLE_TIMEOUT_S": "2",
+            "AGENTSTREAM_GATEWAY_MAX_STREAMS_PER_KEY": "3",
         },
     )
     host, port = url.removeprefix("http://").split(":")
@@ -84,13 +86,13 @@ def _send_until_answered(address, head: bytes, *, body_bytes: int, chunked: bool
 def test_a_400_mb_body_without_a_key_is_refused_before_it_is_read_on_every_route(gateway):
     _, address = gateway
     for method, path in ROUTES:
-        for auth in (b"", b"Authorization: Bearer ask_wrong\r\n"):
+        for wrong in (b"", b"Authorization: Bearer ask_wrong\r\n"):
             head = (
                 (
                     f"{method} {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {400 * 1024 * 1024}\r\n"
                 ).encode()
-                + auth
+                + wrong
                 + b"\r\n"
             )
             status, sent = _send_until_answered(address, head, body_bytes=400 * 1024 * 1024, chunked=False)
@@ -123,3 +125,68 @@ def test_a_body_over_the_limit_with_a_key_is_413_while_it_streams_on_every_route
         )
         status, sent = _send_until_answered(address, chunked, body_bytes=400 * 1024 * 1024, chunked=True)
         assert status == 413 and sent < 16 * 1024 * 1024, (method, path, status, sent)
+
+
+def _closed_by_server(sock: socket.socket, wait_s: float) -> bool:
+    """Whether the server closes the connection within ``wait_s`` (a read returns EOF or a reset)."""
+    readable, _, _ = select.select([sock], [], [], wait_s)
+    if not readable:
+        return False
+    try:
+        return sock.recv(65_536) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_slow_headers_and_idle_connections_are_closed(gateway):
+    _, address = gateway
+    slow = [socket.create_connection(address, timeout=30) for _ in range(6)]
+    idle = socket.create_connection(address, timeout=30)
+    try:
+        for sock in slow:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n")
+        closed = set()
+        for _ in range(120):  # a header line each 0.5 s: 60 s of trickle at most, the timeout is 2 s
+            for i, sock in enumerate(slow):
+                if i in closed:
+                    continue
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    closed.add(i)
+                    continue
+                if _closed_by_server(sock, 0.5 / len(slow)):
+                    closed.add(i)
+            if len(closed) == len(slow):
+                break
+        assert closed == set(range(len(slow)))
+        assert _closed_by_server(idle, 30)  # no byte sent: closed after the idle timeout, not held
+    finally:
+        for sock in [*slow, idle]:
+            sock.close()
+    with socket.create_connection(address, timeout=30) as sock:  # a prompt request is served as before
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        assert _status(sock.recv(65_536)) == 200
+
+
+def test_event_streams_are_capped_per_key_with_429(gateway):
+    import contextlib
+
+    import httpx
+
+    _, (host, port) = gateway
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30) as client, contextlib.ExitStack() as held:
+        for _ in range(3):
+            response = held.enter_context(client.stream("GET", "/v1/traces/h-s/stream", headers=auth(CALC_KEY)))
+            assert response.status_code == 200
+        over = client.get("/v1/traces/h-s/stream", headers=auth(CALC_KEY))
+        assert over.status_code == 429 and "AGENTSTREAM_GATEWAY_MAX_STREAMS_PER_KEY" in over.text
+        with client.stream("GET", "/v1/traces/h-p/stream", headers=auth(PLAN_KEY)) as other:
+            assert other.status_code == 200  # another key is not held up
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30) as client:  # the streams closed: slots free
+        for _ in range(50):
+            with client.stream("GET", "/v1/traces/h-s/stream", headers=auth(CALC_KEY)) as again:
+                if again.status_code == 200:
+                    break
+            time.sleep(0.1)  # the server sees the closed streams end
+        assert again.status_code == 200

@@ -155,3 +155,72 @@ async def test_ids_with_dot_segments_or_braces_are_refused_on_every_trace_route(
             body = {"trace_id": trace_id, "turn_id": "t1", "agent": "calc", "text": "2+2"}
             refused = await client.post("/v1/turns", json=body, headers=auth(CALC_KEY))
             assert refused.status_code == 422 and "$.trace_id" in refused.json()["detail"], refused.text
+
+
+async def test_long_polls_are_capped_per_key_and_per_replica_with_429(store, keys):
+    import asyncio
+
+    from tests.support.gateway import ADMIN_KEY, PLAN_KEY
+
+    await store.append("w1", TurnInput(turn_id="t", agent="calc", text="hi"))
+    await store.append("w2", TurnInput(turn_id="t", agent="plan", text="hi"))
+    settings = Settings(namespace=keys.namespace)
+    api = create_api(
+        app,
+        settings,
+        GatewaySettings(keys=KEYS_DOCUMENT, max_streams=3, max_streams_per_key=2),
+        store,
+        load_keys(text=KEYS_DOCUMENT),
+    )
+    held = api.state.open_streams
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://gateway") as client:
+
+        def poll(trace_id: str, key: str, timeout_s: float = 30):
+            return client.get(f"/v1/traces/{trace_id}/turns/t/reply?timeout_s={timeout_s}", headers=auth(key))
+
+        waiting = [asyncio.create_task(poll("w1", CALC_KEY)) for _ in range(2)]
+        while held.total < 2:
+            await asyncio.sleep(0.01)
+        over_key = await poll("w1", CALC_KEY)
+        assert over_key.status_code == 429 and "AGENTSTREAM_GATEWAY_MAX_STREAMS_PER_KEY" in over_key.text
+        assert over_key.headers["retry-after"] == "1"
+        waiting.append(asyncio.create_task(poll("w2", PLAN_KEY)))  # another key still gets in
+        while held.total < 3:
+            await asyncio.sleep(0.01)
+        over_all = await poll("w1", ADMIN_KEY)
+        assert over_all.status_code == 429 and "AGENTSTREAM_GATEWAY_MAX_STREAMS)" in over_all.text
+        assert (await poll("w1", ADMIN_KEY, timeout_s=0)).status_code == 202  # an answer without a wait is not held
+        await store.append("w1", TurnEnded(turn_id="t", answer="done"))
+        await store.append("w2", TurnEnded(turn_id="t", answer="done"))
+        assert [r.status_code for r in await asyncio.gather(*waiting)] == [200, 200, 200]
+    assert (held.total, held.by_key) == (0, {})
+
+
+async def test_an_exhausted_redis_pool_is_503_with_a_reason_never_500(redis_url, keys):
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from agentstream.runtime.store import TraceStore
+    from tests.support.gateway import ADMIN_KEY, PLAN_KEY
+
+    small = aioredis.Redis(connection_pool=aioredis.ConnectionPool.from_url(redis_url, max_connections=2))
+    store = TraceStore(small, keys)
+    await store.append("x1", TurnInput(turn_id="t", agent="calc", text="hi"))
+    await store.append("x2", TurnInput(turn_id="t", agent="plan", text="hi"))
+    settings = Settings(namespace=keys.namespace)
+    api = create_api(app, settings, GatewaySettings(keys=KEYS_DOCUMENT), store, load_keys(text=KEYS_DOCUMENT))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://gateway") as client:
+            waiting = [
+                asyncio.create_task(client.get(f"/v1/traces/{t}/turns/t/reply?timeout_s=5", headers=auth(k)))
+                for t, k in (("x1", CALC_KEY), ("x2", PLAN_KEY))
+            ]
+            while len(small.connection_pool._in_use_connections) < 2:  # both block in XREAD, one connection each
+                await asyncio.sleep(0.01)
+            refused = await client.get("/v1/traces/x1", headers=auth(ADMIN_KEY))
+            assert refused.status_code == 503, refused.text
+            assert "connections are all in use" in refused.json()["detail"] and refused.headers["retry-after"] == "1"
+            await asyncio.gather(*waiting)
+    finally:
+        await small.aclose()
