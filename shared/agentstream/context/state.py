@@ -271,6 +271,8 @@ class TraceState:
             ):
                 self.recorded = (prompt_tokens, self.last_chars)
         self.calls.append(event)
+        if not event.include_in_messages:  # recorded, counted as a call, never shown (nor its results)
+            return
         content = event.content
         style = self.config.citations
         if style is not None and content:

@@ -26,7 +26,7 @@ The record. Every reply is a :class:`ModelOutput`: the endpoint, the model, the 
 exact request body, the stop reason, the usage and the text; given a trace (``trace=`` a
 :class:`~agentstream.runtime.store.TraceStore` or anything with its ``append``, and ``trace_id=``),
 :meth:`Generator.generate` and :meth:`Generator.sample` append each reply's output to it, a
-rejected one too, in the order of the replies. :class:`Generated` adds, per reply, the
+rejected one too, in the order of the replies (not one whose ``persist`` is False). :class:`Generated` adds, per reply, the
 temperature, the seed and the error. The API key
 is never recorded. A recorded reply can be read again through the same schema without calling
 the model (:meth:`Generator.recheck`).
@@ -367,10 +367,10 @@ class Generator:
             )
         except InvalidModelOutput as exc:
             rejected = getattr(exc, "output", None)
-            if trace is not None and rejected is not None:
+            if trace is not None and rejected is not None and rejected.persist:
                 await trace.append(trace_id or "", rejected)
             raise
-        if trace is not None and attempt.output is not None:
+        if trace is not None and attempt.output is not None and attempt.output.persist:
             await trace.append(trace_id or "", attempt.output)
         return Generated(value=value, attempts=(attempt,))
 
@@ -433,7 +433,7 @@ class Generator:
         results = await asyncio.gather(*(run(i, t, s) for i, (t, s) in enumerate(plans)))
         if trace is not None:
             for _, attempt, _ in results:
-                if attempt.output is not None:
+                if attempt.output is not None and attempt.output.persist:
                     await trace.append(trace_id or "", attempt.output)
         failures = [exc for _, _, exc in results if exc is not None]
         if len(failures) == k:

@@ -294,6 +294,15 @@ class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output")
             layer; :attr:`agentstream.declarations.prompts.Prompts.digest`), or ``""`` when the agent's
             system prompt is not a prompt file. A rebuild whose digest differs names the
             prompt file as what changed.
+        attributes: the caller's own data about the output (JSON-compatible), recorded with it
+            and never sent to a model. The agent loop records ``window_miss`` here (the server's
+            figures) on a call it sent again, smaller, after a window miss, so a rebuild of the
+            call applies the same correction.
+        include_in_messages: False leaves the output out of the messages of later calls (the
+            context builder skips it, and so the results of its calls); it is still recorded.
+        persist: False asks code that records outputs by itself not to record this one (a
+            generation given a trace, :mod:`agentstream.models.generate`); the agent loop
+            records every output it continues a turn with, whatever this says.
     """
 
     turn_id: str
@@ -312,6 +321,9 @@ class ModelOutput(msgspec.Struct, frozen=True, kw_only=True, tag="model_output")
     attempt_id: str = ""
     endpoint: str = ""
     prompt_digest: str = ""
+    attributes: dict[str, Any] = {}
+    include_in_messages: bool = True
+    persist: bool = True
 
     @property
     def stopped_normally(self) -> bool:
