@@ -466,7 +466,8 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         out = []
         for trace_id, _ in ids:
             state = found.get(trace_id)
-            if state is not None and key.may_use(state.agent):
+            # the rule reads use: every turn's agent is the key's (not only the newest turn's)
+            if state is not None and await may_see_fold(key, await folds.current(trace_id)):
                 out.append(state_out(state))
         next_before = ids[-1][1] if len(ids) == limit else None
         return schemas.ConversationList(conversations=out, next_before_ms=next_before)

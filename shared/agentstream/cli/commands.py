@@ -375,6 +375,7 @@ async def _serve(
                 consumers,
                 grace_s=settings.shutdown_grace_s,
                 metrics_port=settings.metrics_port,
+                metrics_host=settings.metrics_host,
                 metrics_interval_s=settings.metrics_interval_s,
                 expected_streams=expected,
                 service=",".join(s.value for s in services),

@@ -43,6 +43,8 @@ Variables (all optional):
 - ``AGENTSTREAM_MODEL_TIMEOUT_S``: one model HTTP request's timeout, in seconds.
 - ``AGENTSTREAM_MODEL_RETRIES``: retries of a failed model request (network, 408/409/429/5xx).
 - ``AGENTSTREAM_METRICS_PORT``: the port of /metrics, /healthz and /readyz (0 = off).
+- ``AGENTSTREAM_METRICS_HOST``: the address that port binds (default ``0.0.0.0``, every
+  interface, as a scraper in another pod needs; ``127.0.0.1`` keeps it to the machine).
 - ``AGENTSTREAM_METRICS_INTERVAL_S``: how often stream length, pending entries and lag are read.
 - ``AGENTSTREAM_SHUTDOWN_GRACE_S``: how long a service drains on SIGTERM, in seconds.
 - ``AGENTSTREAM_BUSY_POLICY``: what a turn published on a busy conversation does: ``queue``
@@ -195,6 +197,7 @@ class Settings(BaseSettings):
     model_timeout_s: float = Field(default=120.0, gt=0)
     model_retries: int = Field(default=2, ge=0)
     metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
     metrics_interval_s: float = Field(default=15.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     busy_policy: Literal["queue", "reject", "interrupt"] = "queue"

@@ -175,6 +175,7 @@ async def run_consumers(  # noqa: C901 (an outlier from before the complexity li
     stop: asyncio.Event | None = None,
     grace_s: float = 30.0,
     metrics_port: int = 0,
+    metrics_host: str = "0.0.0.0",
     metrics_interval_s: float = 15.0,
     handle_signals: bool = True,
     expected_streams: dict[str, str] | None = None,
@@ -191,7 +192,8 @@ async def run_consumers(  # noqa: C901 (an outlier from before the complexity li
     way, and then :class:`~agentstream.errors.ServiceFailed` is raised (the error chained), so
     the process exits non-zero and an orchestrator restarts it.
 
-    With ``metrics_port``, the stream gauges cover the consumers' streams (each runner's
+    With ``metrics_port``, /metrics, /healthz and /readyz are served on ``metrics_host`` (an
+    address of this machine; ``AGENTSTREAM_METRICS_HOST``) and the stream gauges cover the consumers' streams (each runner's
     ``streams`` when it has that attribute, else its ``stream``) and
     ``expected_streams`` (stream → the group that should consume it, e.g. the tool queues the
     agent loop publishes to, so a queue nobody consumes shows 0 live consumers), and
@@ -219,11 +221,15 @@ async def run_consumers(  # noqa: C901 (an outlier from before the complexity li
         metrics.set_build_info(service)
         try:
             server = await metrics.serve_http(
-                metrics_port, ready=readiness, before_scrape=streams.refresh if streams is not None else None
+                metrics_port,
+                ready=readiness,
+                host=metrics_host,
+                before_scrape=streams.refresh if streams is not None else None,
             )
         except OSError as exc:  # cannot heal by restarting: a configuration error
             raise ConfigError(
-                f"cannot serve /metrics, /healthz and /readyz on port {metrics_port} (AGENTSTREAM_METRICS_PORT): "
+                f"cannot serve /metrics, /healthz and /readyz on {metrics_host}:{metrics_port} "
+                "(AGENTSTREAM_METRICS_HOST, AGENTSTREAM_METRICS_PORT): "
                 f"{exc.strerror or exc}"
             ) from None
     prober = observer = None

@@ -224,3 +224,19 @@ async def test_an_exhausted_redis_pool_is_503_with_a_reason_never_500(redis_url,
             await asyncio.gather(*waiting)
     finally:
         await small.aclose()
+
+
+async def test_the_conversation_list_and_the_reads_use_one_rule(store, keys):
+    from agentstream.runtime import conversations
+    from tests.support.gateway import ADMIN_KEY, PLAN_KEY
+
+    await store.append("mixed", TurnInput(turn_id="t1", agent="calc", text="a calc question"))
+    await store.append("mixed", TurnInput(turn_id="t2", agent="plan", text="then a plan"))
+    await conversations.note_turn(store, "mixed", at_ms=1_000)
+    async with _client(store, keys) as client:
+        for key in (PLAN_KEY, CALC_KEY):  # neither may read it, so neither sees it listed
+            assert (await client.get("/v1/traces/mixed", headers=auth(key))).status_code == 404
+            listed = (await client.get("/v1/conversations", headers=auth(key))).json()["conversations"]
+            assert "mixed" not in {c["trace_id"] for c in listed}
+        listed = (await client.get("/v1/conversations", headers=auth(ADMIN_KEY))).json()["conversations"]
+        assert [c["trace_id"] for c in listed] == ["mixed"]
