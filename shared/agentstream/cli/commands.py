@@ -46,7 +46,9 @@ from typing import Annotated
 import httpx
 import typer
 
-from agentstream.app.base import load_app
+from agentstream.app.base import App, load_app
+from agentstream.cli.apppath import answering_agent, apps_named, file_path_mistake
+from agentstream.cli.helptext import plain_help
 from agentstream.cli.interrupts import Interrupts, die_with_parent
 from agentstream.cli.watch import terminal_safe, watch_turn
 from agentstream.errors import AgentStreamError, ConfigError
@@ -141,6 +143,14 @@ AppOption = Annotated[
     ),
 ]
 AgentOption = Annotated[str, typer.Option(callback=_filled("an agent name", name=True), help="The agent that answers.")]
+RunAgentOption = Annotated[
+    str | None,
+    typer.Option(
+        callback=_filled("an agent name", name=True),
+        show_default=False,
+        help="The agent that answers (default: the app's only agent; the demo app's is demo).",
+    ),
+]
 
 
 class LogLevel(StrEnum):
@@ -290,13 +300,29 @@ DataDirOption = Annotated[
 # --- services --------------------------------------------------------------------------------
 
 
+def _load_app(app_path: str):
+    """The App at ``app_path`` (:func:`agentstream.app.base.load_app`), or ConfigError with what
+    to do: a file name given for a module (``weather.py:app``) is named before anything imports,
+    and a missing attribute lists the module's App objects."""
+    mistake = file_path_mistake(app_path)
+    if mistake is not None:
+        raise ConfigError(mistake)
+    try:
+        return load_app(app_path)
+    except ConfigError as exc:
+        module_name, _, attr = app_path.partition(":")
+        module = sys.modules.get(module_name)
+        if module is None or not attr or hasattr(module, attr):
+            raise
+        names = [name for name, value in vars(module).items() if isinstance(value, App) and not name.startswith("_")]
+        raise ConfigError(f"{exc}; {apps_named(module_name, names)}") from None
+
+
 def _load_checked(app_path: str, agent: str | None = None):
-    """The app (imported now, before anything starts), or ConfigError; with ``agent``, that agent must be in it."""
-    app = load_app(app_path)
-    if agent is not None and app.agent(agent) is None:
-        names = ", ".join(sorted(a.name for a in app.agents))
-        raise ConfigError(f"the app {app_path!r} has no agent {agent!r} (its agents: {names})")
-    return app
+    """The app (imported now, before anything starts) and the agent that answers
+    (:func:`agentstream.cli.apppath.answering_agent`: ``agent``, else the app's only one), or ConfigError."""
+    app = _load_app(app_path)
+    return app, answering_agent(app_path, [a.name for a in app.agents], agent)
 
 
 async def _when_groups_exist(redis, consumers, on_ready) -> None:
@@ -324,7 +350,7 @@ async def _serve(
     from agentstream_services.agent_loop.service import build as build_loop
     from agentstream_services.tool_worker.service import build as build_worker
 
-    app = load_app(app_path)
+    app = _load_app(app_path)
     if not settings.redis_url:
         raise AgentStreamError(
             "REDIS_URL is not set (use `agentstream dev` or `agentstream run` for an embedded Redis)"
@@ -550,7 +576,7 @@ def dev(
     every consumer group exists (so ``agentstream dev > env.sh`` gives a file to source)."""
     _setup_logging(log_level)
     try:
-        _load_checked(app)  # a bad app path fails before the embedded Redis or the local model starts
+        _load_app(app)  # a bad app path fails before the embedded Redis or the local model starts
         with _environment(_settings(), data_dir) as settings:
             typer.echo("# for `agentstream ask` and `agentstream trace ...` in another shell:")
             for line in environment_lines(os.environ):
@@ -699,13 +725,35 @@ async def _ask(
         await redis.aclose()
 
 
+async def _served_agent(settings: Settings) -> str:
+    """The agent ``ask`` asks when none is named: the only agent of the app the running agent
+    loops recorded when they started (the demo's ``demo`` when none did), or AgentStreamError
+    saying to name one."""
+    records = await _recorded(settings)
+    app_path = records[0].app if records else DEFAULT_APP
+    try:
+        return _load_checked(app_path)[1]
+    except ConfigError as exc:
+        raise AgentStreamError(
+            f"name the agent with --agent: the agent loops serve the app {app_path!r} ({exc}; an app path is "
+            "relative to the folder the services run in)"
+        ) from None
+
+
 TimeoutOption = typer.Option("--timeout-s", min=0.1, help="Give up waiting for the answer after this many seconds.")
 
 
 @cli.command()
 def ask(
     text: Annotated[str, typer.Argument(callback=_filled("the message"), help="The user's message.")],
-    agent: AgentOption = "demo",
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            callback=_filled("an agent name", name=True),
+            show_default=False,
+            help="The agent that answers (default: the only agent of the app the running agent loops serve).",
+        ),
+    ] = None,
     trace_id: Annotated[
         str | None, typer.Option(callback=_filled("a trace id", name=True), help="Continue this conversation.")
     ] = None,
@@ -720,6 +768,10 @@ def ask(
     except AgentStreamError as exc:
         _fail(exc)
     trace_id = trace_id or uuid.uuid4().hex
+    try:
+        agent = agent or asyncio.run(_served_agent(settings))
+    except AgentStreamError as exc:
+        _fail(exc)
     typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
     try:
         ending = asyncio.run(_ask(settings, agent, text, trace_id, timeout_s))
@@ -868,7 +920,7 @@ def run(
         str, typer.Argument(callback=_filled("the message"), help="The user's message.")
     ] = "What is 365 * 24?",
     app: AppOption = DEFAULT_APP,
-    agent: AgentOption = "demo",
+    agent: RunAgentOption = None,
     turns: Annotated[
         int,
         typer.Option(
@@ -879,8 +931,13 @@ def run(
     log_level: LogLevelOption = LogLevel.warning,
     data_dir: DataDirOption = None,
 ) -> None:
-    """The main job: answer one turn end to end with the agent loop and a tool worker as
-    separate processes, on REDIS_URL / OPENAI_* or the embedded defaults.
+    """The main job: start everything, answer one turn end to end, stop everything.
+
+    It starts Redis (REDIS_URL, else an embedded one) and a model (OPENAI_*, else the local
+    SmolLM2-135M on llama.cpp), then the agent loop, a tool worker, the delegation and the
+    compaction service, each as a process of its own; it publishes the message as a turn, prints
+    each step as it happens, checks that every model call's request rebuilt from the stored trace
+    matches its recorded fingerprint, and stops what it started.
 
     Without REDIS_URL, the embedded Redis keeps its data in --data-dir, so ``agentstream trace
     show <id>`` (with the same --data-dir, or none for the default) reads the trace afterwards.
@@ -896,7 +953,7 @@ def run(
     interrupts = Interrupts()
     try:
         with interrupts.handled():
-            _load_checked(app, agent)  # a bad app path or agent fails before anything starts
+            _, agent = _load_checked(app, agent)  # a bad app path or agent fails before anything starts
             with _environment(_settings(), data_dir, interrupts) as settings:
                 interrupts.on_hurry(lambda: _kill_processes(procs))
                 interrupted = False
@@ -1087,7 +1144,15 @@ async def _rebuild_setup(settings: Settings, app_path: str | None):
     endpoint settings to try, in order: the configured ones (when any are), then every recorded
     set (see :mod:`agentstream.runtime.service_settings`); at least one (possibly empty) set."""
     records = await _recorded(settings)
-    app = load_app(app_path or (records[0].app if records else DEFAULT_APP))
+    try:
+        app = _load_app(app_path or (records[0].app if records else DEFAULT_APP))
+    except ConfigError as exc:
+        if app_path or not records:
+            raise
+        raise ConfigError(
+            f"{exc} (the app path {records[0].app!r} that the agent loops recorded is relative to the folder they "
+            f"ran in, and this command runs in {os.getcwd()}: run it from that folder, or give --app)"
+        ) from None
     configured = _endpoints(settings)
     sets = ([configured] if configured else []) + [dict(r.endpoints) for r in records]
     return app, sets or [{}]
@@ -1345,7 +1410,7 @@ def schema_turn(
         typer.echo(json.dumps(codec.turn_message_schema(), indent=2))
         return
     try:
-        loaded = load_app(app)
+        loaded = _load_app(app)
     except AgentStreamError as exc:
         _fail(exc)
     typer.echo(json.dumps({a.name: codec.agent_turn_schema(a.name, a.input) for a in loaded.agents}, indent=2))
@@ -1395,10 +1460,28 @@ def schema_events(app: AppOption = DEFAULT_APP) -> None:
     from agentstream.wire.schemas import trace_events_schema
 
     try:
-        types = load_app(app).types
+        types = _load_app(app).types
     except AgentStreamError as exc:
         _fail(exc)
     typer.echo(json.dumps(trace_events_schema(types), indent=2))
+
+
+def _plain_helps(*groups: typer.Typer) -> None:
+    """Every command's and group's ``--help`` text without reST markup and with whole lines
+    (:func:`agentstream.cli.helptext.plain_help`), made from its docstring."""
+    for group in groups:
+        for command in group.registered_commands:
+            command.help = plain_help(command.help or (command.callback.__doc__ if command.callback else None))
+        infos = [sub for sub in group.registered_groups] + [group.info]
+        if group.registered_callback is not None:
+            infos.append(group.registered_callback)
+        for info in infos:  # the rest are typer's placeholders for "not given"
+            for name in ("help", "epilog"):
+                if isinstance(getattr(info, name, None), str):
+                    setattr(info, name, plain_help(getattr(info, name)))
+
+
+_plain_helps(cli, trace_cli, schema_cli)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -353,10 +353,16 @@ DEFAULT_CODEC = TraceCodec()
 """The codec of built-in types only."""
 
 
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+"""The ``$schema`` of every schema the wire publishes (the first key of each)."""
+
+
 def reply_schema() -> dict[str, Any]:
     """The JSON schema (2020-12) of the reply message the agent loop publishes."""
-    schema = with_failure_codes(msgspec.json.schema(Reply))
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema = {
+        "$schema": JSON_SCHEMA_DIALECT,
+        **with_failure_codes(msgspec.json.schema(Reply)),
+    }  # first, as readers look
     schema["description"] = (
         "An agentstream reply: the JSON in the field `reply` of an entry on the replies stream "
         "(default `agentstream:replies`, or the turn's `reply_to`). Replies are at-least-once: "
@@ -450,8 +456,7 @@ def decode_reply(payload: bytes) -> Reply:
 
 def turn_message_schema() -> dict[str, Any]:
     """The JSON schema (2020-12) of the turn message that other backends publish."""
-    schema = msgspec.json.schema(TurnMessage)
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema = {"$schema": JSON_SCHEMA_DIALECT, **msgspec.json.schema(TurnMessage)}  # first, as readers look
     schema["description"] = (
         "An agentstream turn. Publish its JSON as the field `turn` of an entry on the turns "
         "stream (default `agentstream:turns`)."
