@@ -20,7 +20,6 @@ from importlib import resources
 from typing import Annotated, Any
 
 import msgspec
-import redis.exceptions
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -37,6 +36,7 @@ from agentstream.ops.apikeys import ApiKey, KeyRing
 from agentstream.ops.settings import Settings
 from agentstream.runtime import conversations, deadletters, operations, ratelimit
 from agentstream.runtime.cancel import cancel_target, publish_cancel
+from agentstream.runtime.connection import LOST_REDIS_ERRORS, POOL_EXHAUSTED_ERROR
 from agentstream.runtime.deltas import follow
 from agentstream.runtime.folding import FoldReader
 from agentstream.runtime.store import TraceStore
@@ -404,7 +404,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
                             event="end", id=f"{position},{delta_position}", data=codec.encode(reply).decode()
                         )
                         return
-            except (AgentStreamError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            except (AgentStreamError, *LOST_REDIS_ERRORS) as exc:
                 # an entry that cannot be read, or Redis lost: the stream says why and ends
                 yield ServerSentEvent(event="error", data=json.dumps({"detail": _redis_problem(exc)}))
             finally:
@@ -617,11 +617,12 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             max_age=600,
         )
 
-    @api.exception_handler(redis.exceptions.ConnectionError)
-    @api.exception_handler(redis.exceptions.TimeoutError)
     async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("gateway request %s %s: %s", request.method, request.url.path, _redis_problem(exc))
         return JSONResponse(status_code=503, content={"detail": _redis_problem(exc)}, headers={"Retry-After": "1"})
+
+    for lost in LOST_REDIS_ERRORS:
+        api.add_exception_handler(lost, redis_unavailable)
 
     @api.exception_handler(AgentStreamError)
     async def unreadable(request: Request, exc: AgentStreamError) -> JSONResponse:
@@ -635,9 +636,9 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
 def _redis_problem(exc: Exception) -> str:
     """The 503's reason for a Redis error: its pool exhausted, or Redis not answering (another
     error: its own message)."""
-    if not isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+    if not isinstance(exc, LOST_REDIS_ERRORS):
         return str(exc)
-    if isinstance(exc, redis.exceptions.MaxConnectionsError):
+    if isinstance(exc, POOL_EXHAUSTED_ERROR):
         return "the gateway's Redis connections are all in use (too many requests in flight); retry shortly"
     return f"Redis is not answering ({type(exc).__name__}); retry shortly"
 

@@ -42,6 +42,13 @@ COMMAND_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeou
 or timed-out connection, an error reply (redis-py's ``ConnectionError``, ``TimeoutError``,
 ``ResponseError``). Services catch these instead of importing ``redis``."""
 
+LOST_REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+"""Redis lost or not answering in time (redis-py's ``ConnectionError`` and ``TimeoutError``): what
+an HTTP route answers with 503 instead of importing ``redis``."""
+
+POOL_EXHAUSTED_ERROR: type[Exception] = redis.exceptions.MaxConnectionsError
+"""Every connection of the client's pool is in use (a kind of :data:`LOST_REDIS_ERRORS`)."""
+
 REDIS_ERROR: type[Exception] = redis.exceptions.RedisError
 """The base of every error redis-py raises (a command's error reply, a lost connection, a bad
 URL's parts...): what a command line catches to say in one line that Redis could not be used,
