@@ -30,10 +30,21 @@ import time
 
 import msgspec
 
-from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, plausible_prompt_tokens, request_chars
+from agentstream.context.builder import request_after_miss
+from agentstream.context.limits import PLAUSIBLE_USAGE_RATIO, WINDOW_MISS, plausible_prompt_tokens, request_chars
+from agentstream.context.request import ChatRequest
+from agentstream.declarations.agents import Agent
 from agentstream.declarations.apps import App
 from agentstream.delegation import child_trace_refusal, parent_ids
-from agentstream.errors import ContextError, Deferred, ModelDeadlineExceeded, ModelError, StaleLeaseError, TurnRejected
+from agentstream.errors import (
+    ContextError,
+    ContextWindowExceeded,
+    Deferred,
+    ModelDeadlineExceeded,
+    ModelError,
+    StaleLeaseError,
+    TurnRejected,
+)
 from agentstream.models import ChatModel, endpoints_of
 from agentstream.ops import logs, metrics, tracing
 from agentstream.runtime import conversations, operations
@@ -868,19 +879,39 @@ class AgentLoop:
                         reason=f"agent {agent.name!r} names model {agent.model!r}, which is not configured",
                     )
                     return await self._end(trace_id, token, fold, failed, turn)
+                miss: dict[str, int | None] | None = None
                 try:
-                    attributes = tracing.model_call_attributes(model, turn_id=turn.turn_id, step=step)
-                    with (
-                        metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time(),
-                        tracing.span("agentstream.model_call", kind="client", attributes=attributes) as span,
-                    ):
-                        call = model.complete(request, turn_id=turn.turn_id, step=step, deltas=self._deltas(trace_id))
-                        if left_s is not None:  # the turn's deadline bounds the call too
-                            call = asyncio.wait_for(call, left_s)
-                        output = await self._abortable(trace_id, turn.turn_id, call)
-                        tracing.record_model_output(span, output)
+                    try:
+                        output = await self._call_model(trace_id, turn, agent, step, model, request, left_s)
+                    except ContextWindowExceeded as exc:  # the server's window is smaller than the estimate said
+                        miss = {
+                            "prompt_tokens": exc.prompt_tokens,
+                            "window_tokens": exc.window_tokens,
+                            "over_by_tokens": exc.over_by_tokens,
+                        }
+                        log.warning(
+                            "trace %s turn %s step %d: the model's server refused the request as over its window (%s); "
+                            "sending it once more, smaller",
+                            trace_id,
+                            turn.turn_id,
+                            step,
+                            exc,
+                        )
+                        try:
+                            request = request_after_miss(fold.events, agent, turn_id=turn.turn_id, step=step, **miss)
+                            output = await self._call_model(trace_id, turn, agent, step, model, request, left_s)
+                        except (ContextError, ContextWindowExceeded) as again:
+                            failed = TurnFailed(
+                                turn_id=turn.turn_id,
+                                code=FailureCode.CONTEXT_FULL,
+                                reason=f"model call {step}: the model's server refused the request as over its "
+                                f"context window ({exc}), and {again}",
+                            )
+                            return await self._end(trace_id, token, fold, failed, turn)
                     if output is None:  # aborted by a cancel: the next step ends the turn
                         return _Outcome.REFRESH
+                    if miss is not None:  # what a rebuild of this call needs to send the same request
+                        output = msgspec.structs.replace(output, attributes={**output.attributes, WINDOW_MISS: miss})
                 except TimeoutError:  # the turn's deadline (a model call's own is a ModelError)
                     if left_s is None:
                         raise
@@ -925,6 +956,34 @@ class AgentLoop:
                 failed = TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
                 return await self._end(trace_id, token, fold, failed, turn, before=results)
         raise AssertionError(f"unhandled decision {decision!r}")
+
+    async def _call_model(
+        self,
+        trace_id: str,
+        turn: TurnInput,
+        agent: Agent,
+        step: int,
+        model: ChatModel,
+        request: ChatRequest,
+        left_s: float | None,
+    ) -> ModelOutput | None:
+        """One model call in its span, bounded by the turn's deadline; None when a cancel aborted it.
+
+        Raises:
+            TimeoutError: the turn's deadline passed.
+            ModelError: the call failed (ContextWindowExceeded among them).
+        """
+        attributes = tracing.model_call_attributes(model, turn_id=turn.turn_id, step=step)
+        with (
+            metrics.MODEL_CALL_SECONDS.labels(model=agent.model).time(),
+            tracing.span("agentstream.model_call", kind="client", attributes=attributes) as span,
+        ):
+            call = model.complete(request, turn_id=turn.turn_id, step=step, deltas=self._deltas(trace_id))
+            if left_s is not None:  # the turn's deadline bounds the call too
+                call = asyncio.wait_for(call, left_s)
+            output = await self._abortable(trace_id, turn.turn_id, call)
+            tracing.record_model_output(span, output)
+        return output
 
     def _storable(self, results) -> list:
         """The results a decision records (an unknown tool's, a reopen's: built from what the model

@@ -302,6 +302,7 @@ class ContextWindowExceeded(ModelInputRejected):
     Attributes:
         prompt_tokens: the prompt's size in tokens as the server counted it, when it said.
         window_tokens: the model's window in tokens as the server stated it, when it said.
+        over_by_tokens: by how many tokens the request is over, when the server said only that.
     """
 
     def __init__(
@@ -311,10 +312,12 @@ class ContextWindowExceeded(ModelInputRejected):
         status_code: int | None = None,
         prompt_tokens: int | None = None,
         window_tokens: int | None = None,
+        over_by_tokens: int | None = None,
     ):
         super().__init__(message, status_code=status_code)
         self.prompt_tokens = prompt_tokens
         self.window_tokens = window_tokens
+        self.over_by_tokens = over_by_tokens
 
 
 class InvalidModelOutput(ModelError):

@@ -391,6 +391,41 @@ def rebuild_after_miss(
     return built, correction
 
 
+def request_after_miss(
+    events: Sequence[Any],
+    agent: Agent,
+    *,
+    turn_id: str,
+    step: int,
+    prompt_tokens: int | None = None,
+    window_tokens: int | None = None,
+    over_by_tokens: int | None = None,
+) -> ChatRequest:
+    """The request sent once more after a window miss: :func:`rebuild_after_miss`'s context, trimmed
+    whole from the oldest history under the corrected limits when it still does not fit (no
+    summary is asked for in between: the call is being answered now).
+
+    The agent loop sends it, and records the server's figures in the output's
+    ``attributes["window_miss"]``; a rebuild of that call (:func:`agentstream.steps.replay.rebuild_calls`)
+    calls this with the same figures, so the fingerprint is the same.
+
+    Raises:
+        ContextFullError: nothing can be shed (the message gives the figures).
+    """
+    built, correction = rebuild_after_miss(
+        events,
+        agent,
+        turn_id=turn_id,
+        step=step,
+        prompt_tokens=prompt_tokens,
+        window_tokens=window_tokens,
+        over_by_tokens=over_by_tokens,
+    )
+    if built.fits:
+        return built.request
+    return trimmed_request(built, dataclasses.replace(agent, model_limits=correction.limits))
+
+
 TRIMMED_NOTE = "Earlier messages of this conversation were left out to fit the model's context window."
 
 

@@ -310,6 +310,12 @@ def corrected_tokens(chars_now: int, limits: ModelLimits, recorded: tuple[int, i
     return max(0, prompt_tokens - int(-delta / limits.characters_per_token))
 
 
+WINDOW_MISS = "window_miss"
+"""The key of ``ModelOutput.attributes`` under which a call sent again after a window miss records
+the server's figures (``prompt_tokens``, ``window_tokens``, ``over_by_tokens``; None where not given);
+the context state counts the refused request as the server did from them."""
+
+
 @dataclass(frozen=True)
 class MissCorrection:
     """What one window miss teaches about a model (see :func:`learn_from_miss`).

@@ -32,8 +32,10 @@ from agentstream.context.forms.shorten import COMPRESSED, FULL, STUBBED, Form
 from agentstream.context.limits import (
     MESSAGE_OVERHEAD_CHARS,
     TOOL_CALL_OVERHEAD_CHARS,
+    WINDOW_MISS,
     ModelLimits,
     corrected_tokens,
+    learn_from_miss,
     message_chars,
     plausible_prompt_tokens,
     text_chars,
@@ -68,6 +70,11 @@ from agentstream.wire.events import (
 )
 
 COMPRESSED_FUTILE = 1 << COMPRESSED
+
+
+def _count(value: object) -> int | None:
+    """A token figure recorded in an output's attributes, or None when it is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class TraceState:
@@ -270,6 +277,19 @@ class TraceState:
                 and plausible_prompt_tokens(prompt_tokens, self.last_chars, limits)  # an under-report corrects nothing
             ):
                 self.recorded = (prompt_tokens, self.last_chars)
+            miss = event.attributes.get(WINDOW_MISS) if event.attributes else None
+            if isinstance(miss, dict) and (limits.model is None or limits.model == event.model):
+                # sent again smaller after a window miss: its usage counts the smaller request, so the
+                # refused one (this call as built, self.last_chars) is counted as the server did
+                counted = learn_from_miss(
+                    limits,
+                    sent_chars=self.last_chars,
+                    output_tokens=self.reserve,
+                    prompt_tokens=_count(miss.get("prompt_tokens")),
+                    window_tokens=_count(miss.get("window_tokens")),
+                    over_by_tokens=_count(miss.get("over_by_tokens")),
+                ).prompt_tokens
+                self.recorded = (counted, self.last_chars)
         self.calls.append(event)
         if not event.include_in_messages:  # recorded, counted as a call, never shown (nor its results)
             return

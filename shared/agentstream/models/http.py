@@ -152,6 +152,7 @@ def _window_exceeded(url: str, label: str, miss: WindowMiss, status: int | None)
         status_code=status,
         prompt_tokens=miss.prompt_tokens,
         window_tokens=miss.window_tokens,
+        over_by_tokens=miss.over_by_tokens,
     )
 
 

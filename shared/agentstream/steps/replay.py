@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentstream.context import BuiltContext, build_context, settings_of
-from agentstream.context.builder import build_from_state, new_state
+from agentstream.context.builder import build_from_state, new_state, request_after_miss
+from agentstream.context.limits import WINDOW_MISS
 from agentstream.context.render import EventFilter
 from agentstream.context.state import TraceState
 from agentstream.declarations.agents import Agent
@@ -184,11 +185,16 @@ def rebuild_calls(
             if agent is None:
                 raise KeyError(f"turn {event.turn_id!r}: agent {turn.agent!r} is not in the app")
             agent = offered_agent(agent, turn, endpoints)  # its endpoint's limits, as the agent loop had them
-            built = folds.build(agent, index, turn_id=event.turn_id, step=event.step)
-            plan = built.compaction  # sent_request(events[:index], ...), with the outcomes read so far
-            outcome = outcomes.first.get((plan.turn_id, plan.kept_from_turn)) if plan is not None else None
-            decision = decide(built, agent, outcome=outcome, compacted=outcomes.compacted)
-            request = decision.request if isinstance(decision, Send) else built.request
+            miss = event.attributes.get(WINDOW_MISS)
+            if isinstance(miss, dict):  # sent again, smaller, after the server refused it as over its window
+                figures = {k: miss.get(k) for k in ("prompt_tokens", "window_tokens", "over_by_tokens")}
+                request = request_after_miss(events[:index], agent, turn_id=event.turn_id, step=event.step, **figures)
+            else:
+                built = folds.build(agent, index, turn_id=event.turn_id, step=event.step)
+                plan = built.compaction  # sent_request(events[:index], ...), with the outcomes read so far
+                outcome = outcomes.first.get((plan.turn_id, plan.kept_from_turn)) if plan is not None else None
+                decision = decide(built, agent, outcome=outcome, compacted=outcomes.compacted)
+                request = decision.request if isinstance(decision, Send) else built.request
             endpoint = _endpoint_of(event, agent, endpoints or {}, model_name)
             configured = endpoint.id in (endpoints or {}) and endpoints[endpoint.id] is endpoint  # type: ignore[index]
             body, sha256 = _matching(_candidates(request, endpoint, event, configured=configured), event.request_sha256)

@@ -66,3 +66,31 @@ def test_the_next_turn_after_a_failed_one_can_still_be_sent():
     built, _ = rebuild_after_miss(trace.events, agent, turn_id=nxt, step=0, prompt_tokens=3400, window_tokens=9000)
     assert built.request.messages[-1].text == "Never mind. What is 2+2?"
     assert all("word word" not in getattr(m, "text", "") for m in built.request.messages)  # the old input was shed
+
+
+def test_after_a_call_sent_again_the_next_estimate_counts_the_refused_size_not_the_smaller_ones():
+    from agentstream.context.limits import WINDOW_MISS
+    from agentstream.wire.events import ModelOutput, ToolCall, Usage
+
+    def trace_with(attributes: dict) -> tuple[Trace, str]:
+        trace, turn = tool_heavy()
+        trace.events.append(
+            ModelOutput(
+                turn_id=turn,
+                step=0,
+                tool_calls=(ToolCall(id="c9", name="search", arguments="{}"),),
+                stop_reason="tool_calls",
+                usage=Usage(prompt_tokens=900),  # the smaller request sent again
+                attributes=attributes,
+            )
+        )
+        trace.result(turn, "c9", "short")
+        return trace, turn
+
+    agent = make_agent(window=WINDOW)
+    plain, turn = trace_with({})
+    missed, _ = trace_with({WINDOW_MISS: {"prompt_tokens": 8600, "window_tokens": 9000, "over_by_tokens": None}})
+    before = build_context(plain.events, agent, turn_id=turn, step=1).size_tokens
+    after = build_context(missed.events, agent, turn_id=turn, step=1).size_tokens
+    # the server's count of the refused request (8600 tokens, not the estimate's ~900) sizes the next call
+    assert after - before > 7000
