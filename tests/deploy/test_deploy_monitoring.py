@@ -125,3 +125,15 @@ def test_the_selector_evaluation_sees_a_double_scrape() -> None:
         },
     ]
     assert scrapes(Rendered(0, yaml.safe_dump_all(docs), "")) == {"g": 2}
+
+
+def test_each_consumer_groups_service_label_is_a_chart_component(default_render: Rendered) -> None:
+    """agentstream_handlers_in_flight's `service` is the service's name, the one the chart labels
+    its pods with (app.kubernetes.io/component) and build_info carries, not its consumer group's
+    (the tool workers' group is tool-workers)."""
+    from agentstream.ops.metrics import service_of_group
+    from agentstream.wire import keys
+
+    groups = [keys.AGENT_LOOP_GROUP, keys.TOOL_WORKER_GROUP, keys.DELEGATION_GROUP, keys.COMPACTION_GROUP]
+    components = {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in default_render.of_kind("Deployment")}
+    assert {service_of_group(g) for g in groups} == components

@@ -55,6 +55,9 @@ def test_metrics_after_a_turn(redis_url, namespace, keys, scripted_model, tmp_pa
     assert 'agentstream_model_tokens_total{kind="prompt",model="default"}' in loop_text
     assert 'agentstream_tool_call_seconds_count{tool="calculator"} 2.0' in tools_text
     assert 'agentstream_tool_errors_total{error="tool_error",tool="calculator"} 1.0' in tools_text
+    # one name for the tool workers' service, as the chart's component label and build_info say
+    assert 'agentstream_handlers_in_flight{service="tool-worker",' in tools_text
+    assert 'service="tool-workers"' not in tools_text and 'service="tool-worker"' in tools_text
     assert f'agentstream_stream_length{{stream="{keys.turns}"}} 2.0' in loop_text
     assert f'agentstream_consumer_lag{{group="agent-loop",stream="{keys.turns}"}} 0.0' in loop_text, [
         line for line in loop_text.splitlines() if "lag" in line or "length" in line

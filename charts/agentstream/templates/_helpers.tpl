@@ -32,12 +32,36 @@ Most helpers below take a "workload context": a dict with
 {{- end }}
 
 {{/*
-A name of at most `max` characters that stays unique: a name that fits is kept whole; a longer one
-is cut to max - 9 characters and ends with "-" and the first 8 hex digits of the whole name's
-SHA-256, so two long names that differ only past the cut (pools browser-heavy-one and
-browser-heavy-two under a long release name) still differ. Context: (list "name" max).
+A name <prefix>-<suffix> of at most `max` characters that stays unique and readable: a name that
+fits is kept whole; a longer one keeps its suffix (the component: `tool-worker-browser-heavy-one`,
+`redis`) and cuts the prefix (the release's full name), with the first 8 hex digits of the whole
+name's SHA-256 between them: `<prefix cut>-<hash>-<suffix>`. Two long names that differ only in
+the part cut away still differ (the hash), and each still says what it is (the suffix). A suffix
+too long to leave room for a prefix is cut itself, ending with the hash. Context: (list prefix
+suffix max).
 */}}
 {{- define "agentstream.shortName" -}}
+{{- $prefix := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $max := int (index . 2) }}
+{{- $name := printf "%s-%s" $prefix $suffix }}
+{{- $hash := $name | sha256sum | trunc 8 }}
+{{- $room := sub (sub $max (len $suffix)) 10 }}
+{{- if le (len $name) $max }}
+{{- $name }}
+{{- else if ge (int $room) 4 }}
+{{- printf "%s-%s-%s" ($prefix | trunc (int $room) | trimSuffix "-") $hash $suffix }}
+{{- else }}
+{{- printf "%s-%s" ($name | trunc (int (sub $max 9)) | trimSuffix "-") $hash }}
+{{- end }}
+{{- end }}
+
+{{/*
+The bundled Redis' names as 0.1.0 made them (a long name cut to max - 9 characters, then "-" and
+8 hex digits of its SHA-256), kept because a StatefulSet's name and serviceName cannot change
+without losing its volume or being refused. Context: (list name max).
+*/}}
+{{- define "agentstream.stableName" -}}
 {{- $name := index . 0 }}
 {{- $max := int (index . 1) }}
 {{- if le (len $name) $max }}
@@ -47,10 +71,10 @@ browser-heavy-two under a long release name) still differ. Context: (list "name"
 {{- end }}
 {{- end }}
 
-{{/* A component's resource name: <fullname>-<suffix>, unique and at most 63 characters (agentstream.shortName). Context: (list $ "suffix"). */}}
+{{/* A component's resource name: <fullname>-<suffix>, unique, readable and at most 63 characters (agentstream.shortName). Context: (list $ "suffix"). */}}
 {{- define "agentstream.componentName" -}}
 {{- $root := index . 0 }}
-{{- include "agentstream.shortName" (list (printf "%s-%s" (include "agentstream.fullname" $root) (index . 1)) 63) }}
+{{- include "agentstream.shortName" (list (include "agentstream.fullname" $root) (index . 1) 63) }}
 {{- end }}
 
 {{- define "agentstream.chart" -}}
@@ -97,13 +121,25 @@ annotations:
 {{- end }}
 {{- end }}
 
-{{- define "agentstream.image" -}}
-{{- $tag := default .Chart.AppVersion .Values.image.tag }}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{/*
+An image reference: [registry/]repository, then @digest or :tag. The registry is the image's own
+`registry`, else global.imageRegistry (one registry for every image, e.g. a mirror), else none.
+Context: (list root image-values default-tag).
+*/}}
+{{- define "agentstream.imageRef" -}}
+{{- $root := index . 0 }}
+{{- $image := index . 1 }}
+{{- $registry := default (($root.Values.global | default dict).imageRegistry | default "") $image.registry }}
+{{- $repository := ternary (printf "%s/%s" $registry $image.repository) $image.repository (ne $registry "") }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $repository $image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- printf "%s:%s" $repository (toString (default (index . 2) $image.tag)) }}
 {{- end }}
+{{- end }}
+
+{{- define "agentstream.image" -}}
+{{- include "agentstream.imageRef" (list . .Values.image .Chart.AppVersion) }}
 {{- end }}
 
 {{- define "agentstream.serviceAccountName" -}}
@@ -122,12 +158,12 @@ controller labels its pods with controller-revision-hash=<name>-<10 characters>,
 of at most 63.
 */}}
 {{- define "agentstream.redis.serviceName" -}}
-{{- include "agentstream.shortName" (list (printf "%s-redis" (include "agentstream.fullname" .)) 52) }}
+{{- include "agentstream.stableName" (list (printf "%s-redis" (include "agentstream.fullname" .)) 52) }}
 {{- end }}
 
 {{/* The bundled Redis' headless Service name (at most 63 characters). */}}
 {{- define "agentstream.redis.headlessName" -}}
-{{- include "agentstream.shortName" (list (printf "%s-redis-headless" (include "agentstream.fullname" .)) 63) }}
+{{- include "agentstream.stableName" (list (printf "%s-redis-headless" (include "agentstream.fullname" .)) 63) }}
 {{- end }}
 
 {{/*
@@ -290,10 +326,10 @@ Returns YAML: use with fromYaml.
 {{- $as := .root.Values.autoscaling }}
 {{- $pool := .pool }}
 {{- $out := dict "name" $pool.name "queue" $pool.queue }}
-{{- range $k := list "replicas" "concurrency" "app" "resources" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "strategy" }}
+{{- range $k := list "replicas" "concurrency" "app" "resources" "podAnnotations" "podLabels" "nodeSelector" "tolerations" "affinity" "strategy" "lifecycle" }}
 {{- $_ := set $out $k (ternary (index $pool $k) (index $tw $k) (hasKey $pool $k)) }}
 {{- end }}
-{{- range $k := list "extraArgs" "extraEnv" "extraVolumes" "extraVolumeMounts" }}
+{{- range $k := list "extraArgs" "extraEnv" "extraVolumes" "extraVolumeMounts" "sidecars" "initContainers" }}
 {{- $_ := set $out $k (default (list) (concat (default (list) (index $tw $k)) (default (list) (index $pool $k)))) }}
 {{- end }}
 {{- $_ := set $out "extraEnv" (concat $out.extraEnv (include "agentstream.mcpEnv" $pool | fromYamlArray)) }}{{/* the pool's MCP server, see _mcp.tpl */}}
@@ -492,6 +528,9 @@ spec:
       {{- end }}
       {{- include "agentstream.topologySpread" . | nindent 6 }}
       terminationGracePeriodSeconds: {{ add $v.shutdownGraceSeconds 5 }}
+      {{- with include "agentstream.initContainers" (list $root $svc) }}
+      {{- . | nindent 6 }}
+      {{- end }}
       containers:
         - name: {{ .component }}
           image: {{ include "agentstream.image" $root | quote }}
@@ -529,6 +568,9 @@ spec:
           resources:
             {{- toYaml . | nindent 12 }}
           {{- end }}
+          {{- with include "agentstream.lifecycle" (list $root $svc) }}
+          {{- . | nindent 10 }}
+          {{- end }}
           securityContext:
             {{- toYaml $v.containerSecurityContext | nindent 12 }}
           volumeMounts:
@@ -555,6 +597,9 @@ spec:
             {{- with $svc.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
+        {{- with include "agentstream.sidecars" (list $root $svc) }}
+        {{- . | nindent 8 }}
+        {{- end }}
       volumes:
         - name: tmp
           emptyDir:
@@ -745,5 +790,32 @@ refuses there, and which values.yaml's default would otherwise bring). Context: 
 {{- end }}
 strategy:
   {{- toYaml $st | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The init containers, sidecars and lifecycle of a workload's pods: the global lists followed by the
+service's own (initContainers, sidecars), and the service's lifecycle, else the global one. Each
+renders nothing when empty. Context: (list root svc).
+*/}}
+{{- define "agentstream.initContainers" -}}
+{{- $all := concat (default list (index . 0).Values.initContainers) (default list (index . 1).initContainers) }}
+{{- with $all }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "agentstream.sidecars" -}}
+{{- $all := concat (default list (index . 0).Values.sidecars) (default list (index . 1).sidecars) }}
+{{- with $all }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "agentstream.lifecycle" -}}
+{{- with (default (index . 0).Values.lifecycle (index . 1).lifecycle) }}
+lifecycle:
+  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}

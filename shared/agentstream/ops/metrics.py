@@ -68,9 +68,20 @@ LATE_RESULTS = Counter(
 BUILD_INFO = Info("agentstream_build", "The agentstream version and Python of this process (value 1).")
 HANDLERS_IN_FLIGHT = Gauge(
     "agentstream_handlers_in_flight",
-    "Entries whose handler is running now, per service (consumer group) and stream.",
+    "Entries whose handler is running now, per service (as `agentstream serve` names it) and stream.",
     ["service", "stream"],
 )
+
+
+def service_of_group(group: str) -> str:
+    """The service a consumer group belongs to, as ``agentstream serve``, ``agentstream_build_info``
+    and the chart's ``app.kubernetes.io/component`` name it: the tool workers' group is
+    ``tool-workers``, their service ``tool-worker``; the other groups are named as their service."""
+    from agentstream.wire.keys import TOOL_WORKER_GROUP
+
+    return "tool-worker" if group == TOOL_WORKER_GROUP else group
+
+
 MODEL_ERRORS = Counter(
     "agentstream_model_errors_total",
     "Failed model HTTP attempts, retried or not, by endpoint and HTTP status (network, timeout, invalid_output, other).",

@@ -665,7 +665,7 @@ class StreamConsumer:
     async def _call_handler(self, entry_id: str, fields: Fields, attempts: int, delivery: Delivery) -> bool:
         """Run the handler → True when it succeeded (else the entry waits for a retry); it sees
         ``delivery`` as :func:`current_delivery`."""
-        in_flight = metrics.HANDLERS_IN_FLIGHT.labels(service=self.group, stream=self.stream)
+        in_flight = metrics.HANDLERS_IN_FLIGHT.labels(service=metrics.service_of_group(self.group), stream=self.stream)
         in_flight.inc()
         bound = _DELIVERY.set(delivery)
         try:
