@@ -275,6 +275,7 @@ class AgentLoop:
         read and, when there is none, whether each trace its id could descend from exists (one
         round trip)."""
         fold = self.folds.get(trace_id)
+        first: object
         if fold is not None and fold.events:
             first = fold.events[0]
         else:
@@ -651,6 +652,7 @@ class AgentLoop:
         self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None
     ) -> None:
         """:meth:`_reject` of a message that names its trace and turn (under the trace's admission order)."""
+        assert exc.trace_id is not None and exc.turn_id is not None  # what makes it one (see _reject)
         if await self.store.has_key(exc.trace_id, f"turn:{exc.turn_id}"):
             # a malformed copy of a turn the trace holds: reported; the real turn goes on
             log.warning(
@@ -871,8 +873,8 @@ class AgentLoop:
                     return await self._end(trace_id, token, fold, failed, turn)
                 if request is None:  # a summary is written first; its outcome wakes the trace
                     return _Outcome.WAIT
-                model = self.models.get(agent.model)
-                if model is None:
+                model = self.models.get(agent.model) if agent.model is not None else None
+                if model is None or agent.model is None:
                     failed = TurnFailed(
                         turn_id=turn.turn_id,
                         code=FailureCode.CONFIG,
@@ -1011,7 +1013,9 @@ class AgentLoop:
             out.append(result)
         return out
 
-    async def _append(self, trace_id: str, token: int, fold: TraceFold, events: list, *, then: list = ()) -> list:
+    async def _append(
+        self, trace_id: str, token: int, fold: TraceFold, events: list, *, then: list | tuple = ()
+    ) -> list:
         """Append under the lease and fold what came since the fold's last entry (one round trip)."""
         appended, read = await self.store.append_and_read(
             trace_id, events, then=then, fence=token, after=fold.last_id, expire_ms=self._expire_ms
@@ -1126,6 +1130,7 @@ class AgentLoop:
             ack=ack,
         )
         if acknowledged:
+            assert delivery is not None  # acknowledged only with its ack arguments
             delivery.acknowledged = True
         await self._fold_with(trace_id, fold, read)
         return appended, outcome
@@ -1189,7 +1194,8 @@ class AgentLoop:
         """The endings folded whose reply did not go out (level-triggered: a worker that died
         between a turn's ending and its reply left it unsent). Endings this process wrote need
         no look-up; the others are checked with one HMGET of their reply markers."""
-        own, others = [], []
+        own: list[str] = []
+        others: list[str] = []
         for turn_id in fold.unconfirmed:
             (own if fold.notes.get(("ended", turn_id)) else others).append(turn_id)
         if others:
@@ -1311,15 +1317,16 @@ class AgentLoop:
             return
         if events is not None:
             stop_reason = final_stop_reason(events, ending.turn_id)
+            known = events  # what the ending tells other traces: no read
         else:
             if fold is None:
                 fold = await self._current_fold(trace_id)
             stop_reason = fold.final_stop_reason(ending.turn_id)
+            known = fold.events
         reply = _reply_of_ending(trace_id, turn, ending, stop_reason)
         _log_ending(trace_id, ending, reply.stop_reason)
         stream = self._reply_stream(turn)
         entries: list[Entry] = []
-        known = events if events is not None else fold.events  # what the ending tells other traces: no read
         if not await self.children.turn_ended(
             entries, trace_id, turn, ending, events=known
         ):  # a child answers its parent instead

@@ -30,7 +30,7 @@ def build(
     http: httpx.AsyncClient,
     *,
     models: dict[str, ChatModel] | None = None,
-) -> tuple[AgentLoop, list[StreamConsumer | CancelListener]]:
+) -> tuple[AgentLoop, list[StreamConsumer | CancelListener | Watchdog]]:
     """The agent loop, its consumers (every partition of turns and wake-ups, cancels), its cancel listener and
     the watchdog of turns waiting on tools (:mod:`.watchdog`).
 
@@ -67,7 +67,7 @@ def build(
         mcp_wait_s=settings.mcp_wait_s,
     )
     keys = settings.keys
-    runners: list[StreamConsumer | CancelListener] = [
+    runners: list[StreamConsumer | CancelListener | Watchdog] = [
         consumer
         for stream, handler, on_dead in (
             (keys.turns, loop.on_turn, loop.on_dead_turn),

@@ -149,7 +149,7 @@ class Compactor:
         model_id = self.summary_model or agent.model
         outcome: Compaction | CompactionFailed
         try:
-            model = self.models.get(model_id)
+            model = self.models.get(model_id) if model_id is not None else None
             if model is None:
                 raise ModelError(f"the summary model {model_id!r} is not configured")
             outcome = await self._summarise(state, plan, model, job.step)

@@ -32,13 +32,15 @@ def build(
         ConfigError: no model endpoint is configured, or AGENTSTREAM_COMPACTION_MODEL names an
             endpoint that is not.
     """
-    endpoints = load_endpoints(settings) if models is None else dict.fromkeys(models)
-    if settings.compaction_model is not None and settings.compaction_model not in endpoints:
-        known = ", ".join(sorted(endpoints))
+    endpoints = load_endpoints(settings) if models is None else None
+    names = endpoints if endpoints is not None else models or {}
+    if settings.compaction_model is not None and settings.compaction_model not in names:
+        known = ", ".join(sorted(names))
         raise ConfigError(
             f"AGENTSTREAM_COMPACTION_MODEL names model {settings.compaction_model!r}, which is not configured (models: {known})"
         )
     if models is None:
+        assert endpoints is not None  # loaded above when no models were given
         models = build_models(
             endpoints,
             client=http,

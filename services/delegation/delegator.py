@@ -48,6 +48,9 @@ from agentstream.wire.keys import ENDING_FIELD, JOB_FIELD, Keys
 
 log = logging.getLogger("agentstream.delegation")
 
+_SWEEP_ERRORS: tuple[type[Exception], ...] = (*COMMAND_ERRORS, OSError)
+"""What a supervisor's sweep backs off and retries on: a Redis error, or the socket's."""
+
 
 class Delegator:
     """Handles delegation jobs and child endings.
@@ -424,7 +427,7 @@ class Supervisor:
             try:
                 await self.sweep()
                 backoff_s = self.interval_s
-            except (*COMMAND_ERRORS, OSError) as exc:
+            except _SWEEP_ERRORS as exc:
                 log.warning("supervisor could not read the deadlines (%s); retrying in %.1f s", exc, backoff_s)
                 backoff_s = min(backoff_s * 2, 5.0)
             try:

@@ -69,11 +69,13 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
     },
     503: {"model": schemas.Problem, "description": "Redis is not answering or its connections are all in use."},
 }
-_WIRE_REPLY = {
+_WIRE_REPLY: dict[str, Any] = {
     "description": "The reply: the wire's own (`agentstream schema reply`), as the agent loop publishes it.",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Reply"}}},
 }
-_NOT_FOUND = {404: {"model": schemas.Problem, "description": "No such trace, or not one of this key's agents'."}}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": schemas.Problem, "description": "No such trace, or not one of this key's agents'."}
+}
 
 
 def _event_json(event: Event) -> dict[str, Any]:

@@ -35,7 +35,7 @@ class _Server(uvicorn.Server):
     """uvicorn, minus its own signal handling: the service's runner owns SIGTERM and SIGINT."""
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
+    def capture_signals(self):
         yield
 
 
@@ -52,7 +52,7 @@ class _GuardedH11(H11Protocol):
     header_timeout_s = 10.0
     idle_timeout_s = 5.0
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._header_deadline: asyncio.TimerHandle | None = None
         self.timeout_keep_alive_task = self.loop.call_later(self.idle_timeout_s, self.timeout_keep_alive_handler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from agentstream.declarations.apps import App
 from agentstream.ops.settings import Settings
@@ -12,10 +13,13 @@ from agentstream.runtime.store import TraceStore
 from agentstream.wire.keys import TOOL_WORKER_GROUP
 from agentstream_services.tool_worker.worker import ToolWorker
 
+if TYPE_CHECKING:
+    from agentstream.mcp_tools.host import McpHost
+
 
 def build(
     app: App, settings: Settings, store: TraceStore, queues: Sequence[str] | None = None
-) -> tuple[ToolWorker, list[StreamConsumer | CancelListener]]:
+) -> tuple[ToolWorker, list[StreamConsumer | CancelListener | McpHost]]:
     """The tool worker, one consumer per tool queue and partition (default: every queue the app uses), its
     cancel listener (running calls of a cancelled turn are told), and the MCP servers of the
     queues it serves (:class:`agentstream.mcp_tools.host.McpHost`).
@@ -30,7 +34,7 @@ def build(
     )
     keys = settings.keys
     served = list(queues or app.tool_queues or ["default"])
-    runners: list[StreamConsumer | CancelListener] = [
+    runners: list[StreamConsumer | CancelListener | McpHost] = [
         consumer
         for queue in served
         for consumer in partition_consumers(  # every partition of the queue's stream
@@ -49,5 +53,5 @@ def build(
         from agentstream.mcp_tools.host import McpHost
 
         worker.mcp = McpHost(servers, store.redis, keys, worker_name=settings.consumer)
-        runners.append(worker.mcp)  # type: ignore[arg-type]
+        runners.append(worker.mcp)
     return worker, runners

@@ -34,6 +34,7 @@ import asyncio
 import contextvars
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -50,6 +51,9 @@ from agentstream.runtime.store import TraceStore
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_arguments_refusal, tool_result_refusal
 from agentstream.wire.events import CancelMessage, ToolJob, ToolOutput, ToolStarted
+
+if TYPE_CHECKING:
+    from agentstream.mcp_tools.host import McpHost
 from agentstream.wire.keys import JOB_FIELD, Keys
 from agentstream.wire.registry import check_elements
 
@@ -97,7 +101,7 @@ class ToolWorker:
         self.strays = 0
         self.run_elsewhere = 0
         self.runs = CallRuns(store.redis, store.keys, worker_name=worker_name, ttl_ms=run_ttl_ms)
-        self.mcp = None  # the MCP servers this process keeps (agentstream.mcp_tools.host.McpHost), if any
+        self.mcp: McpHost | None = None  # the MCP servers this process keeps, if any
 
     def tool(self, name: str):
         """The tool of that name: the app's, else one of this process's MCP servers'; or None."""
@@ -230,7 +234,8 @@ class ToolWorker:
     async def _record(self, job: ToolJob, result: ToolOutput, held) -> None:
         key = (job.trace_id, job.call_id)
         # the wake-up goes in the append's round trip; one that failed is sent again (and raises) below
-        hints, unsent = [operations.wake_entry(self.keys, job.trace_id, f"result:{job.call_id}")], []
+        hints = [operations.wake_entry(self.keys, job.trace_id, f"result:{job.call_id}")]
+        unsent: list[operations.Entry] = []
         try:
             if result.error == CANCELLED:  # the loop's own cancelled result may be first
                 await self.store.append(job.trace_id, result, release=held.release, hints=hints, failed_hints=unsent)
@@ -320,6 +325,7 @@ class ToolWorker:
         tool = self.tool(job.name)
         started = time.perf_counter()
         elements: tuple = ()
+        error: str | None
         too_large = tool_arguments_refusal(job.name, job.arguments, self.limits)
         if tool is None:
             names = ", ".join(sorted([*self.app.tools, *(self.mcp.tool_names() if self.mcp else ())])) or "none"
@@ -382,12 +388,12 @@ class ToolWorker:
             elements=elements,
         )
 
-    def _unstorable(self, name: str, text: str, data: object, error: object, elements: tuple) -> str | None:
+    def _unstorable(self, name: str, text: str, data: object, error: str | None, elements: tuple) -> str | None:
         """Why a tool's result cannot be stored in the trace and read back (a lone UTF-16
         surrogate in its text or error, a value JSON has no form for in its data), or None."""
         problem = self.store.codec.unstorable(
             ToolOutput(turn_id="", call_id="", name=name, text=text, data=data, error=error, elements=elements)
-        )  # type: ignore[arg-type]
+        )
         return (
             None
             if problem is None

@@ -39,15 +39,19 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolResultMessage, UserMessage
 from agentstream.declarations.apps import App
 from agentstream.wire.events import Event, ModelOutput, Reply, ToolCall, TurnMessage
+
+if TYPE_CHECKING:
+    from agentstream.runtime.connection import EmbeddedRedis, RedisClient
+    from agentstream.runtime.store import TraceStore
 
 __all__ = [
     "CallInfo",
@@ -104,7 +108,8 @@ class CallInfo:
 def _info(request: ChatRequest, turn_id: str, step: int) -> CallInfo:
     last_user = max((i for i, m in enumerate(request.messages) if isinstance(m, UserMessage)), default=-1)
     after = request.messages[last_user + 1 :]
-    user_text = request.messages[last_user].text if last_user >= 0 else ""
+    last = request.messages[last_user] if last_user >= 0 else None
+    user_text = last.text if isinstance(last, UserMessage) else ""
     return CallInfo(
         turn_id=turn_id,
         step=step,
@@ -189,7 +194,7 @@ def _example(schema: Mapping[str, Any]) -> Any:
     for key in ("anyOf", "oneOf", "allOf"):
         if schema.get(key):
             return _example(schema[key][0])
-    kind = schema.get("type")
+    kind: Any = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object" or "properties" in schema:
@@ -243,7 +248,7 @@ class FunctionModel(_Double):
             return f"It is {info.results[0].text}"
     """
 
-    def __init__(self, function: Callable[[ChatRequest, CallInfo], Reply_ | Awaitable[Reply_]]):
+    def __init__(self, function: Callable[[ChatRequest, CallInfo], Reply_ | Coroutine[Any, Any, Reply_]]):
         super().__init__()
         self.function = function
 
@@ -351,9 +356,9 @@ class TestBed:
     def __post_init__(self) -> None:
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self._embedded = None
-        self._redis = None
-        self._store = None
+        self._embedded: EmbeddedRedis | None = None
+        self._redis: RedisClient | None = None
+        self._store: TraceStore | None = None
         self._http: httpx.AsyncClient | None = None
         self._consumers: list[Any] = []
         self.doubles: dict[str, Any] = {}
@@ -449,8 +454,10 @@ class TestBed:
         for double in {id(d): d for d in self.doubles.values()}.values():
             if getattr(double, "errors", None):
                 raise double.errors[0]
-        if self._task is not None and self._task.done() and not self._task.cancelled() and self._task.exception():
-            raise self._task.exception()
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            error = self._task.exception()
+            if error:
+                raise error
 
     # --- asking ------------------------------------------------------------------------------
 
@@ -489,20 +496,19 @@ class TestBed:
         from agentstream.runtime import conversations, operations
         from agentstream.runtime.deltas import last_entry_id
 
-        after = await last_entry_id(self._redis, self.keys.replies)
+        redis, store = self._started()
+        after = await last_entry_id(redis, self.keys.replies)
         message = TurnMessage(
             trace_id=trace_id, turn_id=turn_id, agent=agent, text=text, input=input, metadata=dict(metadata or {})
         )
-        await conversations.publish_turn(self._store, message)
+        await conversations.publish_turn(store, message)
         deadline = time.monotonic() + timeout_s
         while True:
             self._raise_errors()
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 raise TimeoutError(f"no reply to turn {turn_id} (trace {trace_id}) within {timeout_s} s")
-            for entry_id, reply in await operations.read_replies(
-                self._redis, self.keys, after, block_ms=min(left_ms, 200)
-            ):
+            for entry_id, reply in await operations.read_replies(redis, self.keys, after, block_ms=min(left_ms, 200)):
                 after = entry_id
                 if reply.turn_id == turn_id:
                     await self.run_until_idle(timeout_s=max(1.0, deadline - time.monotonic()))
@@ -532,7 +538,7 @@ class TestBed:
 
         for stream in {c.stream for c in self._consumers}:
             try:
-                caught_up = await operations.groups_caught_up(self._redis, stream)
+                caught_up = await operations.groups_caught_up(self._started()[0], stream)
             except Exception:  # not created yet: nothing was published to it
                 continue
             if not caught_up:
@@ -543,4 +549,11 @@ class TestBed:
         """The events of a trace, in order."""
         from agentstream.runtime.store import TraceStore
 
-        return [event for _, event in await TraceStore(self._redis, self.keys, codec=self.app.codec).read(trace_id)]
+        redis = self._started()[0]
+        return [event for _, event in await TraceStore(redis, self.keys, codec=self.app.codec).read(trace_id)]
+
+    def _started(self) -> tuple[RedisClient, TraceStore]:
+        """The bed's Redis client and trace store (RuntimeError outside ``async with``)."""
+        if self._redis is None or self._store is None:
+            raise RuntimeError("the test bed is not started: use it as `async with TestBed(app) as bed`")
+        return self._redis, self._store

@@ -97,11 +97,11 @@ class _ToolThreads:
             return
         threading.Thread(target=self._serve, args=(job,), name=name, daemon=True).start()
 
-    def _serve(self, job: Callable[[], None]) -> None:
+    def _serve(self, job: Callable[[], Callable[[], None] | None]) -> None:
         inbox: queue.SimpleQueue = queue.SimpleQueue()
         while True:
             then = job()
-            job = None  # type: ignore[assignment]  # nothing of the call is kept while idle
+            del job  # nothing of the call is kept while idle
             with self._lock:
                 self._idle.append(inbox)
             if then is not None:

@@ -39,30 +39,30 @@ _CONTENT = "x-agentstream-content-schema"  # replaced by contentSchema after gen
 
 
 def _json_field(schema_name: str, description: str) -> Any:
-    return Annotated[
-        str,
-        Field(
-            description=description, json_schema_extra={"contentMediaType": "application/json", _CONTENT: schema_name}
-        ),
-    ]
+    """A string field that holds the JSON of ``schema_name`` (use as ``Annotated[str, _json_field(...)]``)."""
+    return Field(
+        description=description, json_schema_extra={"contentMediaType": "application/json", _CONTENT: schema_name}
+    )
 
 
 class TurnEntry(BaseModel):
     """An entry of the turns stream."""
 
-    turn: _json_field("TurnMessage", "The turn as JSON (see TurnMessage); a turn published twice runs once.")
+    turn: Annotated[
+        str, _json_field("TurnMessage", "The turn as JSON (see TurnMessage); a turn published twice runs once.")
+    ]
 
 
 class ReplyEntry(BaseModel):
     """An entry of the replies stream (or a turn's reply_to); at-least-once: dedupe by turn_id."""
 
-    reply: _json_field("Reply", "The reply as JSON (see Reply).")
+    reply: Annotated[str, _json_field("Reply", "The reply as JSON (see Reply).")]
 
 
 class CancelEntry(BaseModel):
     """An entry of the cancel stream."""
 
-    cancel: _json_field("CancelMessage", "The cancel request as JSON (see CancelMessage).")
+    cancel: Annotated[str, _json_field("CancelMessage", "The cancel request as JSON (see CancelMessage).")]
 
 
 class ErrorEntry(BaseModel):
@@ -76,13 +76,15 @@ class TraceEntry(BaseModel):
     """An entry of a trace: one event of the conversation, appended once."""
 
     v: Annotated[str, Field(description="The trace schema version the event was written with.")]
-    e: _json_field("Event", "The event as JSON, tagged by its `type` field (see Event).")
+    e: Annotated[str, _json_field("Event", "The event as JSON, tagged by its `type` field (see Event).")]
 
 
 class DeltaEntry(BaseModel):
     """An entry of a trace's delta stream: one piece of a model reply as it is written (short-lived)."""
 
-    d: _json_field("Delta", "The piece as JSON (see Delta); drop pieces of an attempt that a later one replaced.")
+    d: Annotated[
+        str, _json_field("Delta", "The piece as JSON (see Delta); drop pieces of an attempt that a later one replaced.")
+    ]
 
 
 def _schemas() -> dict[str, Any]:

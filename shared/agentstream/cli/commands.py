@@ -41,7 +41,7 @@ import time
 import uuid
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import httpx
 import typer
@@ -213,7 +213,7 @@ def _setup_logging(level: LogLevel | str) -> None:
     )
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
     typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
@@ -346,7 +346,7 @@ async def _when_groups_exist(redis, consumers, on_ready) -> None:
 async def _serve(
     services: list[Service], app_path: str, queues: list[str] | None, settings: Settings, *, on_ready=None
 ) -> None:
-    from agentstream.runtime.runner import run_consumers
+    from agentstream.runtime.runner import Runner, run_consumers
     from agentstream_services.agent_loop.service import build as build_loop
     from agentstream_services.tool_worker.service import build as build_worker
 
@@ -362,7 +362,7 @@ async def _serve(
     except ValueError as exc:
         raise AgentStreamError(f"REDIS_URL {_shown_url(settings.redis_url)!r} is not a Redis URL: {exc}") from None
     store = TraceStore(redis, settings.keys, codec=app.codec)  # reads the app's own types
-    consumers = []
+    consumers: list[Runner] = []
     async with httpx.AsyncClient() as http:
         if Service.agent_loop in services:
             consumers += build_loop(app, settings, store, http)[1]
@@ -515,6 +515,7 @@ def _environment(settings: Settings, data_dir: Path | None = None, interrupts: I
             base_url, model = local.base_url, local.model
             if not settings.default_model_options:  # the local server's quirks (see localmodel.py)
                 os.environ["AGENTSTREAM_DEFAULT_MODEL_OPTIONS"] = json.dumps(local.endpoint_options())
+        assert url  # the configured REDIS_URL (embedded is None only with one), or the embedded Redis's
         env = {"REDIS_URL": url, "OPENAI_BASE_URL": base_url, "OPENAI_MODEL": model or ""}
         os.environ.update(env)
         yield _settings()

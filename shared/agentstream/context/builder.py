@@ -67,7 +67,7 @@ def settings_of(
     if limits == FROM_AGENT:
         own_limits = getattr(agent, "model_limits", None)
         limits = own_limits if own_limits is not None else DEFAULT_LIMITS
-    return config, limits  # type: ignore[return-value]
+    return config, limits
 
 
 @dataclass(frozen=True)

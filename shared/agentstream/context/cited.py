@@ -76,14 +76,14 @@ def read_back(text: str, numbering: Numbering, style: CitationStyle = BRACKETS) 
     found: dict[str, dict] = {}
     for match in _MARK.finditer(text):
         numbers = style.read(match.group(0))
-        elements = []
+        elements: list[tuple[int, Source]] = []
         for number in numbers:
             element_id = ids.get(number)
-            element = numbering.first(element_id) if element_id is not None else None
-            if not isinstance(element, Source):
+            first = numbering.first(element_id) if element_id is not None else None
+            if not isinstance(first, Source):
                 elements = []
                 break
-            elements.append((number, element))
+            elements.append((number, first))
         if not elements:
             continue
         between = text[last : match.start()]
@@ -157,11 +157,12 @@ def result_sources(answer: str, elements: tuple, numbering: Numbering) -> tuple[
             continue
         whole = numbering.first(element.ref) if element.ref and element.ref != element.id else None
         title, url = _title_url(element, whole if isinstance(whole, Source) else None)
+        tag = type(element).__struct_config__.tag
         out.append(
             CitedSource(
                 number=number,
                 id=element.id,
-                kind=type(element).__struct_config__.tag or "",
+                kind=tag if isinstance(tag, str) else "",
                 title=title,
                 url=url,
                 whole=element.ref,

@@ -183,19 +183,18 @@ def summary_messages(state: FoldState, turn_ids: Sequence[str], budget_chars: in
                 messages.extend(_turn_messages_in_form(state, turn, form))
         if sum(message_chars(m) for m in messages) <= budget_chars:
             return messages
-    from agentstream.context.trimming import trim_messages
+    from agentstream.context.trimming import SystemMessage, estimate_counter, trim_messages
 
     limits = state.limits
     assert limits is not None
-    return list(
-        trim_messages(
-            messages,
-            max_tokens=limits.tokens_of_chars(budget_chars),
-            token_counter=lambda ms: limits.tokens_of_chars(sum(message_chars(m) for m in ms)),
-            strategy="last",
-            start_on="user",
-        )
+    trimmed = trim_messages(
+        messages,
+        max_tokens=limits.tokens_of_chars(budget_chars),
+        token_counter=estimate_counter(limits),
+        strategy="last",
+        start_on="user",
     )
+    return [m for m in trimmed if not isinstance(m, SystemMessage)]  # none: the input holds none
 
 
 def summary_request(

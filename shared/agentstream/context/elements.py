@@ -39,7 +39,7 @@ class Numbering:
         other._tool = list(self._tool)
         return other
 
-    def add(self, elements: Iterable[AnyElement], tool: str | None) -> None:
+    def add(self, elements: Iterable[AnyElement | UnknownElement], tool: str | None) -> None:
         """Number the elements not numbered yet (in the order given).
 
         Raises:
@@ -48,7 +48,7 @@ class Numbering:
         """
         numbers = self._numbers
         for element in elements:
-            if type(element) is UnknownElement:
+            if isinstance(element, UnknownElement):
                 where = f"a result of tool {tool!r}" if tool else "an input"
                 raise UnrenderedEventError(
                     f"{where} holds an element of kind {element.stored_kind!r} (id {element.id!r}), which this app "

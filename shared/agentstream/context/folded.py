@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from agentstream.context.forms.shorten import FULL, Form
 from agentstream.context.limits import MESSAGE_OVERHEAD_CHARS, message_chars, text_chars
 from agentstream.context.render import MISSING_RESULT_TEXT, Parts, assistant_message
-from agentstream.context.request import AssistantMessage, Message
+from agentstream.context.request import AssistantMessage, Message, ToolDefinition
 from agentstream.wire.events import ModelOutput, ToolOutput, TurnInput
 
 RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed", "tools_offered"})
@@ -133,7 +133,8 @@ class Turn:
 
     def __init__(self, index: int, event: TurnInput, user: Message | None, first_round: int, first_slot: int) -> None:
         self.off: frozenset[str] = frozenset()  # the agent's own tools this turn does not offer
-        self.tools: tuple[Any, int] | None = None  # (its tool definitions, their characters) when some are off
+        # when some are off: (the agent's tool definitions it was made from, (its own, their characters))
+        self.tools: tuple[tuple[ToolDefinition, ...], tuple[tuple[ToolDefinition, ...], int]] | None = None
         self.index = index
         self.first_round = first_round
         self.first_slot = first_slot

@@ -24,7 +24,7 @@ Layout = Callable[[Sequence[Element], Numbering, "str | None", "CitationStyle | 
 """Shows the elements of one event as text: ``(elements, numbering, tool name or None, citation style or None) -> str``."""
 
 _BASE_FIELDS = frozenset({"id", "ref", "properties", "text"})
-_HIDDEN = {Image: frozenset({"data"})}
+_HIDDEN: dict[type, frozenset[str]] = {Image: frozenset({"data"})}
 
 
 def escape_text(text: str) -> str:
@@ -37,7 +37,7 @@ def escape_attribute(text: str) -> str:
     return escape_text(text).replace('"', "&quot;")
 
 
-def tag_of(element_type: type, tags: Mapping[type, str] | None = None) -> str:
+def tag_of(element_type: type[msgspec.Struct], tags: Mapping[type, str] | None = None) -> str:
     """The tag of an element type: from ``tags`` (nearest class), else its stored kind."""
     if tags:
         for cls in element_type.__mro__:
@@ -149,7 +149,8 @@ def xml(  # noqa: C901 (an outlier from before the complexity limit; issue 32 sp
                 roots.append(element)
 
         def sort_parts(parts: list[Element]) -> list[Element]:
-            keyed, rest = [], []
+            keyed: list[tuple[Any, int, Element]] = []
+            rest: list[tuple[Any, int, Element]] = []
             for index, part in enumerate(parts):
                 path = _nearest(order, type(part))
                 value = _value_at(part, path) if path else None

@@ -436,11 +436,11 @@ class ResultRenderer:
         elements_chars = 0
         if elements:
             for element in elements:
-                kind = type(element)
-                if (kind is Passage or kind is Document) and not element.properties:  # element_chars, inline
+                if (type(element) is Passage or type(element) is Document) and not element.properties:
+                    # element_chars, inline
                     size = text_chars(element.text) if element.text else 0
                     elements_chars += 40 + size + (len(element.ref) if element.ref else 0)
-                    if kind is Document:
+                    if type(element) is Document:
                         if element.title:
                             elements_chars += 9 + text_chars(element.title)  # len("title") + 4
                         if element.url:
@@ -543,7 +543,9 @@ def cap_images(messages: list[Message], max_images: int) -> None:
     kept = 0
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
-        images = getattr(message, "images", ())
+        if isinstance(message, AssistantMessage):  # carries no images
+            continue
+        images = message.images
         if not images:
             continue
         room = max(0, max_images - kept)

@@ -52,7 +52,7 @@ class _Handles(Sequence[Sequence[str]]):
     def __len__(self) -> int:
         return self._end - self._start
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return [self._turns[self._start + i].handles for i in range(len(self))[index]]
         if index < 0:
@@ -112,6 +112,7 @@ def element_floors(state: FoldState, slot: Slot, form: Form, view: ContextView |
             if element.id in cited_ids:
                 return tuple(lift if element.id in cited_ids else form for element in elements)
         return None
+    assert view is not None  # only the default floors (above) are read without a view
     tool = slot.output.name
     lifted = []
     changed = False
@@ -418,7 +419,7 @@ def judge(  # noqa: C901 (an outlier from before the complexity limit; issue 32 
         form = s.form
         bit = 1 << form
         if prefix:  # the pending candidates, pruned as they are read
-            _scan(state, shrink, s.stop, start, current)  # type: ignore[arg-type]
+            _scan(state, shrink, s.stop, start, current)
             candidates = state.cursors[id(shrink)]
             offers: Iterable[Any] = candidates.pending
             keep: list[Slot] = []

@@ -653,10 +653,10 @@ class TraceState:
         if renders is None:
             renders = slot.renders = {}
         key = ("chars", form, element_forms)
-        chars = renders.get(key)
-        if chars is None:
-            chars = renders[key] = self.renderer.estimate(slot.output, slot.handle, form, element_forms, slot)
-        return chars
+        known: int | None = renders.get(key)
+        if known is None:
+            known = renders[key] = self.renderer.estimate(slot.output, slot.handle, form, element_forms, slot)
+        return known
 
     def smallest_chars(self, slot: Slot) -> int:
         """A lower bound of a slot's estimated characters in any form (a handle line alone)."""

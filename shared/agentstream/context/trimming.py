@@ -60,12 +60,12 @@ def _kinds(spec: KindSpec | None, where: str = "kind") -> frozenset[str] | None:
     if spec is None:
         return None
     items = [spec] if isinstance(spec, (str, type)) else list(spec)
-    out = set()
+    out: set[str] = set()
     for item in items:
         kind = (
             _KINDS.get(item) if isinstance(item, type) else _ALIASES.get(item, item) if isinstance(item, str) else None
         )
-        if kind not in _KINDS.values():
+        if kind is None or kind not in _KINDS.values():
             known = ", ".join([*_KINDS.values(), *_ALIASES, *(c.__name__ for c in _KINDS)])
             raise ValueError(f"trimming: {where} names {item!r}, which is no message kind (known: {known})")
         out.add(kind)
@@ -170,7 +170,11 @@ def _trim(  # noqa: C901 (an outlier from before the complexity limit; issue 32 
                 tail = [*unit, *tail]
                 continue
             if allow_partial and len(unit) == 1:
-                part = yield from _partial(unit[0], lambda m, tail=tail: under([*system, m, *tail]), True)
+
+                def fits(m: AnyMessage, tail: list[AnyMessage] = tail) -> Count:
+                    return under([*system, m, *tail])
+
+                part = yield from _partial(unit[0], fits, True)
                 if part is not None:
                     kept.insert(0, [part])
             break

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pydantic
 
@@ -213,7 +213,8 @@ class Agent:
         if self.declared is not None:
             self.declared = tuple(self.declared)
             check_declarations(self.name, self.declared, names, [reopen_name] if reopen_name is not None else [])
-        self._turns: dict[tuple[int, str], tuple[Any, Agent]] = {}  # the agent of recent turns (a cache)
+        self._turns: dict[tuple[int, str | None], tuple[Any, Agent]] = {}  # the agent of recent turns (a cache)
+        self._resources: Any = None  # the app's resources, which the settings function gets (App sets them)
         self.result_as_answer = tuple(self.result_as_answer)
         unknown = [n for n in self.result_as_answer if n not in names]
         if unknown and not self.mcp_servers:
@@ -304,7 +305,8 @@ class Agent:
             parsed = self.parse_input(payload)
         except ValueError as exc:
             raise TurnDenied(str(exc), code=FailureCode.BAD_TURN) from None
-        changes = self.settings(resources, parsed, model)
+        # a turn that names no model, of an agent with no default, is refused as it is published
+        changes = self.settings(resources, parsed, cast(str, model))
         if not isinstance(changes, AgentSettings):
             raise ConfigError(
                 f"agent {self.name!r}: its settings function returned a {type(changes).__name__}, not AgentSettings"
@@ -320,7 +322,7 @@ class Agent:
     def _check_prompt(self) -> None:
         """Refuse a system prompt that cannot be written (at startup, not mid-chat)."""
         prompt = self.system_prompt
-        self._prompts: dict[str, Prompts] = {}
+        self._prompts: dict[str | None, Prompts] = {}
         self._fixed_system: str | None = None
         self._described: list[Tool] | None = None
         if isinstance(prompt, PromptFile):

@@ -74,8 +74,8 @@ class App:
         self._agents = {a.name: a for a in self.agents}
         servers: dict[str, McpServer] = {}
         for server in (s for a in self.agents for s in a.mcp_servers):
-            other = servers.setdefault(server.name, server)
-            if other is not server:
+            known = servers.setdefault(server.name, server)
+            if known is not server:
                 raise ConfigError(f"two different MCP servers are named {server.name!r}; declare it once and share it")
         self._mcp_servers = servers
         for t in by_name.values():

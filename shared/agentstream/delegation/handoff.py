@@ -46,7 +46,7 @@ def decode_child_ended(payload: bytes) -> ChildEnded:
 
 # --- which tools a trace's model is offered --------------------------------------------------
 
-_OFFERED: dict[tuple[int, tuple[str, ...], str, Any], tuple[Agent, Agent]] = {}
+_OFFERED: dict[tuple[int, tuple[str, ...], str | None, Any, int], tuple[Agent, Agent]] = {}
 
 
 def depth_of(turn: TurnInput) -> int:
@@ -113,7 +113,7 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
     model = turn.model or agent.model  # the turn's model (refused by decide unless allowed), a child's task's
     limits = agent.model_limits
     config = agent.context
-    endpoint = endpoints.get(model) if endpoints else None
+    endpoint = endpoints.get(model) if endpoints and model is not None else None
     if endpoint is not None and limits is None:
         limits = endpoint.limits
         config = _reserve_capped(agent, endpoint)

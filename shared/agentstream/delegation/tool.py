@@ -10,13 +10,13 @@ import json
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pydantic
 
 from agentstream.context.elements import Numbering
 from agentstream.declarations.apps import App
-from agentstream.declarations.tools import Tool, ToolResultValue
+from agentstream.declarations.tools import AppOfTool, Tool, ToolResultValue
 from agentstream.errors import ConfigError, ToolArgumentsError
 from agentstream.wire.events import AnyElement, Element, Event, TurnEnded
 from agentstream.wire.jsontext import arguments_unicode_refusal
@@ -94,7 +94,7 @@ class Delegation(Tool):
         model: str | None = None,
         result: ResultFunction = default_result,
         result_schema: dict[str, Any] | None = None,
-        task_text: Callable[[pydantic.BaseModel], str] | None = None,
+        task_text: Callable[[Any], str] | None = None,  # gets an instance of ``input``
         max_depth: int = DEFAULT_MAX_DEPTH,
         deadline_s: float = DEFAULT_DEADLINE_S,
     ):
@@ -135,7 +135,7 @@ class Delegation(Tool):
             error="misrouted",
         )
 
-    def check(self, app: App) -> None:
+    def check(self, app: AppOfTool) -> None:
         """Refuse a delegation to an agent the app does not have.
 
         Raises:
@@ -155,8 +155,9 @@ class Delegation(Tool):
         config = pydantic.ConfigDict(extra="forbid")
         if self._rooted:
             root = self.input.model_fields["root"]
+            root_type = cast(Any, root.annotation)  # a root model's root field always has its annotation
             return pydantic.create_model(
-                model_name, __config__=config, input=(root.annotation, pydantic.Field(description=root.description))
+                model_name, __config__=config, input=(root_type, pydantic.Field(description=root.description))
             )
         if not self._elements:
             return self.input

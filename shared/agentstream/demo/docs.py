@@ -101,8 +101,11 @@ def _library_url(module: str, qualname: str) -> str:
 def corpus() -> tuple[Entry, ...]:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
     """Every documented name, built once per process (about a second)."""
     entries: list[Entry] = []
+    topics: dict[str, str]
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data import topics as topics_data
+
+        topics = topics_data.topics
     except ImportError:  # a Python built without its docs data
         topics = {}
     for name, text in sorted(topics.items()):

@@ -392,7 +392,9 @@ def _resolve(topic: str) -> tuple[str, str] | None:
     import pydoc
 
     try:
-        text = pydoc.render_doc(name, title="Python Library Documentation: %s", renderer=pydoc.plaintext)
+        # typeshed does not declare pydoc.plaintext, the plain-text renderer of pydoc's own help()
+        plain = pydoc.plaintext  # type: ignore[attr-defined]
+        text = pydoc.render_doc(name, title="Python Library Documentation: %s", renderer=plain)
     except (ImportError, pydoc.ErrorDuringImport, AttributeError):
         return None
     return name, text

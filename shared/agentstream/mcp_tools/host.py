@@ -174,7 +174,8 @@ class McpTool(Tool):
         validator: Any = None,
     ):
         server = connection.server
-        self.fn = None
+        # no Python function and no pydantic model: an MCP tool overrides every method that reads them
+        self.fn = None  # type: ignore[assignment]
         self.name = name
         self.description = description
         self.parameters = dict(parameters or {"type": "object", "properties": {}})
@@ -183,7 +184,7 @@ class McpTool(Tool):
         self.side_effects = server.has_side_effects(name)
         self.retry_safe = server.is_retry_safe(name)
         self.is_async = True
-        self.arguments_model = None
+        self.arguments_model = None  # type: ignore[assignment]  # (see fn above)
         self.connection = connection
         self._validator = validator
 

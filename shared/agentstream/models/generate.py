@@ -43,7 +43,7 @@ from typing import Any, Literal, Protocol
 import jsonschema
 import pydantic
 
-from agentstream.context.request import AssistantMessage, ChatRequest, Message, UserMessage
+from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
 from agentstream.errors import ConfigError, InvalidModelOutput, ModelError
 from agentstream.models.base import ChatModel
 from agentstream.models.endpoints import ModelEndpoint
@@ -124,8 +124,8 @@ class _Checker:
                 jsonschema.Draft202012Validator.check_schema(schema)
             except jsonschema.SchemaError as exc:
                 raise ConfigError(f"the JSON schema is not valid: {exc.message}") from None
-            self._validator = jsonschema.Draft202012Validator(schema)
-            self._adapter = None
+            self._validator: jsonschema.Draft202012Validator | None = jsonschema.Draft202012Validator(schema)
+            self._adapter: pydantic.TypeAdapter[Any] | None = None
         else:
             try:
                 self._adapter = pydantic.TypeAdapter(schema)
@@ -144,6 +144,7 @@ class _Checker:
                 err = exc.errors()[0]
                 where = ".".join(str(p) for p in err["loc"]) or "(the value)"
                 raise InvalidModelOutput(f"the reply does not match the schema: {where}: {err['msg']}") from None
+        assert self._validator is not None  # a JSON schema's checker: no adapter
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(the value)"
@@ -163,13 +164,13 @@ def _json_text(text: str) -> str:
     return stripped
 
 
-def _messages(messages: str | Sequence[Mapping[str, Any] | Message] | ChatRequest) -> tuple[str, tuple[Message, ...]]:
+def _messages(messages: str | Sequence[Mapping[str, Any] | Message]) -> tuple[str, tuple[Message, ...]]:
     if isinstance(messages, str):
         return "", (UserMessage(text=messages),)
     system_parts: list[str] = []
     out: list[Message] = []
     for message in messages:
-        if isinstance(message, (UserMessage, AssistantMessage)):
+        if isinstance(message, (UserMessage, AssistantMessage, ToolResultMessage)):
             out.append(message)
             continue
         role, content = message.get("role"), message.get("content")
@@ -301,7 +302,7 @@ class Generator:
         return ChatRequest(system=system, messages=history, max_output_tokens=max_tokens, temperature=temperature)
 
     def _options(self, schema: Schema | None, seed: int | None) -> CallOptions:
-        response_format = None
+        response_format: dict[str, Any] | None = None
         if schema is not None and self.response_format == "json_object":
             response_format = {"type": "json_object"}
         elif schema is not None and self.response_format == "json_schema":

@@ -34,7 +34,7 @@ import msgspec.structs
 from agentstream.context.request import AssistantMessage, ChatRequest, Message, ToolResultMessage, UserMessage
 from agentstream.models.endpoints import DEFAULT_QUIRKS, Quirks
 from agentstream.wire.deltas import Delta
-from agentstream.wire.events import ModelOutput, ToolCall, Usage
+from agentstream.wire.events import Image, ModelOutput, ToolCall, Usage
 
 PROVIDER = "openai"
 
@@ -48,13 +48,13 @@ _FINISH_REASONS = {
 }
 
 
-def _image_url(image: Any) -> str:
+def _image_url(image: Image) -> str:
     if image.url:
         return image.url
     return f"data:{image.media_type or 'image/png'};base64,{image.data}"
 
 
-def _user_content(text: str, images: tuple[Any, ...]) -> str | list[dict[str, Any]]:
+def _user_content(text: str, images: tuple[Image, ...]) -> str | list[dict[str, Any]]:
     if not images:
         return text
     parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []

@@ -35,7 +35,7 @@ try:
     from opentelemetry import trace as _otel
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the `otel` extra is not installed
-    _otel = None
+    _otel = None  # type: ignore[assignment]  # the optional module's absence, tested as None below
 
 CARRIER_KEYS = ("traceparent", "tracestate")
 """The W3C trace-context keys carried in a turn's metadata and a job's ``trace_context``."""

@@ -22,9 +22,11 @@ https://redis.io/docs/latest/commands/xclaim/, https://redis.io/docs/latest/comm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from agentstream.runtime.lua import script
 
@@ -87,7 +89,8 @@ async def count_attempt(redis: aioredis.Redis, attempts_key: str, entry_id: str,
 async def set_attempts(redis: aioredis.Redis, attempts_key: str, counts: dict[str, int]) -> None:
     """Write the starts of entries given back (an entry read but never started has 0)."""
     if counts:
-        await redis.hset(attempts_key, mapping=counts)
+        # redis-py types the mapping's keys as its own union, and a Mapping's keys are invariant
+        await redis.hset(attempts_key, mapping=cast("Mapping[FieldT, EncodableT]", counts))
 
 
 async def start_attempt(

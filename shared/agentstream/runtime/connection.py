@@ -15,8 +15,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio as aioredis
@@ -37,12 +38,18 @@ from agentstream.runtime import embedded_guard, multiplex
 from agentstream.runtime.entries import keep_doubled_fields
 from agentstream.runtime.multiplex import MultiplexedPipeline, SharedConnection, finish, multiplexed
 
+if TYPE_CHECKING:
+    from redis.event import EventDispatcherInterface
+
 COMMAND_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ResponseError)
 """What a Redis command may raise that a caller reports or retries instead of failing on: a lost
 or timed-out connection, an error reply (redis-py's ``ConnectionError``, ``TimeoutError``,
 ``ResponseError``). Services catch these instead of importing ``redis``."""
 
-LOST_REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+LOST_REDIS_ERRORS: tuple[type[RedisConnectionError], type[RedisTimeoutError]] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+)
 """Redis lost or not answering in time (redis-py's ``ConnectionError`` and ``TimeoutError``): what
 an HTTP route answers with 503 instead of importing ``redis``."""
 
@@ -92,12 +99,12 @@ class _LeanSend:
 
     _packer = HiredisRespSerializer() if HIREDIS_AVAILABLE else None
 
-    def pack_command(self, *args):  # type: ignore[no-untyped-def]
+    def pack_command(self, *args):
         if self._packer is None:
             return super().pack_command(*args)  # type: ignore[misc]
         return self._packer.pack(*args)
 
-    async def send_packed_command(self, command, check_health: bool = True) -> None:  # type: ignore[no-untyped-def]
+    async def send_packed_command(self, command, check_health: bool = True) -> None:
         if not self.is_connected:  # type: ignore[attr-defined]
             await self.connect_check_health(check_health=False)  # type: ignore[attr-defined]
         if check_health:
@@ -142,7 +149,11 @@ class LeanUnixConnection(_LeanSend, _UnixConnection):
     """A unix-socket connection that sends with :class:`_LeanSend`."""
 
 
-_LEAN = {_Connection: LeanConnection, _SSLConnection: LeanSSLConnection, _UnixConnection: LeanUnixConnection}
+_LEAN: dict[object, type] = {
+    _Connection: LeanConnection,
+    _SSLConnection: LeanSSLConnection,
+    _UnixConnection: LeanUnixConnection,
+}
 
 
 def no_retry() -> Retry:
@@ -172,7 +183,7 @@ class LeanPool(aioredis.ConnectionPool):
       connection of any command cut short, and nothing here sends a command without reading its reply.
     """
 
-    async def get_connection(self, command_name=None, *keys, **options):  # type: ignore[override]
+    async def get_connection(self, command_name=None, *keys, **options):
         connection = self.get_available_connection()  # pops a free one or makes one; MaxConnectionsError past the cap
         try:
             try:
@@ -188,7 +199,7 @@ class LeanPool(aioredis.ConnectionPool):
             await self.release(connection)
             raise
 
-    async def release(self, connection) -> None:  # type: ignore[override]
+    async def release(self, connection) -> None:
         self._in_use_connections.remove(connection)  # KeyError: not a connection of this pool
         if connection.should_reconnect():
             await connection.disconnect()
@@ -198,7 +209,7 @@ class LeanPool(aioredis.ConnectionPool):
     """The multiplexed connection of the pool's client (:mod:`agentstream.runtime.multiplex`),
     made from the pool's settings, or None (see :func:`connect`)."""
 
-    async def disconnect(self, inuse_connections: bool = True) -> None:  # type: ignore[override]
+    async def disconnect(self, inuse_connections: bool = True) -> None:
         """Close every connection of the pool, the shared one included."""
         if self.shared is not None:
             await self.shared.aclose()
@@ -211,6 +222,8 @@ class MultiplexedRedis(aioredis.Redis):
     its pool has no shared connection, go through the pool as redis-py sends them. Replies,
     response callbacks and errors are redis-py's."""
 
+    connection_pool: LeanPool  # what connect() gives it
+
     async def execute_command(self, *args, **options):
         shared = self.connection_pool.shared
         if shared is None or not multiplexed(args):
@@ -221,7 +234,7 @@ class MultiplexedRedis(aioredis.Redis):
         value = finish(self, args[0], reply, options)
         return await value if inspect.isawaitable(value) else value
 
-    def pipeline(self, transaction: bool = True, shard_hint=None):  # type: ignore[override]
+    def pipeline(self, transaction: bool = True, shard_hint=None):
         shared = self.connection_pool.shared
         if shared is None:
             return super().pipeline(transaction, shard_hint)
@@ -250,6 +263,11 @@ class _SharedClusterPipeline(ClusterPipeline):
     queued then); any other pipeline runs as redis-py's does. As in redis-py's: a lost connection
     raises; a redirected command is sent again, alone, through redis-py's path; an error reply is
     raised first with the command's number when ``raise_on_error``, else returned in its place."""
+
+    cluster_client: _Cluster  # what _Cluster.pipeline gives it
+    # redis-py's typing protocol of its commands names this attribute, which its cluster pipeline
+    # never sets (nor reads): declared so that the class is not abstract to a type checker
+    _event_dispatcher: EventDispatcherInterface
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list:
         client = self.cluster_client
@@ -421,7 +439,7 @@ class _Cluster(RedisCluster):
         value = finish(node, args[0], reply, kwargs)
         return await value if inspect.isawaitable(value) else value
 
-    def pipeline(self, transaction=None, shard_hint=None):  # type: ignore[override]
+    def pipeline(self, transaction=None, shard_hint=None):
         if shard_hint:
             raise RedisClusterException("shard_hint is deprecated in cluster mode")  # as redis-py says
         return _SharedClusterPipeline(self, transaction)
@@ -529,7 +547,7 @@ def connect(url: str, *, block_ms: int = 2000, cluster: bool | None = None) -> a
     use_cluster = cluster_wanted(url, cluster)
     url = plain_url(url)
     _check_database(url)
-    options = parse_url(url)
+    options: Mapping[str, Any] = parse_url(url)  # redis-py's type names only some of the keys
     timeout_s = socket_timeout_s(block_ms)
     asked = options.get("socket_timeout")
     if asked is not None:
@@ -545,7 +563,7 @@ def connect(url: str, *, block_ms: int = 2000, cluster: bool | None = None) -> a
         if options.get("path"):
             raise ConfigError("a Redis Cluster is reached over TCP: a unix:// URL cannot name one")
         return keep_doubled_fields(
-            _Cluster.from_url(  # type: ignore[return-value]
+            _Cluster.from_url(
                 url,
                 max_connections=int(options.get("max_connections") or MAX_CONNECTIONS),  # per node
                 decode_responses=False,
@@ -844,8 +862,8 @@ def _signals_held() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        for sig in dict.fromkeys(noted):
-            signal.raise_signal(sig)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
 
 
 def redis_url_or_embedded(

@@ -536,8 +536,8 @@ class StreamConsumer:
         if not self._waiting:
             return
         now = asyncio.get_running_loop().time()
-        due = sorted((at, entry) for entry, (at, _) in self._waiting.items() if at <= now)
-        due = [entry for _, entry in due[: max(0, self._free())]]  # the rest wait (and are renewed)
+        ready = sorted((at, entry) for entry, (at, _) in self._waiting.items() if at <= now)
+        due = [entry for _, entry in ready[: max(0, self._free())]]  # the rest wait (and are renewed)
         if not due:
             return
         still_ours = await keep_claims(self.redis, self.stream, self.group, self.consumer, due)

@@ -32,12 +32,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from agentstream.runtime.entries import Entries, StreamsReply, xadd_fields
 from agentstream.wire import codec
 from agentstream.wire.deltas import Delta, decode_delta, encode_delta
 from agentstream.wire.events import Event
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     import asyncio
 
     import redis.asyncio as aioredis
+    from redis.typing import KeyT, StreamIdT
 
 log = logging.getLogger("agentstream.runtime.deltas")
 
@@ -93,7 +95,7 @@ class RedisDeltaSink:
     async def emit(self, delta: Delta) -> None:
         from redis.exceptions import RedisError
 
-        payload = {DELTA_FIELD: encode_delta(delta)}
+        payload = xadd_fields({DELTA_FIELD: encode_delta(delta)})
         self._since_expire += 1
         try:
             if delta.kind in ("start", "end", "abort") or self._since_expire >= 256:
@@ -216,7 +218,7 @@ class TraceItem:
 
 async def last_entry_id(redis: aioredis.Redis, stream: str) -> str:
     """The id of the newest entry of ``stream``, or ``0-0`` when it is empty or missing."""
-    last = await redis.xrevrange(stream, count=1)
+    last = cast(Entries, await redis.xrevrange(stream, count=1))
     if not last:
         return "0-0"
     raw = last[0][0]
@@ -261,12 +263,12 @@ async def follow(
     """
     trace_stream = keys.trace(trace_id)
     delta_stream = keys.deltas(trace_id)
-    positions = {trace_stream: after, delta_stream: deltas_after}
+    positions: dict[KeyT, StreamIdT] = {trace_stream: after, delta_stream: deltas_after}
     down_since: float | None = None
     pause = 0.1
     while stop is None or not stop.is_set():
         try:
-            reply = await redis.xread(positions, block=block_ms, count=500)
+            reply = cast("StreamsReply | None", await redis.xread(positions, block=block_ms, count=500))
         except (RedisConnectionError, RedisTimeoutError) as exc:
             now = time.monotonic()
             down_since = now if down_since is None else down_since

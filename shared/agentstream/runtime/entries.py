@@ -22,11 +22,31 @@ the client learns later are not); agentstream's services use the asyncio clients
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agentstream.wire.entries import EntryFields
 
-__all__ = ["STREAM_COMMANDS", "entry_fields", "keep_doubled_fields"]
+if TYPE_CHECKING:
+    from redis.typing import EncodableT, FieldT
+
+__all__ = ["STREAM_COMMANDS", "Entries", "StreamsReply", "entry_fields", "keep_doubled_fields", "xadd_fields"]
+
+Entries = list[tuple[bytes, dict[bytes, bytes]]]
+"""Stream entries as a client with ``decode_responses=False`` reads them (XRANGE, XREVRANGE,
+each stream's part of an XREAD): ``[(entry id, {field: value})]``. redis-py types its replies
+for every client setting at once; the readers cast them to this."""
+
+StreamsReply = list[tuple[bytes, Entries]]
+"""An XREAD or XREADGROUP reply (RESP2, ``decode_responses=False``): ``[(stream, entries)]``,
+each pair a two-item list; empty or None when nothing came."""
+
+
+def xadd_fields(fields: dict[bytes, bytes]) -> dict[FieldT, EncodableT]:
+    """``fields`` (the same dict) as redis-py types the fields XADD takes: a ``dict`` of its own
+    key and value unions, which to a type checker a ``dict[bytes, bytes]`` is not (a dict is
+    invariant)."""
+    return cast("dict[FieldT, EncodableT]", fields)
+
 
 STREAM_COMMANDS = ("XREAD", "XREADGROUP", "XRANGE", "XREVRANGE", "XCLAIM", "XAUTOCLAIM")
 """The commands whose replies hold stream entries (their fields as a flat array of pairs)."""

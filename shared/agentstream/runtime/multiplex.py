@@ -35,6 +35,7 @@ import collections
 import contextlib
 import inspect
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from redis._parsers.base import BaseParser
@@ -47,7 +48,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 try:
     import hiredis
 except ImportError:  # pragma: no cover - hiredis is a dependency; without it nothing is multiplexed
-    hiredis = None
+    hiredis = None  # type: ignore[assignment]  # the optional module's absence, tested as None below
 
 log = logging.getLogger("agentstream.redis")
 
@@ -241,7 +242,7 @@ class SharedConnection:
         self._connection = None  # redis-py's connection, for its socket and its description
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task | None = None
-        self._replies = None  # hiredis.Reader
+        self._replies: hiredis.Reader | None = None
         self._out: list[bytes] = []
         self._waiting: collections.deque = collections.deque()  # the futures of the commands written, in order
         self._flush_handle: asyncio.Handle | None = None
@@ -329,6 +330,7 @@ class SharedConnection:
         writer = self._writer
         if writer is None or not self._out:
             return
+        assert self._loop is not None  # set with the writer
         data, self._out = b"".join(self._out), []
         if writer.is_closing():
             self._fail(RedisConnectionError(f"Error while writing to {self._where()}: the connection is closed."))
@@ -344,6 +346,7 @@ class SharedConnection:
         self._timer = None
         if not self._waiting or self._writer is None:
             return
+        assert self._loop is not None and self._timeout_s is not None  # the timer is set only with both
         waited_s = self._loop.time() - self._last_data_at
         if waited_s >= self._timeout_s:  # a write the socket has not taken yet, or a reply that did not come
             unsent = self._writer.transport.get_write_buffer_size()
@@ -360,6 +363,7 @@ class SharedConnection:
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         replies = self._replies
         waiting = self._waiting
+        assert replies is not None and self._loop is not None  # both set before this task starts
         try:
             while True:
                 data = await reader.read(_READ_SIZE)
@@ -452,7 +456,7 @@ def pack(args: tuple) -> bytes:
     return b"".join(_PACKER.pack(*args))
 
 
-def finish(client, command_name: str, reply: Any, options: dict) -> Any:
+def finish(client, command_name: str | bytes, reply: Any, options: Mapping[str, Any]) -> Any:
     """A raw reply → what redis-py's ``execute_command`` returns for it (its response callback
     applied); an error reply is raised. Mirrors ``redis.asyncio.Redis.parse_response`` and
     redis-py's hiredis parser: an error reply that redis-py maps to a ``ConnectionError``

@@ -23,18 +23,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, ResponseError
 
+from agentstream.runtime.entries import StreamsReply, xadd_fields
 from agentstream.runtime.lua import script
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, error_fields
 from agentstream.wire.events import CancelMessage, Reply, Wake
 from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, REPLY_FIELD, WAKE_FIELD, Keys, partition_stream
 
-Entry = tuple[str, Mapping[bytes | str, bytes]]
+Entry = tuple[str, dict[bytes, bytes]]
 """An entry to add to a stream, one XADD: ``(stream key, {field: encoded value})``; say a reply
 ``(<ns>:replies, {b"reply": <encoded Reply>})`` or a tool job ``(<tool stream>, {b"job": ...})``."""
 
@@ -50,7 +52,7 @@ async def wake_trace(redis: aioredis.Redis, keys: Keys, trace_id: str, reason: s
     ``reason`` says what happened, for logs: ``result:<call id>`` (a tool result is in the trace),
     ``compaction``, ``child:<trace id>``, ``lost_work``..."""
     stream, fields = wake_entry(keys, trace_id, reason)
-    entry_id = await redis.xadd(stream, fields)
+    entry_id = await redis.xadd(stream, xadd_fields(fields))
     return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
 
@@ -161,7 +163,7 @@ async def redirect_refused_replies(
             )
             log.warning("%s", error)
             _report(pipe, keys, error, trace_id, turn_id, stream)
-            pipe.xadd(keys.replies, dict(fields))
+            pipe.xadd(keys.replies, xadd_fields(dict(fields)))
         again = await pipe.execute(raise_on_error=False)
         for n, i in enumerate(redirected):
             out[i] = again[2 * n + 1]
@@ -215,9 +217,9 @@ async def send_reply(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: 
     turn's checked ``reply_to`` or ``<ns>:replies``), then ``HSET reply:<turn id>``. The mark is
     written only after the XADD succeeded (a failed write leaves it unsent, to be sent again). A
     ``stream`` that refuses it gets it redirected (:func:`redirect_refused_replies`)."""
-    entry = (stream, {REPLY_FIELD: codec.encode(reply)})
+    entry: Entry = (stream, {REPLY_FIELD: codec.encode(reply)})
     try:
-        await redis.xadd(*entry)
+        await redis.xadd(entry[0], xadd_fields(entry[1]))
     except ResponseError as exc:
         (answer,) = await redirect_refused_replies(redis, keys, [entry], [exc])
         if isinstance(answer, Exception):
@@ -249,7 +251,7 @@ async def publish_turn_end(
     """
     pipe = redis.pipeline(transaction=False)
     for stream, fields in entries:
-        pipe.xadd(stream, fields)
+        pipe.xadd(stream, xadd_fields(fields))
     answers = await pipe.execute(raise_on_error=False)
     if any(isinstance(a, Exception) for a in answers):
         answers = await redirect_refused_replies(redis, keys, entries, answers)
@@ -279,7 +281,7 @@ async def publish_replies(
         return
     pipe = redis.pipeline(transaction=False)
     for stream, fields in entries:
-        pipe.xadd(stream, fields)
+        pipe.xadd(stream, xadd_fields(fields))
     for mark in marks:  # after the XADDs: marked only once written
         pipe.hset(keys.trace_keys(trace_id), mark, b"1")
     results = await pipe.execute(raise_on_error=False)
@@ -376,7 +378,8 @@ async def read_replies(
         msgspec.DecodeError: an entry's ``reply`` is not a :class:`Reply`.
     """
     out = []
-    for _, entries in await redis.xread({keys.replies: after}, block=block_ms, count=count) or []:
+    reply = cast("StreamsReply | None", await redis.xread({keys.replies: after}, block=block_ms, count=count))
+    for _, entries in reply or []:
         for entry_id, fields in entries:
             out.append(
                 (
@@ -401,5 +404,7 @@ async def clear_child_deadline(redis: aioredis.Redis, keys: Keys, child_trace_id
 async def children_past_deadline(redis: aioredis.Redis, keys: Keys, now_ms: int, limit: int) -> list[str]:
     """The child traces whose deadline is at or before ``now_ms`` (Unix ms), oldest first, at
     most ``limit`` (ZRANGEBYSCORE)."""
-    due = await redis.zrangebyscore(keys.delegation_deadlines, "-inf", now_ms, start=0, num=limit)
+    due = cast(
+        "list[bytes | str]", await redis.zrangebyscore(keys.delegation_deadlines, "-inf", now_ms, start=0, num=limit)
+    )
     return [raw.decode() if isinstance(raw, bytes) else raw for raw in due]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from redis import asyncio as aioredis
 
+from agentstream.runtime.entries import xadd_fields
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, error_fields
 from agentstream.wire.keys import Keys
 
@@ -23,6 +24,5 @@ async def report_error(
     **extra: str,
 ) -> None:
     """Append one entry to the errors stream (bounded excerpt, stream capped)."""
-    await redis.xadd(
-        keys.errors, error_fields(error, payload, limits, **extra), maxlen=limits.errors_maxlen, approximate=True
-    )
+    fields = xadd_fields(error_fields(error, payload, limits, **extra))
+    await redis.xadd(keys.errors, fields, maxlen=limits.errors_maxlen, approximate=True)

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agentstream.errors import ConfigError, ServiceFailed
 from agentstream.ops import metrics
@@ -22,15 +22,23 @@ from agentstream.ops.redact import redact_url, url_secrets
 from agentstream.runtime import stream_gauges
 from agentstream.runtime.connection import COMMAND_ERRORS
 
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
 log = logging.getLogger("agentstream.runtime.runner")
+
+_REDIS_OR_SOCKET_ERRORS: tuple[type[Exception], ...] = (*COMMAND_ERRORS, OSError)
+"""What the startup check waits out and tries again: a Redis error, or the socket's."""
 
 
 class Runner(Protocol):
     """What a service runs: a consumer or a listener of one stream (``stream``). One that works on
     several streams (the gateway publishes to every partition of the turns stream) also has
-    ``streams: list[str]``, which the stream gauges then cover instead of ``stream``."""
+    ``streams: list[str]``, which the stream gauges then cover instead of ``stream``. ``redis``
+    is its client (the readiness probe pings it)."""
 
     stream: str
+    redis: aioredis.Redis
 
     async def run(self, stop: asyncio.Event) -> None: ...
 
@@ -155,7 +163,7 @@ async def startup_checks(consumers: Sequence[Runner], stop: asyncio.Event, readi
         while not stop.is_set():
             try:
                 refusal = await cluster_mode_refusal(client)  # type: ignore[arg-type]
-            except (*COMMAND_ERRORS, OSError) as exc:
+            except _REDIS_OR_SOCKET_ERRORS as exc:
                 reason = f"Redis: {type(exc).__name__}: {_masked(str(exc), client)}"
                 if readiness is not None:
                     readiness.state = (False, reason)

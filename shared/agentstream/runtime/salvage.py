@@ -14,12 +14,12 @@ import logging
 from agentstream.errors import TraceError
 from agentstream.runtime.store import TraceStore
 from agentstream.wire import codec
-from agentstream.wire.events import Event
+from agentstream.wire.events import Event, UnknownEvent
 
 log = logging.getLogger("agentstream.runtime.salvage")
 
 
-async def readable_events(store: TraceStore, trace_id: str) -> list[Event]:
+async def readable_events(store: TraceStore, trace_id: str) -> list[Event | UnknownEvent]:
     """The trace's events that can be decoded, in order; unreadable entries are skipped.
 
     Tries the normal read first (one bulk decode); only a trace with a bad entry is read entry
@@ -29,7 +29,7 @@ async def readable_events(store: TraceStore, trace_id: str) -> list[Event]:
         return [event for _, event in await store.read(trace_id)]
     except TraceError:
         pass
-    events: list[Event] = []
+    events: list[Event | UnknownEvent] = []
     skipped = []
     for raw_id, fields in await store.redis.xrange(store.keys.trace(trace_id)):
         entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id

@@ -50,6 +50,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -209,7 +210,10 @@ class Watchdog:
     async def check_once(self) -> int:
         """One round → how many turns it ended (the owed replies published too, see the module docstring)."""
         horizon_ms = int((time.time() - self.interval_s) * 1000)
-        rows = await self.redis.zrangebyscore(self.stream, "-inf", horizon_ms, start=0, num=self.batch, withscores=True)
+        rows = cast(
+            "list[tuple[bytes, float]]",
+            await self.redis.zrangebyscore(self.stream, "-inf", horizon_ms, start=0, num=self.batch, withscores=True),
+        )
         ended = 0
         for member, score in rows:
             trace_id = _s(member)
@@ -227,7 +231,10 @@ class Watchdog:
         """Hand each trace that has owed a refused reply for ``interval_s`` to ``publish_owed``;
         one that owes nothing now leaves the set."""
         assert self.publish_owed is not None
-        rows = await self.redis.zrangebyscore(self.owed, "-inf", horizon_ms, start=0, num=self.batch, withscores=True)
+        rows = cast(
+            "list[tuple[bytes, float]]",
+            await self.redis.zrangebyscore(self.owed, "-inf", horizon_ms, start=0, num=self.batch, withscores=True),
+        )
         for member, score in rows:
             trace_id = _s(member)
             try:

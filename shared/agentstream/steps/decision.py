@@ -140,7 +140,7 @@ def final_stop_reason(events: Sequence[Event], turn_id: str) -> str | None:
     return last.stop_reason if last is not None and not last.stopped_normally else None
 
 
-def active_turn(events: Sequence[Event]) -> TurnInput | None:
+def active_turn(events: Sequence[object]) -> TurnInput | None:
     """The oldest turn of the trace without an ending, or None."""
     ended = {e.turn_id for e in events if isinstance(e, (TurnEnded, TurnFailed))}
     for event in events:
@@ -389,6 +389,7 @@ def repeated_result(view: TurnView, call: ToolCall) -> ToolOutput | None:
                 continue
             result = by_call.get(earlier.id)
             if result is not None and result.error is None and not result.late:
+                assert view.turn is not None  # a turn with model calls has its input
                 return msgspec.structs.replace(
                     result,
                     call_id=call.id,
@@ -467,6 +468,7 @@ def result_answer(agent: Agent, output: ModelOutput, results: Sequence[ToolOutpu
     if not agent.result_as_answer:
         return None
     first: dict[str, ToolOutput] = {}
+    result: ToolOutput | None
     for result in results:
         first.setdefault(result.call_id, result)
     for call in output.tool_calls:

@@ -120,7 +120,7 @@ def explain_call(
         if agent is None:
             raise KeyError(f"turn {turn.turn_id!r}: agent {turn.agent!r} is not in the app")
         agent = offered_agent(agent, turn, endpoints)
-        endpoint = endpoints.get(agent.model)
+        endpoint = endpoints.get(agent.model) if agent.model is not None else None
         configured = endpoint is not None
         if endpoint is not None:
             body = formats.request_body(explanation.request, endpoint)

@@ -73,10 +73,11 @@ def _endpoint_of(
 ) -> ModelEndpoint:
     """The endpoint a recorded call went to: by the id it recorded, else the agent's; an
     endpoint no longer configured is stood in for by its recorded provider with default settings."""
-    endpoint = endpoints.get(output.endpoint or agent.model) or endpoints.get(agent.model)
+    recorded = output.endpoint or agent.model or ""  # "": neither (no endpoint has that id)
+    endpoint = endpoints.get(recorded) or endpoints.get(agent.model or "")
     if endpoint is None:
         endpoint = ModelEndpoint(
-            id=output.endpoint or agent.model,
+            id=recorded,
             provider=output.provider or "openai",
             base_url="",
             model=model_name or output.model,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentstream.steps.decision import final_stop_reason
 from agentstream.wire.events import Event, ModelOutput, Reply, TaskInput, ToolOutput, TurnEnded, TurnFailed, TurnInput
@@ -86,7 +86,7 @@ def conversation_state(trace_id: str, entries: Sequence[tuple[str, Event]]) -> C
     turn = entries[last_input][1]
     assert isinstance(turn, TurnInput)
     updated_ms = entry_ms(entries[-1][0])
-    base = dict(
+    base: dict[str, Any] = dict(
         trace_id=trace_id,
         agent=turn.agent,
         turn_id=turn.turn_id,

@@ -200,9 +200,10 @@ def routing_of(payload: bytes | str, keys: Keys, limits: WireLimits = DEFAULT_LI
     try:
         raw = _routing_decoder.decode(payload)
     except (msgspec.DecodeError, RecursionError):
-        raw = _scanned_routing(payload)  # too deep for the decoder, or malformed further on
-        if raw is None:
+        scanned = _scanned_routing(payload)  # too deep for the decoder, or malformed further on
+        if scanned is None:
             return Routing()
+        raw = scanned
     else:
         doubled = duplicate_key(payload) if json_depth(payload) <= limits.max_json_depth else None
         if doubled is not None and doubled[0] == "$" and doubled[1] in _Routing.__struct_fields__:

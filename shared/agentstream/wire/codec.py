@@ -22,7 +22,7 @@ import gc
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict, TypeVar, cast
 
 import msgspec
 
@@ -184,14 +184,15 @@ class TraceCodec:
             return out
 
 
-def decode_entry(fields: dict[bytes, bytes], *, trace_id: str = "?", entry_id: str = "?") -> Event:
+def decode_entry(fields: dict[bytes, bytes], *, trace_id: str = "?", entry_id: str = "?") -> Event | UnknownEvent:
     """The fields of a trace stream entry → its event (built-in types; others become placeholders).
 
     Raises:
         SchemaVersionError: the entry was written by a newer schema version.
         EventDecodeError: the entry is missing a field or its event cannot be read.
     """
-    return DEFAULT_CODEC.decode_entry(fields, trace_id=trace_id, entry_id=entry_id)
+    # the default codec registers the built-in types only: what it reads is one of them or a placeholder
+    return cast("Event | UnknownEvent", DEFAULT_CODEC.decode_entry(fields, trace_id=trace_id, entry_id=entry_id))
 
 
 def _checked_payload(fields: dict[bytes, bytes], trace_id: str, entry_id: str) -> bytes:
@@ -273,10 +274,10 @@ def decode_turn(payload: bytes | str) -> TurnMessage:
     for name in ("trace_id", "turn_id", "agent", "text"):
         value = getattr(turn, name)
         if value is not None and not value.strip():
-            ids = {"trace_id": turn.trace_id.strip() or None, "turn_id": turn.turn_id.strip() or None}
+            ids = _Ids(trace_id=turn.trace_id.strip() or None, turn_id=turn.turn_id.strip() or None)
             raise TurnRejected(f"turn message field `$.{name}` is empty (only whitespace)", **ids)
     if (turn.text is None) == (turn.input is None):
-        ids = {"trace_id": turn.trace_id, "turn_id": turn.turn_id}
+        ids = _Ids(trace_id=turn.trace_id, turn_id=turn.turn_id)
         which = "has both `$.text` and `$.input`" if turn.text is not None else "has neither `$.text` nor `$.input`"
         raise TurnRejected(
             f"turn message {which}: give the message as `text`, or the agent's typed input as `input`", **ids
@@ -284,13 +285,19 @@ def decode_turn(payload: bytes | str) -> TurnMessage:
     doubled = duplicate_key(payload)
     if doubled is not None:
         path, key = doubled
-        ids = {name: None if (path, key) == ("$", name) else getattr(turn, name) for name in ("trace_id", "turn_id")}
+        ids = _Ids(
+            trace_id=None if (path, key) == ("$", "trace_id") else turn.trace_id,
+            turn_id=None if (path, key) == ("$", "turn_id") else turn.turn_id,
+        )
         raise TurnRejected(f"turn message {_twice(path, key)}", **ids)
     for name in ID_FIELDS:
         value = getattr(turn, name)
         found = control_character(value) if value else None
         if found is not None:
-            ids = {n: None if n == name else getattr(turn, n) for n in ("trace_id", "turn_id")}
+            ids = _Ids(
+                trace_id=None if name == "trace_id" else turn.trace_id,
+                turn_id=None if name == "turn_id" else turn.turn_id,
+            )
             raise TurnRejected(f"turn message field `$.{name}` holds {found}; {ID_RULE}", **ids)
     if turn.elements:
         from agentstream.wire.registry import check_elements
@@ -371,7 +378,14 @@ def reply_schema() -> dict[str, Any]:
     return schema
 
 
-def _loose_ids(payload: bytes | str) -> dict[str, str | None]:
+class _Ids(TypedDict):
+    """A turn's ids as a refusal carries them (None: not readable)."""
+
+    trace_id: str | None
+    turn_id: str | None
+
+
+def _loose_ids(payload: bytes | str) -> _Ids:
     """Best effort: the trace and turn ids of a payload that failed validation."""
     try:
         obj = msgspec.json.decode(payload)
@@ -401,7 +415,10 @@ def _twice(path: str, key: str) -> str:
     )
 
 
-def _guarded(decoder: msgspec.json.Decoder, payload: bytes) -> Any:
+_T = TypeVar("_T")
+
+
+def _guarded(decoder: msgspec.json.Decoder[_T], payload: bytes) -> _T:
     """``decoder.decode(payload)``, with nesting too deep for the decoder (msgspec raises
     RecursionError) reported as a ``msgspec.DecodeError`` like any other unreadable payload."""
     try:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 __all__ = ["EntryFields", "doubled_fields", "doubled_refusal"]
 
 
-class EntryFields(dict):
+class EntryFields(dict[bytes, bytes]):
     """The fields of a stream entry that names a field more than once.
 
     As a mapping it holds the last value of each field (redis-py's reading); :attr:`pairs` holds

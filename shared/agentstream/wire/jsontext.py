@@ -40,7 +40,7 @@ def control_character(text: str) -> str | None:
     return None
 
 
-class _Pairs(list):
+class _Pairs(list[tuple[str, object]]):
     """An object's (key, value) pairs as the JSON text had them (duplicates kept)."""
 
 

@@ -24,7 +24,7 @@ import base64
 import binascii
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -43,7 +43,7 @@ from agentstream.wire.events import (
 BUILTIN_ELEMENTS: tuple[type, ...] = (Source, Document, Passage, Image)
 """The built-in element classes (tag field ``kind``)."""
 
-BUILTIN_EVENTS: tuple[type, ...] = tuple(Event.__args__)  # type: ignore[attr-defined]
+BUILTIN_EVENTS: tuple[type, ...] = get_args(Event)
 """The built-in event classes (tag field ``type``)."""
 
 RESERVED_TAGS = frozenset({UnknownElement.__struct_config__.tag, UnknownEvent.__struct_config__.tag})
@@ -56,8 +56,14 @@ IMAGE_MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/we
 """The media types an image's base64 data may have (what both provider formats accept)."""
 
 
-def tag_of(cls: type) -> Any:
-    """The stored tag of a msgspec Struct class (None when it has none)."""
+def tag_of(cls: type) -> str | int | None:
+    """The stored tag of a msgspec Struct class (None when it has none).
+
+    Raises:
+        ConfigError: ``cls`` is not a msgspec Struct class.
+    """
+    if not issubclass(cls, msgspec.Struct):
+        raise ConfigError(f"{cls!r} is not a msgspec Struct class")
     return cls.__struct_config__.tag
 
 
@@ -97,7 +103,7 @@ class AppTypes:
     def __post_init__(self) -> None:
         object.__setattr__(self, "element_types", tuple(dict.fromkeys(self.element_types)))
         object.__setattr__(self, "event_types", tuple(dict.fromkeys(self.event_types)))
-        seen: dict[str, str] = {tag_of(c): f"the built-in element {c.__name__}" for c in BUILTIN_ELEMENTS}
+        seen: dict[str | int | None, str] = {tag_of(c): f"the built-in element {c.__name__}" for c in BUILTIN_ELEMENTS}
         for cls in self.element_types:
             if not (isinstance(cls, type) and issubclass(cls, Element)):
                 raise ConfigError(
@@ -137,7 +143,7 @@ class AppTypes:
         return type(event) in BUILTIN_EVENTS or type(event) in self.event_types
 
 
-def _no_clash(seen: dict[str, str], tag: str, who: str) -> None:
+def _no_clash(seen: dict[str | int | None, str], tag: str, who: str) -> None:
     if tag in RESERVED_TAGS:
         raise ConfigError(f"{who} uses the tag {tag!r}, which agentstream reserves for stored types it does not know")
     other = seen.get(tag)
