@@ -103,6 +103,10 @@ class GatewayRunner:
             and live consumers, labelled by partition stream).
         redis: its Redis client.
         port: the port it listens on (the real one once started, when configured as 0).
+        connections: ``(blocking reads at once, handlers)`` for the start-up check of the pool
+            (:func:`agentstream.runtime.runner.runner_connections`): each event stream or
+            long-poll holds one blocking read, and at most ``AGENTSTREAM_GATEWAY_MAX_STREAMS`` are
+            open at once (the rest are refused with 429).
     """
 
     def __init__(self, api: FastAPI, store: TraceStore, gateway: GatewaySettings, *, grace_s: float = 30.0):
@@ -112,6 +116,7 @@ class GatewayRunner:
         self.streams = store.keys.partitions_of(store.keys.turns)
         self.gateway = gateway
         self.port = gateway.port
+        self.connections = (gateway.max_streams, 0)
         self.started = asyncio.Event()
         config = uvicorn.Config(
             api,

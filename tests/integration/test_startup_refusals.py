@@ -148,3 +148,18 @@ def test_a_pool_of_exactly_the_number_needed_answers_every_turn(single: str, tmp
             services.stop_all()
         for name in ("loop-1", "tools-1"):
             assert "Too many connections" not in (tmp_path / f"{name}.log").read_text(errors="replace")
+
+
+def test_the_gateway_needs_a_connection_per_stream_it_may_hold(single: str, tmp_path: Path) -> None:
+    """An event stream or a long-poll holds a blocking read: the gateway's pool must hold
+    AGENTSTREAM_GATEWAY_MAX_STREAMS of them (more are refused with 429) and its shared connection."""
+    from tests.support.gateway import KEYS_DOCUMENT
+
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    gateway = {"AGENTSTREAM_GATEWAY_KEYS": KEYS_DOCUMENT, "AGENTSTREAM_GATEWAY_PORT": "0"}
+    line = refusal(serve("gateway", f"{single}?max_connections=100", ns, tmp_path, **gateway))
+    assert "below the 257 connections" in line and "256 blocking readers" in line, line
+    fewer = refusal(
+        serve("gateway", f"{single}?max_connections=10", ns, tmp_path, AGENTSTREAM_GATEWAY_MAX_STREAMS="20", **gateway)
+    )
+    assert "at least 21" in fewer, fewer
