@@ -282,3 +282,42 @@ def test_an_mcp_servers_tools_are_declared_with_states_and_locks_like_local_ones
         and "requires tool 'absent', which no MCP server" in fourth.reason
     ), fourth
     assert "model calls rebuilt from the stored trace match" in verify(services, "d1")
+
+
+def test_a_malicious_server_does_not_stall_the_workers_other_queue(client, keys, services, model, tmp_path):
+    """Issue 33, items 1 and 8: one tool worker serves a good server's queue and a malicious
+    server's (a schema bomb in its listing, stderr floods with forged records, garbage, a huge and
+    an endless message, death mid-call). The good queue's turns are answered meanwhile, each
+    hostile call gets its result or its error at once (a message that ends the malicious server's
+    session fails that server's calls in flight, no other), and the worker's log holds the
+    server's lines only as its own escaped records."""
+    from tests.support.mcp_hostile import FORGED
+
+    services.start("loop-1", "agent-loop")
+    services.start("tools-1", "tool-worker", "--queue", "mcp-local", "--queue", "mcp-hostile")
+    survivable = ['call flood_stderr {"lines": 20000}', "call garbage {}"]
+    for n, text in enumerate(survivable):
+        publish_turn(client, keys, trace_id=f"bad-{n}", turn_id="t1", agent="hostile", text=text)
+    wait_replies(client, keys, len(survivable), timeout_s=120)
+    killers = ['call huge {"mb": 40}', "call endless {}", "call die {}"]
+    for n, text in enumerate(killers, len(survivable)):
+        publish_turn(client, keys, trace_id=f"bad-{n}", turn_id="t1", agent="hostile", text=text)
+    for n in range(3):
+        publish_turn(
+            client, keys, trace_id=f"good-{n}", turn_id="t1", agent="local", text=f'call add {{"a": {n}, "b": 1}}'
+        )
+    replies = {r.trace_id: r for r in wait_replies(client, keys, len(survivable) + len(killers) + 3, timeout_s=120)}
+    for n in range(3):
+        assert replies[f"good-{n}"].status == "ended" and replies[f"good-{n}"].answer.startswith(f"Result: {n + 1}")
+    results = {
+        f"bad-{n}": next(e for e in trace_events(client, keys, f"bad-{n}") if isinstance(e, ToolOutput))
+        for n in range(len(survivable) + len(killers))
+    }
+    assert results["bad-0"].text == "flooded" and results["bad-1"].text == "after garbage"
+    for n in (2, 3, 4):  # each failed its own call, at once (not by its 60 s timeout)
+        assert results[f"bad-{n}"].error == "server_stopped", results[f"bad-{n}"].text
+    catalog = client.get(keys.mcp_catalog("hostile")).decode()
+    assert '"bomb"' in catalog and "inputSchema" in catalog  # refused with its reason
+    log = services.log("tools-1")
+    assert "MCP server 'hostile' stderr: " in log
+    assert not any(line.startswith(FORGED) for line in log.splitlines())  # never a line of its own

@@ -1,11 +1,12 @@
 """Apps whose agents take tools from the test MCP server (tests/support/mcp_servers.py).
 
-``tests.support.mcp_apps:app`` has three agents:
+``tests.support.mcp_apps:app`` has four agents:
 
 - ``local``: the server over stdio (queue ``mcp-local``), started by the tool worker; a prompt
   file's texts replace the description of ``add`` and of its argument ``a``; ``slow`` and
   ``picture`` are declared with side effects, ``slow`` may run 60 s.
 - ``declaring``: the stdio server's tools declared like local ones (states, a lock).
+- ``hostile``: the malicious server of tests/support/mcp_hostile.py over stdio (queue ``mcp-hostile``).
 - ``remote``: the same server over streamable HTTP (queue ``mcp-remote``); the URL comes from
   ``AGENTSTREAM_MCP_REMOTE_URL`` and the ``Authorization`` header from ``REMOTE_MCP_AUTH``, both
   in the tool worker's environment only.
@@ -50,6 +51,15 @@ local = McpServer(
     connect_timeout_s=30,
 )
 
+hostile = McpServer(
+    name="hostile",
+    command=[sys.executable, "-m", "tests.support.mcp_hostile", "stdio"],
+    cwd=str(ROOT),
+    timeout_s=60,
+    connect_timeout_s=30,
+)
+"""The malicious server of tests/support/mcp_hostile.py (queue ``mcp-hostile``)."""
+
 remote = McpServer(
     name="remote",
     headers_env={"Authorization": "REMOTE_MCP_AUTH"},
@@ -75,6 +85,7 @@ app = App(
             ],
         ),
         Agent(name="remote", system_prompt="You use the tools of the remote MCP server.", tools=[remote], max_passes=4),
+        Agent(name="hostile", system_prompt="You use a malicious MCP server's tools.", tools=[hostile], max_passes=4),
     ]
 )
 

@@ -122,3 +122,15 @@ def test_a_runner_counts_its_blocking_read_and_its_concurrency() -> None:
     assert runner_connections(Consumer()) == (1, 8)
     assert runner_connections(Listener()) == (1, 0)
     assert runner_connections(Declared()) == (3, 0)
+
+
+def test_the_mcp_hosts_list_of_servers_is_not_a_declaration_of_connections(tmp_path) -> None:
+    # a tool worker with MCP servers stopped at startup: its McpHost's `connections` (its servers)
+    # was read as (blocking reads, handlers)
+    from agentstream import McpServer
+    from agentstream.mcp_tools.host import McpHost
+    from agentstream.wire.keys import Keys
+
+    servers = [McpServer(name=n, command=["true"]) for n in ("a", "b")]
+    host = McpHost(servers, redis=None, keys=Keys("t"))  # type: ignore[arg-type]
+    assert runner_connections(host) == (1, 0)

@@ -115,10 +115,12 @@ def _masked(text: str, redis) -> str:
 
 def runner_connections(runner: object) -> tuple[int, int]:
     """``(blocking reads it holds at once, entries it handles at once)`` of a runner: its own
-    ``connections`` attribute when it has one, else one blocking read (a stream consumer's
-    XREADGROUP, a listener's XREAD) and its consumer config's concurrency (0 without one)."""
+    ``connections`` attribute when it is such a pair, else one blocking read (a stream consumer's
+    XREADGROUP, a listener's XREAD) and its consumer config's concurrency (0 without one). (An
+    attribute of that name that is something else, the MCP host's list of its servers, is not a
+    declaration: read as one, it stopped every tool worker with an MCP server at startup.)"""
     declared = getattr(runner, "connections", None)
-    if declared is not None:
+    if isinstance(declared, tuple) and len(declared) == 2 and all(isinstance(n, int) for n in declared):
         return declared
     config = getattr(runner, "config", None)
     return 1, int(getattr(config, "concurrency", 0) or 0)
