@@ -167,6 +167,9 @@ class AgentLoop:
         self.keys: Keys = store.keys
         self.models = models
         self.endpoints = endpoints_of(models)  # an agent without model_limits gets its endpoint's
+        # what decide checks a turn's model against: None when every model is a double without an
+        # endpoint (the testing kit), so a turn may name any model a double serves (self.models says)
+        self.served = self.endpoints or None
         self.delta_maxlen = delta_maxlen
         self.delta_ttl_s = delta_ttl_s
         self.children = Children(app, store)
@@ -826,7 +829,7 @@ class AgentLoop:
         when the lease turned out lost at the release."""
         jobs: list[tuple[str, int, list[tuple[str, str, bytes, bytes]]]] = []
         while True:
-            decision = fold.decide(self.app.agent, self.endpoints)
+            decision = fold.decide(self.app.agent, self.served)
             turn = getattr(decision, "turn", None)
             # a child of the turn's trace context (OpenTelemetry); every line logged names the turn
             with _step_span(trace_id, decision), logs.bind(turn_id=turn.turn_id if turn is not None else None):
@@ -1032,7 +1035,7 @@ class AgentLoop:
         output = scope_call_ids(output, used=fold.call_ids)  # a call id names one call of the trace
         then: list = []
         view = fold.view()  # as folded up to fold.last_id: the conditional part holds only if nothing came since
-        nxt = decide_view(view.with_output(output), self.app.agent, self.endpoints) if view.turn == turn else None
+        nxt = decide_view(view.with_output(output), self.app.agent, self.served) if view.turn == turn else None
         if isinstance(nxt, EndTurn):
             then = [
                 TurnEnded(turn_id=turn.turn_id, answer=nxt.answer, citations=nxt.citations, answer_call=nxt.answer_call)

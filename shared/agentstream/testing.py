@@ -330,8 +330,9 @@ class TestBed:
 
     Args:
         app: the app under test.
-        model: the double that serves every model endpoint the agents name (default
-            :class:`TestModel`); ``models`` maps endpoint ids to doubles instead.
+        model: the double that serves every model endpoint the agents name, their ``model`` and
+            their ``models`` (default :class:`TestModel`); ``models`` maps endpoint ids to doubles
+            instead, one for each of those.
         redis_url: the Redis to use (default ``REDIS_URL``, else an embedded Redis); the bed
             works in a namespace of its own (``namespace``, default ``test-<random>``) and
             deletes nothing outside it.
@@ -409,7 +410,7 @@ class TestBed:
         return self
 
     def _doubles(self) -> dict[str, Any]:
-        names = {a.model for a in self.app.agents if a.model is not None} | {"default"}
+        names = {m for a in self.app.agents for m in a.allowed_models} | {"default"}  # a turn may name any
         if self.config.compaction_model:
             names.add(self.config.compaction_model)
         if self.models is not None:
@@ -469,6 +470,7 @@ class TestBed:
         agent: str | None = None,
         trace_id: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        model: str | None = None,
         timeout_s: float = 30.0,
     ) -> Reply:
         """Publish a turn, wait for its reply, then :meth:`run_until_idle` → the reply.
@@ -480,6 +482,8 @@ class TestBed:
             agent: the agent (default: the app's only agent; required when it has several).
             trace_id: the conversation (default: a new one; pass a reply's ``trace_id`` to go on).
             metadata: string pairs echoed on the reply.
+            model: the model endpoint the turn runs on (one of its agent's ``models``; default
+                the agent's ``model``); the double serving that endpoint answers it.
             timeout_s: how long to wait for the reply and for idleness, in seconds.
 
         Raises:
@@ -499,7 +503,13 @@ class TestBed:
         redis, store = self._started()
         after = await last_entry_id(redis, self.keys.replies)
         message = TurnMessage(
-            trace_id=trace_id, turn_id=turn_id, agent=agent, text=text, input=input, metadata=dict(metadata or {})
+            trace_id=trace_id,
+            turn_id=turn_id,
+            agent=agent,
+            text=text,
+            input=input,
+            metadata=dict(metadata or {}),
+            model=model,
         )
         await conversations.publish_turn(store, message)
         deadline = time.monotonic() + timeout_s

@@ -247,3 +247,16 @@ def test_the_readme_testing_example_runs_as_written_in_a_fresh_project(tmp_path,
         import shutil
 
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def test_a_turn_that_names_a_second_model_is_answered_by_that_models_double():
+    # issue 34: the doubles had no endpoint, so a turn naming one of the agent's models was refused
+    two = App(agents=[Agent(name="a", system_prompt="s", model="default", models=["small"])])
+    big, small = ScriptedModel(["from default"]), ScriptedModel(["from small"])
+    async with TestBed(two, models={"default": big, "small": small}) as bed:
+        first = await bed.ask("hi")
+        second = await bed.ask("hi again", model="small", trace_id=first.trace_id)
+        refused = await bed.ask("and?", model="large", trace_id=first.trace_id)
+    assert (first.answer, second.answer) == ("from default", "from small")
+    assert len(big.requests) == 1 and len(small.requests) == 1
+    assert refused.status == "failed" and "large" in refused.reason  # a model the agent does not allow
