@@ -143,10 +143,14 @@ class Perimeter:
 
         async def limited() -> Message:
             nonlocal received
+            if received > limit:  # the body was cut: nothing more of it is read
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
+                    if started:  # an answer already streams (an event stream): the client is taken as gone
+                        return {"type": "http.disconnect"}
                     raise HTTPException(413, too_large(f"more than {limit}", limit), headers={"Connection": "close"})
             return message
 
