@@ -402,6 +402,10 @@ class Supervisor:
         batch: the most children handled per look.
     """
 
+    connections = (0, 0)
+    """No blocking read and no handler: it sweeps every ``interval_ms`` (for the start-up check of
+    the pool, :func:`agentstream.runtime.runner.runner_connections`)."""
+
     def __init__(self, delegator: Delegator, *, interval_ms: int = 1000, batch: int = 100):
         self.delegator = delegator
         self.redis = delegator.redis

@@ -141,6 +141,10 @@ class Watchdog:
             watchdog per partition).
     """
 
+    connections = (0, 0)
+    """No blocking read and no handler: it looks every ``interval_s`` (for the start-up check of the
+    pool, :func:`agentstream.runtime.runner.runner_connections`)."""
+
     def __init__(
         self,
         redis: aioredis.Redis,
