@@ -40,7 +40,7 @@ import msgspec
 
 from agentstream.app.base import invoke_tool
 from agentstream.declarations.apps import App
-from agentstream.declarations.readable import readable_data, readable_element, readable_text
+from agentstream.declarations.readable import readable_result
 from agentstream.declarations.tool_context import CallContext, set_current_call
 from agentstream.errors import Deferred
 from agentstream.ops import metrics, tracing
@@ -340,9 +340,7 @@ class ToolWorker:
         else:
             value = await invoke_tool(tool, job.arguments)
             # a lone surrogate or bytes anywhere in the result: made readable, never a reason to drop it
-            value_text, data = readable_text(value.text), readable_data(value.data)
-            error = readable_text(value.error) if isinstance(value.error, str) else value.error
-            elements = tuple(readable_element(e) for e in value.elements)
+            value_text, data, error, elements = readable_result(value.text, value.data, value.error, value.elements)
             events = tuple(value.events)
             unstorable = self._unstorable(job.name, value_text, data, error, elements)
             if unstorable is not None:  # recorded as an error result now, not retried on every delivery

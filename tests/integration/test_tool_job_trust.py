@@ -82,8 +82,18 @@ def odd(kind: str) -> object:
     return ToolResult(text="deep", data=_deep(5000))
 
 
+@tool
+def binary(kind: str) -> ToolResult:
+    """Returns bytes where text belongs, by ``kind``."""
+    _ran(f"binary:{kind}")
+    if kind == "utf8":
+        return ToolResult(text="résumé\n".encode())  # type: ignore[arg-type]
+    return ToolResult(text=b"%PDF-1.7\n\xe2\xe3\xcf\xd3 binary")  # type: ignore[arg-type]
+
+
 APP = App(
-    agents=[Agent(name="a", system_prompt="x", tools=[lone_surrogate, odd_data, record, odd])], event_types=[Score]
+    agents=[Agent(name="a", system_prompt="x", tools=[lone_surrogate, odd_data, record, odd, binary])],
+    event_types=[Score],
 )
 
 
@@ -166,6 +176,21 @@ async def test_a_lone_surrogate_is_replaced_and_the_rest_of_the_result_is_record
     (result,) = [e for e in await events_of(store, "u-lone") if isinstance(e, ToolOutput)]
     assert result.text == "a\ufffdb" and result.error is None
     assert RUNS == {"lone_surrogate": 1}
+
+
+@pytest.mark.parametrize("kind", ["utf8", "pdf"])
+async def test_bytes_given_as_a_results_text_are_recorded_readable(store, redis, keys, kind):
+    RUNS.clear()
+    worker = ToolWorker(APP, store)
+    job = await _call(store, f"b-{kind}", "binary", json.dumps({"kind": kind}))
+    await worker.on_job("1-1", {JOB_FIELD: codec.encode(job)}, stream=keys.tools("default"))
+    (result,) = [e for e in await events_of(store, f"b-{kind}") if isinstance(e, ToolOutput)]
+    assert result.error is None and RUNS == {f"binary:{kind}": 1}
+    if kind == "utf8":
+        assert result.text == "résumé\n"
+    else:
+        assert result.text.startswith("[binary content: 20 bytes, application/pdf;")
+        assert result.data["media_type"] == "application/pdf" and result.data["bytes"] == 20
 
 
 @pytest.mark.parametrize("kind", ["dict", "event", "error", "deep"])

@@ -175,3 +175,27 @@ def readable_element(element: Any) -> Any:
             if new != value or type(new) is not type(value):
                 changes[field.name] = new
     return msgspec.structs.replace(element, **changes) if changes else element
+
+
+def readable_result(text: Any, data: Any, error: Any, elements: Any) -> tuple[str, Any, Any, tuple[Any, ...]]:
+    """A tool result's parts made readable and storable: ``(text, data, error, elements)``.
+
+    ``text`` given as bytes is read as :func:`bytes_value` reads bytes (its image, if it is one,
+    joins the elements; its figures become ``data`` when the result has none); text of another
+    type is its ``str``. Strings in ``data``, ``error`` and the elements lose lone surrogates
+    (:func:`readable_data`, :func:`readable_text`, :func:`readable_element`).
+    """
+    extra: tuple[Any, ...] = ()
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text, described, extra = bytes_value(text)
+        if data is None:
+            data = described
+    elif not isinstance(text, str):
+        text = "" if text is None else str(text)
+    error = readable_text(error) if isinstance(error, str) else error
+    return (
+        readable_text(text),
+        readable_data(data),
+        error,
+        (*(readable_element(e) for e in elements or ()), *extra),
+    )

@@ -160,9 +160,10 @@ def check_status(response: httpx.Response, *, url: str, model: str, secrets: Ite
     """Raise for a response that is not a 2xx (its body must have been read).
 
     Raises:
-        Retryable: 408, 409, 429, 5xx.
+        Retryable: 408, 409, 429, 5xx (but a 5xx with a window code, as below).
         ModelConfigError: 401, 403, 404.
-        ContextWindowExceeded: 400, 413, 422 saying the request is over the window.
+        ContextWindowExceeded: 400, 413, 422 saying the request is over the window, or a 5xx
+            with a window code (``exceed_context_size_error``, ``context_length_exceeded``).
         ModelInputRejected: 400, 413, 422 otherwise.
         ModelUnanswered: any other status that is not 2xx.
     """
@@ -170,6 +171,10 @@ def check_status(response: httpx.Response, *, url: str, model: str, secrets: Ite
     if 200 <= status < 300:
         return
     body = mask(excerpt(response.text), secrets)
+    if status >= 500:
+        miss = window_miss(status, mask(response.text, secrets))
+        if miss is not None:  # a server error that says the window is exceeded: the same body fails again
+            raise _window_exceeded(url, f"HTTP {status}: {body}", miss, status)
     if status in (408, 409, 429) or status >= 500:
         raise Retryable(f"HTTP {status}: {body}", status_code=status, retry_after_s=retry_after_s(response.headers))
     if status in CONFIG_STATUSES:

@@ -85,13 +85,20 @@ class OpenAIChatModel(HttpChatModel):
             if recovered is not output:
                 metrics.MODEL_TEXT_TOOL_CALLS.labels(endpoint=endpoint, recovered="true").inc()
                 log.info("endpoint %s: %s", endpoint, recovered.stop_detail)
-            return recovered
+                return recovered
         if text_calls.looks_like_text_call(output, request.tools):
             metrics.MODEL_TEXT_TOOL_CALLS.labels(endpoint=endpoint, recovered="false").inc()
+            if self.endpoint.quirks.tool_calls_in_text:
+                why = "it is not one call with valid arguments, so it was not run and stays the answer"
+            else:
+                why = (
+                    "it stays the answer. Start the server with its tool-call parser, or set "
+                    "quirks.tool_calls_in_text: true on the endpoint to run such calls"
+                )
             log.warning(
-                "endpoint %s: the reply's whole text is a call of an offered tool as JSON (the server has no "
-                "tool-call parser for this model); it stays the answer. Start the server with its tool-call "
-                "parser, or set quirks.tool_calls_in_text: true on the endpoint to run such calls",
+                "endpoint %s: the reply's whole text is tool calls as JSON (the server has no tool-call parser "
+                "for this model); %s",
                 endpoint,
+                why,
             )
         return output

@@ -22,13 +22,18 @@ any other refused input. The wordings, as each server sends them (HTTP 400 unles
 - LiteLLM's proxy: ``litellm.ContextWindowExceededError`` in the message (whatever the backend);
 - Anthropic: "prompt is too long: 208396 tokens > 200000 maximum", and "input length and
   `max_tokens` exceed context limit: 195000 + 8192 > 200000";
+- Hugging Face's text-generation-inference (and Together, which runs it), HTTP 422:
+  "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000
+  `inputs` tokens and 500 `max_new_tokens`";
 - Gemini's and Mistral's OpenAI-compatible endpoints: "The input token count (40000) exceeds the
   maximum number of tokens allowed (32768)", "Prompt contains 40000 tokens ... too large for
   model with 32768 maximum context length".
 
 A refusal is taken for a window miss only by these wordings or codes (never by its status
-alone: a 400 has many other causes), and only on the statuses of a refused input (400, 413,
-422) or inside a stream.
+alone: a 400 has many other causes), on the statuses of a refused input (400, 413, 422) or
+inside a stream; a server error (5xx) only by its code (``context_length_exceeded``,
+``exceed_context_size_error``), as older llama.cpp servers send it: retrying the same body
+would be refused again.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ _WORDINGS = (
     re.compile(r"longer than the maximum model length", re.I),
     re.compile(r"input token count.{0,40}exceeds the maximum number of tokens", re.I),
     re.compile(r"too large for model with \d+ maximum context length", re.I),
+    re.compile(r"`inputs` tokens \+ `max_new_tokens` must be <=", re.I),
 )
 
 # (pattern, which group is the prompt, which the window); the first that matches gives each figure
@@ -68,6 +74,7 @@ _PROMPT_FIGURES = (
     re.compile(r"keep the first (\d+) tokens", re.I),
     re.compile(r"input token count \((\d+)\)", re.I),
     re.compile(r"prompt contains (\d+) tokens", re.I),
+    re.compile(r"Given: (\d+) `inputs` tokens", re.I),
 )
 _WINDOW_FIGURES = (
     re.compile(r"maximum context length is (\d+)", re.I),
@@ -77,6 +84,7 @@ _WINDOW_FIGURES = (
     re.compile(r"context length of only (\d+) tokens", re.I),
     re.compile(r"maximum number of tokens allowed \((\d+)\)", re.I),
     re.compile(r"model with (\d+) maximum context length", re.I),
+    re.compile(r"`max_new_tokens` must be <= (\d+)", re.I),
 )
 _OVER_BY = re.compile(r"exceeded max context length by (\d+) tokens", re.I)
 
@@ -129,15 +137,20 @@ def window_miss(status: int | None, text: str) -> WindowMiss | None:
 
     Returns:
         The figures the server gave (any may be None), or None when the answer is not about the
-        context window, or its status is not one of a refused input (400, 413, 422).
+        context window, or its status is neither one of a refused input (400, 413, 422) nor a
+        server error (5xx) with a window code.
     """
-    if status is not None and status not in REFUSED_STATUSES:
+    server_error = status is not None and status >= 500
+    if status is not None and status not in REFUSED_STATUSES and not server_error:
         return None
     error = _error_object(text)
     codes = {str(error.get(key) or "") for key in ("code", "type")}
     message = str(error.get("message") or "") if error else ""
     said = f"{message}\n{text}"
-    if not (codes & _CODES or any(pattern.search(said) for pattern in _WORDINGS)):
+    if server_error:
+        if not codes & _CODES:
+            return None
+    elif not (codes & _CODES or any(pattern.search(said) for pattern in _WORDINGS)):
         return None
     return WindowMiss(
         prompt_tokens=_int(error.get("n_prompt_tokens")) or _first(_PROMPT_FIGURES, said),

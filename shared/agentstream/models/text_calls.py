@@ -24,6 +24,11 @@ The shapes read (the ones the servers' templates write)::
     {"tool_calls": [{...one of the above...}]}
     [{...one of the above...}]
     <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>
+    [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}]          (Mistral's marker)
+    <|python_tag|>{"type": "function", "name": "get_weather", "parameters": {...}}  (Llama 3.1's)
+
+A text of several calls, or of one whose arguments do not validate, is never run; it is counted
+and logged as above, with the setting on or off.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ RECOVERED = "tool call recovered from the reply's text (quirks.tool_calls_in_tex
 
 _FENCE = re.compile(r"\A```[a-zA-Z0-9_-]*\s*\n(.*)\n\s*```\Z", re.S)
 _TAG = re.compile(r"\A<tool_call>\s*(.*?)\s*</tool_call>\Z", re.S)
+_PREFIXES = ("[TOOL_CALLS]", "<|python_tag|>")  # Mistral's and Llama 3.1's call markers, left as text
 
 
 def _unwrapped(text: str) -> str:
@@ -52,64 +58,85 @@ def _unwrapped(text: str) -> str:
         match = pattern.match(text)
         if match:
             text = match.group(1).strip()
+    for prefix in _PREFIXES:
+        if text.startswith(prefix):
+            text = text[len(prefix) :].strip()
     return text
 
 
-def _one_call(value: Any) -> tuple[str, Any] | None:
-    """``(name, arguments)`` of a value that is exactly one call in a known shape, else None."""
+def _calls(value: Any) -> list[tuple[str, Any]] | None:
+    """``[(name, arguments), ...]`` of a value that is nothing but calls in known shapes, else None."""
     if isinstance(value, list):
-        return _one_call(value[0]) if len(value) == 1 else None
+        found = [_calls(item) for item in value]
+        if not value or any(f is None or len(f) != 1 for f in found):
+            return None
+        return [f[0] for f in found if f]
     if not isinstance(value, dict):
         return None
     if set(value) == {"tool_calls"}:
-        return _one_call(value["tool_calls"])
+        return _calls(value["tool_calls"])
     if isinstance(value.get("function"), dict) and set(value) <= {"type", "function", "id"}:
-        return _one_call(value["function"])
+        return _calls(value["function"])
     name = value.get("name")
     if not isinstance(name, str) or not name:
         return None
-    keys = set(value) - {"name"}
-    if keys == {"arguments"} or keys == {"parameters"} or not keys:
-        return name, value.get("arguments", value.get("parameters", {}))
+    keys = set(value) - {"name", "type", "id"}  # Llama's {"type": "function", "name", "parameters"}
+    if keys in ({"arguments"}, {"parameters"}, set()):
+        return [(name, value.get("arguments", value.get("parameters", {})))]
     return None
 
 
-def text_call(content: str, tools: tuple[ToolDefinition, ...]) -> tuple[str, str] | None:
-    """``(tool name, arguments as JSON text)`` when ``content`` is wholly one call of an offered
-    tool whose arguments validate against its schema; None otherwise (never raises)."""
+def _written_calls(content: str) -> list[tuple[str, Any]] | None:
+    """The calls a reply's whole text is (JSON, possibly fenced, tagged or marked), or None."""
     text = _unwrapped(content)
     if not text or text[0] not in "{[":
         return None
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    found = _one_call(value)
-    if found is None:
-        return None
-    name, arguments = found
-    tool = next((t for t in tools if t.name == name), None)
-    if tool is None:
-        return None
+    return _calls(value)
+
+
+def _valid_arguments(arguments: Any, tool: ToolDefinition) -> dict[str, Any] | None:
     if isinstance(arguments, str):  # the OpenAI shape: arguments as JSON text
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
     try:
         jsonschema.validate(arguments, tool.parameters or {"type": "object"})
-    except (jsonschema.ValidationError, jsonschema.SchemaError):
+    except (jsonschema.ValidationError, jsonschema.SchemaError, RecursionError):
         return None
-    except RecursionError:
+    return arguments
+
+
+def text_call(content: str, tools: tuple[ToolDefinition, ...]) -> tuple[str, str] | None:
+    """``(tool name, arguments as JSON text)`` when ``content`` is wholly one call of an offered
+    tool whose arguments validate against its schema; None otherwise (never raises)."""
+    calls = _written_calls(content)
+    if calls is None or len(calls) != 1:
         return None
-    return name, msgspec.json.encode(arguments).decode()
+    name, arguments = calls[0]
+    tool = next((t for t in tools if t.name == name), None)
+    if tool is None:
+        return None
+    valid = _valid_arguments(arguments, tool)
+    if valid is None:
+        return None
+    return name, msgspec.json.encode(valid).decode()
 
 
 def looks_like_text_call(output: ModelOutput, tools: tuple[ToolDefinition, ...]) -> bool:
-    """Whether ``output`` is a text reply (no calls) whose whole text is one call of an offered tool."""
-    return bool(tools) and not output.tool_calls and text_call(output.content, tools) is not None
+    """Whether ``output`` is a text reply (no calls) whose whole text is calls of offered tools
+    (one or more, valid arguments or not): what a server without a tool-call parser sends."""
+    if not tools or output.tool_calls:
+        return False
+    calls = _written_calls(output.content)
+    names = {t.name for t in tools}
+    return bool(calls) and all(name in names for name, _ in calls)
 
 
 def recover(output: ModelOutput, tools: tuple[ToolDefinition, ...]) -> ModelOutput:

@@ -207,6 +207,34 @@ MISSES = [
         WindowMiss(prompt_tokens=40000, window_tokens=32768),
     ),
     ("plain text body, 413", 413, "Request Entity Too Large: prompt is too long", WindowMiss()),
+    (
+        "text-generation-inference",
+        422,
+        json.dumps(
+            {
+                "error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 "
+                "`inputs` tokens and 500 `max_new_tokens`",
+                "error_type": "validation",
+            }
+        ),
+        WindowMiss(prompt_tokens=4000, window_tokens=4096),
+    ),
+    (
+        "llama.cpp server answering 500",
+        500,
+        json.dumps(
+            {
+                "error": {
+                    "code": 500,
+                    "message": "the request exceeds the available context size",
+                    "type": "exceed_context_size_error",
+                    "n_prompt_tokens": 4200,
+                    "n_ctx": 4096,
+                }
+            }
+        ),
+        WindowMiss(prompt_tokens=4200, window_tokens=4096),
+    ),
 ]
 
 NOT_MISSES = [

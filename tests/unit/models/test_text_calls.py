@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agentstream.context.request import ToolDefinition
-from agentstream.models.text_calls import RECOVERED, recover, text_call
+from agentstream.models.text_calls import RECOVERED, looks_like_text_call, recover, text_call
 from agentstream.wire.events import ModelOutput, ToolCall
 
 WEATHER = ToolDefinition(
@@ -34,6 +34,8 @@ RECOVERABLE = [
     ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}', '{"city":"Oslo"}'),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>', '{"city":"Oslo"}'),
     ('```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```', '{"city":"Oslo"}'),
+    ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}}]', '{"city":"Oslo"}'),
+    ('<|python_tag|>{"type": "function", "name": "get_weather", "parameters": {"city": "Oslo"}}', '{"city":"Oslo"}'),
 ]
 
 NOT_CALLS = [
@@ -77,3 +79,12 @@ def test_nothing_is_recovered_when_no_tools_are_offered_or_the_reply_already_cal
     assert recover(output(text, stop_reason="length"), TOOLS).tool_calls == ()
     real = output("", tool_calls=(ToolCall(id="c", name="get_weather", arguments="{}"),), stop_reason="tool_calls")
     assert recover(real, TOOLS) is real
+
+
+def test_a_text_of_calls_is_noticed_even_when_it_cannot_be_run():
+    two = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_weather", "arguments": {}}]'
+    assert looks_like_text_call(output(two), TOOLS)  # several calls: warned about, never run
+    assert looks_like_text_call(output('{"name": "get_weather", "arguments": {"town": 1}}'), TOOLS)
+    assert not looks_like_text_call(output('{"name": "get_forecast", "arguments": {}}'), TOOLS)
+    assert not looks_like_text_call(output('{"city": "Oslo"}'), TOOLS)
+    assert not looks_like_text_call(output("It is sunny."), TOOLS)
