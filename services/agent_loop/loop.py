@@ -902,6 +902,16 @@ class AgentLoop:
                             step,
                             exc,
                         )
+                        endpoint = self.endpoints.get(agent.model)
+                        if endpoint is not None and exc.window_tokens and exc.window_tokens < endpoint.window_tokens:
+                            log.warning(
+                                "model endpoint %r is configured with window_tokens %d, but its server states a "
+                                "window of %d tokens: set window_tokens to it, or every call that fits the first "
+                                "and not the second is refused once before it goes out smaller",
+                                endpoint.id,
+                                endpoint.window_tokens,
+                                exc.window_tokens,
+                            )
                         try:
                             request = request_after_miss(fold.events, agent, turn_id=turn.turn_id, step=step, **miss)
                             output = await self._call_model(trace_id, turn, agent, step, model, request, left_s)

@@ -81,7 +81,7 @@ def verify(events, services: InProcess) -> list[bool]:
 LONG = "Here is the background, in full: " + "the quick brown fox jumps over the lazy dog. " * 60
 
 
-async def test_a_refused_call_goes_out_once_more_smaller_and_the_turn_goes_on(run, redis, keys, store):
+async def test_a_refused_call_goes_out_once_more_smaller_and_the_turn_goes_on(run, redis, keys, store, caplog):
     with FaultServer(
         [
             chat(None, tool_calls=[call("call_1", "calculator", '{"expression": "2+2"}')], finish="tool_calls"),
@@ -107,6 +107,8 @@ async def test_a_refused_call_goes_out_once_more_smaller_and_the_turn_goes_on(ru
     last = [e for e in events if isinstance(e, ModelOutput)][-1]
     assert last.attributes == {"window_miss": {"prompt_tokens": 5000, "window_tokens": 4096, "over_by_tokens": None}}
     assert verify(events, services) == [True, True, True]  # the call sent again rebuilds to its fingerprint
+    # the operator is told the endpoint's configured window is larger than its server's
+    assert any("window_tokens 8192" in r.getMessage() and "4096" in r.getMessage() for r in caplog.records)
 
 
 async def test_when_nothing_can_be_shed_the_turn_fails_context_full_and_the_next_turn_answers(run, redis, keys, store):
