@@ -173,10 +173,27 @@ def images(endpoint: ModelEndpoint) -> tuple[list[Any], str, int]:
     return events, "t1", 1
 
 
+def empty_result(endpoint: ModelEndpoint) -> tuple[list[Any], str, int]:
+    """A tool result with no text (sent as a placeholder where a format needs content)."""
+    events = [
+        TurnInput(turn_id="t1", agent="a", text="Take a photo, quietly."),
+        _output(
+            endpoint,
+            "t1",
+            0,
+            tool_calls=(ToolCall(id="call_1", name="take_photo", arguments='{"camera": "hall"}'),),
+            stop_reason="tool_calls",
+        ),
+        ToolOutput(turn_id="t1", call_id="call_1", name="take_photo", text=""),
+    ]
+    return events, "t1", 1
+
+
 TRACES: dict[str, Callable[[ModelEndpoint], tuple[list[Any], str, int]]] = {
     "plain_question": plain_question,
     "tool_round": tool_round,
     "images": images,
+    "empty_result": empty_result,
 }
 
 
