@@ -145,3 +145,26 @@ def test_the_stderr_log_cuts_escapes_and_limits_by_the_clock(caplog):
         "a very lon [cut: 23 bytes]",
         "\\xff\\x00",
     ]
+
+
+async def test_a_long_message_under_the_cap_is_read_and_parsed_off_the_event_loop(redis, keys, tmp_path, monkeypatch):
+    import anyio.to_thread
+
+    parsed_in_threads = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def spy(fn, *args, **kwargs):
+        if getattr(fn, "__name__", "") == "_parse":
+            parsed_in_threads.append(len(args[0]))
+        return await run_sync(fn, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", spy)
+    host = McpHost([hostile(tmp_path)], redis, keys)
+    stop, task = await _running(host)
+    try:
+        value = await host.tool("huge").invoke(json.dumps({"mb": 8}), timeout_s=60)
+        assert value.error is None and len(value.text) == 8 * 1024 * 1024
+        assert host.connections[0].sessions == 1  # under the cap: the session goes on
+    finally:
+        await _stopped(stop, task)
+    assert any(size > 8 * 1024 * 1024 for size in parsed_in_threads), parsed_in_threads

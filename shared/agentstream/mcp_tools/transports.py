@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import httpx2
 import mcp_types
 from mcp.client.stdio import _stop_server_process, get_default_environment  # the SDK's own shutdown
@@ -42,6 +43,8 @@ stderr_log = logging.getLogger("agentstream.mcp.stderr")
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The longest message (one line of stdout, one HTTP response body) read from a server, in bytes."""
+PARSE_INLINE_BYTES = 64 * 1024
+"""A stdout message longer than this is parsed in a thread, so the worker's other queues go on."""
 MAX_LINE_BYTES = 2048
 """The longest line of a server's stderr logged, in bytes (the rest is cut, and its size said)."""
 LINES_PER_S = 20.0
@@ -194,7 +197,9 @@ async def stdio_transport(
                     while (end := buffer.find(b"\n", start)) >= 0:
                         line = bytes(buffer[start:end]).strip()
                         start = end + 1
-                        if line:
+                        if len(line) > PARSE_INLINE_BYTES:  # a long message is parsed off the event loop
+                            await read_writer.send(await anyio.to_thread.run_sync(_parse, line))
+                        elif line:
                             await read_writer.send(_parse(line))
                     del buffer[:start]
                     if len(buffer) > max_message_bytes:
