@@ -217,6 +217,7 @@ def test_notes_tell_how_to_publish_a_first_turn(helm: str, tmp_path: Path) -> No
     assert "XREAD BLOCK 60000 STREAMS agentstream:replies 0" in notes
     assert f"exec -i {RELEASE}-agentstream-redis-0" in notes
     assert "has no API key" in notes
+    assert "a new one is generated each\n  time" in notes and "redis.auth.requireExistingSecret=true" in notes
 
 
 def test_notes_for_external_redis(helm: str, tmp_path: Path) -> None:
@@ -226,6 +227,7 @@ def test_notes_for_external_redis(helm: str, tmp_path: Path) -> None:
     assert "STREAMS prod:replies 0" in notes
     assert "REDIS_PASSWORD" not in notes
     assert "has no API key" not in notes
+    assert "requireExistingSecret" not in notes  # the password is the user's own Secret
 
 
 def test_chart_readme_lists_every_param() -> None:
