@@ -135,8 +135,10 @@ def looks_like_text_call(output: ModelOutput, tools: tuple[ToolDefinition, ...])
     if not tools or output.tool_calls:
         return False
     calls = _written_calls(output.content)
+    if not calls:
+        return False
     names = {t.name for t in tools}
-    return bool(calls) and all(name in names for name, _ in calls)
+    return all(name in names for name, _ in calls)
 
 
 def recover(output: ModelOutput, tools: tuple[ToolDefinition, ...]) -> ModelOutput:
