@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
 from agentstream.context.compaction import instructions as compaction_instructions
@@ -47,6 +47,9 @@ from agentstream.declarations.agents import Agent
 from agentstream.errors import ContextFullError
 from agentstream.wire.codec import gc_paused
 from agentstream.wire.events import ToolCall, ToolOutput
+
+if TYPE_CHECKING:
+    from agentstream.context.folded import Slot
 
 FROM_AGENT: Literal["agent"] = "agent"
 """Take the limits from the agent (``Agent.model_limits``, or the default limits)."""
@@ -206,7 +209,7 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
             state.undo(changes)
 
 
-def _shrunk(state: TraceState, slot: Any, index: int, step: int) -> Shrunk:
+def _shrunk(state: TraceState, slot: Slot, index: int, step: int) -> Shrunk:
     """Why a shown result has its form; kept on the slot while it keeps that form from a recorded call."""
     at = slot.at
     kept = _kept(state, slot)
@@ -222,7 +225,7 @@ def _shrunk(state: TraceState, slot: Any, index: int, step: int) -> Shrunk:
             step,
             kept,
         )
-    record = slot.record
+    record: Shrunk | None = slot.record
     if record is None or record.at != at or record.form != slot.form or record.by is not slot.by or record.kept != kept:
         call = state.calls[at]
         record = slot.record = Shrunk(

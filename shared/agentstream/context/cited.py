@@ -15,6 +15,7 @@ sentence; marks side by side (``[1][2]``) cite the same part.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from agentstream.context.citations import BRACKETS, CitationStyle
 from agentstream.context.elements import Numbering
@@ -73,7 +74,7 @@ def read_back(text: str, numbering: Numbering, style: CitationStyle = BRACKETS) 
     last = 0
     floor = 0  # the clean text before this point belongs to an earlier cited part
     previous: tuple[int, int] | None = None  # the span of the mark just before, when nothing came between
-    found: dict[str, dict] = {}
+    found: dict[str, dict[str, Any]] = {}
     for match in _MARK.finditer(text):
         numbers = style.read(match.group(0))
         elements: list[tuple[int, Source]] = []
@@ -135,7 +136,7 @@ def read_back(text: str, numbering: Numbering, style: CitationStyle = BRACKETS) 
     return clean, cited
 
 
-def result_sources(answer: str, elements: tuple, numbering: Numbering) -> tuple[CitedSource, ...]:
+def result_sources(answer: str, elements: tuple[object, ...], numbering: Numbering) -> tuple[CitedSource, ...]:
     """The sources of a tool result that is a turn's answer (``Agent.result_as_answer``): of the
     sources the result carries that are not the whole of another one it carries (a passage, not
     its document), those whose text the answer quotes, else all of them; each cites the whole

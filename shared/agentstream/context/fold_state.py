@@ -51,9 +51,9 @@ class FoldState(Protocol):
     kept_from: int
     last_chars: int
     recorded: tuple[int, int] | None
-    exhausted: tuple | None
+    exhausted: tuple[Any, ...] | None
     cursors: dict[int, Any]
-    reverted: tuple[tuple, int, dict[Slot, int]] | None
+    reverted: tuple[tuple[Any, ...], int, dict[Slot, int]] | None
     recalls: int
     placements: int
     rescans: int

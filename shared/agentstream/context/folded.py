@@ -78,7 +78,7 @@ class Slot(Parts):
         self.message: Any = None
         self.chars = 0
         self.futile = 0  # bit (1 << form) set: lowering to that form frees nothing (or is refused)
-        self.renders: dict[tuple, Any] | None = None  # (kind, form, element forms) → message or chars
+        self.renders: dict[tuple[Any, ...], Any] | None = None  # (kind, form, element forms) → message or chars
         self.chars_full = self.chars_compressed = self.chars_stubbed = -1
         self.plan_form: Form | None = None
         self.plan_chars = 0

@@ -40,6 +40,7 @@ from agentstream.errors import ContextError
 from agentstream.wire.events import (
     Document,
     Element,
+    Image,
     ModelOutput,
     Passage,
     Source,
@@ -338,7 +339,7 @@ class ResultRenderer:
 
     def content(
         self, output: ToolOutput, handle: str | None, form: Form, element_forms: Sequence[Form] | None
-    ) -> tuple[str, tuple]:
+    ) -> tuple[str, tuple[Image, ...]]:
         """The text of a result in a form, and the images it shows."""
         if self.limits is None:
             return join_content(self.show(output.elements, output.name), output.text), images_of(output.elements)

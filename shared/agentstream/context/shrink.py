@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from math import ceil
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from agentstream.context.folded import Change, Slot
 from agentstream.context.forms.shorten import COMPRESSED, STUBBED, Form
@@ -34,6 +34,7 @@ from agentstream.errors import ShortenError
 
 if TYPE_CHECKING:
     from agentstream.context.fold_state import FoldState
+    from agentstream.context.folded import Turn
 
 SHORTCUTS = True
 """Skip planning a pass when its outcome is known (the same view as a pass that did nothing, or a
@@ -46,13 +47,19 @@ class _Handles(Sequence[Sequence[str]]):
 
     __slots__ = ("_turns", "_start", "_end")
 
-    def __init__(self, turns: list[Any], start: int, end: int) -> None:
+    def __init__(self, turns: list[Turn], start: int, end: int) -> None:
         self._turns, self._start, self._end = turns, start, end
 
     def __len__(self) -> int:
         return self._end - self._start
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> Sequence[str]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Sequence[str]]: ...
+
+    def __getitem__(self, index: int | slice) -> Sequence[str] | Sequence[Sequence[str]]:
         if isinstance(index, slice):
             return [self._turns[self._start + i].handles for i in range(len(self))[index]]
         if index < 0:
@@ -244,7 +251,7 @@ def _lowest_chars(state: FoldState, slot: Slot, form: Form) -> int | None:
         return None
 
 
-def _still_too_little(state: FoldState, memo_key: tuple, start: int, current: int) -> bool:
+def _still_too_little(state: FoldState, memo_key: tuple[Any, ...], start: int, current: int) -> bool:
     """After a pass that was not made for freeing too little: would this one free too little too?
 
     Only for built-in prefix shrinks: their offers now are the offers then plus the results of

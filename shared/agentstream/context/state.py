@@ -104,12 +104,12 @@ class TraceState:
         self.ended: set[str] = set()
         self.results: dict[str, Slot] = {}
         self.slots: list[Slot] = []
-        self.exhausted: tuple | None = (
+        self.exhausted: tuple[Any, ...] | None = (
             None  # the last pass tried in full and not made: (its key, chars, chars freed, planned)
         )
         self.cursors: dict[int, Any] = {}  # id(shrink) → its candidates (see shrink.Candidates)
         # the last pass not made: (its key, at most the chars it could free, each planned result's chars)
-        self.reverted: tuple[tuple, int, dict[Slot, int]] | None = None
+        self.reverted: tuple[tuple[Any, ...], int, dict[Slot, int]] | None = None
         self.recalls = 0  # model outputs that called a call id an earlier output had called
         self.placements = 0  # results placed under their calls
         self.rescans = 0  # times the prefix shrinks' candidates were dropped to be read again

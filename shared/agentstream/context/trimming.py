@@ -280,7 +280,8 @@ def trim_messages(
                     "use `await atrim_messages(...)`, which takes sync and async ones"
                 )
     except StopIteration as done:
-        return done.value
+        kept: tuple[AnyMessage, ...] = done.value  # what the steps returned
+        return kept
 
 
 async def atrim_messages(
@@ -308,7 +309,8 @@ async def atrim_messages(
             if inspect.isawaitable(answer):
                 answer = await answer
     except StopIteration as done:
-        return done.value
+        kept: tuple[AnyMessage, ...] = done.value  # what the steps returned
+        return kept
 
 
 trim_messages.__doc__ = (trim_messages.__doc__ or "") + _ARGS_DOC

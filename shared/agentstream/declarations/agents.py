@@ -522,7 +522,7 @@ class AgentSettings:
         """
         if not self.changes:
             return agent
-        made = agent.__dict__.setdefault("_applied", [])
+        made: list[tuple[dict[str, Any], Agent]] = agent.__dict__.setdefault("_applied", [])
         for changes, derived in made:
             if changes == self.changes:
                 return derived

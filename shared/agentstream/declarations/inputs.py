@@ -36,7 +36,8 @@ from typing import Any, Literal, get_args
 
 import pydantic
 
-from agentstream.errors import ConfigError, TurnDenied
+from agentstream.errors import ConfigError
+from agentstream.errors import TurnDenied as TurnDenied  # re-exported: agentstream.TurnDenied is read from here
 from agentstream.wire.failures import FailureCode
 
 DEFAULT_REOPEN_NAME = "reopen"

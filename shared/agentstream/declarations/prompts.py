@@ -370,7 +370,7 @@ class Prompts:
         """
         sources = {"base": self.template or "", "model": self.source}
 
-        def load(name: str):
+        def load(name: str) -> tuple[str, str, Callable[[], bool]] | None:
             source = sources.get(name)
             return None if source is None else (source, _TEMPLATE_FILE.format(name), lambda: True)
 

@@ -26,6 +26,7 @@ from agentstream.context.cited import read_back, result_sources
 from agentstream.context.elements import Numbering
 from agentstream.declarations.agents import Agent
 from agentstream.declarations.inputs import TurnDenied
+from agentstream.declarations.tools import Tool
 from agentstream.delegation import offered_agent
 from agentstream.delegation.handoff import numbering_of
 from agentstream.errors import ConfigError
@@ -36,6 +37,7 @@ from agentstream.wire.events import (
     CitedSource,
     Event,
     ModelOutput,
+    OfferedTool,
     TaskInput,
     ToolCall,
     ToolOutput,
@@ -356,7 +358,7 @@ def decide_view(  # noqa: C901 (an outlier from before the complexity limit; iss
     return _end_turn(view, turn, agent, last.content.strip())
 
 
-def _turn_tool(agent: Agent, turn: TurnInput, name: str):
+def _turn_tool(agent: Agent, turn: TurnInput, name: str) -> Tool | None:
     """The agent's own tool ``name`` when the turn offers it (declared, supplied, not ``off``), else None."""
     tool = agent.tool(name)
     if tool is None or agent.declared is None and turn.tools is None:
@@ -369,7 +371,8 @@ def _same_arguments(a: str, b: str) -> bool:
     if a == b:
         return True
     try:
-        return json.loads(a or "{}") == json.loads(b or "{}")
+        same: bool = json.loads(a or "{}") == json.loads(b or "{}")
+        return same
     except ValueError:
         return False
 
@@ -430,7 +433,7 @@ def passes_before(agent: Agent, outputs: Sequence[ModelOutput], results: Sequenc
     return tuple(out)
 
 
-def _offered(view: TurnView, agent: Agent, turn: TurnInput, name: str):
+def _offered(view: TurnView, agent: Agent, turn: TurnInput, name: str) -> OfferedTool | None:
     """The MCP tool ``name`` as the agent's calls last offered it (see :func:`offered_tool`), or
     None (also when the turn turns it off: a declaration names it)."""
     offer = view.offer_of(agent.name) if view.offer_of is not None else None

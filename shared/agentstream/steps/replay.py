@@ -22,6 +22,7 @@ from agentstream.context import BuiltContext, build_context, settings_of
 from agentstream.context.builder import build_from_state, new_state, request_after_miss
 from agentstream.context.limits import WINDOW_MISS
 from agentstream.context.render import EventFilter
+from agentstream.context.request import ChatRequest
 from agentstream.context.state import TraceState
 from agentstream.declarations.agents import Agent
 from agentstream.delegation import offered_agent
@@ -86,7 +87,9 @@ def _endpoint_of(
     return endpoint
 
 
-def _candidates(request, endpoint: ModelEndpoint, output: ModelOutput, *, configured: bool) -> Iterator[bytes]:
+def _candidates(
+    request: ChatRequest, endpoint: ModelEndpoint, output: ModelOutput, *, configured: bool
+) -> Iterator[bytes]:
     """The bodies the call may have sent, most likely first (each endpoint variant's, made when reached)."""
     variants = [endpoint]
     if output.model and output.model != endpoint.model:  # the endpoint's model changed since
