@@ -494,6 +494,23 @@ class StreamAssembler:
             return self._new_call(index)
         return last
 
+    @staticmethod
+    def _argument_piece(call: _StreamedCall, piece: str) -> str:
+        """Add a text piece of a call's arguments → what it adds (``""``: nothing new).
+
+        Pieces are deltas; two other forms servers send are read too: the whole arguments sent
+        again once they are complete (kept once), and cumulative pieces, each the arguments so
+        far plus more (the arguments become the piece; what it adds is the new end).
+        """
+        so_far = "".join(call.arguments)
+        if so_far and piece == so_far and call.complete():
+            return ""
+        if len(so_far) > 1 and len(piece) > len(so_far) and piece.startswith(so_far):
+            call.arguments = [piece]
+            return piece[len(so_far) :]
+        call.arguments.append(piece)
+        return piece
+
     def _call_piece(self, raw: dict[str, Any]) -> Delta | None:
         """One streamed tool-call piece → the delta that publishes what it adds (None: nothing)."""
         _refuse_other_call_types(raw)
@@ -511,7 +528,7 @@ class StreamAssembler:
             call.arguments = [_arguments_text(piece)]
             piece = call.arguments[0]
         elif isinstance(piece, str) and piece:
-            call.arguments.append(piece)
+            piece = self._argument_piece(call, piece)
         else:
             piece = ""
         if not (new_id or new_name or piece):

@@ -433,3 +433,22 @@ def test_a_custom_tool_call_is_refused_with_the_reason_not_run_under_an_empty_na
         openai_format.parse_response(payload, turn_id="t", step=0, request_sha256="h", latency_ms=1.0, model="m")
     with pytest.raises(ValueError, match="type 'custom'"):
         assemble([{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **custom}]}}]}])
+
+
+def test_whole_arguments_sent_again_or_sent_cumulatively_are_kept_once():
+    again = _chunks(
+        {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a": '}},
+        {"index": 0, "function": {"arguments": "1}"}},
+        {"index": 0, "function": {"arguments": '{"a": 1}'}},  # the whole arguments once more, at the end
+    )
+    _, pieces, out = assemble(again)
+    assert [(c.id, c.arguments) for c in out.tool_calls] == [("c1", '{"a": 1}')]
+    assert "".join(p.text for p in pieces if p.kind == "tool_call") == '{"a": 1}'
+    cumulative = _chunks(
+        {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}},
+        {"index": 0, "function": {"arguments": '{"a": 1, "b"'}},
+        {"index": 0, "function": {"arguments": '{"a": 1, "b": 2}'}},
+    )
+    _, pieces, out = assemble(cumulative)
+    assert [c.arguments for c in out.tool_calls] == ['{"a": 1, "b": 2}']
+    assert "".join(p.text for p in pieces if p.kind == "tool_call") == '{"a": 1, "b": 2}'
