@@ -163,3 +163,55 @@ def test_the_gateway_needs_a_connection_per_stream_it_may_hold(single: str, tmp_
         serve("gateway", f"{single}?max_connections=10", ns, tmp_path, AGENTSTREAM_GATEWAY_MAX_STREAMS="20", **gateway)
     )
     assert "at least 21" in fewer, fewer
+
+
+async def test_a_full_pool_at_run_time_delays_work_and_loses_none(single: str, caplog) -> None:
+    """Past the start-up check a pool can still be full for a while (a reader of the app's own,
+    another blocking read in the process): the consumer's reads then fail with 'Too many
+    connections', it backs off (no hot loop), and once a connection is free every entry is handled
+    exactly once."""
+    import asyncio
+    import logging
+
+    from agentstream.runtime.connection import connect
+    from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
+
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    client = connect(f"{single}?max_connections=2", block_ms=50)  # two pooled connections (and the shared one)
+    stream = f"{ns}:work"
+    handled: list[bytes] = []
+
+    async def handler(entry_id, fields):
+        await client.incr(f"{ns}:count")  # on the shared connection: works while the pool is full
+        handled.append(fields[b"n"])
+
+    consumer = StreamConsumer(
+        client,
+        stream=stream,
+        group="g",
+        consumer="w1",
+        handler=handler,
+        dead_stream=f"{ns}:dead:{stream}",
+        config=ConsumerConfig(block_ms=50, retry_delay_s=0.05, reclaim_interval_ms=50, trim_interval_ms=0),
+    )
+    await consumer.ensure_group()
+    for n in range(20):
+        await client.xadd(stream, {b"n": str(n).encode()})
+    caplog.set_level(logging.WARNING, logger="agentstream")
+    stop = asyncio.Event()
+    try:
+        hogs = [asyncio.create_task(client.xread({f"{ns}:idle": "$"}, block=2000)) for _ in range(2)]
+        await asyncio.sleep(0.1)  # the hogs hold the pool's connections
+        task = asyncio.create_task(consumer.run(stop))
+        assert await asyncio.gather(*hogs) == [[], []]  # they held the pool's connections for 2 s
+        while len(handled) < 20:
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    finally:
+        stop.set()
+        await client.aclose()
+    assert sorted(handled, key=int) == [str(n).encode() for n in range(20)], "each entry once"
+    lost = [r for r in caplog.records if "Too many connections" in r.getMessage()]
+    assert lost, "the consumer met the full pool"
+    assert len(lost) <= 8, f"{len(lost)} retries in 2 s: the consumer backs off, it does not spin"
