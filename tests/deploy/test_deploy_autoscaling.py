@@ -82,6 +82,10 @@ def test_several_partitions_feed_one_formula_that_adds_them(render: Render) -> N
     assert names == {f"{kind}_p{k}" for kind in ("lag", "pending") for k in range(3)}
     assert set(IDENTIFIER.findall(modifiers["formula"])) == names, "every trigger is in the formula, once each kind"
     assert modifiers["target"] == "1" and modifiers["metricType"] == "AverageValue"
+    # KEDA's ScalingModifiers (keda.sh/v1alpha1): these four fields, strings, metricType AverageValue or Value
+    assert set(modifiers) <= {"formula", "target", "activationTarget", "metricType"}
+    assert all(isinstance(v, str) for v in modifiers.values())
+    assert float(modifiers["target"]) > 0 and float(modifiers["activationTarget"]) >= 0
     for name in names:
         assert IDENTIFIER.fullmatch(name), f"{name}: expr reads trigger names as identifiers"
 
