@@ -22,8 +22,9 @@ from tests.support.scripted_model import ScriptedModelServer, parallel_rule
 
 pytestmark = pytest.mark.e2e
 
-PREVIOUS = "v0.1.0"
-"""The release before this one: the version a rolling update replaces."""
+PREVIOUS = "40632d39253ea6bbb6f4124da2bdf637e94a17b9"
+"""The release before this one (v0.1.0, by its commit: a checkout may come without tags): the
+version a rolling update replaces."""
 
 
 def export_release(tag: str, into: Path) -> Path:
@@ -34,7 +35,7 @@ def export_release(tag: str, into: Path) -> Path:
     archive = into / f"{tag}.tar"
     proc = subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), tag], cwd=ROOT, capture_output=True)
     if proc.returncode != 0:
-        pytest.fail(f"cannot export {tag} (a shallow clone without tags? git fetch --tags): {proc.stderr.decode()}")
+        pytest.fail(f"cannot export {tag} (a shallow clone? git fetch --unshallow): {proc.stderr.decode()}")
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
     imports = tree / ".imports"
