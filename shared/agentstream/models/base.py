@@ -5,9 +5,12 @@ event (its pure format module does the reading). :meth:`HttpChatModel.complete`:
 
 1. builds the body with :func:`agentstream.models.formats.request_body` (what replay rebuilds);
 2. sends it, streamed when the endpoint streams (server-sent events parsed by ``httpx-sse``);
-3. gives each HTTP attempt a fresh attempt id and publishes its pieces as deltas tagged with
-   it: ``start``, the pieces, then ``end`` or ``abort`` (see :mod:`agentstream.runtime.deltas`), so a
-   client drops the partial output of an attempt that failed and was retried;
+3. gives each HTTP attempt a fresh attempt id and, when the answer is streamed, publishes its
+   pieces as deltas tagged with it: ``start``, the pieces, then ``end`` or ``abort`` (see
+   :mod:`agentstream.runtime.deltas`), so a client drops the partial output of an attempt that
+   failed and was retried. An answer that comes whole (not streamed, or a server that answered
+   a streamed request with one JSON object) publishes no delta: its ModelOutput in the trace is
+   all a follower shows of it, and the delta stream costs no command;
 4. retries as :mod:`agentstream.models.http` says;
 5. returns one ModelOutput with the request's fingerprint, the attempt id and the endpoint id.
    The API key is sent as a header and never recorded.
@@ -85,19 +88,6 @@ class _Attempt:
                 await self.emit(Delta(kind="abort", reason=reason))
             except Exception:  # pragma: no cover - a sink must not raise; never mask the real error
                 log.debug("could not publish the abort of attempt %s", self.id, exc_info=True)
-
-    async def whole(self, output: ModelOutput) -> None:
-        """Publish a reply that came in one piece (not streamed) as start, pieces, end."""
-        if self.sink is None:
-            return
-        await self.emit(Delta(kind="start"))
-        if output.reasoning:
-            await self.emit(Delta(kind="reasoning", text=output.reasoning))
-        if output.content:
-            await self.emit(Delta(kind="text", text=output.content))
-        for index, call in enumerate(output.tool_calls):
-            await self.emit(Delta(kind="tool_call", index=index, call_id=call.id, name=call.name, text=call.arguments))
-        await self.emit(Delta(kind="end", stop_reason=output.stop_reason))
 
 
 class HttpChatModel(abc.ABC):
@@ -267,9 +257,7 @@ class HttpChatModel(abc.ABC):
                 return await self._stream_once(body, request, attempt, fields)
             response = await self._client.post(self.url, content=body, headers=self._headers(), timeout=self.timeout_s)
             check_status(response, url=self.shown_url, model=self.endpoint.model, secrets=self._secrets())
-            output = self._read_whole(response.content, request, fields(attempt))
-            await attempt.whole(output)
-            return output
+            return self._read_whole(response.content, request, fields(attempt))  # whole: no delta
 
         return await with_retries(
             one,
@@ -303,9 +291,8 @@ class HttpChatModel(abc.ABC):
                 await response.aread()
                 check_status(response, url=self.shown_url, model=self.endpoint.model, secrets=self._secrets())
             if "text/event-stream" not in response.headers.get("content-type", ""):
-                output = self._read_whole(await response.aread(), request, fields(attempt))  # the server did not stream
-                await attempt.whole(output)
-                return output
+                # the server did not stream: a whole answer, published by no delta
+                return self._read_whole(await response.aread(), request, fields(attempt))
             assembler = self._assembler()
             await attempt.emit(Delta(kind="start"))
             try:

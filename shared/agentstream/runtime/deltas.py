@@ -4,7 +4,9 @@ While the agent loop streams a model's reply it XADDs each piece to the trace's 
 (:meth:`agentstream.wire.keys.Keys.deltas`, in the trace's hash slot). Clients that show a reply as
 it is written follow that stream beside the trace (:func:`follow`); the final answer is still
 the one ModelOutput appended to the trace, and the delta stream is capped (``MAXLEN ~``) and
-expires, so it is never the record.
+expires, so it is never the record. A reply that comes whole (not streamed) writes nothing
+here: every follower (``agentstream ask``, the gateway's SSE stream, the console) shows it from
+its ModelOutput in the trace, so publishing it again as deltas would only cost commands.
 
 Wire format: each entry has one field ``d`` holding the JSON of a :class:`Delta`, e.g.::
 
