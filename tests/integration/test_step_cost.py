@@ -23,7 +23,7 @@ from agentstream.wire.keys import JOB_FIELD
 from tests.integration import test_agent_loop_delivery as delivery
 from tests.support import apps
 from tests.support.inprocess import events_of, publish, wait_for, wait_reply
-from tests.support.redis_server import single_node_only
+from tests.support.redis_server import cluster_only, single_node_only
 
 pytestmark = pytest.mark.integration
 
@@ -619,3 +619,39 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     assert await redis.zscore(awaiting_key(keys, keys.partition("r10")), "r10") is not None
     assert await redis.get(keys.lease("r10")) is None
     _verify(loop, await events_of(store, "r10"), _GATED)
+
+
+async def _command_calls(redis) -> dict[str, int]:
+    """``COMMAND`` calls (``COMMAND GETKEYS``, ``COMMAND INFO``...) every node of the cluster has
+    run so far, by subcommand (INFO commandstats, summed over the nodes)."""
+    import redis.asyncio as aioredis
+
+    calls: dict[str, int] = {}
+    for node in redis.get_nodes():
+        plain = aioredis.Redis(host=node.host, port=node.port)
+        try:
+            stats = await plain.info("commandstats")
+        finally:
+            await plain.aclose()
+        for name, stat in stats.items():
+            if name.startswith("cmdstat_command"):
+                calls[name] = calls.get(name, 0) + int(stat["calls"])
+    return calls
+
+
+@cluster_only("redis-py's cluster client asks a node for the keys of an XREAD/XREADGROUP")
+async def test_the_blocking_reads_of_turns_on_a_cluster_ask_no_node_for_their_keys(redis, keys, services, store):
+    # redis-py's cluster client sent COMMAND GETKEYS before every XREAD and XREADGROUP (issue 35:
+    # 2.4 a turn): their stream keys are known, so the read goes to the node of their slot at once
+    await services.start("p1", "agent-loop")
+    await services.start("p2", "tool-worker")
+    await publish(redis, keys, trace_id="r11", turn_id="w0", agent="plan", text="do: work(0)")
+    assert (await wait_reply(redis, keys, "w0")).status == "ended"
+    before = await _command_calls(redis)
+    for n in range(4):
+        await publish(redis, keys, trace_id="r11", turn_id=f"t{n}", agent="plan", text=f"do: work({n})")
+        reply = await wait_reply(redis, keys, f"t{n}")
+        assert reply.status == "ended" and reply.answer == f"Results: worked {n} ms"
+    after = await _command_calls(redis)
+    asked = {name: after.get(name, 0) - before.get(name, 0) for name in after}
+    assert not any(asked.values()), asked

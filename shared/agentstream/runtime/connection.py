@@ -408,6 +408,19 @@ class _Cluster(RedisCluster):
         cache = self.nodes_manager.slots_cache.get(slot)
         return cache[0] if cache else None
 
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        """The slot of a command (redis-py's, which its routing and pipelines call), for an
+        ``XREAD``/``XREADGROUP`` from its stream keys (:func:`multiplex.read_stream_keys`):
+        redis-py asks a node for them with ``COMMAND GETKEYS`` before every such read (a round
+        trip before each blocking read, 2.4 a turn in issue 35). Keys of several slots, or a
+        form not known, take redis-py's way (and its error)."""
+        keys = multiplex.read_stream_keys((command, *args))
+        if keys is not None:
+            slot = self.keyslot(keys[0])
+            if all(self.keyslot(key) == slot for key in keys[1:]):
+                return slot
+        return await super()._determine_slot(command, *args)
+
     def _shared_of(self, node) -> SharedConnection:
         shared = self._shared.get(node.name)
         if shared is None:

@@ -197,6 +197,44 @@ def command_keys(args: tuple) -> tuple | None:
     return None
 
 
+_READ_OPTIONS = {"COUNT": 1, "BLOCK": 1, "NOACK": 0, "CLAIM": 1, "GROUP": 2}
+"""The options of XREAD/XREADGROUP before ``STREAMS``, by how many arguments follow each."""
+
+
+def read_stream_keys(args: tuple) -> tuple | None:
+    """The stream keys of an ``XREAD``/``XREADGROUP`` (``args`` as sent, the command first) → a
+    tuple of one or more keys, or None when ``args`` is not such a read or has a form this does
+    not know (an option it does not know, no ``STREAMS``, keys and ids that do not pair up): on a
+    Redis Cluster, what routes a read to the node of its slot without asking a node for its keys
+    (redis-py's cluster client sends ``COMMAND GETKEYS`` first). A group or consumer named
+    ``STREAMS`` is read as the name it is. Pure."""
+    name = _word(args[0]) if args else None
+    if name not in ("XREAD", "XREADGROUP"):
+        return None
+    index = 1
+    while index < len(args):
+        option = _word(args[index])
+        if option == "STREAMS":
+            rest = args[index + 1 :]
+            if not rest or len(rest) % 2:
+                return None
+            return tuple(rest[: len(rest) // 2])
+        if option not in _READ_OPTIONS or (option == "GROUP") != (name == "XREADGROUP" and index == 1):
+            return None
+        index += 1 + _READ_OPTIONS[option]
+    return None
+
+
+def _word(arg: Any) -> str | None:
+    """An argument as an upper-case word, or None when it is not text."""
+    if isinstance(arg, bytes):
+        try:
+            return arg.decode().upper()
+        except UnicodeDecodeError:
+            return None
+    return arg.upper() if isinstance(arg, str) else None
+
+
 class NodeConnections:
     """The part of a connection pool that :class:`SharedConnection` uses, for one node of a
     Redis Cluster (redis-py's ``ClusterNode``): its connection class and options, so the shared
