@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from agentstream.wire.events import ToolOutput, TurnInput
+from tests.support import docs
 from tests.support.procs import ROOT, Services, trace_events, wait_replies
 from tests.support.scripted_model import ScriptedModelServer
 
@@ -226,8 +227,9 @@ def test_a_typed_input_is_rendered_by_its_hook_and_an_unparsable_one_as_recorded
 
 
 def _readme_section():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Typed inputs, tool states and per-turn settings", 1)[1].split("\n### ", 1)[0]
+    section = docs.section(
+        docs.page("tutorials/tools-and-mcp.md"), "## Typed inputs, tool states and per-turn settings"
+    )
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     line = re.search(r"^redis-cli XADD agentstream:turns '\*' turn '(.*)'$", section, re.M).group(1)
     return code, line

@@ -1,5 +1,5 @@
-"""Every app example of the README, run on the default local model (SmolLM2-135M on llama.cpp),
-gives a correct answer: each example's code is taken from README.md as written, loaded by an agent
+"""Every app example of the docs pages, run on the default local model (SmolLM2-135M on llama.cpp),
+gives a correct answer: each example's code is taken from its page (docs/) as written, loaded by an agent
 loop and a tool worker (separate processes) on one local model server, and asked a question
 (issue 13). Kept to one model server and one short turn per example: the local model is slow on
 2 cores.
@@ -22,27 +22,37 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from agentstream.cli.localmodel import LocalModelServer
 from agentstream.wire import codec
 from agentstream.wire.events import Compaction, TurnEnded
+from tests.support import docs
 from tests.support.procs import ROOT, Services, publish_turn, trace_events, wait_replies
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_model]
 
-README = (ROOT / "README.md").read_text()
+README = docs.page("README.md")
+PAGES = {
+    "first-agent": docs.page("tutorials/first-agent.md"),
+    "tools": docs.page("tutorials/tools-and-mcp.md"),
+    "prompt-files": docs.page("how-to/prompt-files.md"),
+    "subagents": docs.page("tutorials/subagents.md"),
+    "publish": docs.page("how-to/publish-a-turn.md"),
+}
+DOCS = "\n".join(PAGES.values())
 REPLY_S = 240.0  # a model call takes 1–40 s on 2 busy cores
 
 
-def section(heading: str) -> str:
-    text = README.split(heading, 1)[1]
-    return re.split(r"\n##+ ", text, maxsplit=1)[0]
+def section(heading: str, where: str = "tools") -> str:
+    """The section under ``heading`` of a docs page (``where``: a key of PAGES, or ``"README"``)."""
+    return docs.section(README if where == "README" else PAGES[where], heading)
 
 
-def python_block(heading: str) -> str:
-    return re.search(r"```python\n(.*?)```", section(heading), re.S).group(1)
+def python_block(heading: str, where: str = "tools") -> str:
+    return re.search(r"```python\n(.*?)```", section(heading, where), re.S).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +105,7 @@ def run_example(local_model, redis_url, namespace, tmp_path):
 
 def test_the_weather_app(run_example, client, keys):
     reply = run_example(
-        python_block("## Your app"),
+        python_block("## Write your app", "first-agent"),
         lambda c, k: publish_turn(
             c, k, trace_id="w-1", turn_id="t1", agent="weather", text="What is the weather in Paris?"
         ),
@@ -106,10 +116,10 @@ def test_the_weather_app(run_example, client, keys):
 
 
 def test_the_chat_turn_published_from_redis_cli(run_example, client, keys):
-    text = section("### Typed inputs, tool states and per-turn settings")
+    text = section("## Typed inputs, tool states and per-turn settings")
     payload = re.search(r"^redis-cli XADD agentstream:turns '\*' turn '(.*)'$", text, re.M).group(1)
     reply = run_example(
-        python_block("### Typed inputs, tool states and per-turn settings"),
+        python_block("## Typed inputs, tool states and per-turn settings"),
         lambda c, k: c.xadd(k.turns, {"turn": payload}),
         client,
         keys,
@@ -119,7 +129,7 @@ def test_the_chat_turn_published_from_redis_cli(run_example, client, keys):
 
 def test_the_prompt_file_and_its_cited_answer(run_example, client, keys):
     reply = run_example(
-        python_block("### Prompt files, citations and the turn's model"),
+        python_block("# Prompt files, citations and the turn's model", "prompt-files"),
         lambda c, k: publish_turn(
             c, k, trace_id="hr-1", turn_id="t1", agent="hr", text="How many days of paid leave do staff get?"
         ),
@@ -128,7 +138,9 @@ def test_the_prompt_file_and_its_cited_answer(run_example, client, keys):
     )
     assert reply.status == "ended" and reply.answer == "Staff get 25 days of paid leave a year.", reply
     shown = json.loads(
-        re.search(r"```json\n(.*?)```", section("### Prompt files, citations and the turn's model"), re.S).group(1)
+        re.search(
+            r"```json\n(.*?)```", section("# Prompt files, citations and the turn's model", "prompt-files"), re.S
+        ).group(1)
     )
     assert [msgspec_builtins(c) for c in reply.citations] == shown["citations"]  # the reply the README shows
     events = [e for _, e in codec.decode_entries(client.xrange(keys.trace("hr-1")), trace_id="hr-1")]
@@ -164,7 +176,7 @@ def test_the_apps_own_element_types(run_example, client, keys):
 
 
 def test_the_demos_manager_hands_the_question_to_a_subagent(run_example, client, keys):
-    command = re.search(r'^agentstream run --agent manager "(.*?)"', README, re.M).group(1)
+    command = re.search(r'^agentstream run --agent manager "(.*?)"', DOCS, re.M).group(1)
     reply = run_example(
         None,
         lambda c, k: publish_turn(c, k, trace_id="mgr-1", turn_id="t1", agent="manager", text=command),
@@ -185,7 +197,7 @@ def msgspec_builtins(value):
 
 def readme_command(prefix: str) -> str:
     """The README's command line that starts with ``prefix`` (up to its comment)."""
-    line = re.search(rf"^({re.escape(prefix)}.*?)(?:\s+#.*)?$", README, re.M).group(1)
+    line = re.search(rf"^({re.escape(prefix)}.*?)(?:\s+#.*)?$", DOCS, re.M).group(1)
     return line.strip()
 
 
@@ -194,7 +206,7 @@ def run_command(local_model, redis_url, namespace, tmp_path):
     """``run_command(line)`` → the finished process of an ``agentstream ...`` README command line, run as
     written (its own services, as separate processes) on the module's model server and the test's Redis."""
 
-    def run(line: str) -> subprocess.CompletedProcess:
+    def run(line: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         argv = shlex.split(line)
         assert argv[0] == "agentstream", line
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "OPENAI_", "AGENTSTREAM_"))}
@@ -211,7 +223,7 @@ def run_command(local_model, redis_url, namespace, tmp_path):
         proc = subprocess.run(
             [sys.executable, "-m", "agentstream", *argv[1:]],
             env=env,
-            cwd=ROOT,
+            cwd=cwd,
             capture_output=True,
             text=True,
             timeout=2 * REPLY_S,
@@ -232,6 +244,21 @@ def answers(out: str) -> list[str]:
     ]
 
 
+def test_the_first_agent_runs_as_the_tutorial_shows_and_its_trace_reads_back(run_command, tmp_path):
+    """docs/tutorials/first-agent.md: its app saved as weather.py, the `run` line run from that
+    folder gives the answer the page shows; `trace show` of the trace it printed shows it too."""
+    page = PAGES["first-agent"]
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "weather.py").write_text(python_block("## Write your app", "first-agent"))
+    line = re.search(r"^(agentstream run --app weather:app .*)$", page, re.M).group(1)
+    shown = re.search(r"```sh\n" + re.escape(line) + r"\n# ✓ answer: (.*)\n", page).group(1)
+    proc = run_command(line, cwd=project)
+    assert answers(proc.stdout) == [shown], proc.stdout
+    trace_id = re.search(r"^trace ([0-9a-f]+)$", proc.stderr + proc.stdout, re.M).group(1)
+    assert f"✓ answer: {shown}" in run_command(f"agentstream trace show {trace_id}", cwd=project).stdout
+
+
 def test_the_demos_docs_agent_answers_from_the_documentation(run_command):
     line = readme_command("agentstream run --agent docs")
     out = run_command(line).stdout
@@ -241,7 +268,7 @@ def test_the_demos_docs_agent_answers_from_the_documentation(run_command):
     assert re.search(
         r"^  \[\d+\] round — https://docs\.python\.org/3\.\d+/library/functions\.html#round$", out, re.M
     ), out
-    shown = re.search(r"```sh\n" + re.escape(line) + r"\n# ✓ answer: (.*)\n", README).group(1)
+    shown = re.search(r"```sh\n" + re.escape(line) + r"\n# ✓ answer: (.*)\n", DOCS).group(1)
     assert answer == shown  # the answer the README shows
 
 
@@ -262,11 +289,9 @@ def test_the_demos_notes_agent_compacts_its_conversation(run_command, client, ke
 
 
 def test_the_demo_turn_published_from_redis_cli_and_the_demos_other_question(run_example, client, keys):
-    payload = re.search(r"^redis-cli XADD agentstream:turns '\*' turn '(.*\"agent\":\"demo\".*)'$", README, re.M).group(
-        1
-    )
+    payload = re.search(r"^redis-cli XADD agentstream:turns '\*' turn '(.*\"agent\":\"demo\".*)'$", DOCS, re.M).group(1)
     question = re.search(
-        r'^\./scripts/demo "(.*?)"$', section("## The two commands").split("OPENAI_MODEL=", 1)[1], re.M
+        r'^\./scripts/demo "(.*?)"$', section("## The two commands", "README").split("OPENAI_MODEL=", 1)[1], re.M
     ).group(1)
 
     def publish(c, k):
@@ -284,7 +309,7 @@ def test_the_demo_turn_published_from_redis_cli_and_the_demos_other_question(run
 
 
 def test_a_turn_with_a_document_and_an_image_published_from_redis_cli(run_example, client, keys):
-    payload = re.search(r"^redis-cli XADD agentstream:turns '\*' turn '(.*\"elements\".*)'$", README, re.M).group(1)
+    payload = re.search(r"^redis-cli XADD agentstream:turns '\*' turn '(.*\"elements\".*)'$", DOCS, re.M).group(1)
     reply = run_example(
         python_block("## Sources, citations and images"), lambda c, k: c.xadd(k.turns, {"turn": payload}), client, keys
     )

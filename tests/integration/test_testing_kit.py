@@ -4,7 +4,6 @@ README's app and its example tests run as written."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import types
 from pathlib import Path
@@ -22,25 +21,24 @@ from agentstream.testing import (
     call,
 )
 from agentstream.wire.events import ModelOutput, ToolOutput, TurnEnded
+from tests.support import docs
 
 pytestmark = pytest.mark.integration
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FIRST_AGENT, TESTING = "tutorials/first-agent.md", "how-to/testing.md"
 
 
-def readme_blocks(after_heading: str) -> list[str]:
-    text = README.read_text()
-    section = text[text.index(after_heading) :]
-    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+def readme_blocks(where: str) -> list[str]:
+    """The Python blocks of a docs page (the first agent's app, the testing example)."""
+    return docs.blocks(docs.page(where), "python")
 
 
 def readme_app(*, model_answers: bool = True) -> App:
     """The README's first app; with ``model_answers`` its agent answers from the tool's result
     itself (without ``result_as_answer``), so a model double is called after the tool."""
-    (code, *_) = readme_blocks("## Your app")
+    (code, *_) = readme_blocks(FIRST_AGENT)
     module = types.ModuleType("readme_app")
-    exec(compile(code, "README.md (Your app)", "exec"), module.__dict__)
+    exec(compile(code, "docs/tutorials/first-agent.md", "exec"), module.__dict__)
     if not model_answers:
         return module.app
     return App(agents=[dataclasses.replace(a, result_as_answer=()) for a in module.app.agents])
@@ -48,13 +46,13 @@ def readme_app(*, model_answers: bool = True) -> App:
 
 async def test_the_readme_app_example_tests_pass_as_written(redis_url, monkeypatch):
     app = readme_app(model_answers=False)
-    tests_code = readme_blocks("### Testing your app")[0]
+    tests_code = readme_blocks(TESTING)[0]
     monkeypatch.setitem(sys.modules, "weather", types.SimpleNamespace(app=app))  # `from weather import app`
     module = types.ModuleType("readme_tests")
     exec(
         compile(
             tests_code.replace("TestBed(app,", f"TestBed(app, redis_url={redis_url!r},"),
-            "README.md (Testing your app)",
+            "docs/how-to/testing.md",
             "exec",
         ),
         module.__dict__,
@@ -228,8 +226,8 @@ def test_the_readme_testing_example_runs_as_written_in_a_fresh_project(tmp_path,
 
     project, scratch = tmp_path / "project", Path(tempfile.mkdtemp(prefix="as-tmp-"))  # short: unix socket paths
     project.mkdir()
-    (project / "weather.py").write_text(readme_blocks("## Your app")[0])
-    (project / "test_weather.py").write_text(readme_blocks("### Testing your app")[0])
+    (project / "weather.py").write_text(readme_blocks(FIRST_AGENT)[0])
+    (project / "test_weather.py").write_text(readme_blocks(TESTING)[0])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "AGENTSTREAM_", "PYTEST_"))}
     env.update(TMPDIR=str(scratch))
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,18 +13,18 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from agentstream.wire import codec
 from agentstream.wire.keys import CANCEL_FIELD, REPLY_FIELD, TURN_FIELD, WAKE_FIELD, Keys
-from tests.support import apps
+from tests.support import apps, docs
 from tests.support.inprocess import InProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ACL_PAGE = "how-to/acls.md"
 
 
 def readme_acl(namespace: str) -> list[str]:
     """The ACL SETUSER line of the README, with the namespace put in for `agentstream`."""
-    match = re.search(r"^ACL SETUSER backend-7 .*$", README.read_text(), re.M)
-    assert match, "the README's Security section shows no ACL SETUSER backend-7 line"
+    match = re.search(r"^ACL SETUSER backend-7 .*$", docs.page(ACL_PAGE), re.M)
+    assert match, "docs/how-to/acls.md shows no ACL SETUSER backend-7 line"
     return match.group(0).replace("agentstream:", f"{namespace}:").split()[2:]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +29,7 @@ from agentstream.wire.events import (
 from agentstream.wire.keys import CANCEL_FIELD, JOB_FIELD, TURN_FIELD, WAKE_FIELD
 from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.tool_worker.worker import ToolWorker
-from tests.support import apps
+from tests.support import apps, docs
 from tests.support.inprocess import InProcess, events_of, replies_on, wait_for
 
 pytestmark = pytest.mark.integration
@@ -556,7 +555,7 @@ async def test_a_turn_id_reused_in_another_trace_is_another_turn_and_replies_ded
         assert len(replies) == 3  # by turn id alone a backend would have dropped conv-2's answer
     finally:
         await services.stop_all()
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = docs.page("how-to/publish-a-turn.md")
     assert "dedupe them by\n  `(trace_id, turn_id)`" in readme and "dedupe them by `turn_id`" not in readme
     assert "(trace_id, turn_id)" in (codec.reply_schema()["description"])
 

@@ -29,6 +29,7 @@ from agentstream.wire.events import (
 )
 from agentstream.wire.registry import NO_APP_TYPES
 from agentstream.wire.schemas import trace_events_schema
+from tests.support import docs
 from tests.support.element_apps import Note, Ticket, app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,7 +150,7 @@ def test_the_docs_search_follows_a_name_the_query_writes_as_code():
 
 
 def _readme_blocks():
-    text = (ROOT / "README.md").read_text()
+    text = docs.page("tutorials/tools-and-mcp.md")
     return [
         block
         for block in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import agentstream
+from tests.support import docs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ README_IMPORTS = sorted(
     set(
         re.findall(
             r"^\s*(from agentstream[\w.]* import [\w, ]+|import agentstream[\w.]*)\s*$",
-            (ROOT / "README.md").read_text(),
+            docs.all_pages(),
             re.M,
         )
     )
@@ -65,7 +66,7 @@ SPAN_NAMES = {"step", "model_call", "tool_call", "hand_back", "compaction"}
 
 
 def test_readme_names_only_existing_modules() -> None:
-    text = (ROOT / "README.md").read_text()
+    text = docs.all_pages()
     for dotted in sorted(set(re.findall(r"(?<![\w./-])agentstream(?:\.[a-z_]\w*)+", text))):
         parts = dotted.split(".")
         if len(parts) == 2 and parts[1] in SPAN_NAMES:

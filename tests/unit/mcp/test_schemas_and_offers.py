@@ -18,6 +18,7 @@ from agentstream.steps.decision import RecordResults, RunTools, decide
 from agentstream.steps.offers import Catalog, desired_offer, latest_offer, offer_digest
 from agentstream.steps.replay import rebuild_calls
 from agentstream.wire.events import ModelOutput, OfferedTool, ToolCall, ToolsOffered, TurnInput
+from tests.support import docs
 
 # --- schemas -----------------------------------------------------------------------------------
 
@@ -315,9 +316,8 @@ def test_replay_rebuilds_each_call_with_the_tools_it_was_offered():
 
 
 def test_the_readme_example_declares_a_working_app():
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = docs.page("tutorials/tools-and-mcp.md")
     section = readme.split("## Tools from MCP servers", 1)[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
     scope: dict = {}

@@ -16,6 +16,7 @@ from agentstream.declarations.tools import tool
 from agentstream.errors import ConfigError, PromptError
 from agentstream.steps.decision import CallModel, EndTurn, decide
 from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnEnded, TurnInput
+from tests.support import docs
 
 
 @tool
@@ -202,12 +203,12 @@ def test_a_tools_answer_cites_the_sources_its_result_carries():
 
 def test_the_readmes_prompt_file_is_the_shipped_one_and_fits_its_agent():
     import re
-    from pathlib import Path
 
     from agentstream.declarations.prompts import find_prompt_file, load_prompt_file
 
-    root = Path(__file__).resolve().parents[3]
-    block = re.search(r"`prompts/hr.yaml`:\n\n```yaml\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
+    block = re.search(
+        r"`prompts/hr.yaml`:\n\n(?:<!--.*?-->\n)?```yaml\n(.*?)```", docs.page("how-to/prompt-files.md"), re.S
+    ).group(1)
     shipped = find_prompt_file("hr.yaml").read_text()
     assert shipped.split("\n", 1)[1] == block  # after its comment line
     prompt_file = load_prompt_file("hr.yaml")
