@@ -84,7 +84,7 @@ def _bullets(doc: str) -> list[str]:
             found[-1] += " " + line.strip()
         else:
             inside = False
-    return [re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", b).replace("``", "`") for b in found]
+    return [_markdown(b) for b in found]
 
 
 def _meaning(variable: str, bullets: list[str]) -> str:
@@ -180,6 +180,34 @@ def metrics_reference() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _markdown(rest: str) -> str:
+    """reST roles and double backquotes of a docstring as Markdown code."""
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", rest).replace("``", "`")
+
+
+def api_reference() -> str:
+    """Every name ``agentstream`` exports (``__all__``): what it is, its signature, the first paragraph of its docstring."""
+    import inspect
+
+    import agentstream
+
+    rows = ["| name | what |", "|---|---|"]
+    for name in agentstream.__all__:
+        obj = getattr(agentstream, name)
+        if isinstance(obj, int | str):
+            rows.append(f"| `{name}` | the constant `{obj!r}` |")
+            continue
+        doc = inspect.getdoc(obj) if (inspect.isclass(obj) or inspect.isfunction(obj)) else None
+        if not doc:
+            rows.append(f"| `{name}` | `{obj}` |")
+            continue
+        summary = " ".join(doc.split("\n\n", 1)[0].split())
+        kind = "function" if inspect.isfunction(obj) else "class"
+        cell = _markdown(summary).replace("|", "\\|")
+        rows.append(f"| `{name}` | {kind}: {cell} |")
+    return "\n".join(rows) + "\n"
+
+
 def _included(path: Path, links: dict[str, str]) -> str:
     """A Markdown file of the repository, its relative links pointed at the docs pages that hold them."""
     text = path.read_text()
@@ -203,6 +231,7 @@ def bench_results() -> str:
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
+    "api": api_reference,
     "cli": cli_reference,
     "settings": settings_reference,
     "wire": wire_reference,

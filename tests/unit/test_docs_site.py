@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import agentstream
 from agentstream.ops.settings import Settings
 from agentstream.wire.failures import FailureCode
 from tests.support import docs
@@ -60,3 +61,10 @@ def test_a_placeholder_without_a_generator_fails_the_build() -> None:
     with pytest.raises(reference.GenerationError, match="no generator 'nope'"):
         reference.expand("text\n<!-- generated: nope -->\n", "page.md")
     assert "| `bad_turn` |" in reference.expand("<!-- generated: failure-codes -->", "page.md")
+
+
+def test_the_api_page_lists_every_exported_name() -> None:
+    page = reference.api_reference()
+    for name in agentstream.__all__:
+        assert f"| `{name}` | " in page
+    assert "| `Agent` | class: An agent" in page
