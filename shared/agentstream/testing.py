@@ -367,6 +367,7 @@ class TestBed:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> TestBed:
+        from agentstream.models.client import model_client
         from agentstream.ops.settings import Settings
         from agentstream.runtime.connection import EmbeddedRedis, connect
         from agentstream.runtime.runner import run_consumers
@@ -388,7 +389,9 @@ class TestBed:
         self._redis = connect(url)
         self._store = store = TraceStore(self._redis, self.keys, codec=self.app.codec)
         self._http = (
-            httpx.AsyncClient() if self.allow_model_requests else httpx.AsyncClient(transport=_blocking_transport())
+            model_client(concurrency=self.config.concurrency)
+            if self.allow_model_requests
+            else httpx.AsyncClient(transport=_blocking_transport())
         )
         models = None
         if not self.allow_model_requests or self.model is not None or self.models is not None:

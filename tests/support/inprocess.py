@@ -13,9 +13,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
 from agentstream.declarations.apps import App
+from agentstream.models.client import model_client
 from agentstream.ops.settings import Settings
 from agentstream.runtime.connection import connect
 from agentstream.runtime.runner import run_consumers
@@ -86,7 +85,7 @@ class InProcess:
         settings = self.settings(name)
         redis = connect(self.redis_url, block_ms=settings.block_ms)
         store = TraceStore(redis, settings.keys, codec=self.app.codec)
-        http = httpx.AsyncClient()
+        http = model_client(concurrency=settings.concurrency)  # as `agentstream serve` makes it
         runners: list = []
         loop = worker = None
         if "agent-loop" in services:

@@ -43,7 +43,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
 
-import httpx
 import typer
 
 from agentstream.app.base import App, load_app
@@ -363,7 +362,9 @@ async def _serve(
         raise AgentStreamError(f"REDIS_URL {_shown_url(settings.redis_url)!r} is not a Redis URL: {exc}") from None
     store = TraceStore(redis, settings.keys, codec=app.codec)  # reads the app's own types
     consumers: list[Runner] = []
-    async with httpx.AsyncClient() as http:
+    from agentstream.models.client import model_client
+
+    async with model_client(concurrency=settings.concurrency) as http:
         if Service.agent_loop in services:
             consumers += build_loop(app, settings, store, http)[1]
         if Service.tool_worker in services:
