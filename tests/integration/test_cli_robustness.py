@@ -200,7 +200,7 @@ async def test_explain_and_verify_rebuild_with_the_configured_endpoint_and_agree
     assert "DOES NOT match" in explained.output and "quirks default" in explained.output, explained.output
 
 
-def test_dev_prints_the_environment_another_shell_needs(monkeypatch, redis_url):
+def test_dev_prints_the_environment_another_shell_needs(monkeypatch, redis_url, scripted_model):
     served = []
 
     async def no_services(services, app_path, queues, settings, **_):
@@ -210,7 +210,7 @@ def test_dev_prints_the_environment_another_shell_needs(monkeypatch, redis_url):
     options = json.dumps({"quirks": {"tool_call_content": "null"}})
     env = {
         "REDIS_URL": redis_url,
-        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+        "OPENAI_BASE_URL": scripted_model.base_url,  # it answers: dev checks that before it starts
         "OPENAI_MODEL": "smol model",
         "AGENTSTREAM_DEFAULT_MODEL_OPTIONS": options,
     }
@@ -218,7 +218,7 @@ def test_dev_prints_the_environment_another_shell_needs(monkeypatch, redis_url):
     assert result.exit_code == 0 and served, result.output
     lines = result.output.splitlines()
     assert f"export REDIS_URL={redis_url}" in lines
-    assert "export OPENAI_BASE_URL=http://127.0.0.1:9/v1" in lines
+    assert f"export OPENAI_BASE_URL={scripted_model.base_url}" in lines
     assert "export OPENAI_MODEL='smol model'" in lines
     assert f"export AGENTSTREAM_DEFAULT_MODEL_OPTIONS='{options}'" in lines
     assert environment_lines({"REDIS_URL": "redis://x"}) == ["export REDIS_URL=redis://x"]
