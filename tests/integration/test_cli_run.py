@@ -141,8 +141,8 @@ def test_run_times_out_naming_its_own_services_and_stops_them_before_the_model(m
             started.append(self)
 
     @contextlib.contextmanager
-    def environment(settings, data_dir=None, interrupts=None):
-        with real_environment(settings, data_dir, interrupts) as ready:
+    def environment(settings, data_dir=None, interrupts=None, **claim):
+        with real_environment(settings, data_dir, interrupts, **claim) as ready:
             yield ready
             at_exit.append([p.poll() for p in started])  # what had stopped when the model would be stopped
 
@@ -312,8 +312,8 @@ def _signal(run: RunProcess, how: str) -> None:
 
 @pytest.mark.parametrize("how", list(SIGNALLED))
 def test_ctrl_c_or_sigterm_during_run_on_the_embedded_redis_stops_the_services_then_redis(tmp_path, how):
-    """A turn in flight on the embedded Redis: Ctrl-C, SIGTERM or SIGHUP stops the services while
-    their Redis still answers (the agent loop gives back the turn it held), then the Redis; run
+    """A turn in flight on the embedded Redis: Ctrl-C, SIGTERM or SIGHUP cancels it and stops the
+    services while their Redis still answers, then the Redis; run
     exits 130, 143 or 129, and none of the processes it started (each checked by pid) is left
     running. None of them is in run's process group: the keypress reaches run alone."""
     with ScriptedModelServer(parallel_rule) as model:
@@ -350,9 +350,9 @@ def test_ctrl_c_or_sigterm_during_run_on_the_embedded_redis_stops_the_services_t
     err = run.stderr()
     assert code == SIGNALLED[how], err[-3000:]
     assert "Traceback" not in err and "Error" not in err, err[-3000:]
-    assert "released 1 unfinished entries of agentstream:turns" in err, err[
-        -3000:
-    ]  # the loop had its Redis while stopping
+    # the turn it published is cancelled while the services and their Redis still run (no service
+    # carries it on later), then the services stop
+    assert "✗ turn failed (cancelled): the turn was cancelled by agentstream run" in err, err[-3000:]
     assert not _still_running(pids), f"left running: {_still_running(pids, 0)}"
 
 

@@ -473,22 +473,39 @@ def serve(
 
 
 @contextlib.contextmanager
-def _environment(settings: Settings, data_dir: Path | None = None, interrupts: Interrupts | None = None):
+def _environment(
+    settings: Settings,
+    data_dir: Path | None = None,
+    interrupts: Interrupts | None = None,
+    *,
+    app_path: str = DEFAULT_APP,
+    command: str = "run",
+):
     """Redis and a model: the configured ones, or an embedded Redis (its data kept in
     ``data_dir``, default :func:`~agentstream.runtime.connection.default_data_dir`) and the local model.
 
     A configured REDIS_URL is checked first (one line and exit 2 when it is wrong or its server
     does not answer), before the local model starts or anything is printed. Whatever has started
     is stopped on the way out, however the block ends (the model first, then Redis); with
-    ``interrupts``, a hurried stop SIGKILLs the local model instead of waiting for it."""
+    ``interrupts``, a hurried stop SIGKILLs the local model instead of waiting for it.
+
+    The embedded Redis's folder is claimed for ``app_path`` (served by ``command``) first: a
+    folder that a command of another app uses is refused with one line
+    (:mod:`agentstream.cli.claims`), so two apps never take each other's turns."""
     if settings.redis_url:
         _check_redis(settings)
     endpoints = _check_models(settings)
-    embedded = (
-        None
-        if settings.redis_url
-        else EmbeddedRedis(data_dir=data_dir or default_data_dir(), services_grace_s=settings.shutdown_grace_s)
-    )
+    claim = None if settings.redis_url else _claim_folder(data_dir or default_data_dir(), app_path, command)
+    try:
+        embedded = (
+            None
+            if settings.redis_url
+            else EmbeddedRedis(data_dir=data_dir or default_data_dir(), services_grace_s=settings.shutdown_grace_s)
+        )
+    except BaseException:
+        if claim is not None:
+            claim.release()
+        raise
     local = None
     try:
         url = settings.redis_url
@@ -540,8 +557,23 @@ def _environment(settings: Settings, data_dir: Path | None = None, interrupts: I
                     local.stop_grace_s = 0.0
                 local.stop()
         finally:
-            if embedded is not None:
-                embedded.stop()
+            try:
+                if embedded is not None:
+                    embedded.stop()
+            finally:
+                if claim is not None:
+                    claim.release()
+
+
+def _claim_folder(folder: Path, app_path: str, command: str):
+    """This command's claim on the embedded Redis's data folder for its app (taken), or
+    AgentStreamError naming the app that holds it (:mod:`agentstream.cli.claims`)."""
+    from agentstream.cli.claims import Claim, FolderClaim, app_identity
+
+    module = sys.modules.get(app_path.partition(":")[0])
+    identity = app_identity(app_path, getattr(module, "__file__", None))
+    claim = Claim(app=app_path, app_id=identity, command=command, pid=os.getpid(), cwd=os.getcwd())
+    return FolderClaim(folder, claim, shown=_shown_path(folder)).take()
 
 
 def _check_models(settings: Settings) -> dict:
@@ -604,7 +636,7 @@ def dev(
     _setup_logging(log_level)
     try:
         _load_app(app)  # a bad app path fails before the embedded Redis or the local model starts
-        with _environment(_settings(), data_dir) as settings:
+        with _environment(_settings(), data_dir, app_path=app, command="dev") as settings:
             typer.echo("# for `agentstream ask` and `agentstream trace ...` in another shell:")
             for line in environment_lines(os.environ):
                 typer.echo(line)
@@ -708,10 +740,19 @@ ASK_HINT = (
 
 
 async def _ask(
-    settings: Settings, agent: str, text: str, trace_id: str, timeout_s: float, echo=typer.echo, *, hint: str = ASK_HINT
+    settings: Settings,
+    agent: str,
+    text: str,
+    trace_id: str,
+    timeout_s: float,
+    echo=typer.echo,
+    *,
+    hint: str = ASK_HINT,
+    on_published=None,
 ) -> TurnEnded | TurnFailed | None:
     """Publish a turn and print its steps until it ends → its ending, or None after ``timeout_s``
-    (then one line saying so, with ``hint``: what to check)."""
+    (then one line saying so, with ``hint``: what to check). ``on_published(turn_id)`` is
+    called once the turn is on the turns stream."""
     redis = _connect(settings)
     try:
         turn_id = uuid.uuid4().hex
@@ -719,6 +760,8 @@ async def _ask(
         deltas_start = await last_entry_id(redis, settings.keys.deltas(trace_id))
         message = TurnMessage(trace_id=trace_id, turn_id=turn_id, agent=agent, text=text)
         await conversations.publish_turn(TraceStore(redis, settings.keys), message)
+        if on_published is not None:
+            on_published(turn_id)
         deadline = time.monotonic() + timeout_s
         stop = asyncio.Event()
 
@@ -903,6 +946,66 @@ STOP_MARGIN_S = 5.0
 seconds (a drained service still releases what it held, closes its connections and exits)."""
 
 
+CANCEL_WAIT_S = 10.0
+"""How long an interrupted ``run`` waits for the turn it published to end as cancelled, in seconds."""
+
+
+def _cancel_on_stop(settings: Settings, trace_id: str, turn_id: str, interrupts: Interrupts) -> None:
+    """Cancel the turn an interrupted ``run`` published and wait (up to :data:`CANCEL_WAIT_S`, or
+    until a second signal) for it to end, so that no service carries it on later (the next
+    ``run`` or ``dev`` on the same Redis did, minutes after). The cancel names the turn: one
+    that no agent loop has taken yet is cancelled when it is taken."""
+    typer.secho(
+        f"\nstopping: cancelling turn {turn_id} (Ctrl-C again to stop at once)", fg=typer.colors.BRIGHT_BLACK, err=True
+    )
+    try:
+        ending = asyncio.run(_cancel_published(settings, trace_id, turn_id, CANCEL_WAIT_S, lambda: interrupts.hurried))
+    except REDIS_ERRORS as exc:  # Redis is gone: nothing of the turn can go on there either
+        typer.secho(f"the cancel of turn {turn_id} was not published: {exc}", fg=typer.colors.YELLOW, err=True)
+        return
+    if ending is not None:
+        typer.secho(describe(ending), fg=typer.colors.BRIGHT_BLACK, err=True)
+    elif not interrupts.hurried:
+        typer.secho(
+            f"turn {turn_id} did not end within {CANCEL_WAIT_S:g} s; its cancel is recorded, so no service "
+            "carries it on",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+
+
+async def _cancel_published(
+    settings: Settings, trace_id: str, turn_id: str, wait_s: float, hurried
+) -> TurnEnded | TurnFailed | None:
+    """Publish a cancel of ``turn_id`` and follow the trace until that turn ends → its ending;
+    None after ``wait_s`` seconds or once ``hurried()`` is true."""
+    from agentstream.runtime.cancel import publish_cancel
+
+    redis = _connect(settings)
+    try:
+        message = CancelMessage(trace_id=trace_id, turn_id=turn_id, by="agentstream run", reason="run was interrupted")
+        await publish_cancel(redis, settings.keys, message)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(wait_s, stop.set)
+
+        async def on_hurry() -> None:
+            while not hurried():
+                await asyncio.sleep(0.05)
+            stop.set()
+
+        watcher = asyncio.create_task(on_hurry())
+        try:
+            async for _, event in TraceStore(redis, settings.keys).follow(trace_id, block_ms=100, stop=stop):
+                if isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id:
+                    return event
+        finally:
+            watcher.cancel()
+        return None
+    finally:
+        with contextlib.suppress(*REDIS_ERRORS):
+            await redis.aclose()
+
+
 def _stop_processes(
     procs: list[tuple[Service, subprocess.Popen]], grace_s: float = 15.0, interrupts: Interrupts | None = None
 ) -> None:
@@ -981,9 +1084,11 @@ def run(
     try:
         with interrupts.handled():
             _, agent = _load_checked(app, agent)  # a bad app path or agent fails before anything starts
-            with _environment(_settings(), data_dir, interrupts) as settings:
+            with _environment(_settings(), data_dir, interrupts, app_path=app, command="run") as settings:
                 interrupts.on_hurry(lambda: _kill_processes(procs))
                 interrupted = False
+                asking: list[str] = []  # the turn published and not ended yet (its id)
+                trace_id = ""
                 try:
                     for service in WORKER_SERVICES:
                         procs.append(
@@ -1025,10 +1130,19 @@ def run(
                     for _ in range(turns):
                         try:
                             ending = asyncio.run(
-                                _ask(settings, agent, text, trace_id, timeout_s, hint=RUN_HINT + _exited(procs))
+                                _ask(
+                                    settings,
+                                    agent,
+                                    text,
+                                    trace_id,
+                                    timeout_s,
+                                    hint=RUN_HINT + _exited(procs),
+                                    on_published=asking.append,
+                                )
                             )
                         except REDIS_ERRORS as exc:
                             raise _unreachable(settings, exc) from None
+                        asking.clear()  # it ended (or run gave up waiting: its services stop with it)
                         if not isinstance(ending, TurnEnded):
                             break
                     if ending is not None:
@@ -1038,10 +1152,13 @@ def run(
                     raise
                 finally:  # the services first: the model and Redis they use stop after them
                     interrupts.begin_stopping()  # from here a signal hurries the stop, never cuts it short
+                    cancelled = interrupted and asking and any(p.poll() is None for _, p in procs)
+                    if cancelled:
+                        _cancel_on_stop(settings, trace_id, asking[-1], interrupts)
                     grace_s = settings.shutdown_grace_s + STOP_MARGIN_S
                     if interrupted and any(p.poll() is None for _, p in procs):
                         typer.secho(
-                            f"\nstopping: the services finish what they hold (up to {grace_s:g} s); "
+                            f"{'' if cancelled else chr(10)}stopping: the services finish what they hold (up to {grace_s:g} s); "
                             "Ctrl-C again to stop at once",
                             fg=typer.colors.BRIGHT_BLACK,
                             err=True,
