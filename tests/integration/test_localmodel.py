@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from agentstream.app.base import invoke_tool
@@ -308,12 +309,15 @@ def test_the_server_dies_with_a_parent_killed_outright() -> None:
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith("OPENAI_BASE_URL=")
         servers = _descendants(proc.pid)
+        folders = {psutil.Process(p).cwd() for p in servers}  # its temp dir (config, log)
+        assert folders and all(os.path.basename(f).startswith("agentstream-localmodel-") for f in folders), folders
         os.kill(proc.pid, signal.SIGKILL)  # no handler, no finally: only the kernel can tell the server
         proc.wait()
         deadline = time.monotonic() + 15
         while any(os.path.exists(f"/proc/{p}") for p in servers):
             assert time.monotonic() < deadline, "the llama.cpp server outlived a parent killed with SIGKILL"
             time.sleep(0.1)
+        assert not [f for f in folders if os.path.exists(f)], "the server's temp dir was left behind"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
