@@ -195,3 +195,44 @@ async def test_ask_prints_the_trace_id_before_the_steps_and_the_answer_as_run_do
     traced = [i for i, line in enumerate(lines) if line.startswith("trace ")]
     answered = [i for i, line in enumerate(lines) if line.startswith("✓ answer:")]
     assert traced == [0] and answered and traced[0] < answered[0], lines
+
+
+async def test_trace_verify_in_another_folder_says_the_recorded_app_path_is_relative(redis_url, namespace, redis, keys):
+    """The agent loops recorded `weatherapp:app`, found in the folder they ran in; `trace verify`
+    run elsewhere cannot import it and says why, and what to do."""
+    from agentstream.runtime import service_settings
+
+    await service_settings.record(redis, keys, "weatherapp:app", {})
+    env = {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace}
+    result = await asyncio.to_thread(invoke, ["trace", "verify", "t1"], env)
+    assert result.exit_code == 2, result.output
+    assert "cannot import app module 'weatherapp'" in result.output
+    assert (
+        f"the app path 'weatherapp:app' that the agent loops recorded is relative to the folder they ran in, and "
+        f"this command runs in {os.getcwd()}: run it from that folder, or give --app" in " ".join(result.output.split())
+    ), result.output
+
+
+async def test_ask_without_an_agent_asks_the_only_agent_of_the_app_the_agent_loops_serve(
+    redis_url, namespace, redis, keys
+):
+    """`dev --app weather:app` then `ask "..."`: the agent is the served app's only one (it was
+    `demo`, which that app does not have); an app of several agents is told to name one."""
+    from agentstream.runtime import service_settings
+
+    served = []
+
+    async def no_turn(settings, agent, text, trace_id, timeout_s, echo=None, **_):
+        served.append(agent)
+        return TurnEnded(turn_id="t", answer="ok")
+
+    env = {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli_module, "_ask", no_turn)
+        await service_settings.record(redis, keys, "tests.support.compaction_apps:app", {}, now_ms=1)
+        none = await asyncio.to_thread(invoke, ["ask", "hi"], env)
+        await service_settings.record(redis, keys, "tests.support.apps:app", {}, now_ms=2)
+        several = await asyncio.to_thread(invoke, ["ask", "hi"], env)
+    assert several.exit_code == 2 and "name the agent with --agent" in several.output, several.output
+    assert "has 2 agents (calc, plan)" in several.output
+    assert none.exit_code == 0 and served == ["chatty"], none.output

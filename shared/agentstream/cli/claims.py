@@ -94,7 +94,8 @@ class FolderClaim:
                     except BlockingIOError:  # its process holds it: alive
                         live.append(Claim(**json.load(f)))
                         continue
-                    path.unlink(missing_ok=True)  # nobody holds it: its process has ended
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(path)  # nobody holds it: its process has ended
             except (OSError, ValueError, TypeError):  # unreadable or foreign: not a claim of a live command
                 continue
         return live
@@ -122,7 +123,7 @@ class FolderClaim:
         if claim_file is None:
             return
         with contextlib.suppress(OSError):
-            self._path.unlink(missing_ok=True)
+            os.remove(self._path)
         claim_file.close()
 
     def __enter__(self) -> FolderClaim:

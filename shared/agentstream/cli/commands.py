@@ -977,13 +977,20 @@ def _cancel_on_stop(settings: Settings, trace_id: str, turn_id: str, interrupts:
 async def _cancel_published(
     settings: Settings, trace_id: str, turn_id: str, wait_s: float, hurried
 ) -> TurnEnded | TurnFailed | None:
-    """Publish a cancel of ``turn_id`` and follow the trace until that turn ends → its ending;
-    None after ``wait_s`` seconds or once ``hurried()`` is true."""
+    """Cancel ``turn_id`` and follow the trace until that turn ends → its ending; None after
+    ``wait_s`` seconds or once ``hurried()`` is true.
+
+    The cancel is written into the trace first (the truth: an agent loop that takes the turn
+    later finds it and ends the turn at once, with no model call; the agent loop's own handler
+    of the cancel stream records nothing for a turn it has not admitted yet), then published
+    (every running agent loop aborts its model call of the turn)."""
     from agentstream.runtime.cancel import publish_cancel
 
     redis = _connect(settings)
     try:
-        message = CancelMessage(trace_id=trace_id, turn_id=turn_id, by="agentstream run", reason="run was interrupted")
+        by, reason = "agentstream run", "run was interrupted"
+        await TraceStore(redis, settings.keys).append(trace_id, CancelRequested(turn_id=turn_id, by=by, reason=reason))
+        message = CancelMessage(trace_id=trace_id, turn_id=turn_id, by=by, reason=reason)
         await publish_cancel(redis, settings.keys, message)
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(wait_s, stop.set)
