@@ -110,11 +110,11 @@ def test_replicas_follow_the_sum_of_the_lag(render: Render, lags: dict[str, floa
 
 def test_running_jobs_over_partitions_keep_the_slots_full(render: Render) -> None:
     so = render_pool(render, partitions=3)
-    # 40 jobs running (pending) over 3 partitions, nothing waiting: ceil(40 / 16) pods
-    assert desired_replicas(so, {**spread(0, 3, "lag"), **spread(40, 3, "pending")}) == 3
+    # 40 jobs running (pending) over 3 partitions, nothing waiting: ceil(160 / 64) pods
+    assert desired_replicas(so, {**spread(0, 3, "lag"), **spread(160, 3, "pending")}) == 3
     # both: the larger of lag/lagCount and pending/concurrency
-    assert desired_replicas(so, {**spread(12, 3, "lag"), **spread(40, 3, "pending")}) == 3
-    assert desired_replicas(so, {**spread(30, 3, "lag"), **spread(40, 3, "pending")}) == 6
+    assert desired_replicas(so, {**spread(12, 3, "lag"), **spread(160, 3, "pending")}) == 3
+    assert desired_replicas(so, {**spread(30, 3, "lag"), **spread(160, 3, "pending")}) == 6
 
 
 def test_lag_alone_and_pending_alone_sum_against_their_own_target(render: Render) -> None:
@@ -123,8 +123,8 @@ def test_lag_alone_and_pending_alone_sum_against_their_own_target(render: Render
     assert (modifiers["target"], modifiers["activationTarget"]) == ("4", "2")
     assert desired_replicas(lag_only, spread(17, 2, "lag")) == 5
     pending_only = render_pool(render, partitions=2, lagCount=0)
-    assert pending_only["spec"]["advanced"]["scalingModifiers"]["target"] == "16"
-    assert desired_replicas(pending_only, spread(33, 2, "pending")) == 3
+    assert pending_only["spec"]["advanced"]["scalingModifiers"]["target"] == "64"
+    assert desired_replicas(pending_only, spread(129, 2, "pending")) == 3
 
 
 def test_a_pool_at_zero_wakes_on_the_total_lag(render: Render) -> None:
@@ -146,7 +146,7 @@ def test_one_partition_needs_no_formula(render: Render) -> None:
     so = render_pool(render, partitions=1)
     assert "scalingModifiers" not in so["spec"].get("advanced", {})
     assert desired_replicas(so, {"lag": 30, "pending": 0}) == 6
-    assert desired_replicas(so, {"lag": 0, "pending": 40}) == 3
+    assert desired_replicas(so, {"lag": 0, "pending": 160}) == 3  # ceil(160 / 64)
 
 
 def test_the_formula_sits_beside_the_hpa_behavior(render: Render) -> None:

@@ -132,9 +132,9 @@ def pending_target(so: dict[str, Any]) -> str:
 def test_keda_pending_target_is_the_pools_concurrency(full_render: Rendered) -> None:
     default_pool = full_render.named("ScaledObject", f"{FULLNAME}-tool-worker-default")
     browser = full_render.named("ScaledObject", f"{FULLNAME}-tool-worker-browser")
-    assert pending_target(default_pool) == "16", "toolWorkers.concurrency's default: 16 jobs per pod"
+    assert pending_target(default_pool) == "64", "toolWorkers.concurrency's default: 64 jobs per pod"
     assert pending_target(browser) == "4", "the pool's own concurrency"
-    for name, want in (("default", "16"), ("browser", "4")):
+    for name, want in (("default", "64"), ("browser", "4")):
         (c,) = full_render.named("Deployment", f"{FULLNAME}-tool-worker-{name}")["spec"]["template"]["spec"][
             "containers"
         ]

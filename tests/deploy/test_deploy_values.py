@@ -236,3 +236,14 @@ def test_chart_readme_lists_every_param() -> None:
     assert not missing, f"charts/agentstream/README.md lacks these parameters: {missing}"
     stale = [p for p, text in documented().items() if f"| `{p}` | {text} |" not in readme]
     assert not stale, f"charts/agentstream/README.md describes these parameters otherwise than values.yaml: {stale}"
+
+
+def test_the_charts_concurrency_is_the_services_default(default_values: dict[str, Any]) -> None:
+    # issue 35: the services' defaults are the fast ones; a chart pod runs as a bare process would
+    from agentstream.ops.settings import ConsumerConfig, Settings
+
+    default = Settings.model_fields["concurrency"].default
+    assert default == ConsumerConfig().concurrency
+    assert default_values["toolWorkers"]["concurrency"] == default
+    env = yaml.safe_dump(default_values)
+    assert "AGENTSTREAM_BLOCK_MS" not in env and "AGENTSTREAM_LOG_LEVEL" not in env  # the services' own defaults

@@ -458,7 +458,7 @@ def serve(
             help="Tool queue(s) to consume (tool-worker); AGENTSTREAM_QUEUES takes several, separated by spaces.",
         ),
     ] = None,
-    log_level: LogLevelOption = LogLevel.info,
+    log_level: LogLevelOption = LogLevel.warning,
 ) -> None:
     """Run one service until SIGTERM (then drain within AGENTSTREAM_SHUTDOWN_GRACE_S).
 

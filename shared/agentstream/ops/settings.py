@@ -24,7 +24,7 @@ Variables (all optional):
 - ``AGENTSTREAM_NAMESPACE``: prefix of every Redis key (default ``agentstream``); no ``{`` or ``}``
   (see :func:`agentstream.wire.keys.check_namespace`).
 - ``AGENTSTREAM_CONSUMER``: this process's consumer name in its groups (default host-pid).
-- ``AGENTSTREAM_BLOCK_MS``: how long one blocking read waits, in milliseconds.
+- ``AGENTSTREAM_BLOCK_MS``: how long one blocking read waits, in milliseconds (default 1000).
 - ``AGENTSTREAM_MIN_IDLE_MS``: a pending entry idle this long is claimed from its (dead) consumer.
 - ``AGENTSTREAM_MAX_DELIVERIES``: real deliveries (handler starts; re-reads and claim renewals
   do not count) after which an entry goes to the dead-letter stream and its turn ends with a
@@ -35,7 +35,9 @@ Variables (all optional):
   or the settings are refused (see :func:`agentstream.ops.startup.contradictions`).
 - ``AGENTSTREAM_WATCHDOG_INTERVAL_MS``: how often the agent loop looks for turns waiting on tool
   jobs that vanished without a result (and ends them, code ``lost_work``); 0 never looks.
-- ``AGENTSTREAM_CONCURRENCY``: entries one consumer handles at the same time.
+- ``AGENTSTREAM_CONCURRENCY``: entries one consumer handles at the same time (default 64: a
+  handler mostly waits on a model or a tool; issue 35 measured +37 % steps/s over 16 together
+  with 1 s blocking reads and warning logs).
 - ``AGENTSTREAM_LEASE_TTL_MS``: the agent loop's lease on a trace, renewed while held.
 - ``AGENTSTREAM_FOLD_CACHE_BYTES``: the most stored event bytes of folded traces one agent-loop
   process keeps in memory (least recently used dropped first; a dropped trace is folded again
@@ -143,9 +145,9 @@ class ConsumerConfig:
             never deleted (its entries are claimed after ``min_idle_ms`` instead).
     """
 
-    block_ms: int = 2000
+    block_ms: int = 1000
     batch_size: int = 32
-    concurrency: int = 16
+    concurrency: int = 64
     min_idle_ms: int = 60_000
     reclaim_interval_ms: int = 5_000
     max_deliveries: int = 5
@@ -188,10 +190,10 @@ class Settings(BaseSettings):
     partitions: int = Field(default=1, ge=1, le=1024)
     namespace: str = DEFAULT_NAMESPACE
     consumer: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    block_ms: int = Field(default=2000, ge=10)
+    block_ms: int = Field(default=1000, ge=10)
     min_idle_ms: int = Field(default=60_000, ge=10)
     max_deliveries: int = Field(default=5, ge=1)
-    concurrency: int = Field(default=16, ge=1)
+    concurrency: int = Field(default=64, ge=1)
     lease_ttl_ms: int = Field(default=30_000, ge=1000)
     fold_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     model_timeout_s: float = Field(default=120.0, gt=0)
