@@ -28,9 +28,12 @@ from tests.support.scripted_model import ScriptedModelServer
 # Property tests: random examples by default (each run explores new traces); under CI
 # (AGENTSTREAM_TESTS_NO_SKIP=1, set by scripts/test) the examples are derived from each test's
 # name, so a CI run is repeatable and a red one fails the same way on a rerun. A failure prints
-# the @reproduce_failure blob either way.
+# the @reproduce_failure blob either way. The quick tier (`scripts/test --quick`, which sets
+# AGENTSTREAM_HYPOTHESIS_PROFILE=quick) draws a tenth of the examples, repeatably too; a test that
+# sets its own max_examples scales it to the profile with tests.support.examples.examples.
 hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 hypothesis_settings.register_profile("dev", print_blob=True)
+hypothesis_settings.register_profile("quick", derandomize=True, print_blob=True, max_examples=10)
 hypothesis_settings.load_profile(
     os.environ.get("AGENTSTREAM_HYPOTHESIS_PROFILE")
     or ("ci" if os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" else "dev")
@@ -73,6 +76,20 @@ async def store(redis, keys: Keys) -> TraceStore:
 def scripted_model() -> Iterator[ScriptedModelServer]:
     with ScriptedModelServer() as server:
         yield server
+
+
+SLOW_FOLDERS = ("e2e", "chaos")
+"""Folders under tests/ whose every test is marked slow: the services run as OS processes there."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of :data:`SLOW_FOLDERS` slow (``scripts/test --quick`` leaves them out);
+    elsewhere a test is quick unless it is marked ``@pytest.mark.slow`` itself."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        folder = os.path.relpath(str(item.path), tests).split(os.sep)[0]
+        if folder in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(hookwrapper=True)

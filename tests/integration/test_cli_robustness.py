@@ -282,6 +282,7 @@ def test_a_followed_turn_prints_terminal_controls_as_escapes():
     )
 
 
+@pytest.mark.slow
 def test_an_unexpected_error_is_one_line_and_exit_code_1_with_the_traceback_at_log_level_debug(
     tmp_path, capsys, monkeypatch
 ):

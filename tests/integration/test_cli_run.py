@@ -24,7 +24,7 @@ from agentstream.cli.commands import cli
 from tests.support.procs import ROOT
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # `agentstream run` starts every service as a process
 
 AGENTSTREAM = [sys.executable, "-m", "agentstream"]
 APP = ["--app", "tests.support.apps:app"]

@@ -232,6 +232,7 @@ async def test_c20_reclaim_actually_issues_claim_commands(redis, keys):
     assert await command_calls(redis, "cmdstat_xautoclaim") - before >= 3  # reclaim_interval_ms=50 over 0.5 s
 
 
+@pytest.mark.slow
 async def test_a_live_workers_long_job_is_not_stolen_and_renewals_are_not_deliveries(redis, keys):
     # min_idle 200 ms, the handler takes 1.5 s: without claim renewal w2 would claim and run it too.
     stream = f"{keys.namespace}:work"

@@ -77,6 +77,7 @@ ENTRIES = 128
 # --- 1. a consumer holds no more than it can start, renews all it holds, confirms before it starts --
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("handler_s", [(0.7, 1.3), (1.5, 3.0)], ids=["around-the-idle-time", "over-the-idle-time"])
 async def test_no_entry_is_handled_twice_with_handlers_near_or_over_the_idle_time(redis, keys, handler_s):
     # the services' own concurrency (16) and batch size (32), an idle time of 1 s, two consumers

@@ -14,7 +14,7 @@ import pytest
 
 from agentstream.runtime.connection import EmbeddedRedis
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # processes killed and waited for
 
 
 def _gone(pid: int, timeout_s: float = 10.0) -> bool:

@@ -29,7 +29,7 @@ from agentstream.demo.app import DEMO_QUESTIONS, demo
 from agentstream.demo.tools import calculator
 from agentstream.errors import ConfigError
 
-pytestmark = pytest.mark.local_model
+pytestmark = [pytest.mark.local_model, pytest.mark.slow]
 
 TOOLS = [{"type": "function", "function": calculator.definition()}]
 QUESTION = "What is 365 * 24?"  # one of DEMO_QUESTIONS; the model gets it right at temperature 0

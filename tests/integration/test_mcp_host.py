@@ -46,6 +46,7 @@ async def stopped(stop: asyncio.Event, task: asyncio.Task) -> None:
     await asyncio.wait_for(task, 20)
 
 
+@pytest.mark.slow
 async def test_the_catalog_is_published_and_a_killed_server_is_started_again(redis, keys, tmp_path):
     host = McpHost(
         [stdio_server(tmp_path, tools=["add", "slow", "either", "nested"])], redis, keys, probe_interval_s=1.0
@@ -126,6 +127,7 @@ async def test_a_server_that_never_starts_gives_calls_an_error_result_in_time(re
     assert (await read_catalogs(redis, keys, ["ghost"]))["ghost"] is None
 
 
+@pytest.mark.slow
 async def test_an_http_server_that_refuses_the_token_is_reported_without_it(redis, keys, tmp_path, caplog):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

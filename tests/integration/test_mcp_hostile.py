@@ -62,6 +62,7 @@ async def test_a_schema_bomb_is_refused_with_its_reason_and_the_other_tools_are_
         await _stopped(stop, task)
 
 
+@pytest.mark.slow
 async def test_a_stderr_flood_is_logged_escaped_named_cut_and_rate_limited(redis, keys, tmp_path, caplog, capfd):
     caplog.set_level(logging.INFO, logger="agentstream.mcp.stderr")
     host = McpHost([hostile(tmp_path)], redis, keys)
@@ -85,6 +86,7 @@ async def test_a_stderr_flood_is_logged_escaped_named_cut_and_rate_limited(redis
     assert FORGED not in capfd.readouterr().err  # nothing of the server's went to the worker's stderr
 
 
+@pytest.mark.slow
 async def test_garbage_a_huge_message_and_death_mid_call_fail_only_their_own_call(redis, keys, tmp_path):
     host = McpHost([hostile(tmp_path)], redis, keys)
     stop, task = await _running(host)

@@ -176,6 +176,7 @@ async def test_the_shared_connection_can_be_turned_off(redis_url, monkeypatch):
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_the_socket_timeout_counts_from_when_a_command_starts_waiting(redis_url, keys):
     """A reply is awaited for the socket timeout from the moment its command is written (or the
     last reply came), not from an earlier command's: a command sent after an idle second still

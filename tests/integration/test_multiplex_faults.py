@@ -250,6 +250,7 @@ async def _big_value_behind_a_proxy(redis_url: str, key: str):
         await plain.aclose()
 
 
+@pytest.mark.slow
 async def test_a_reply_that_streams_in_for_longer_than_the_socket_timeout_does_not_time_out(redis_url, keys):
     """socket_timeout=1.2 s; a 4 MB reply that comes at ~1.3 MB/s (about 3 s, steadily), with
     small commands behind it: no TimeoutError, every reply right. The control: a proxy that stops

@@ -28,6 +28,7 @@ BLOCK_MS = 6000
     "it compares with a plain redis-py client of one server and follows one connection by CLIENT ID "
     "(a cluster client's commands go to several nodes); the next test covers the long block on a cluster"
 )
+@pytest.mark.slow
 async def test_a_read_blocking_longer_than_redis_pys_default_timeout_ends_empty_on_the_same_connection(redis_url, keys):
     client = connect(redis_url, block_ms=BLOCK_MS)
     plain = aioredis.Redis.from_url(redis_url)  # redis-py's defaults: what the services had before
@@ -52,6 +53,7 @@ async def test_a_read_blocking_longer_than_redis_pys_default_timeout_ends_empty_
         await plain.aclose()
 
 
+@pytest.mark.slow
 async def test_an_entry_added_during_a_long_block_is_read_by_that_block(redis_url, keys):
     client = connect(redis_url, block_ms=BLOCK_MS)
     writer = connect(redis_url)
@@ -97,6 +99,7 @@ def test_every_kind_of_connection_sends_the_lean_way():
     assert cluster.nodes_manager.connection_kwargs["connection_class"] is LeanConnection  # nodes found later
 
 
+@pytest.mark.slow
 async def test_a_write_to_a_redis_that_stopped_reading_times_out_and_the_connection_recovers():
     """The socket timeout still bounds a write that cannot drain (the lean path arms it only
     then): a command too big for the socket buffers, sent to a stopped Redis, fails with

@@ -79,6 +79,7 @@ def test_contradicting_settings_refuse_to_start_on_a_real_redis(single: str, tmp
     assert namespace_keys(client, ns) == [], "nothing was created: no group joined, no work taken"
 
 
+@pytest.mark.slow
 def test_a_cluster_node_behind_a_plain_url_refuses_to_start(cluster: str, tmp_path: Path) -> None:
     ns = f"t-{uuid.uuid4().hex[:8]}"
     plain = plain_url(cluster)  # redis://127.0.0.1:<port>, one node of the cluster
@@ -116,6 +117,7 @@ def test_a_pool_too_small_refuses_to_start_with_the_number_needed(single: str, t
     assert namespace_keys(redis_sync.Redis.from_url(single), ns) == []
 
 
+@pytest.mark.slow
 def test_a_pool_of_exactly_the_number_needed_answers_every_turn(single: str, tmp_path: Path) -> None:
     """The number the refusal names is enough: 30 turns with two tool calls each, all answered,
     with no 'Too many connections' in any log."""

@@ -253,6 +253,7 @@ services together, housekeeping on timers apart, token deltas included (the test
 whole, which writes none: issue 35 measured 10 more a turn when it wrote them)."""
 
 
+@pytest.mark.slow
 async def test_a_tool_using_turn_costs_at_most_20_redis_commands_whatever_the_conversation_length(
     redis,
     keys,

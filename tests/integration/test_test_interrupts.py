@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.procs import ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # whole pytest runs in subprocesses
 
 TINY_CONFTEST = '''
 import pytest
@@ -199,7 +199,10 @@ def test_ctrl_c_ends_scripts_test_without_its_cluster_pass(tmp_path):
     shutil.copy(ROOT / "scripts" / "test", root / "scripts" / "test")
     stubs = tmp_path / "bin"
     stubs.mkdir()
-    for name, body in {"python": STUB_PYTHON, "apt-get": "#!/bin/sh\nexit 0\n"}.items():
+    for name, body in {
+        "python": STUB_PYTHON,
+        **dict.fromkeys(("apt-get", "ruff", "mypy"), "#!/bin/sh\nexit 0\n"),
+    }.items():
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
     (root / "scripts" / "bootstrap").write_text("#!/bin/sh\nexit 0\n")

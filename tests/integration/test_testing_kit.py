@@ -166,6 +166,7 @@ async def test_a_tool_that_raises_and_a_slow_tool_are_run_by_the_workers(redis_u
     assert reply.status == "ended"
 
 
+@pytest.mark.slow
 async def test_the_bed_runs_on_the_embedded_redis_without_a_url(monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)
     app = readme_app()
@@ -213,6 +214,7 @@ async def test_the_bed_asks_with_a_typed_input(redis_url):
     assert seen == [([], "Hi"), (["forecast"], "Oslo?\n\nUse the forecast tool for this message.")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pytest_asyncio", ["absent", "strict"])
 def test_the_readme_testing_example_runs_as_written_in_a_fresh_project(tmp_path, pytest_asyncio):
     """The README's app saved as weather.py and its testing example as test_weather.py, in a

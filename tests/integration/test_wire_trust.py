@@ -281,6 +281,7 @@ async def test_a_cancel_that_can_never_take_effect_is_reported_and_a_hint_for_no
     assert await redis.xlen(keys.errors) == 4  # a hint is not state: one for a trace retention deleted is no error
 
 
+@pytest.mark.slow
 async def test_a_reply_the_squatted_replies_stream_refused_past_the_retries_goes_out_once_it_is_a_stream(
     redis_url, namespace, redis, keys, store, scripted_model
 ):

@@ -34,10 +34,11 @@ from agentstream.wire.events import (
     TurnInput,
 )
 from tests.property.traces import AGENTS, traces
+from tests.support.examples import examples
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 
 
@@ -169,7 +170,9 @@ for line in sys.stdin:
 """
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(st.lists(traces(), min_size=1, max_size=3))
 def test_two_processes_build_identical_bytes(cases):
     lines, expected = [], []

@@ -49,6 +49,7 @@ from agentstream.wire.events import (
 )
 from tests.property.test_context_properties import calls_of
 from tests.property.traces import AGENTS, fetch, search, traces
+from tests.support.examples import examples
 
 
 def _agent(name: str, window: int, **policy: Any) -> Agent:
@@ -104,7 +105,7 @@ MESSY: dict[str, Agent] = {
 start_at and the compaction threshold, without compaction), and other prefix selections."""
 
 SETTINGS = settings(
-    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 
 
@@ -322,7 +323,7 @@ def messy_trace(seed: int, turns_wanted: int, size: float) -> list[Any]:
 
 @pytest.mark.parametrize("name", sorted(MESSY))
 def test_the_shortcuts_hold_over_long_messy_traces(name):
-    for seed in range(3):
+    for seed in range(examples(3)):  # one seed in the quick tier
         for size in (0.3, 1.0, 3.0):
             assert_same_contexts(messy_trace(seed * 10 + int(size * 10), 40 + 15 * seed, size), MESSY[name])
 

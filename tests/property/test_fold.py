@@ -26,9 +26,10 @@ from agentstream.steps.fold import FoldCache, TraceFold, entry_key
 from agentstream.steps.timeline import reply_from_fold, reply_of, root_of, trace_agents
 from agentstream.wire.events import CancelRequested, Event, ModelOutput, ToolCall, ToolJob, TurnInput
 from tests.property.traces import AGENTS, traces
+from tests.support.examples import examples
 
 SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 
 
@@ -231,7 +232,7 @@ def test_an_output_recorded_for_an_ended_turn_after_a_newer_turns_build_folds_as
     _check(fold, events)
 
 
-@settings(SETTINGS, max_examples=150)  # a queued turn behind an answer is rare among the traces drawn
+@settings(SETTINGS, max_examples=examples(150))  # a queued turn behind an answer is rare among the traces drawn
 @given(hostile_traces())
 def test_after_an_answer_decided_ahead_the_trace_waits_unless_another_turn_is_queued(events):
     """What the agent loop relies on to publish a reply and release the lease with the answer's

@@ -196,6 +196,7 @@ async def test_long_polls_are_capped_per_key_and_per_replica_with_429(store, key
     assert (held.total, held.by_key) == (0, {})
 
 
+@pytest.mark.slow
 async def test_an_exhausted_redis_pool_is_503_with_a_reason_never_500(redis_url, keys):
     import asyncio
 

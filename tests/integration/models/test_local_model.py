@@ -21,7 +21,7 @@ from agentstream.wire.deltas import ListSink
 from agentstream.wire.events import ToolCall
 from tests.support.procs import ROOT
 
-pytestmark = [pytest.mark.local_model, pytest.mark.integration]
+pytestmark = [pytest.mark.local_model, pytest.mark.integration, pytest.mark.slow]
 
 CALC = ToolDefinition(
     name="calculator",

@@ -7,6 +7,7 @@ the same conversation. Streaming a text reply, and mock-llm's error inside a str
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -92,6 +93,7 @@ def mock_llm(tmp_path):
         pytest.skip(str(exc))
 
 
+@pytest.mark.slow
 async def test_a_two_turn_tool_loop_on_mock_llm(mock_llm, redis_url, namespace, redis, keys, store, tmp_path):
     options = {"stream": True, "quirks": {"stream_tools": "never"}}  # mock-llm answers 500 to a streamed tool call
     services = InProcess(
@@ -118,7 +120,7 @@ async def test_a_two_turn_tool_loop_on_mock_llm(mock_llm, redis_url, namespace, 
     outputs = [e for e in events if isinstance(e, ModelOutput)]
     assert [o.stop_reason for o in outputs] == ["tool_calls", "stop", "tool_calls", "stop"]
     assert [e.text for e in events if isinstance(e, ToolOutput)] == ["42", "42"]
-    endpoints = load_endpoints(services.settings("verify"), require_keys=False)
+    endpoints = await asyncio.to_thread(load_endpoints, services.settings("verify"), require_keys=False)
     assert all(c.matches for c in rebuild_calls(events, model_apps.app.agent, endpoints=endpoints))
 
 

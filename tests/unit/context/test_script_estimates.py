@@ -34,6 +34,7 @@ from agentstream.context.limits import (
     prefix_within,
     text_chars,
 )
+from tests.support.examples import examples
 
 MARGIN_TOKENS = 2
 MARGIN_SHARE = 0.05
@@ -144,7 +145,7 @@ mixed_text = (
     .filter(lambda text: not text.isascii())  # ASCII-only text keeps the flat figure (see limits)
 )
 
-PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def estimate(text: str) -> int:
