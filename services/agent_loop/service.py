@@ -6,6 +6,7 @@ import functools
 
 import httpx
 
+from agentstream.agent_loop.loop import AgentLoop
 from agentstream.declarations.apps import App
 from agentstream.models import ChatModel, build_models
 from agentstream.models.endpoints import check_agents, load_endpoints
@@ -15,7 +16,6 @@ from agentstream.runtime.consumer import StreamConsumer, group_consumer, partiti
 from agentstream.runtime.store import TraceStore
 from agentstream.runtime.watchdog import Watchdog
 from agentstream.wire.keys import AGENT_LOOP_GROUP
-from agentstream_services.agent_loop.loop import AgentLoop
 
 
 def _told(handler):

@@ -198,8 +198,8 @@ async def test_a_turn_published_to_a_child_trace_id_is_refused_and_a_child_trace
     # The trial: a client publishes a root turn under `<conversation>/<call id>` — before the call
     # comes (its history became the subagent's context, and its first turn hid the task from the
     # hand-back), or into a running child (it ran in the subagent's context and read it back).
+    from agentstream.agent_loop.loop import AgentLoop
     from agentstream.wire.keys import TURN_FIELD
-    from agentstream_services.agent_loop.loop import AgentLoop
 
     loop = AgentLoop(app, store, {})
     delegator = Delegator(app, store)

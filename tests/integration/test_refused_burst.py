@@ -10,13 +10,13 @@ from collections import Counter
 
 import pytest
 
+from agentstream.agent_loop.loop import AgentLoop
 from agentstream.errors import Deferred
 from agentstream.runtime import operations
 from agentstream.testing import TestModel
 from agentstream.wire import codec
 from agentstream.wire.events import TurnFailed
 from agentstream.wire.keys import REPLY_FIELD, TURN_FIELD, WAKE_FIELD
-from agentstream_services.agent_loop.loop import AgentLoop
 from tests.support import apps
 from tests.support.inprocess import InProcess, events_of, wait_for
 

@@ -16,12 +16,12 @@ import msgspec
 import pytest
 
 from agentstream import Agent, App, ToolResult, tool
+from agentstream.agent_loop.loop import AgentLoop
 from agentstream.runtime.store import TraceStore
 from agentstream.testing import ScriptedModel, call
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolCall, ToolJob, ToolOutput, ToolStarted, TurnFailed, TurnInput
 from agentstream.wire.keys import JOB_FIELD, TURN_FIELD
-from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support.inprocess import errors_of, events_of, replies_on
 

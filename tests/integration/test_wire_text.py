@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from agentstream.agent_loop.loop import AgentLoop
 from agentstream.wire import codec
 from agentstream.wire.events import (
     CANCEL_BY_MAX_CHARS,
@@ -21,7 +22,6 @@ from agentstream.wire.events import (
     TurnInput,
 )
 from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, JOB_FIELD, TURN_FIELD, WAKE_FIELD
-from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.compaction.compactor import Compactor
 from agentstream_services.delegation.delegator import Delegator
 from agentstream_services.tool_worker.worker import ToolWorker

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from agentstream import Agent, App, tool
+from agentstream.agent_loop.loop import AgentLoop
 from agentstream.errors import TurnRejected
 from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
 from agentstream.wire import checks as wire
@@ -27,7 +28,6 @@ from agentstream.wire.events import (
     Wake,
 )
 from agentstream.wire.keys import CANCEL_FIELD, JOB_FIELD, TURN_FIELD, WAKE_FIELD
-from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support import apps, docs
 from tests.support.inprocess import InProcess, events_of, replies_on, wait_for

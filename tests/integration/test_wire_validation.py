@@ -9,12 +9,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from agentstream.agent_loop.loop import AgentLoop
 from agentstream.cli.commands import Describer, cli
 from agentstream.errors import TurnRejected
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, Reply, ToolCall, ToolOutput, TurnEnded, TurnInput
 from agentstream.wire.keys import WAKE_FIELD
-from agentstream_services.agent_loop.loop import AgentLoop
 from agentstream_services.compaction.compactor import Compactor
 from agentstream_services.tool_worker.worker import ToolWorker
 from tests.support import apps

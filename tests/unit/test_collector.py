@@ -14,7 +14,7 @@ def test_a_tuned_service_process_freezes_what_its_start_made_and_collects_less_o
         """
         import gc
         from agentstream.ops.collector import tune_for_service
-        import agentstream_services.agent_loop.loop  # a service's libraries, loaded
+        import agentstream.agent_loop.loop  # a service's libraries, loaded
         assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
         tune_for_service()
         print(gc.get_threshold(), gc.get_freeze_count() > 10_000)

@@ -129,6 +129,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agentstream.delegation",),
     ("agentstream.steps",),
     ("agentstream.runtime",),
+    ("agentstream.agent_loop",),
     ("agentstream.mcp_tools",),
     ("agentstream.app",),
     ("agentstream_services",),
@@ -137,9 +138,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 """The folders of the library, bottom first: the wire; operations (settings, logs, metrics,
 tracing: leaves every layer may use); what an app declares; the pure core (the context library,
 the model formats and adapters, subagents, the step decision and fold); the runtime on Redis;
-MCP servers' tools; running an app (tools in threads, loading it); the services; then what sits
-on top of everything (the CLI, the testing kit, the demo app). The root package, the public API,
-imports lazily from any layer and is left out."""
+the agent loop (admission, the lease loop, applying a step's effects); MCP servers' tools;
+running an app (tools in threads, loading it); the services; then what sits on top of everything
+(the CLI, the testing kit, the demo app). The root package, the public API, imports lazily from
+any layer and is left out."""
 
 TYPE_ONLY_UPWARD: dict[tuple[str, str], str] = {
     ("agentstream.declarations.agents", "agentstream.context.limits"): "Agent's model_limits field is a ModelLimits",

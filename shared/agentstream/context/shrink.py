@@ -22,7 +22,7 @@ in full (the tests compare both).
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from math import ceil
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
@@ -318,10 +318,23 @@ def _units_mark(state: FoldState, current: int) -> tuple[int, int, int, int]:
     )
 
 
-def judge(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+def judge(
     state: FoldState, current: int, step: int, call: int, *, speculative: bool, chars: int | None = None
 ) -> list[Change]:
     """Apply the policy's shrinks for the model call ``call`` (its index in the trace).
+
+    In named passes, in this order (each may end the judgement; the order matters, since each
+    reads what the one before it found):
+
+    1. the call's size (:func:`_size_of`): at or under the policy's lowest threshold, nothing is
+       shrunk;
+    2. which shrinks run at that size (:func:`_running`);
+    3. shortcuts (:func:`_known_unmade`): a pass already known not to be made (the same view as
+       one that freed too little, or that tried every offer) is not planned again;
+    4. planning (:class:`_Plan`): each running shrink's offers, in the policy's order, lowered
+       in the plan while the size is over its stop, each offer judged on its sizes (and floors);
+    5. the outcome (:func:`_conclude`): the plan is applied when it frees enough (``min_gain``) or
+       the call would not fit without it, else undone and remembered for the shortcuts.
 
     Args:
         state: the trace's state just before the call; changed in place.
@@ -338,30 +351,52 @@ def judge(  # noqa: C901 (an outlier from before the complexity limit; issue 32 
     """
     limits = state.limits
     assert limits is not None and state.thresholds is not None
-    start_at, target, lowest = state.thresholds
-    reserve = state.reserve
-    recorded = state.recorded
+    chars, size = _size_of(state, current, step, chars)  # 1
+    if size <= state.thresholds[2]:
+        return []
+    started, active = _running(state, size)  # 2
+    start = min(state.kept_from, current) if state.compaction is not None else 0  # state.visible_from(current)
+    known = _known_unmade(state, current, step, chars, size, start, active)  # 3
+    if known is None:
+        return []
+    prefix_only, memo_key, key, reopen_extra = known
+    plan = _Plan(state, chars, size, start, current, reopen_extra)  # 4
+    for s in state.steps:
+        plan.run(s, started)
+    return _conclude(state, plan, call, current, step, speculative, prefix_only, memo_key, key)  # 5
+
+
+def _size_of(state: FoldState, current: int, step: int, chars: int | None) -> tuple[int, int]:
+    """Pass 1: the call's characters and its size in tokens (corrected by the recorded usage,
+    plus the output reserve); noted as the state's ``last_chars``."""
+    assert state.limits is not None
     if chars is None:
         chars = state.chars(current, step)
-    size = corrected_tokens(chars, limits, recorded) + reserve
     state.last_chars = chars
-    if size <= lowest:
-        return []
-    policy = state.policy
-    started = size > start_at
-    start = min(state.kept_from, current) if state.compaction is not None else 0  # state.visible_from(current)
-    steps = state.steps
-    running = []
-    for s in steps:
-        if started if s.when is None else size > s.when:
-            running.append(id(s.shrink))
-    active = tuple(running)
-    before = size
-    # Two ways to know without planning that no pass is made (either is enough, in any order):
+    return chars, corrected_tokens(chars, state.limits, state.recorded) + state.reserve
+
+
+def _running(state: FoldState, size: int) -> tuple[bool, tuple[int, ...]]:
+    """Pass 2: whether the size is over ``start_at``, and the ids of the shrinks that run (those
+    without a ``when`` once started, each with one while the size is over it)."""
+    assert state.thresholds is not None
+    started = size > state.thresholds[0]
+    active = tuple(id(s.shrink) for s in state.steps if (started if s.when is None else size > s.when))
+    return started, active
+
+
+def _known_unmade(
+    state: FoldState, current: int, step: int, chars: int, size: int, start: int, active: tuple[int, ...]
+) -> tuple[bool, tuple[Any, ...], tuple[Any, ...], int] | None:
+    """Pass 3: None when the pass is known not to be made without planning it (either way is
+    enough, in any order), else what the later passes need: (whether only prefix shrinks run, the
+    memo key of a reverted pass, the key of an exhausted one, the reopen tool's characters)."""
+    limits, policy, recorded = state.limits, state.policy, state.recorded
+    assert limits is not None
     prefix_only = state.prefix_only.get(active)
     if prefix_only is None:
         prefix_only = state.prefix_only[active] = SHORTCUTS and all(
-            s.stop is not None for s in steps if id(s.shrink) in active
+            s.stop is not None for s in state.steps if id(s.shrink) in active
         )
     memo_key = (start, len(state.forms), state.recalls, active)
     memo = state.reverted
@@ -370,10 +405,10 @@ def judge(  # noqa: C901 (an outlier from before the complexity limit; issue 32 
         and memo is not None
         and memo[0] == memo_key
         and policy.min_gain is not None
-        and before <= limits.window.count
+        and size <= limits.window.count
         and _still_too_little(state, memo_key, start, current)
     ):
-        return []
+        return None
     reopen_extra = 0
     if state.reopen_def is not None and not state.offers_reopen(current) and state.tools_offered(current, step):
         reopen_extra = state.reopen_chars  # the first shortened result brings the reopen tool
@@ -395,127 +430,168 @@ def judge(  # noqa: C901 (an outlier from before the complexity limit; issue 32 
         # The same offers as a pass that tried them all and was not made; with as many characters
         # or more, this one plans the same and frees the same: made only if that now gains enough.
         _, _, freed_then, planned_then = exhausted_then
-        after = corrected_tokens(chars - freed_then + reopen_extra, limits, recorded) + reserve
-        if not planned_then or not _made(policy, limits, before, after):
-            return []
-    cited_only = state.cited_floors_only
-    no_floors = not policy.protect
-    lift = state.cited_lift
-    cited = state.cited
-    handle_index = state.handle_index
-    per_token = limits.characters_per_token
-    planned: list[Slot] = []  # in the order first planned; each keeps its plan in its plan_* attributes
-    planned_forms: dict[str, Form] = {}  # for the offers of other shrinks
-    freed = 0
-    view: ContextView | None = None
-    exhausted = True  # every offer of every running shrink was tried
-    settled = True  # every offer was judged on its sizes alone (none skipped for where it shows)
-    for s in steps:
-        shrink = s.shrink
+        after = corrected_tokens(chars - freed_then + reopen_extra, limits, recorded) + state.reserve
+        if not planned_then or not _made(policy, limits, size, after):
+            return None
+    return prefix_only, memo_key, key, reopen_extra
+
+
+class _Plan:
+    """Pass 4: the plan of one judgement: the slots lowered, in the order first planned (each
+    keeps its plan in its ``plan_*`` attributes), what they free, and the size left."""
+
+    def __init__(self, state: FoldState, chars: int, size: int, start: int, current: int, reopen_extra: int):
+        self.state, self.chars, self.start, self.current, self.reopen_extra = state, chars, start, current, reopen_extra
+        self.before = self.size = size
+        self.planned: list[Slot] = []
+        self.planned_forms: dict[str, Form] = {}  # for the offers of other shrinks
+        self.freed = 0
+        self.view: ContextView | None = None
+        self.exhausted = True  # every offer of every running shrink was tried
+        self.settled = True  # every offer was judged on its sizes alone (none skipped for where it shows)
+
+    def the_view(self) -> ContextView:
+        if self.view is None:
+            self.view = make_view(self.state, self.start, self.current)
+        return self.view
+
+    def run(self, s: Step, started: bool) -> None:
+        """Plan the offers of one shrink while the size is over its stop."""
+        assert self.state.thresholds is not None
         if s.when is None:
             if not started:
-                continue
-            stop = target
+                return
+            stop = self.state.thresholds[1]
         else:
             stop = s.when
-        if size <= stop:
-            if before > stop:  # skipped for what this pass freed, not for the view
-                exhausted = exhausted and not planned
-            continue
-        prefix = s.stop is not None
-        form = s.form
-        bit = 1 << form
-        if prefix:  # the pending candidates, pruned as they are read
-            _scan(state, shrink, s.stop, start, current)
-            candidates = state.cursors[id(shrink)]
-            offers: Iterable[Any] = candidates.pending
-            keep: list[Slot] = []
+        if self.size <= stop:
+            if self.before > stop:  # skipped for what this pass freed, not for the view
+                self.exhausted = self.exhausted and not self.planned
+            return
+        if s.stop is not None:
+            self._run_prefix(s, stop)
         else:
-            if view is None:
-                view = make_view(state, start, current)
-            offers = shrink(view, ChainMap(planned_forms, state.forms))
-        for index, offer in enumerate(offers):
-            if prefix:
-                slot = offer
-                if slot.form <= form or slot.futile & bit:
-                    continue  # it leaves the candidates
-                keep.append(slot)
-                if slot.plan_form is not None and slot.plan_form <= form:
-                    continue
-                if size <= stop:
-                    exhausted = False
-                    keep.extend(candidates.pending[index + 1 :])
-                    break
-            else:
-                if size <= stop:
-                    exhausted = False
-                    break
-                handle, form = offer
-                bit = 1 << form
-                slot = handle_index.get(handle)
-                if slot is None:
-                    continue
-            if slot.turn is None or slot.futile & bit:
-                settled = settled and slot.turn is not None
+            self._run_offers(s, stop)
+
+    def _run_prefix(self, s: Step, stop: int) -> None:
+        """A built-in prefix shrink: its pending candidates, pruned as they are read."""
+        state, form = self.state, s.form
+        bit = 1 << form
+        assert s.stop is not None  # a prefix shrink's
+        _scan(state, s.shrink, s.stop, self.start, self.current)
+        candidates = state.cursors[id(s.shrink)]
+        keep: list[Slot] = []
+        for index, slot in enumerate(candidates.pending):
+            if slot.form <= form or slot.futile & bit:
+                continue  # it leaves the candidates
+            keep.append(slot)
+            if slot.plan_form is not None and slot.plan_form <= form:
                 continue
-            now_form = slot.plan_form
-            if now_form is None:
-                now_form, now_chars = slot.form, slot.chars
-            else:
-                now_chars = slot.plan_chars
-            if form >= now_form:
-                continue
-            if not start <= slot.turn.index <= current:
-                settled = False
-                continue
-            if cited_only:  # the default floors: lifted only when an element was cited
-                floors = None
-                if not no_floors and form < lift:
-                    for element in slot.output.elements:
-                        if element.id in cited:
-                            floors = element_floors(state, slot, form, view)
-                            break
-            else:
-                if view is None:
-                    view = make_view(state, start, current)
-                floors = element_floors(state, slot, form, view)
-            new_chars = slot.chars_compressed if form == COMPRESSED else slot.chars_stubbed if form == STUBBED else -1
-            if floors is not None or new_chars < 0:
-                try:
-                    new_chars = state.estimate(slot, form, floors)
-                except ShortenError:
-                    slot.futile |= bit
-                    continue
-            if new_chars >= now_chars:
+            if self.size <= stop:
+                self.exhausted = False
+                keep.extend(candidates.pending[index + 1 :])
+                break
+            self._offer(slot, form, bit, s.shrink)
+        candidates.pending = keep
+
+    def _run_offers(self, s: Step, stop: int) -> None:
+        """Any other shrink: its offers ``(handle, form)`` for the view and the forms planned so far."""
+        handle_index = self.state.handle_index
+        for handle, form in s.shrink(self.the_view(), ChainMap(self.planned_forms, self.state.forms)):
+            if self.size <= stop:
+                self.exhausted = False
+                break
+            slot = handle_index.get(handle)
+            if slot is not None:
+                self._offer(slot, form, 1 << form, s.shrink)
+
+    def _offer(self, slot: Slot, form: Form, bit: int, shrink: Any) -> None:
+        """Plan ``slot`` in ``form`` when that is lower than its form now and frees characters."""
+        if slot.turn is None or slot.futile & bit:
+            self.settled = self.settled and slot.turn is not None
+            return
+        now_form = slot.plan_form
+        if now_form is None:
+            now_form, now_chars = slot.form, slot.chars
+        else:
+            now_chars = slot.plan_chars
+        if form >= now_form:
+            return
+        if not self.start <= slot.turn.index <= self.current:
+            self.settled = False
+            return
+        floors = self._floors(slot, form)
+        new_chars = slot.chars_compressed if form == COMPRESSED else slot.chars_stubbed if form == STUBBED else -1
+        if floors is not None or new_chars < 0:
+            try:
+                new_chars = self.state.estimate(slot, form, floors)
+            except ShortenError:
                 slot.futile |= bit
-                continue
-            more = slot.more  # a call id called again shows the result again
-            shown = 1 if more is None else 1 + sum(1 for place in more if start <= place.turn <= current)
-            freed += (now_chars - new_chars) * shown
-            if slot.plan_form is None:
-                planned.append(slot)
-            slot.plan_form, slot.plan_chars, slot.plan_by, slot.plan_floors = form, new_chars, shrink, floors
-            planned_forms[slot.handle] = form
-            rest = chars - freed + reopen_extra
-            if recorded is None:  # corrected_tokens(rest, limits, None), inline: at every offer
-                size = (ceil(rest / per_token) if rest > 0 else 0) + reserve
-            else:
-                size = corrected_tokens(rest, limits, recorded) + reserve
-        if prefix:
-            candidates.pending = keep
+                return
+        if new_chars >= now_chars:
+            slot.futile |= bit
+            return
+        self._plan(slot, form, shrink, floors, now_chars, new_chars)
+
+    def _floors(self, slot: Slot, form: Form) -> tuple[Form, ...] | None:
+        """The floors of ``slot``'s elements in ``form`` (None: none above the form)."""
+        state = self.state
+        if not state.cited_floors_only:
+            return element_floors(state, slot, form, self.the_view())
+        # the default floors: lifted only when an element was cited
+        if state.policy.protect and form < state.cited_lift:
+            cited = state.cited
+            for element in slot.output.elements:
+                if element.id in cited:
+                    return element_floors(state, slot, form, self.view)
+        return None
+
+    def _plan(self, slot: Slot, form: Form, shrink: Any, floors: Any, now_chars: int, new_chars: int) -> None:
+        more = slot.more  # a call id called again shows the result again
+        start, current = self.start, self.current
+        shown = 1 if more is None else 1 + sum(1 for place in more if start <= place.turn <= current)
+        self.freed += (now_chars - new_chars) * shown
+        if slot.plan_form is None:
+            self.planned.append(slot)
+        slot.plan_form, slot.plan_chars, slot.plan_by, slot.plan_floors = form, new_chars, shrink, floors
+        self.planned_forms[slot.handle] = form
+        state = self.state
+        limits = state.limits
+        assert limits is not None
+        rest = self.chars - self.freed + self.reopen_extra
+        if state.recorded is None:  # corrected_tokens(rest, limits, None), inline: at every offer
+            self.size = (ceil(rest / limits.characters_per_token) if rest > 0 else 0) + state.reserve
+        else:
+            self.size = corrected_tokens(rest, limits, state.recorded) + state.reserve
+
+
+def _conclude(
+    state: FoldState,
+    plan: _Plan,
+    call: int,
+    current: int,
+    step: int,
+    speculative: bool,
+    prefix_only: bool,
+    memo_key: tuple[Any, ...],
+    key: tuple[Any, ...],
+) -> list[Change]:
+    """Pass 5: apply the plan when it is made; else undo it, and remember what it could free."""
+    assert state.limits is not None
+    planned = plan.planned
     state.reverted = None
-    if planned and _made(policy, limits, before, size):
+    if planned and _made(state.policy, state.limits, plan.before, plan.size):
         state.exhausted = None
         changes = state.apply_plan(planned, call, speculative)
         state.last_chars = state.chars(current, step)
         return changes
-    if exhausted and prefix_only and settled:  # not made: remember what it could free
-        state.reverted = (memo_key, freed, {slot: slot.plan_chars for slot in planned})
+    if plan.exhausted and prefix_only and plan.settled:  # not made: remember what it could free
+        state.reverted = (memo_key, plan.freed, {slot: slot.plan_chars for slot in planned})
         state.scanned_mark = _units_mark(state, current)  # every running shrink read its units
     for slot in planned:
         slot.plan_form = slot.plan_by = slot.plan_floors = None
-    if exhausted:  # asked again with the same view, the shrinks would do the same
-        state.exhausted = (key, chars, freed, bool(planned))
+    if plan.exhausted:  # asked again with the same view, the shrinks would do the same
+        state.exhausted = (key, plan.chars, plan.freed, bool(planned))
     return []
 
 

@@ -13,7 +13,7 @@ Markers in a trace's key hash (``Keys.trace_keys``), written here:
 - ``entry:<turn id>``: the turns-stream entry that first brought a turn (a re-delivery of that
   entry is not a re-publish);
 - ``reply:<turn id>``: the turn's reply was written (set only after its XADD succeeded);
-- a compaction job's marker (:func:`agentstream_services.agent_loop.compactions.job_marker`).
+- a compaction job's marker (:func:`agentstream.agent_loop.compactions.job_marker`).
 
 What a turn's end tells the streams around it (its reply, a child's ending, the cancels of its
 children) is handed over as :data:`Entry` values, in the order they are to be added.

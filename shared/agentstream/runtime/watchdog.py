@@ -134,7 +134,7 @@ class Watchdog:
         redis: an asyncio Redis client.
         keys: the key names.
         end_turn: ``await end_turn(trace_id, turn_id, vanished)``: ends the turn (the agent
-            loop's :meth:`~agentstream_services.agent_loop.loop.AgentLoop.end_lost_work`).
+            loop's :meth:`~agentstream.agent_loop.loop.AgentLoop.end_lost_work`).
         interval_s: how often to look, and how long a trace waits before it is looked at.
         batch: traces looked at per round at most.
         partition: the partition whose awaiting set it watches (the agent loop runs one

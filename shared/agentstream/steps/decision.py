@@ -219,16 +219,51 @@ def decide(
     return decide_view(turn_view(events), agent_of, endpoints)
 
 
-def decide_view(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+def decide_view(
     view: TurnView, agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None = None
 ) -> Decision:
-    """The next step of a trace from its :class:`TurnView` (see :func:`decide`)."""
+    """The next step of a trace from its :class:`TurnView` (see :func:`decide`).
+
+    A chain of passes, each deciding or handing on, in this order (the first that decides wins):
+
+    1. no turn runs → :class:`Idle`;
+    2. the turn was cancelled → :class:`CancelTurn`, whatever it waited on (before anything
+       else: a cancelled turn calls nothing more, even with its agent gone);
+    3. :func:`_refused_turn`: an agent the app does not have, a model the agent may not use, its
+       settings function says no → :class:`FailTurn` (before any model call);
+    4. :func:`_first_call`: no output yet → :class:`CallModel` step 0 (or :class:`FailTurn` for a
+       required tool that is not offered);
+    5. :func:`_abnormal_stop`: the last output was refused, filtered, paused, interrupted →
+       :class:`FailTurn` (its tool calls never run: field case C14);
+    6. :func:`_after_tool_calls`: the last output called tools → results of calls that must not
+       run, the calls to run, the answer a tool result gives, or the next call;
+    7. :func:`_after_text`: a cut-off or empty reply → fail or call again; else the answer.
+    """
     turn = view.turn
     if turn is None:
         return Idle()
-    cancel = view.cancel
-    if cancel is not None:
-        return _cancel_view(view, turn, cancel)
+    if view.cancel is not None:
+        return _cancel_view(view, turn, view.cancel)
+    agents = _refused_turn(turn, agent_of, endpoints)
+    if isinstance(agents, FailTurn):
+        return agents
+    agent, offered = agents
+    if not view.outputs:
+        return _first_call(view, turn, offered)
+    last = view.outputs[-1]
+    stopped = _abnormal_stop(turn, last)
+    if stopped is not None:
+        return stopped
+    if last.tool_calls:
+        return _after_tool_calls(view, turn, agent, offered, last)
+    return _after_text(view, turn, agent, offered, last)
+
+
+def _refused_turn(
+    turn: TurnInput, agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None
+) -> FailTurn | tuple[Agent, Agent]:
+    """Pass 3: the turn's agent with its settings for the turn, and as the turn is offered it (a
+    child's model and depth: delegations withheld at the limit), or the FailTurn that refuses it."""
     agent = agent_of(turn.agent)
     if agent is None:
         return FailTurn(turn, FailureCode.UNKNOWN_AGENT, f"no agent named {turn.agent!r} in this app")
@@ -245,110 +280,130 @@ def decide_view(  # noqa: C901 (an outlier from before the complexity limit; iss
             FailureCode.CONFIG,
             f"agent {agent.name!r}: its settings for turn {turn.turn_id!r} are not valid: {exc}",
         )
-    offered = offered_agent(agent, turn, endpoints)  # a child's model and depth: delegations withheld at the limit
-    outputs = view.outputs
-    if not outputs:
-        unlisted = unlisted_required(offered, turn, view.offer_of(offered.name) if view.offer_of is not None else None)
-        if unlisted is not None:
-            return FailTurn(turn, FailureCode.BAD_TURN, unlisted)
-        return CallModel(turn, offered, 0)
-    last = outputs[-1]
-    results = {e.call_id for e in view.results}
+    return agent, offered_agent(agent, turn, endpoints)
 
+
+def _first_call(view: TurnView, turn: TurnInput, offered: Agent) -> Decision:
+    """Pass 4: the turn's first model call, unless a tool the turn requires is not offered."""
+    unlisted = unlisted_required(offered, turn, view.offer_of(offered.name) if view.offer_of is not None else None)
+    if unlisted is not None:
+        return FailTurn(turn, FailureCode.BAD_TURN, unlisted)
+    return CallModel(turn, offered, 0)
+
+
+def _abnormal_stop(turn: TurnInput, last: ModelOutput) -> FailTurn | None:
+    """Pass 5: the turn fails when its last output was refused, filtered or stopped abnormally."""
     if last.stop_reason in ("refusal", "content_filter"):
         detail = f": {last.stop_detail}" if last.stop_detail else ""
         what = "refused" if last.stop_reason == "refusal" else "was stopped by the provider's content filter"
         return FailTurn(turn, FailureCode(last.stop_reason), f"the model {what}{detail}")
-
     if last.stop_reason in _ABNORMAL_STOPS:  # C14: never taken for a success, its tool calls never run
         detail = f" ({last.stop_detail})" if last.stop_detail else ""
         return FailTurn(
             turn, FailureCode(last.stop_reason), f"model call {last.step} {_ABNORMAL_STOPS[last.stop_reason]}{detail}"
         )
+    return None
 
-    if last.tool_calls:
-        # the passes cap counts the calls that called tools (since the last answer to a request,
-        # with resets_on_answer); past it, calls do not run
-        before = passes_before(agent, outputs, view.results)
-        tool_passes = before[-1] + 1
-        past_cap = tool_passes > agent.max_passes or agent.tool_choice_at(tool_passes - 1, last.step) == "none"
-        unrunnable = []
-        for call in last.tool_calls:
-            if call.id in results:
-                continue
-            if past_cap:
-                unrunnable.append(
-                    _error_result(turn, call, PASSES_CAP_CODE, PASSES_CAP_DIRECTIVE.format(cap=agent.max_passes))
-                )
-            elif last.stop_reason == "length":
-                unrunnable.append(
-                    _error_result(
-                        turn,
-                        call,
-                        "cut_off",
-                        "Error: your reply was cut off by the output token limit "
-                        "in the middle of this tool call, so it was not run. Make the arguments shorter.",
-                    )
-                )
-            elif view.reopen is not None and (reopened := view.reopen(agent, call)) is not None:
-                unrunnable.append(reopened)  # the context library's reopen tool: recorded here, run nowhere
-            elif (own := _turn_tool(agent, turn, call.name)) is None and _offered(view, agent, turn, call.name) is None:
-                offer = view.offer_of(agent.name) if view.offer_of is not None else None
-                off = agent.off_tools(turn) if offer else frozenset()
-                names = ", ".join(
-                    [
-                        *(t.name for t in agent.offered_tools(turn)),
-                        *(t.name for t in (offer.tools if offer else ()) if t.name not in off),
-                    ]
-                )
-                unrunnable.append(
-                    _error_result(
-                        turn,
-                        call,
-                        "unknown_tool",
-                        f"Error: there is no tool named {call.name!r}. Available tools: {names or 'none'}.",
-                    )
-                )
-            elif (
-                own is not None
-                and not agent.repeats_of(call.name)
-                and (earlier := repeated_result(view, call)) is not None
-            ):
-                unrunnable.append(earlier)  # repeats off: the earlier result again, marked; not run
-        if unrunnable:
-            return RecordResults(turn, tuple(unrunnable))
-        pending = tuple(c for c in last.tool_calls if c.id not in results)
-        if pending:
-            return RunTools(turn, agent, last.step, pending)
-        answer = result_answer(agent, last, view.results)
-        if answer is not None:  # a tool whose result is the turn's answer: the model is not called again
-            ended = _end_turn(view, turn, agent, answer.text.strip(), answer_call=answer.call_id)
-            cites = agent.context is not None and agent.context.citations is not None
-            if cites and not ended.citations and answer.elements and view.numbering is not None:
-                # no marks to read back: the answer rests on the sources its result carries
-                sources = result_sources(ended.answer, answer.elements, view.numbering())
-                ended = dataclasses.replace(ended, citations=sources)
-            return ended
-        withheld = 0  # calls that called tools although none were offered (the server ignored it)
-        for passes, output in zip(before, outputs, strict=True):
-            withheld += bool(output.tool_calls) and agent.tool_choice_at(passes, output.step) == "none"
-        if withheld > 1:
-            return FailTurn(
-                turn,
-                PASSES_CAP_CODE,
-                f"the agent {agent.name!r} reached its passes cap of {agent.max_passes} model calls with tools, "
-                f"and its model kept calling tools after they were withdrawn ({withheld} times); "
-                "raise max_passes or simplify the task",
-            )
-        return CallModel(turn, offered, last.step + 1)
 
+def _after_tool_calls(view: TurnView, turn: TurnInput, agent: Agent, offered: Agent, last: ModelOutput) -> Decision:
+    """Pass 6, for an output that called tools, in order: record the results of calls that must
+    not run; run the calls still without a result; end the turn with a result that is its answer;
+    fail a model that kept calling withdrawn tools; else call the model again."""
+    # the passes cap counts the calls that called tools (since the last answer to a request,
+    # with resets_on_answer); past it, calls do not run
+    before = passes_before(agent, view.outputs, view.results)
+    tool_passes = before[-1] + 1
+    past_cap = tool_passes > agent.max_passes or agent.tool_choice_at(tool_passes - 1, last.step) == "none"
+    results = {e.call_id for e in view.results}
+    unrunnable = [
+        result
+        for call in last.tool_calls
+        if call.id not in results and (result := _unrunnable(view, turn, agent, last, call, past_cap)) is not None
+    ]
+    if unrunnable:
+        return RecordResults(turn, tuple(unrunnable))
+    pending = tuple(c for c in last.tool_calls if c.id not in results)
+    if pending:
+        return RunTools(turn, agent, last.step, pending)
+    answer = result_answer(agent, last, view.results)
+    if answer is not None:  # a tool whose result is the turn's answer: the model is not called again
+        return _answered_by_result(view, turn, agent, answer)
+    withheld = 0  # calls that called tools although none were offered (the server ignored it)
+    for passes, output in zip(before, view.outputs, strict=True):
+        withheld += bool(output.tool_calls) and agent.tool_choice_at(passes, output.step) == "none"
+    if withheld > 1:
+        return FailTurn(
+            turn,
+            PASSES_CAP_CODE,
+            f"the agent {agent.name!r} reached its passes cap of {agent.max_passes} model calls with tools, "
+            f"and its model kept calling tools after they were withdrawn ({withheld} times); "
+            "raise max_passes or simplify the task",
+        )
+    return CallModel(turn, offered, last.step + 1)
+
+
+def _unrunnable(
+    view: TurnView, turn: TurnInput, agent: Agent, last: ModelOutput, call: ToolCall, past_cap: bool
+) -> ToolOutput | None:
+    """The result a call gets instead of running, or None when it runs. In order: past the passes
+    cap; cut off mid-call; the context library's reopen tool (recorded here, run nowhere); a tool
+    the agent does not have; with repeats off, a call made before (its earlier result again)."""
+    if past_cap:
+        return _error_result(turn, call, PASSES_CAP_CODE, PASSES_CAP_DIRECTIVE.format(cap=agent.max_passes))
+    if last.stop_reason == "length":
+        return _error_result(
+            turn,
+            call,
+            "cut_off",
+            "Error: your reply was cut off by the output token limit "
+            "in the middle of this tool call, so it was not run. Make the arguments shorter.",
+        )
+    if view.reopen is not None and (reopened := view.reopen(agent, call)) is not None:
+        return reopened
+    own = _turn_tool(agent, turn, call.name)
+    if own is None and _offered(view, agent, turn, call.name) is None:
+        return _unknown_tool(view, turn, agent, call)
+    if own is not None and not agent.repeats_of(call.name):
+        return repeated_result(view, call)  # repeats off: the earlier result again, marked; not run
+    return None
+
+
+def _unknown_tool(view: TurnView, turn: TurnInput, agent: Agent, call: ToolCall) -> ToolOutput:
+    """The error result of a call of a tool the agent does not have, naming the ones it has."""
+    offer = view.offer_of(agent.name) if view.offer_of is not None else None
+    off = agent.off_tools(turn) if offer else frozenset()
+    names = ", ".join(
+        [
+            *(t.name for t in agent.offered_tools(turn)),
+            *(t.name for t in (offer.tools if offer else ()) if t.name not in off),
+        ]
+    )
+    return _error_result(
+        turn, call, "unknown_tool", f"Error: there is no tool named {call.name!r}. Available tools: {names or 'none'}."
+    )
+
+
+def _answered_by_result(view: TurnView, turn: TurnInput, agent: Agent, answer: ToolOutput) -> EndTurn:
+    """The turn's end with a tool result as its answer (``Agent.result_as_answer``)."""
+    ended = _end_turn(view, turn, agent, answer.text.strip(), answer_call=answer.call_id)
+    cites = agent.context is not None and agent.context.citations is not None
+    if cites and not ended.citations and answer.elements and view.numbering is not None:
+        # no marks to read back: the answer rests on the sources its result carries
+        sources = result_sources(ended.answer, answer.elements, view.numbering())
+        ended = dataclasses.replace(ended, citations=sources)
+    return ended
+
+
+def _after_text(view: TurnView, turn: TurnInput, agent: Agent, offered: Agent, last: ModelOutput) -> Decision:
+    """Pass 7, for an output without tool calls: a reply cut off before any answer fails the
+    turn; an empty one is retried (:data:`EMPTY_REPLY_RETRIES`) then fails it; else it is the answer."""
     if last.stop_reason == "length" and not last.content.strip():
         return FailTurn(
             turn, FailureCode.CUT_OFF, "the model's reply was cut off by the output token limit before any answer"
         )
     if not last.content.strip():
         empty_in_a_row = 0
-        for output in reversed(outputs):
+        for output in reversed(view.outputs):
             if output.tool_calls or output.content.strip():
                 break
             empty_in_a_row += 1

@@ -19,8 +19,9 @@ from agentstream.declarations.agents import Agent
 from agentstream.errors import Deferred
 from agentstream.runtime.mcp_catalogs import read_catalogs
 from agentstream.runtime.store import TraceStore
-from agentstream.steps.offers import desired_offer, latest_offer, offer_digest, offered_tool
-from agentstream.wire.events import Event, ToolsOffered, TurnFailed, TurnInput
+from agentstream.steps.machine import KeepOffer, WaitForCatalogs, offer_before_call, turn_started_s
+from agentstream.steps.offers import offered_tool
+from agentstream.wire.events import Event, TurnFailed, TurnInput
 from agentstream.wire.failures import FailureCode
 
 log = logging.getLogger("agentstream.agent_loop")
@@ -61,47 +62,32 @@ class McpOffers:
         Raises:
             Deferred: a server's catalog is missing and the turn has waited less than ``wait_s``.
         """
-        recorded = latest_offer(events, agent.name)
-        if not agent.mcp_servers:
-            if recorded is None or not recorded.tools:
+        catalogs = None
+        if agent.mcp_servers:
+            catalogs = await read_catalogs(self.store.redis, self.store.keys, [s.name for s in agent.mcp_servers])
+        started_s = turn_started_s(entries, turn.turn_id)
+        waited_s = time.time() - started_s if started_s is not None else 0.0
+        decision, problems = offer_before_call(
+            events, agent, turn, step, catalogs, waited_s=waited_s, wait_s=self.wait_s
+        )
+        for problem in problems:
+            if problem not in self._reported:
+                self._reported.add(problem)
+                log.error("%s", problem)
+        match decision:
+            case KeepOffer():
                 return False
-            desired: tuple = ()  # the app no longer gives the agent MCP servers
-        else:
-            names = [s.name for s in agent.mcp_servers]
-            catalogs = await read_catalogs(self.store.redis, self.store.keys, names)
-            missing = [s for s in agent.mcp_servers if catalogs.get(s.name) is None]
-            if missing:
-                waited_s = time.time() - _turn_started_s(entries, turn.turn_id)
-                what = "; ".join(
-                    f"MCP server {s.name!r} has published no tool list: no tool worker serves queue {s.queue!r} "
-                    f"(run `agentstream serve tool-worker --queue {s.queue}`) or it cannot reach the server"
-                    for s in missing
-                )
-                if waited_s < self.wait_s:
-                    raise Deferred(min(1.0, max(self.wait_s - waited_s, 0.05)), what)
-                return TurnFailed(
-                    turn_id=turn.turn_id,
-                    code=TOOLS_UNAVAILABLE,
-                    reason=f"{what}; the turn waited {waited_s:.0f} s for it",
-                )
-            desired, problems = desired_offer(agent, catalogs)
-            for problem in problems:
-                if problem not in self._reported:
-                    self._reported.add(problem)
-                    log.error("%s", problem)
-        digest = offer_digest(desired)
-        if recorded is not None and recorded.digest == digest:
-            return False
-        if recorded is None and not desired:
-            return False
-        offer = ToolsOffered(turn_id=turn.turn_id, step=step, agent=agent.name, tools=desired, digest=digest)
-        appended = await self.store.append(trace_id, offer, fence=token)
+            case WaitForCatalogs(delay_s=delay_s, reason=reason):
+                raise Deferred(delay_s, reason)
+            case TurnFailed():
+                return decision
+        appended = await self.store.append(trace_id, decision, fence=token)
         if appended.created:
             log.info(
                 "trace %s: agent %s offers %d MCP tool(s) from turn %s step %d on",
                 trace_id,
                 agent.name,
-                len(desired),
+                len(decision.tools),
                 turn.turn_id,
                 step,
             )
@@ -115,14 +101,3 @@ class McpOffers:
             return None
         server = next((s for s in agent.mcp_servers if s.name == tool.server), None)
         return server.queue if server is not None else f"mcp-{tool.server}"
-
-
-def _turn_started_s(entries: Sequence[tuple[str, Event]], turn_id: str) -> float:
-    """When the turn's input entered the trace (Unix seconds, from its stream entry id)."""
-    for entry_id, event in entries:
-        if isinstance(event, TurnInput) and event.turn_id == turn_id:
-            try:
-                return int(entry_id.split("-", 1)[0]) / 1000.0
-            except ValueError:
-                break
-    return time.time()

@@ -1,0 +1,352 @@
+"""Turns in: a turn entry is read, checked, admitted into its trace once (in publish order), or refused
+or rejected by the busy-conversation policy.
+
+A part of :class:`agentstream.agent_loop.loop.AgentLoop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from agentstream.agent_loop._base import (
+    REJECT_LEASE_WAIT_S,
+    LoopState,
+    _reply_of_ending,
+    log,
+)
+from agentstream.delegation import child_trace_refusal, parent_ids
+from agentstream.errors import (
+    TurnRejected,
+)
+from agentstream.ops import logs, metrics
+from agentstream.runtime import conversations, operations
+from agentstream.runtime.cancel import publish_cancel
+from agentstream.runtime.reports import report_error
+from agentstream.steps.fold import TraceFold
+from agentstream.wire import checks as wire
+from agentstream.wire import codec
+from agentstream.wire.events import (
+    CancelMessage,
+    CancelRequested,
+    TaskInput,
+    TurnFailed,
+    TurnInput,
+    TurnMessage,
+)
+from agentstream.wire.failures import FailureCode
+from agentstream.wire.keys import TURN_FIELD
+
+
+class Admission(LoopState):
+    """Turns in."""
+
+    async def on_turn(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
+        """A published turn: validate it, append it once, and advance its trace.
+
+        ``stream``: the partition of the turns stream the entry came from (what a report names;
+        default ``<ns>:turns``)."""
+        payload = fields.get(TURN_FIELD)
+        where = stream or self.keys.turns
+        try:
+            doubled = wire.doubled_turn_refusal(
+                fields, f"entry {entry_id} of {where}", keys=self.keys, limits=self.limits
+            )
+            if doubled is not None:  # a field given twice: which value counts is unknown, none is read
+                payload = None
+                raise doubled
+            if payload is None:
+                raise TurnRejected(
+                    f"entry {entry_id} of {where} has no field 'turn' "
+                    f"(fields: {sorted(k.decode(errors='replace') for k in fields)})"
+                )
+            # the wire's rules: size, depth, schema, ids, metadata, reply stream, agent
+            turn = wire.validate_turn(
+                payload, keys=self.keys, limits=self.limits, agents=(a.name for a in self.app.agents)
+            )
+            # the agent's rules: its input type, its settings for the turn, the tool states asked
+            routing = self.app.turn_input(turn)
+        except TurnRejected as exc:  # without a `turn` field, the entry's fields show what arrived
+            await self._reject(
+                entry_id, payload if payload is not None else codec.fields_json(fields), exc, stream=stream
+            )
+            return
+        trace_id = turn.trace_id
+        if "/" in trace_id and await self._refused_as_child(entry_id, where, payload, trace_id, turn.turn_id):
+            log.warning("rejected turn entry %s: it names a child trace's id", entry_id)
+            metrics.TURNS_REJECTED.inc()
+            return
+        with logs.bind(trace_id=trace_id):
+            # turns of one trace enter it in the order this process started them (the order read):
+            # concurrent admissions would race on separate connections (see _admission_order)
+            async with self._admission_order(trace_id):
+                if self.busy_policy != "queue":
+                    ended, first, absorbed, differs = await self.store.turn_copy(trace_id, routing, entry_id)
+                    if ended:
+                        if differs:
+                            await self._report_conflict(entry_id, where, turn, first, payload)
+                        await self._reply_again(entry_id, turn, first, absorbed=absorbed)
+                        return
+                    # which entry brought the turn: its own re-delivery is not a re-publish (see _reply_again)
+                    await operations.note_turn_entry(self.redis, self.keys, trace_id, turn.turn_id, entry_id)
+                    if not await self._admit(turn, routing):
+                        return
+                self._take_back(trace_id, entry_id)
+                fold = self.folds.get(trace_id)
+                # one round trip: ended before? else append once, take the lease, read what is new
+                admitted = await self.store.admit_turn(
+                    trace_id,
+                    routing,
+                    entry_id,
+                    take=True,
+                    ttl_ms=self.lease_ttl_ms,
+                    after=fold.last_id if fold is not None else None,
+                    expire_ms=self._expire_ms,
+                )
+            if admitted.differs:  # same ids, another body: absorbed all the same, and reported
+                await self._report_conflict(entry_id, where, turn, admitted.first_entry, payload)
+            if admitted.ended:  # re-published (a backend lost the reply), re-delivered, or a copy seen while it ran
+                await self._reply_again(entry_id, turn, admitted.first_entry, absorbed=admitted.absorbed)
+                return
+            if admitted.created:
+                metrics.TURNS_STARTED.labels(agent=turn.agent).inc()
+                await self._note_turn(trace_id, fold)  # the gateway's list of recent conversations
+            assert admitted.taken is not None
+            await self._advance_taken(trace_id, entry_id, admitted.taken, fold)
+
+    async def _refused_as_child(
+        self, entry_id: str, source: str, payload: bytes | None, trace_id: str, turn_id: str, why: str = ""
+    ) -> bool:
+        """Whether a published turn for ``trace_id`` (an id with ``/``) may not enter it
+        (:func:`agentstream.delegation.child_trace_refusal`); then it is reported on the errors
+        stream (after ``why``, another reason it was refused) and nothing is written to that trace.
+
+        The trace's first event comes from this process's fold of it when it has one (a
+        conversation whose own id holds ``/`` costs nothing more per turn); else one entry is
+        read and, when there is none, whether each trace its id could descend from exists (one
+        round trip)."""
+        fold = self.folds.get(trace_id)
+        first: object
+        if fold is not None and fold.events:
+            first = fold.events[0]
+        else:
+            read = await self.store.read(trace_id, count=1)
+            first = read[0][1] if read else None
+        ancestor = None if first is not None else await conversations.nearest_trace(self.store, parent_ids(trace_id))
+        refusal = child_trace_refusal(trace_id, turn_id, first, ancestor=ancestor)
+        if refusal is None:
+            return False
+        await self._report(
+            f"entry {entry_id} of {source}: {why + '; and ' if why else ''}{refusal}",
+            payload,
+            source=source,
+            entry=entry_id,
+            trace_id=trace_id,
+            turn_id=turn_id,
+        )
+        return True
+
+    @contextlib.asynccontextmanager
+    async def _admission_order(self, trace_id: str):
+        """Admit one turn of ``trace_id`` at a time, first come first served (asyncio.Lock is FIFO).
+
+        The consumer starts a stream's entries in the order it read them, but turns admitted at
+        once go to Redis on separate pooled connections, whose new-connection handshakes finish
+        in any order: turns a user sent back to back entered the trace reversed. Holding this
+        across the admission (one round trip) keeps the order of one process; across several
+        agent-loop processes, turns published at the same instant enter in the order Redis ran
+        their admissions.
+        """
+        held = self._admitting.get(trace_id)
+        if held is None:
+            held = self._admitting[trace_id] = [asyncio.Lock(), 0]
+        held[1] += 1  # the admissions holding or waiting for it: the last one removes it
+        try:
+            async with held[0]:
+                yield
+        finally:
+            held[1] -= 1
+            if held[1] == 0 and self._admitting.get(trace_id) is held:
+                del self._admitting[trace_id]
+
+    async def _note_turn(self, trace_id: str, fold: TraceFold | None) -> None:
+        """Note the trace in the index of recent conversations, at most once every
+        :data:`agentstream.runtime.conversations.NOTE_INTERVAL_S` per trace and process (the index is a
+        courtesy listing, not the truth: its time is within that of the trace's newest turn)."""
+        now = time.monotonic()
+        noted = fold.notes.get("noted_at") if fold is not None else None
+        if noted is not None and now - noted < conversations.NOTE_INTERVAL_S:
+            return
+        await conversations.note_turn(self.store, trace_id)
+        if fold is not None:
+            fold.notes["noted_at"] = now
+
+    async def _report_conflict(self, entry_id: str, where: str, turn: TurnMessage, first_entry: str, payload) -> None:
+        """Report on the errors stream an entry that repeats a turn's ids with another body: it is
+        absorbed as a copy (the turn runs and is answered once, for the admitted body)."""
+        error = (
+            f"entry {entry_id} of {where} repeats turn {turn.turn_id!r} of trace {turn.trace_id!r} with a body that "
+            f"differs from the admitted one (entry {first_entry or 'unknown'}): it was absorbed as a copy and not run; "
+            "the turn's reply answers the admitted body. Publish a new question under a new turn_id"
+        )
+        log.warning("%s", error)
+        await self._report(error, payload, source=where, entry=entry_id, trace_id=turn.trace_id, turn_id=turn.turn_id)
+
+    async def _reply_again(
+        self, entry_id: str, message: TurnMessage, first_entry: str, *, absorbed: bool = False
+    ) -> None:
+        """Publish the reply of a turn that already ended again: the same reply, to where the turn
+        first asked for it (its stored ``reply_to``; for a turn rejected before it entered the
+        trace, this message's). Replies are at-least-once: a backend dedupes by turn id.
+
+        The re-delivery of the entry that brought the turn (its worker died after the turn ended),
+        and an entry ``absorbed`` as a copy of the turn while it ran (one published before the
+        turn's ending was written, deferred while the lease was held), only make sure the reply
+        went out once, as the turn's own ending does.
+        """
+        fold = await self._current_fold(message.trace_id)
+        ending = fold.ending(message.turn_id)
+        if ending is None:  # the key hash says ended but the events do not: nothing to repeat
+            return
+        original = fold.turn_input(message.turn_id)
+        turn = original or TurnInput(
+            turn_id=message.turn_id,
+            agent=message.agent,
+            text=message.text or "",
+            metadata=message.metadata,
+            reply_to=message.reply_to,
+        )
+        if first_entry == entry_id or absorbed:
+            await self._ensure_reply_unheld(message.trace_id, turn, ending, fold)
+            return
+        if isinstance(original, TaskInput):
+            log.info(
+                "turn %s of trace %s is a delegated task that ended; its parent has its result",
+                message.turn_id,
+                message.trace_id,
+            )
+            return
+        reply = _reply_of_ending(message.trace_id, turn, ending, fold.final_stop_reason(ending.turn_id))
+        stream = self._reply_stream(turn)
+        log.info(
+            "turn %s of trace %s ended before; publishing its reply again to %s",
+            message.turn_id,
+            message.trace_id,
+            stream,
+        )
+        await operations.send_reply(
+            self.redis, self.keys, message.trace_id, ending.turn_id, stream, reply
+        )  # marked only once written
+
+    async def _admit(self, turn, routing: TurnInput) -> bool:
+        """Apply the reject or interrupt policy to a new turn → whether it enters the trace."""
+        if await self.store.has_key(turn.trace_id, f"turn:{turn.turn_id}"):
+            return True  # entered before (a re-delivery)
+        fold = await self._current_fold(turn.trace_id)
+        ending = fold.ending(turn.turn_id)
+        if ending is not None:  # rejected before (a re-delivery)
+            await self._ensure_reply_unheld(turn.trace_id, routing, ending, fold)
+            return False
+        running = fold.active_turn()
+        if running is None:
+            return True
+        if self.busy_policy == "reject":
+            failed = TurnFailed(
+                turn_id=turn.turn_id,
+                code=FailureCode.BUSY,
+                reason=f"conversation {turn.trace_id!r} is busy with turn {running.turn_id!r}; this turn was rejected "
+                "(busy policy 'reject'): publish it again once that turn has ended",
+            )
+            # the reply first, marked sent, then the ending: the running turn holds the lease (so
+            # this does not wait for it) and its step loop publishes the replies its fold owes, so
+            # an ending appended before its reply was marked could be answered twice. A crash in
+            # between leaves the entry pending: its re-delivery appends the ending, the reply
+            # already marked.
+            await self._ensure_reply(turn.trace_id, routing, failed)
+            await self.store.append(turn.trace_id, failed)
+            metrics.TURNS_FAILED.labels(agent=turn.agent, code=FailureCode.BUSY).inc()
+            return False
+        message = CancelMessage(
+            trace_id=turn.trace_id,
+            turn_id=running.turn_id,
+            by="interrupt",
+            reason=f"interrupted by turn {turn.turn_id}",
+        )
+        await self.store.append(
+            turn.trace_id, CancelRequested(turn_id=running.turn_id, by=message.by, reason=message.reason)
+        )
+        await publish_cancel(self.redis, self.keys, message)  # every process: abort the running step now
+        self._abort_local(turn.trace_id, running.turn_id)
+        return True
+
+    async def _reject(
+        self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None = None
+    ) -> None:
+        """A turn that breaks a rule of the wire: with its ids, it fails ``bad_turn`` in its trace and
+        gets a failed reply (to its ``reply_to`` when that passed the check, with its metadata);
+        without them, or when its turn id is an accepted turn's, it goes to the errors stream."""
+        log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
+        metrics.TURNS_REJECTED.inc()
+        if (
+            exc.trace_id
+            and exc.turn_id
+            and "/" in exc.trace_id
+            and await self._refused_as_child(
+                entry_id,
+                stream or self.keys.turns_for(exc.trace_id),
+                payload,
+                exc.trace_id,
+                exc.turn_id,
+                why=exc.reason,
+            )
+        ):  # its failure would be written into a child trace, or begin one in a child's name
+            return
+        if exc.trace_id and exc.turn_id:
+            # after the admissions of the trace this process started before it (a valid turn read
+            # just before a malformed copy of it enters first; the copy then finds it and is ignored)
+            async with self._admission_order(exc.trace_id):
+                await self._reject_turn(entry_id, payload, exc, stream=stream)
+            return
+        source = stream or (self.keys.turns_for(exc.trace_id) if exc.trace_id else self.keys.turns)
+        await self._report(exc.reason, payload, source=source, entry=entry_id)
+
+    async def _reject_turn(
+        self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None
+    ) -> None:
+        """:meth:`_reject` of a message that names its trace and turn (under the trace's admission order)."""
+        assert exc.trace_id is not None and exc.turn_id is not None  # what makes it one (see _reject)
+        if await self.store.has_key(exc.trace_id, f"turn:{exc.turn_id}"):
+            # a malformed copy of a turn the trace holds: reported; the real turn goes on
+            log.warning(
+                "turn entry %s is a malformed copy of turn %s of trace %s, which the trace holds: "
+                "ignored, the turn goes on",
+                entry_id,
+                exc.turn_id,
+                exc.trace_id,
+            )
+            await self._report(
+                f"malformed copy of turn {exc.turn_id!r} of trace {exc.trace_id!r} (which the trace "
+                f"already holds; ignored): {exc.reason}",
+                payload,
+                source=stream or self.keys.turns_for(exc.trace_id),
+                entry=entry_id,
+            )
+            return
+        failed = TurnFailed(turn_id=exc.turn_id, code=exc.code, reason=exc.reason)
+        # only the holder of the lease ends a turn; refusals of one trace arriving together
+        # each hold it for one append, so wait for it briefly rather than defer by a lease time
+        routing = TurnInput(turn_id=exc.turn_id, agent="", text="", metadata=exc.metadata, reply_to=exc.reply_to)
+        async with self._lease(exc.trace_id, wait_s=min(REJECT_LEASE_WAIT_S, self.lease_ttl_ms / 1000.0)) as token:
+            await self.store.append(exc.trace_id, failed, fence=token)
+            # The reply goes out and is marked sent while the lease is held: the step loop of
+            # any agent loop that takes the lease next folds this ending as owing a reply and
+            # publishes what is not marked, so a reply published after the lease went back was
+            # published twice whenever a step of the trace ran in between (its replies are
+            # published and marked only under the lease). Two refusals of one turn id are one
+            # reply for the same reason.
+            await self._ensure_reply(exc.trace_id, routing, failed)
+
+    async def _report(self, error: str, payload: bytes | None, **extra: str) -> None:
+        """One entry on the errors stream: a bounded excerpt of the payload, the stream capped."""
+        await report_error(self.redis, self.keys, error, payload, self.limits, **extra)
