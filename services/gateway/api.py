@@ -124,7 +124,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         version="1",
         description=(
             "Publish turns, wait for replies, follow conversations as server-sent events, cancel, "
-            "read traces, explain model calls, list dead letters. Bearer API keys; see the README."
+            "read traces, explain model calls, list dead letters. Bearer API keys; see docs/how-to/gateway.md."
         ),
         docs_url=None,  # the interactive pages load scripts from a CDN; the document is at /openapi.json
         redoc_url=None,

@@ -4,7 +4,7 @@ The public API of the shared library: declare an :class:`App` of :class:`Agent` 
 :func:`tool` s (and :class:`Delegation` s, tools that run a subagent); the events of a trace
 are in :mod:`agentstream.wire.events`; the context library is :mod:`agentstream.context`.
 
-The library is a folder per layer, bottom first (README "Layout"; ``LAYERS`` in
+The library is a folder per layer, bottom first (docs/contributing.md, "Layout"; ``LAYERS`` in
 ``tests/unit/test_layers.py``), each importing only its own layer and those below:
 
 - :mod:`agentstream.errors`; :mod:`agentstream.wire` (events, codec, keys, failure codes, the

@@ -253,6 +253,7 @@ def test_the_first_agent_runs_as_the_tutorial_shows_and_its_trace_reads_back(run
     (project / "weather.py").write_text(python_block("## Write your app", "first-agent"))
     line = re.search(r"^(agentstream run --app weather:app .*)$", page, re.M).group(1)
     shown = re.search(r"```sh\n" + re.escape(line) + r"\n# ✓ answer: (.*)\n", page).group(1)
+    assert f"```sh\n{line}\n# ✓ answer: {shown}\n" in README  # README.md shows the same run
     proc = run_command(line, cwd=project)
     assert answers(proc.stdout) == [shown], proc.stdout
     trace_id = re.search(r"^trace ([0-9a-f]+)$", proc.stderr + proc.stdout, re.M).group(1)

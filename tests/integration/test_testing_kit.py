@@ -260,3 +260,11 @@ async def test_a_turn_that_names_a_second_model_is_answered_by_that_models_doubl
     assert (first.answer, second.answer) == ("from default", "from small")
     assert len(big.requests) == 1 and len(small.requests) == 1
     assert refused.status == "failed" and "large" in refused.reason  # a model the agent does not allow
+
+
+def test_the_readmes_first_agent_and_its_test_are_the_docs_ones():
+    """README.md shows the first agent and its test; they are the blocks this module runs (from
+    docs/tutorials/first-agent.md and docs/how-to/testing.md), so the README's run as written too."""
+    app_code, test_code = readme_blocks("README.md")
+    assert app_code == readme_blocks(FIRST_AGENT)[0]
+    assert test_code == readme_blocks(TESTING)[0]

@@ -25,7 +25,7 @@ from tests.support import docs
 
 FENCE = re.compile(r"^```(\S*)\n(.*?)^```\s*$", re.S | re.M)
 MARKER = re.compile(r"^<!-- (run by: (\S+)|not run: .+) -->$")
-PAGES = [*sorted(str(p.relative_to(docs.DOCS)) for p in docs.DOCS.rglob("*.md"))]
+PAGES = ["README.md", *sorted(str(p.relative_to(docs.DOCS)) for p in docs.DOCS.rglob("*.md"))]
 PUBLISH = "how-to/publish-a-turn.md"
 
 
@@ -120,3 +120,10 @@ def test_the_node_snippet_is_valid_javascript(tmp_path: Path) -> None:
     script.write_text(publish_snippets()["javascript"])
     checked = subprocess.run([node, "--check", str(script)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_the_readmes_links_name_files_that_exist() -> None:
+    """README.md is read outside the site (where mkdocs checks links): its relative links are checked here."""
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", docs.page("README.md"))
+    missing = [t for t in targets if "://" not in t and not (docs.ROOT / t).exists()]
+    assert targets and not missing, f"README.md links files that do not exist: {missing}"

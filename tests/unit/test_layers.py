@@ -1,4 +1,4 @@
-"""The import rules of the layers (README "Layout"; the package docstring of :mod:`agentstream`).
+"""The import rules of the layers (docs/contributing.md, "Layout"; the package docstring of :mod:`agentstream`).
 
 Read from the source with :mod:`ast` (no module is imported), so a rule broken anywhere in a
 module (a function's lazy import, a ``TYPE_CHECKING`` block) fails here:

@@ -372,7 +372,7 @@ Returns YAML: use with fromYaml.
 - name: AGENTSTREAM_SHUTDOWN_GRACE_S
   value: {{ $v.shutdownGraceSeconds | quote }}
 {{- with $v.limits }}
-# The wire's limits (README, "Security").
+# The wire's limits (docs/explanation/security.md).
 - name: AGENTSTREAM_MAX_TURN_BYTES
   value: {{ .maxTurnBytes | int64 | quote }}
 - name: AGENTSTREAM_MAX_METADATA_BYTES

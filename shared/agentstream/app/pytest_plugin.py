@@ -5,7 +5,7 @@ The testing kit (:mod:`agentstream.app.testing`) is used from ``async def`` test
 TestBed(app) as bed``). Under a plain pytest such a test fails with "async def functions are not
 natively supported"; with pytest-asyncio installed in its default strict mode it needs
 ``@pytest.mark.asyncio`` on each test. This plugin runs a coroutine test function that no other
-plugin has taken in a new event loop (``asyncio.run``), so the README's example runs as written
+plugin has taken in a new event loop (``asyncio.run``), so the docs' testing example runs as written
 in a fresh project.
 
 What another plugin runs stays its own: pytest-asyncio turns the tests it takes (marked, or all

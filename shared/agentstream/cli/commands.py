@@ -463,7 +463,7 @@ def serve(
     """Run one service until SIGTERM (then drain within AGENTSTREAM_SHUTDOWN_GRACE_S).
 
     Every option has an environment variable (AGENTSTREAM_APP, AGENTSTREAM_QUEUES,
-    AGENTSTREAM_LOG_LEVEL); every setting is an AGENTSTREAM_* variable (see the README).
+    AGENTSTREAM_LOG_LEVEL); every setting is an AGENTSTREAM_* variable (see docs/reference/settings.md).
     """
     _setup_logging(log_level)
     try:
