@@ -4,6 +4,7 @@ reference parts made from the code (scripts/docs_reference.py, the mkdocs hook).
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,15 @@ def test_the_api_page_lists_every_exported_name() -> None:
     for name in agentstream.__all__:
         assert f"| `{name}` | " in page
     assert "| `Agent` | class: An agent" in page
+
+
+def test_the_settings_page_names_every_variable_the_code_reads() -> None:
+    """An AGENTSTREAM_* variable the code names (shared/, services/) is on the settings page,
+    generated from the settings classes or in its table of the variables the commands read."""
+    page = reference.expand((docs.DOCS / "reference" / "settings.md").read_text(), "reference/settings.md")
+    named = set()
+    for folder in ("shared", "services"):
+        for source in (docs.ROOT / folder).rglob("*.py"):
+            named |= set(re.findall(r"\bAGENTSTREAM_[A-Z0-9_]*[A-Z0-9]\b", source.read_text()))
+    missing = sorted(name for name in named if f"`{name}`" not in page)
+    assert len(named) > 50 and not missing, f"docs/reference/settings.md does not name {missing}"
