@@ -32,11 +32,11 @@ from agentstream.errors import CompactionError, ContextError, ModelError
 from agentstream.models import ChatModel, endpoints_of
 from agentstream.ops import logs, metrics, tracing
 from agentstream.runtime import operations
-from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.reports import report_error
 from agentstream.runtime.store import TraceStore
-from agentstream.steps.fold import FoldCache
 from agentstream.steps.summarising import COMPACTION_ERROR, SUMMARY_FAILED, CompactionJob, decode_job, outcome_key
+from agentstream.steps.trace_fold import FoldCache
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits
 from agentstream.wire.events import Compaction, CompactionFailed, Usage
@@ -54,7 +54,7 @@ class Compactor:
         models: model clients by endpoint id.
         summary_model: the endpoint id that writes summaries; None uses the agent's own model.
         fold_cache_bytes: the most stored event bytes of traces kept folded between jobs
-            (:class:`agentstream.runtime.folding.FoldReader`).
+            (:class:`agentstream.runtime.fold_reader.FoldReader`).
     """
 
     def __init__(

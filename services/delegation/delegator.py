@@ -3,7 +3,7 @@
 A thin shell around :mod:`agentstream.delegation`. Both hints it takes are level-triggered:
 
 - a delegation job (a call of a delegation tool): read what the parent's trace gained since this
-  process last looked (its fold, :class:`agentstream.runtime.folding.FoldReader`); append the error
+  process last looked (its fold, :class:`agentstream.runtime.fold_reader.FoldReader`); append the error
   result the call gets instead of a child, or open the child: note its deadline, append its
   TaskInput (once, by the task's turn id) and wake it;
 - a child ending: read the child's trace; append its result to the parent's trace (once, by
@@ -37,10 +37,10 @@ from agentstream.delegation import (
 from agentstream.ops import logs, metrics, tracing
 from agentstream.runtime import operations
 from agentstream.runtime.connection import COMMAND_ERRORS
-from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.reports import report_error
 from agentstream.runtime.store import TraceStore
-from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, tool_result_refusal
 from agentstream.wire.events import CancelMessage, TaskInput, ToolCall, ToolJob, ToolOutput
@@ -60,7 +60,7 @@ class Delegator:
         store: the trace store.
         max_descendants: the most child traces one root trace may open, all levels together.
         fold_cache_bytes: the most stored event bytes of parent traces kept folded
-            (:class:`agentstream.runtime.folding.FoldReader`).
+            (:class:`agentstream.runtime.fold_reader.FoldReader`).
     """
 
     def __init__(

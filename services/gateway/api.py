@@ -38,12 +38,12 @@ from agentstream.runtime import conversations, deadletters, operations, ratelimi
 from agentstream.runtime.cancel import cancel_target, publish_cancel
 from agentstream.runtime.connection import LOST_REDIS_ERRORS, POOL_EXHAUSTED_ERROR
 from agentstream.runtime.deltas import follow
-from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.store import TraceStore
 from agentstream.steps.explaining import explain_call
-from agentstream.steps.fold import FoldCache, TraceFold
 from agentstream.steps.replay import endpoint_settings
 from agentstream.steps.timeline import conversation_state, reply_from_fold, reply_of, root_of, trace_agents
+from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage

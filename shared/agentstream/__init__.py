@@ -19,6 +19,10 @@ The library is a folder per layer, bottom first (docs/contributing.md, "Layout";
   (:mod:`agentstream.testing`) and the demo.
 
 This package imports the public names lazily, so importing a pure layer loads only it.
+
+The public API is what this package exports (``__all__``), with each layer package's own
+``__all__``; a module whose name starts with an underscore (``agentstream.context._context_fold``)
+is internal and may change without notice.
 The services (``agentstream_services``) import the runtime and the pure layers, never ``redis``.
 ``tests/unit/test_layers.py`` checks these rules.
 """

@@ -1,6 +1,6 @@
 """A trace folded piece by piece decides and builds exactly what the whole trace gives.
 
-The agent loop keeps one :class:`agentstream.steps.fold.TraceFold` per trace and feeds it only the
+The agent loop keeps one :class:`agentstream.steps.trace_fold.TraceFold` per trace and feeds it only the
 entries appended since its last step. For random traces cut at random points, the decision
 (:meth:`TraceFold.decide`) and every model call's request (:meth:`TraceFold.build`) must equal,
 byte for byte, what :func:`agentstream.steps.decision.decide` and
@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from agentstream.context import build_context
 from agentstream.runtime.call_runs import job_problem
 from agentstream.steps.decision import CallModel, active_turn, decide, decide_view, final_stop_reason
-from agentstream.steps.fold import FoldCache, TraceFold, entry_key
 from agentstream.steps.timeline import reply_from_fold, reply_of, root_of, trace_agents
+from agentstream.steps.trace_fold import FoldCache, TraceFold, entry_key
 from agentstream.wire.events import CancelRequested, Event, ModelOutput, ToolCall, ToolJob, TurnInput
 from tests.property.traces import AGENTS, traces
 from tests.support.examples import examples

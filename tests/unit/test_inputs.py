@@ -17,7 +17,7 @@ from agentstream.declarations.inputs import as_recorded, parse_payload, tool_sta
 from agentstream.declarations.tools import tool
 from agentstream.errors import ConfigError, TurnRejected
 from agentstream.steps.decision import CallModel, FailTurn, RecordResults, RunTools, decide
-from agentstream.steps.fold import fold_events
+from agentstream.steps.trace_fold import fold_events
 from agentstream.wire.events import ModelOutput, ToolCall, ToolOutput, TurnInput, TurnMessage
 
 

@@ -19,7 +19,7 @@ from agentstream.context import (
     Tokens,
     compaction_event,
 )
-from agentstream.context.state import TraceState
+from agentstream.context._context_fold import ContextFold
 from agentstream.delegation import offered_agent
 from agentstream.models import formats
 from agentstream.steps.replay import RebuiltCall, _candidates, _endpoint_of, rebuild_calls
@@ -149,13 +149,13 @@ def agent_loop_trace(seed: int, turns_wanted: int) -> list[Any]:
 def folded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the events every fold of a trace reads."""
     counts: list[int] = []
-    feed = TraceState.feed
+    feed = ContextFold.feed
 
-    def counting(self: TraceState, events: Any) -> None:
+    def counting(self: ContextFold, events: Any) -> None:
         counts.append(len(events))
         feed(self, events)
 
-    monkeypatch.setattr(TraceState, "feed", counting)
+    monkeypatch.setattr(ContextFold, "feed", counting)
     return counts
 
 

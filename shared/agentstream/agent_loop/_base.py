@@ -14,10 +14,10 @@ from agentstream.agent_loop.mcp_offers import McpOffers
 from agentstream.declarations.apps import App
 from agentstream.models import ChatModel
 from agentstream.ops import logs, tracing
-from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.store import Read, Taken, TraceStore
-from agentstream.steps.fold import FoldCache, TraceFold
 from agentstream.steps.timeline import reply_of_ending
+from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire.events import (
     ModelOutput,

@@ -45,7 +45,6 @@ from agentstream.steps.decision import (
     RunTools,
     decide_view,
 )
-from agentstream.steps.fold import TraceFold
 from agentstream.steps.machine import (
     AppendAndPublishJobs,
     AppendAndReply,
@@ -60,6 +59,7 @@ from agentstream.steps.machine import (
     unstorable_output_failure,
 )
 from agentstream.steps.summarising import failure_code
+from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import codec
 from agentstream.wire.events import (
     ModelOutput,

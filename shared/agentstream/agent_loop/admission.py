@@ -24,7 +24,7 @@ from agentstream.ops import logs, metrics
 from agentstream.runtime import conversations, operations
 from agentstream.runtime.cancel import publish_cancel
 from agentstream.runtime.reports import report_error
-from agentstream.steps.fold import TraceFold
+from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.events import (

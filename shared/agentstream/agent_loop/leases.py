@@ -22,7 +22,7 @@ from agentstream.errors import (
 from agentstream.ops import logs
 from agentstream.runtime import operations
 from agentstream.runtime.store import Read, Taken
-from agentstream.steps.fold import TraceFold
+from agentstream.steps.trace_fold import TraceFold
 
 
 class Leases(LoopState):

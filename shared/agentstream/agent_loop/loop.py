@@ -1,7 +1,7 @@
 """The agent loop: turns in, the next step of a trace out.
 
 A thin shell: it receives a hint (a turn or a wake-up), takes the trace's lease and reads what
-was appended since it last looked, folds it (:class:`agentstream.steps.fold.TraceFold`), asks the
+was appended since it last looked, folds it (:class:`agentstream.steps.trace_fold.TraceFold`), asks the
 shared library what to do (:func:`agentstream.steps.decision.decide_view`), does it, and repeats until
 the trace waits on something (tool results) or has no turn left. A step therefore costs what
 was added to the trace, not what the trace holds. It holds the trace's lease (with a fencing
@@ -44,9 +44,9 @@ from agentstream.agent_loop.signals import Signals
 from agentstream.declarations.apps import App
 from agentstream.models import ChatModel, endpoints_of
 from agentstream.runtime.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S
-from agentstream.runtime.folding import FoldReader
+from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.store import TraceStore
-from agentstream.steps.fold import FoldCache
+from agentstream.steps.trace_fold import FoldCache
 from agentstream.wire import checks as wire
 from agentstream.wire.keys import Keys
 
@@ -65,7 +65,7 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         trace_retention_s: delete a whole conversation this long after its last turn ended;
             None keeps traces forever (the runtime never trims a trace).
         fold_cache_bytes: the most stored event bytes of folded traces kept in memory
-            (:class:`agentstream.steps.fold.FoldCache`).
+            (:class:`agentstream.steps.trace_fold.FoldCache`).
         limits: the wire's limits and reply streams (:mod:`agentstream.wire.checks`).
         turn_deadline_s: the most a turn may take from its start, in seconds (checked at each
             step, bounding each model call); past it the turn fails with code ``deadline``.

@@ -20,7 +20,7 @@ from agentstream.runtime.watchdog import record_jobs
 from agentstream.steps.decision import (
     final_stop_reason,
 )
-from agentstream.steps.fold import TraceFold
+from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.events import (

@@ -17,6 +17,7 @@ Modules, by role:
   the XML layout; :mod:`.render`: messages from events; :mod:`.explain`: explaining a call.
 """
 
+from agentstream.context._context_fold_cache import ContextCache
 from agentstream.context.builder import (
     DEFAULT_CONFIG,
     BuiltContext,
@@ -30,7 +31,6 @@ from agentstream.context.builder import (
     tool_definitions,
     trimmed_request,
 )
-from agentstream.context.cache import ContextCache
 from agentstream.context.citations import BRACKETS, FULLWIDTH, CitationStyle
 from agentstream.context.compaction import (
     CompactionPlan,

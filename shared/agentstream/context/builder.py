@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentstream.context._context_fold import ContextFold
 from agentstream.context.compaction import CompactionPlan, plan, trigger_tokens
 from agentstream.context.compaction import instructions as compaction_instructions
 from agentstream.context.elements import Numbering
@@ -41,7 +42,6 @@ from agentstream.context.render import ContextConfig, EventFilter, cap_images
 from agentstream.context.reopen import resolve_reopen
 from agentstream.context.request import ChatRequest, Message, ToolDefinition
 from agentstream.context.shrink import judge
-from agentstream.context.state import TraceState
 from agentstream.context.trimming import trim_request
 from agentstream.declarations.agents import Agent
 from agentstream.errors import ContextFullError
@@ -49,7 +49,7 @@ from agentstream.wire.codec import gc_paused
 from agentstream.wire.events import ToolCall, ToolOutput
 
 if TYPE_CHECKING:
-    from agentstream.context.folded import Slot
+    from agentstream.context._context_fold_parts import Slot
 
 FROM_AGENT: Literal["agent"] = "agent"
 """Take the limits from the agent (``Agent.model_limits``, or the default limits)."""
@@ -128,7 +128,7 @@ class BuiltContext:
     shrunk: tuple[Shrunk, ...]
 
 
-def new_state(events: Sequence[Any], agent: Agent, config: ContextConfig, limits: ModelLimits | None) -> TraceState:
+def new_state(events: Sequence[Any], agent: Agent, config: ContextConfig, limits: ModelLimits | None) -> ContextFold:
     """Fold events into a fresh state (a selection that is not :func:`only` is applied here)."""
     if limits is not None:
         config.policy.check(limits)
@@ -136,16 +136,16 @@ def new_state(events: Sequence[Any], agent: Agent, config: ContextConfig, limits
         numbering = Numbering()
         for event in events:
             numbering.add_event(event)
-        state = TraceState(agent, config, limits, numbering)
+        state = ContextFold(agent, config, limits, numbering)
         state.feed(config.select(events))
         state.count = len(events)
         return state
-    state = TraceState(agent, config, limits)
+    state = ContextFold(agent, config, limits)
     state.feed(events)
     return state
 
 
-def build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> BuiltContext:
+def build_from_state(state: ContextFold, *, turn_id: str | None, step: int) -> BuiltContext:
     """Build the next call's context from a folded state; the state is left as it was.
 
     Raises:
@@ -155,7 +155,7 @@ def build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> Bu
         return _build_from_state(state, turn_id=turn_id, step=step)
 
 
-def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> BuiltContext:
+def _build_from_state(state: ContextFold, *, turn_id: str | None, step: int) -> BuiltContext:
     index = state.turn_index.get(turn_id) if turn_id is not None else None
     if index is None:
         index = len(state.turns) - 1
@@ -209,7 +209,7 @@ def _build_from_state(state: TraceState, *, turn_id: str | None, step: int) -> B
             state.undo(changes)
 
 
-def _shrunk(state: TraceState, slot: Slot, index: int, step: int) -> Shrunk:
+def _shrunk(state: ContextFold, slot: Slot, index: int, step: int) -> Shrunk:
     """Why a shown result has its form; kept on the slot while it keeps that form from a recorded call."""
     at = slot.at
     kept = _kept(state, slot)
@@ -234,7 +234,7 @@ def _shrunk(state: TraceState, slot: Slot, index: int, step: int) -> Shrunk:
     return record
 
 
-def _kept(state: TraceState, slot: Any) -> tuple[tuple[int | None, str, Form], ...]:
+def _kept(state: ContextFold, slot: Any) -> tuple[tuple[int | None, str, Form], ...]:
     """The elements of a shortened result that floors show in a higher form than the result's."""
     forms = slot.element_forms
     if not forms:
@@ -465,7 +465,7 @@ def build_messages(events: Sequence[Any], *, upto_turn: str | None = None) -> tu
     Raises:
         UnrenderedEventError: an event type that no rule renders.
     """
-    state = TraceState(_PLAIN_AGENT, ContextConfig(), None)
+    state = ContextFold(_PLAIN_AGENT, ContextConfig(), None)
     state.feed(events)
     index = state.turn_index.get(upto_turn, len(state.turns) - 1) if upto_turn is not None else len(state.turns) - 1
     return tuple(state.messages(index)) if index >= 0 else ()

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agentstream.context.folded import Output
+from agentstream.context._context_fold_parts import Output
 from agentstream.context.forms.shorten import COMPRESSED, STUBBED
 from agentstream.context.layout import escape_text
 from agentstream.context.limits import (
@@ -34,7 +34,7 @@ from agentstream.errors import CompactionError
 from agentstream.wire.events import Compaction, Usage
 
 if TYPE_CHECKING:
-    from agentstream.context.fold_state import FoldState
+    from agentstream.context._context_fold_protocol import FoldState
 
 SUMMARY_HEADING = "The conversation before the messages below was summarised; this summary replaces it."
 

@@ -19,7 +19,7 @@ from agentstream.wire.events import AnyElement, Source, ToolCall, ToolOutput
 from agentstream.wire.jsontext import unicode_problem
 
 if TYPE_CHECKING:
-    from agentstream.context.fold_state import FoldState
+    from agentstream.context._context_fold_protocol import FoldState
 
 REOPENED_KEY = "reopened"
 """The key of a reopen result's data that holds what it shows: ``{"elements": [...], "results": [...]}``."""

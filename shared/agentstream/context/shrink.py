@@ -26,15 +26,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from math import ceil
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
-from agentstream.context.folded import Change, Slot
+from agentstream.context._context_fold_parts import Change, Slot
 from agentstream.context.forms.shorten import COMPRESSED, STUBBED, Form
 from agentstream.context.limits import ModelLimits, corrected_tokens
 from agentstream.context.policy import Compress, ContextPolicy, ContextView, Stub
 from agentstream.errors import ShortenError
 
 if TYPE_CHECKING:
-    from agentstream.context.fold_state import FoldState
-    from agentstream.context.folded import Turn
+    from agentstream.context._context_fold_parts import Turn
+    from agentstream.context._context_fold_protocol import FoldState
 
 SHORTCUTS = True
 """Skip planning a pass when its outcome is known (the same view as a pass that did nothing, or a
@@ -346,8 +346,8 @@ def judge(
         chars: ``state.chars(current, step)``, when the caller has it.
 
     Returns:
-        When ``speculative``, the form changes made, oldest first (for :meth:`~agentstream.context.state.TraceState.undo`);
-        otherwise an empty list.
+        When ``speculative``, the form changes made, oldest first (for
+        :meth:`~agentstream.context._context_fold.ContextFold.undo`); otherwise an empty list.
     """
     limits = state.limits
     assert limits is not None and state.thresholds is not None

@@ -156,7 +156,7 @@ class TurnView:
     """What the next decision of a trace reads: its running turn and that turn's events.
 
     Gathered by scanning a whole trace (:func:`turn_view`) or kept up to date event by event
-    (:class:`agentstream.steps.fold.TraceFold`); :func:`decide_view` gives the same decision from either.
+    (:class:`agentstream.steps.trace_fold.TraceFold`); :func:`decide_view` gives the same decision from either.
 
     Attributes:
         turn: the oldest turn without an ending, or None (the trace is idle).
@@ -466,7 +466,7 @@ def passes_before(agent: Agent, outputs: Sequence[ModelOutput], results: Sequenc
     after a call whose tool calls got an answer to a request (:meth:`Agent.answers_request`:
     a subagent's result). A call's results all come before the next call is made, so the count
     of a call never changes once the call is made. The context library counts the same way
-    (:meth:`agentstream.context.state.TraceState.tool_choice`).
+    (:meth:`agentstream.context._context_fold.ContextFold.tool_choice`).
     """
     answered: set[str] = set()
     if agent.resets_on_answer:

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentstream.context import BuiltContext, build_context, settings_of
+from agentstream.context._context_fold import ContextFold
 from agentstream.context.builder import build_from_state, new_state, request_after_miss
 from agentstream.context.limits import WINDOW_MISS
 from agentstream.context.render import EventFilter
 from agentstream.context.request import ChatRequest
-from agentstream.context.state import TraceState
 from agentstream.declarations.agents import Agent
 from agentstream.delegation import offered_agent
 from agentstream.models import formats
@@ -124,7 +124,7 @@ class _Folds:
 
     def __init__(self, events: Sequence[Event]) -> None:
         self.events = events
-        self.states: dict[str, tuple[Agent, TraceState]] = {}
+        self.states: dict[str, tuple[Agent, ContextFold]] = {}
 
     def build(self, agent: Agent, upto: int, *, turn_id: str, step: int) -> BuiltContext:
         """The context of a call from the events before index ``upto``."""

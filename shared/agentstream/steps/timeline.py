@@ -24,7 +24,7 @@ from agentstream.wire.events import Event, ModelOutput, Reply, TaskInput, ToolOu
 from agentstream.wire.failures import FailureCode
 
 if TYPE_CHECKING:
-    from agentstream.steps.fold import TraceFold
+    from agentstream.steps.trace_fold import TraceFold
 
 TurnState = Literal["running", "waiting_on_tools", "ended", "failed", "cancelled"]
 
@@ -170,7 +170,7 @@ def reply_of(trace_id: str, events: Sequence[Event], turn_id: str) -> Reply | No
 
 
 def reply_from_fold(fold: TraceFold, turn_id: str) -> Reply | None:
-    """:func:`reply_of` from a trace's fold (:class:`agentstream.steps.fold.TraceFold`: no scan of the
+    """:func:`reply_of` from a trace's fold (:class:`agentstream.steps.trace_fold.TraceFold`: no scan of the
     trace's events)."""
     ending = fold.ending(turn_id)
     if ending is None:

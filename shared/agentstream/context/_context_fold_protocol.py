@@ -1,13 +1,13 @@
 """What the shrinks, the reopen tool and compaction planning read of a trace's fold (pure).
 
-:class:`agentstream.context.state.TraceState` folds a trace and calls
+:class:`agentstream.context._context_fold.ContextFold` folds a trace and calls
 :mod:`agentstream.context.shrink` (the judge), :mod:`agentstream.context.reopen` and
 :mod:`agentstream.context.compaction` as it goes; those take the state as an argument. They name
 its type as :class:`FoldState`, this structural type (PEP 544), instead of importing the state
 module that imports them: the context library has no import cycle.
 
-Every attribute and method listed is the one of the same name on ``TraceState`` (see there for
-meanings and units: sizes are characters unless named ``*_tokens``); a ``TraceState`` satisfies
+Every attribute and method listed is the one of the same name on ``ContextFold`` (see there for
+meanings and units: sizes are characters unless named ``*_tokens``); a ``ContextFold`` satisfies
 this protocol.
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from agentstream.context._context_fold_parts import Change, Slot, Turn
     from agentstream.context.elements import Numbering
-    from agentstream.context.folded import Change, Slot, Turn
     from agentstream.context.forms.shorten import Form
     from agentstream.context.limits import ModelLimits
     from agentstream.context.policy import ContextPolicy

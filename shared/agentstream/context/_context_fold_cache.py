@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentstream.context._context_fold import ContextFold
 from agentstream.context.builder import (
     BuiltContext,
     build_from_state,
@@ -26,13 +27,12 @@ from agentstream.context.builder import (
 )
 from agentstream.context.render import EventFilter
 from agentstream.context.request import ChatRequest
-from agentstream.context.state import TraceState
 from agentstream.declarations.agents import Agent
 
 
 @dataclass
 class _Entry:
-    state: TraceState
+    state: ContextFold
     last_id: str
     agent: Agent
     settings: tuple[Any, Any]
@@ -82,7 +82,7 @@ class ContextCache:
         """
         settings = settings_of(agent)
         entry = self._entries.get(trace_id)
-        state: TraceState | None = None
+        state: ContextFold | None = None
         if entry is not None and self._usable(entry, entries, agent, settings):
             state = entry.state
             try:

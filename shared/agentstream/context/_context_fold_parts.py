@@ -1,6 +1,6 @@
 """The pieces of a folded trace: turns, replayed model outputs, result slots and form changes.
 
-:class:`~agentstream.context.state.TraceState` keeps one :class:`Turn` per input, one
+:class:`~agentstream.context._context_fold.ContextFold` keeps one :class:`Turn` per input, one
 :class:`Output` per replayed model output, and one :class:`Slot` per accepted tool result
 (its handle, where it shows, its current form and its estimated size).
 """
@@ -150,7 +150,7 @@ class Turn:
         self.tool_steps: list[int] = []  # the steps of its outputs that called tools (the passes cap counts them)
         self.answer_steps: list[int] = []  # steps whose calls got an answer to a request (Agent.answers_request)
         self.input = event  # the turn's input (its system prompt is written from it)
-        self.system: str | None = None  # the system prompt of its calls, once written (TraceState.base_system)
+        self.system: str | None = None  # the system prompt of its calls, once written (ContextFold.base_system)
 
 
 class Change(NamedTuple):

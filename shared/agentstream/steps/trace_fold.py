@@ -5,7 +5,7 @@ and decoding the whole trace at every step makes a step's cost grow with the con
 conversation's total cost quadratic in its length). A :class:`TraceFold` instead keeps, for one
 trace, the entry id it has read up to, the decoded events, the inputs of the next decision (the
 running turn and that turn's outputs, results and cancel: a :class:`~agentstream.steps.decision.TurnView`),
-each turn's ending, and one context fold (:class:`~agentstream.context.state.TraceState`) per
+each turn's ending, and one context fold (:class:`~agentstream.context._context_fold.ContextFold`) per
 agent that has answered in it. A step reads only the entries after :attr:`TraceFold.last_id` and
 feeds them here; the decision and the request come out equal, byte for byte, to the ones made
 from the whole trace (the property tests in ``tests/property/test_fold.py`` check it).
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentstream.context import BuiltContext, reopen_result
+from agentstream.context._context_fold import ContextFold
 from agentstream.context.builder import build_from_state, new_state, settings_of
 from agentstream.context.elements import Numbering
 from agentstream.context.render import EventFilter
-from agentstream.context.state import TraceState
 from agentstream.declarations.agents import Agent
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.steps.decision import Decision, TurnView, decide_view
@@ -78,7 +78,7 @@ class TurnRecord:
 class _Context:
     agent: Agent
     settings: tuple[Any, Any]
-    state: TraceState
+    state: ContextFold
 
 
 class TraceFold:
@@ -333,7 +333,7 @@ class TraceFold:
         """
         return build_from_state(self.context_state(agent), turn_id=turn_id, step=step)
 
-    def context_state(self, agent: Agent) -> TraceState:
+    def context_state(self, agent: Agent) -> ContextFold:
         """The agent's context fold (:func:`agentstream.context.builder.new_state` of :attr:`events`),
         fed only what it has not seen yet: what :meth:`build` lays a request out from.
 

@@ -2,8 +2,8 @@
 
 A service that looks at the same traces again and again (the agent loop at every step, the
 gateway at every request about a conversation, the delegation service at every delegation call
-of a parent) keeps a :class:`agentstream.steps.fold.TraceFold` per trace in a
-:class:`agentstream.steps.fold.FoldCache` (bounded by bytes, ``AGENTSTREAM_FOLD_CACHE_BYTES``) and
+of a parent) keeps a :class:`agentstream.steps.trace_fold.TraceFold` per trace in a
+:class:`agentstream.steps.trace_fold.FoldCache` (bounded by bytes, ``AGENTSTREAM_FOLD_CACHE_BYTES``) and
 reads only the entries after the fold's last id, so a look costs what was added since the last
 one, not the whole trace. A trace deleted (retention) and started again under the same id has
 another first entry id: its fold is dropped and the trace folded again from its first entry.
@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 
 from agentstream.runtime.store import Read, TraceStore
-from agentstream.steps.fold import FoldCache, TraceFold
+from agentstream.steps.trace_fold import FoldCache, TraceFold
 
-log = logging.getLogger("agentstream.runtime.folding")
+log = logging.getLogger("agentstream.runtime.fold_reader")
 
 __all__ = ["FoldReader"]
 

@@ -1,6 +1,6 @@
 """The folded state of a trace: what the builder needs, updated one event at a time.
 
-:class:`TraceState` reads a trace's events in order and keeps the turns, the results (by call
+:class:`ContextFold` reads a trace's events in order and keeps the turns, the results (by call
 id and by handle), the element numbering, the citations, the compaction in effect, the form of
 each result and the estimated size of the context, with every size kept up to date as events
 arrive. At each model output it first judges the call that output answered (the shrinks that
@@ -18,9 +18,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from agentstream.context.compaction import summary_section
-from agentstream.context.elements import Numbering
-from agentstream.context.folded import (
+from agentstream.context._context_fold_parts import (
     MISSING_CHARS,
     Change,
     Output,
@@ -28,6 +26,8 @@ from agentstream.context.folded import (
     Turn,
     record_only,
 )
+from agentstream.context.compaction import summary_section
+from agentstream.context.elements import Numbering
 from agentstream.context.forms.shorten import COMPRESSED, FULL, STUBBED, Form
 from agentstream.context.limits import (
     MESSAGE_OVERHEAD_CHARS,
@@ -77,7 +77,7 @@ def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-class TraceState:
+class ContextFold:
     """The incremental fold of one trace for one agent's settings and one model's limits.
 
     Args:
