@@ -11,6 +11,7 @@ from hypothesis import settings as hypothesis_settings
 from agentstream.runtime.connection import connect
 from agentstream.runtime.store import TraceStore
 from agentstream.wire.keys import Keys
+from tests.support.blocking import BlockingCalls, detecting_blocking_calls
 from tests.support.redis_server import CLUSTER_PARTITIONS, cluster_mode, test_redis_url
 
 # A suite started in the background by a shell without job control (`./.ci/run &`, `nohup ... &`)
@@ -70,6 +71,17 @@ async def redis(redis_url: str) -> AsyncIterator:
 @pytest.fixture
 async def store(redis, keys: Keys) -> TraceStore:
     return TraceStore(redis, keys)
+
+
+@pytest.fixture
+def blocking_calls() -> Iterator[BlockingCalls]:
+    """Blocking calls of the package in the event loop fail the test (tests/support/blocking.py):
+    each raises where it is made and, caught there or not, fails the test at teardown. Autouse in
+    tests/integration and tests/e2e; a test that makes one on purpose takes them (``take()``)."""
+    with detecting_blocking_calls() as calls:
+        yield calls
+    if calls.seen:
+        pytest.fail(calls.report(), pytrace=False)
 
 
 @pytest.fixture

@@ -378,9 +378,9 @@ class TestBed:
         from agentstream_services.tool_worker.service import build as build_worker
 
         url = self.redis_url or os.environ.get("REDIS_URL")
-        if not url:
-            self._embedded = EmbeddedRedis()
-            url = self._embedded.start()
+        if not url:  # started off the event loop: a folder made, a server process started and waited for
+            self._embedded = await asyncio.to_thread(EmbeddedRedis)
+            url = await asyncio.to_thread(self._embedded.start)
         self.redis_url = url
         self.config = Settings(
             REDIS_URL=url, namespace=self.namespace, consumer=f"bed-{self.namespace}", **{**_FAST, **self.settings}
@@ -444,7 +444,7 @@ class TestBed:
             with contextlib.suppress(Exception):
                 await self._redis.aclose()
         if self._embedded is not None:
-            self._embedded.stop()
+            await asyncio.to_thread(self._embedded.stop)  # waits for the server process to exit
 
     def check(self) -> None:
         """Raise the first error a double recorded, what a double left undone (a scripted

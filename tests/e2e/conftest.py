@@ -11,3 +11,9 @@ def client(redis_url):
     c = sync_client(redis_url)
     yield c
     c.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_calls_in_the_event_loop(blocking_calls):
+    """Every test here fails on a blocking call of the package in the event loop (tests/conftest.py)."""
+    yield blocking_calls

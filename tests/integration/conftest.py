@@ -46,3 +46,9 @@ async def versioned_redis(request) -> AsyncIterator:
     client = connect(url)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(autouse=True)
+def _no_blocking_calls_in_the_event_loop(blocking_calls):
+    """Every test here fails on a blocking call of the package in the event loop (tests/conftest.py)."""
+    yield blocking_calls

@@ -422,7 +422,8 @@ async def _record_settings(redis, settings: Settings, app_path: str) -> None:
     from agentstream.models.endpoints import load_endpoints
     from agentstream.runtime import service_settings
 
-    endpoints = load_endpoints(settings, require_keys=False)
+    # the models file is read in a thread: this runs beside the service's consumers
+    endpoints = await asyncio.to_thread(load_endpoints, settings, require_keys=False)
     while True:
         try:
             await service_settings.record(redis, settings.keys, app_path, endpoints)
@@ -1304,7 +1305,7 @@ async def _rebuild_setup(settings: Settings, app_path: str | None):
             f"{exc} (the app path {records[0].app!r} that the agent loops recorded is relative to the folder they "
             f"ran in, and this command runs in {os.getcwd()}: run it from that folder, or give --app)"
         ) from None
-    configured = _endpoints(settings)
+    configured = await asyncio.to_thread(_endpoints, settings)  # the models file, read off the event loop
     sets = ([configured] if configured else []) + [dict(r.endpoints) for r in records]
     return app, sets or [{}]
 

@@ -207,7 +207,8 @@ async def serve_http(
                 if before_scrape is not None:
                     await before_scrape()
                 encoder, ctype = choose_encoder(accept)
-                status, body = "200 OK", encoder(REGISTRY)
+                # off the event loop: the process collector reads /proc files on every scrape
+                status, body = "200 OK", await asyncio.to_thread(encoder, REGISTRY)
             elif path == "/healthz":
                 status, ctype, body = "200 OK", "text/plain", b"ok\n"
             elif path == "/readyz":

@@ -228,7 +228,9 @@ async def run_consumers(  # noqa: C901 (an outlier from before the complexity li
         streams = stream_gauges.StreamObserver(consumers[0].redis, observed, expected=expected_streams)
     readiness = Readiness(consumers, stop)
     if metrics_port:
-        metrics.set_build_info(service)
+        # the package's version is looked up on disk (importlib.metadata scans sys.path): off the loop,
+        # which may already run other services' consumers (several services in one process)
+        await asyncio.to_thread(metrics.set_build_info, service)
         try:
             server = await metrics.serve_http(
                 metrics_port,

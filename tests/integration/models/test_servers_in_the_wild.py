@@ -22,6 +22,7 @@ The formats, from each server's documentation and its OpenAI-compatible handlers
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -237,8 +238,9 @@ def _clear_runs():
     model_apps.RUNS.clear()
 
 
-def verify(events, services: InProcess) -> list[bool]:
-    endpoints = load_endpoints(services.settings("verify"), require_keys=False)
+async def verify(events, services: InProcess) -> list[bool]:
+    # the models file is read off the event loop (the services run in it)
+    endpoints = await asyncio.to_thread(load_endpoints, services.settings("verify"), require_keys=False)
     return [c.matches for c in rebuild_calls(events, model_apps.app.agent, endpoints=endpoints)]
 
 
@@ -270,7 +272,7 @@ async def test_the_tool_loop_runs_through_each_servers_format(run, redis, keys, 
         assert sorted(model_apps.RUNS) == ["calculator", "get_time"]
         assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "tool"]
         assert [c["function"]["arguments"] for c in second[2]["tool_calls"]] == [a for _, _, a in CALLS]
-    assert all(verify(events, services))
+    assert all(await verify(events, services))
 
 
 def _text_calls_count(recovered: str) -> float:

@@ -3,6 +3,7 @@ real adapters over HTTP: each failure of field cases C10, C11, C12, C14 and a pr
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -81,8 +82,9 @@ async def stop(services: InProcess) -> None:
     await services.stop_all()
 
 
-def verify(events, services: InProcess):
-    endpoints = load_endpoints(services.settings("verify"), require_keys=False)
+async def verify(events, services: InProcess):
+    # the models file is read off the event loop (the services run in it)
+    endpoints = await asyncio.to_thread(load_endpoints, services.settings("verify"), require_keys=False)
     return [c.matches for c in rebuild_calls(events, model_apps.app.agent, endpoints=endpoints)]
 
 
@@ -108,7 +110,7 @@ async def test_c11_malformed_arguments_are_kept_answered_with_an_error_and_repla
     second = server.bodies()[1]["messages"]
     assert second[2]["tool_calls"][0]["function"]["arguments"] == bad  # replayed verbatim
     assert second[3]["role"] == "tool" and "not valid JSON" in second[3]["content"]
-    assert verify(events, services) == [True, True]
+    assert await verify(events, services) == [True, True]
 
 
 async def test_unknown_tool_gets_an_error_listing_the_tools_and_its_sibling_still_runs(run, redis, keys, store):
@@ -328,4 +330,4 @@ async def test_c08_a_conversation_switches_provider_and_model_and_goes_on(run, r
     assert "short plan" not in json.dumps(bodies)  # gpt's reasoning never leaks into Anthropic requests
     assert not any("thinking" in json.dumps(m) for b in openai.bodies() for m in b["messages"])
     events = await events_of(store, "switch")
-    assert all(verify(events, services))
+    assert all(await verify(events, services))

@@ -6,6 +6,7 @@ agent loop and tool worker in process, the real adapter over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,9 @@ def _clear_runs():
     model_apps.RUNS.clear()
 
 
-def verify(events, services: InProcess) -> list[bool]:
-    endpoints = load_endpoints(services.settings("verify"), require_keys=False)
+async def verify(events, services: InProcess) -> list[bool]:
+    # the models file is read off the event loop (the services run in it)
+    endpoints = await asyncio.to_thread(load_endpoints, services.settings("verify"), require_keys=False)
     return [c.matches for c in rebuild_calls(events, model_apps.app.agent, endpoints=endpoints)]
 
 
@@ -106,7 +108,7 @@ async def test_a_refused_call_goes_out_once_more_smaller_and_the_turn_goes_on(ru
     events = await events_of(store, "miss")
     last = [e for e in events if isinstance(e, ModelOutput)][-1]
     assert last.attributes == {"window_miss": {"prompt_tokens": 5000, "window_tokens": 4096, "over_by_tokens": None}}
-    assert verify(events, services) == [True, True, True]  # the call sent again rebuilds to its fingerprint
+    assert await verify(events, services) == [True, True, True]  # the call sent again rebuilds to its fingerprint
     # the operator is told the endpoint's configured window is larger than its server's
     assert any("window_tokens 8192" in r.getMessage() and "4096" in r.getMessage() for r in caplog.records)
 
@@ -130,4 +132,4 @@ async def test_when_nothing_can_be_shed_the_turn_fails_context_full_and_the_next
     assert reply.status == "ended" and reply.answer == "Sure: 4."
     events = await events_of(store, "full")
     assert [e.code for e in events if isinstance(e, TurnFailed)] == ["context_full"]
-    assert all(verify(events, services))
+    assert all(await verify(events, services))
