@@ -59,6 +59,7 @@ def build(
         lease_ttl_ms=settings.lease_ttl_ms,
         fold_cache_bytes=settings.fold_cache_bytes,
         busy_policy=settings.busy_policy,
+        max_queued_turns=settings.max_queued_turns,
         trace_retention_s=settings.trace_retention_s,
         delta_maxlen=settings.delta_maxlen,
         delta_ttl_s=settings.delta_ttl_s,

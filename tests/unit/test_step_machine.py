@@ -20,6 +20,7 @@ from agentstream.steps.machine import (
     ending_effects,
     model_call_failure,
     offer_before_call,
+    queue_full_refusal,
     stamped_output,
     storable_results,
     turn_deadline_failure,
@@ -55,6 +56,34 @@ STARTED = [("1000000-0", TURN)]  # the turn entered at 1 000 s (Unix)
 
 def never(_event: object) -> None:
     return None
+
+
+# --- 0. a turn's admission into a conversation's queue ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("open_turns", "cap", "refused"),
+    [
+        (0, 1, False),  # an idle conversation takes a turn even at the smallest cap
+        (1, 1, True),  # cap 1: nothing queues behind the running turn
+        (63, 64, False),  # the last place in the queue
+        (64, 64, True),  # the queue is full
+        (500, 64, True),  # past it (a cap lowered while turns were queued)
+    ],
+)
+def test_when_a_conversation_holds_the_most_open_turns_the_loop_refuses_a_new_one_busy(open_turns, cap, refused):
+    failed = queue_full_refusal("c1", "t9", open_turns, cap)
+    if not refused:
+        assert failed is None
+        return
+    assert isinstance(failed, TurnFailed) and failed.turn_id == "t9" and failed.code == FailureCode.BUSY
+    assert "'c1'" in failed.reason and f"AGENTSTREAM_MAX_QUEUED_TURNS={cap}" in failed.reason
+    assert "new turn_id" in failed.reason
+
+
+def test_when_the_queue_cap_is_below_one_the_rule_raises_naming_it():
+    with pytest.raises(ValueError, match="max_queued_turns must be at least 1, got 0"):
+        queue_full_refusal("c1", "t9", 0, 0)
 
 
 # --- 1. the turn's deadline ------------------------------------------------------------------

@@ -138,6 +138,7 @@ class LoopState:
     lease_ttl_ms: int
     folds: FoldCache
     busy_policy: str
+    max_queued_turns: int
     trace_retention_s: float | None
     limits: wire.WireLimits
     turn_deadline_s: float | None

@@ -24,6 +24,7 @@ from agentstream.ops import logs, metrics
 from agentstream.runtime import conversations, operations
 from agentstream.runtime.cancel import publish_cancel
 from agentstream.runtime.reports import report_error
+from agentstream.steps.machine import queue_full_refusal
 from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
@@ -103,7 +104,11 @@ class Admission(LoopState):
                     ttl_ms=self.lease_ttl_ms,
                     after=fold.last_id if fold is not None else None,
                     expire_ms=self._expire_ms,
+                    max_open=self.max_queued_turns,
                 )
+                if admitted.full is not None:  # the conversation's queue is full: refused, nothing appended
+                    await self._refuse_full(turn, routing, admitted.full)
+                    return
             if admitted.differs:  # same ids, another body: absorbed all the same, and reported
                 await self._report_conflict(entry_id, where, turn, admitted.first_entry, payload)
             if admitted.ended:  # re-published (a backend lost the reply), re-delivered, or a copy seen while it ran
@@ -238,6 +243,24 @@ class Admission(LoopState):
         await operations.send_reply(
             self.redis, self.keys, message.trace_id, ending.turn_id, stream, reply
         )  # marked only once written
+
+    async def _refuse_full(self, turn: TurnMessage, routing: TurnInput, open_turns: int) -> None:
+        """Fail a new turn at once (code ``busy``) because its conversation holds ``open_turns``
+        turns admitted and not ended, the most it may queue (:func:`queue_full_refusal`).
+
+        As the ``reject`` policy does: the reply first, marked sent, then the ending, unfenced
+        (the conversation's running turn may hold the lease; its step loop publishes only the
+        replies not marked)."""
+        failed = queue_full_refusal(turn.trace_id, turn.turn_id, open_turns, self.max_queued_turns)
+        if failed is None:  # the script and the rule disagree: a bug, never a silent admission
+            raise RuntimeError(
+                f"turn {turn.turn_id!r} of trace {turn.trace_id!r} was refused as over the queue's cap with "
+                f"{open_turns} open turns, under the cap {self.max_queued_turns}"
+            )
+        log.warning("refused turn %s: %s", turn.turn_id, failed.reason)
+        await self._ensure_reply(turn.trace_id, routing, failed)
+        await self.store.append(turn.trace_id, failed)
+        metrics.TURNS_FAILED.labels(agent=turn.agent, code=FailureCode.BUSY).inc()
 
     async def _admit(self, turn, routing: TurnInput) -> bool:
         """Apply the reject or interrupt policy to a new turn → whether it enters the trace."""

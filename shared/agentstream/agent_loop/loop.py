@@ -62,6 +62,9 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         delta_ttl_s: seconds a trace's token-delta stream lives after its last write.
         lease_ttl_ms: the trace lease's time to live, renewed every third of it while held.
         busy_policy: what a turn published on a busy conversation does (:data:`BUSY_POLICIES`).
+        max_queued_turns: the most turns of one conversation admitted and not ended; a turn
+            published past it fails at once with code ``busy`` (see
+            :func:`agentstream.steps.machine.queue_full_refusal`).
         trace_retention_s: delete a whole conversation this long after its last turn ended;
             None keeps traces forever (the runtime never trims a trace).
         fold_cache_bytes: the most stored event bytes of folded traces kept in memory
@@ -82,6 +85,7 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         *,
         lease_ttl_ms: int = 30_000,
         busy_policy: str = "queue",
+        max_queued_turns: int = 64,
         trace_retention_s: float | None = None,
         delta_maxlen: int = DEFAULT_MAXLEN,
         delta_ttl_s: int = DEFAULT_TTL_S,
@@ -92,6 +96,8 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
     ):
         if busy_policy not in BUSY_POLICIES:
             raise ValueError(f"busy_policy must be one of {BUSY_POLICIES}, got {busy_policy!r}")
+        if max_queued_turns < 1:
+            raise ValueError(f"max_queued_turns must be at least 1, got {max_queued_turns!r}")
         self.app = app
         self.store = store
         self.redis = store.redis
@@ -111,6 +117,7 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         self._admitting: dict[str, list] = {}  # trace id → [its admission lock, admissions using it]
         self._reader = FoldReader(store, self.folds)
         self.busy_policy = busy_policy
+        self.max_queued_turns = max_queued_turns
         self.trace_retention_s = trace_retention_s
         self._expire_ms = int(trace_retention_s * 1000) if trace_retention_s else None
         self._publishes_with_append = store.one_server  # a Redis Cluster: the step's publication goes after its append

@@ -52,6 +52,9 @@ Variables (all optional):
 - ``AGENTSTREAM_BUSY_POLICY``: what a turn published on a busy conversation does: ``queue``
   (default: it waits behind the running turn), ``reject`` (it fails at once with code ``busy``)
   or ``interrupt`` (the running turn is cancelled, then the new one runs).
+- ``AGENTSTREAM_MAX_QUEUED_TURNS``: the most turns of one conversation admitted and not ended (its
+  running turn and those queued behind it; default 64); a turn published past it fails at once
+  with code ``busy``, so one conversation's backlog cannot grow without bound.
 - ``AGENTSTREAM_TRIM_INTERVAL_MS``: how often work streams are trimmed below what every consumer
   group acknowledged, in milliseconds (0 = never). Traces are never trimmed.
 - ``AGENTSTREAM_TRACE_RETENTION_S``: delete a whole conversation (its trace and keys) this long
@@ -203,6 +206,7 @@ class Settings(BaseSettings):
     metrics_interval_s: float = Field(default=15.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     busy_policy: Literal["queue", "reject", "interrupt"] = "queue"
+    max_queued_turns: int = Field(default=64, ge=1)
     trim_interval_ms: int = Field(default=60_000, ge=0)
     trace_retention_s: float | None = Field(default=None, gt=0)
     max_descendants: int = Field(default=100, ge=1)

@@ -175,6 +175,8 @@ class Admitted:
         differs: this entry's turn is not the admitted one (another digest of its TurnInput):
             a conflicting copy, absorbed all the same (said once per copy entry while the turn
             runs; for every entry that finds it ended).
+        full: for a new turn refused because the trace has ``max_open`` turns admitted and not
+            ended, that count (nothing was appended or taken); else None.
     """
 
     ended: bool
@@ -183,6 +185,7 @@ class Admitted:
     taken: Taken | None = None
     absorbed: bool = False
     differs: bool = False
+    full: int | None = None
 
 
 @dataclass(frozen=True)
@@ -623,10 +626,14 @@ class TraceStore:
         ttl_ms: int,
         after: str | None,
         expire_ms: int | None = None,
+        max_open: int | None = None,
     ) -> Admitted:
         """A turn from the turns stream, in one round trip: when it ended before, say so; else
         append it once (remembering the turns-stream entry that brought it) and, with ``take``,
         take the trace as :meth:`take` does.
+
+        ``max_open``: the most turns admitted and not ended the trace may hold (None: no cap); a
+        new turn that finds that many is not appended (``Admitted.full`` says the count).
         """
         raw = await self._admit_script(
             keys=self._trace_keys(trace_id),
@@ -641,8 +648,11 @@ class TraceStore:
                 after or "",
                 self.read_count,
                 turn_digest(turn),
+                "" if max_open is None else str(int(max_open)),
             ],
         )
+        if _text(raw[0]) == "full":
+            return Admitted(False, full=int(raw[1]))
         if _text(raw[0]) == "ended":
             return Admitted(True, first_entry=_text(raw[1]), absorbed=int(raw[2]) == 1, differs=int(raw[3]) == 1)
         taken = self._taken(trace_id, raw[2]) if take else None

@@ -25,6 +25,9 @@ jobs to publish, the reply) go with the append when nothing else came into the t
 :func:`ending_effects` gives the events that end a turn for ``EndTurn``/``FailTurn``/``CancelTurn``;
 :func:`storable_results` replaces results the trace cannot store.
 
+Before all of them, at admission, :func:`queue_full_refusal` says whether a turn published on a
+conversation may queue behind its running turn or fails at once (code ``busy``).
+
 None of these reads Redis or a clock: the loop passes the time, the configured models and
 what it read, and applies what they return (``tests/unit/test_step_machine.py``).
 """
@@ -98,6 +101,31 @@ def turn_deadline_failure(
     if left_s is not None and left_s <= 0:
         return past_turn_deadline(turn, deadline_s, step)
     return None
+
+
+# --- 0. a turn's admission into a conversation's queue ------------------------------------------
+
+
+def queue_full_refusal(trace_id: str, turn_id: str, open_turns: int, max_queued_turns: int) -> TurnFailed | None:
+    """Whether a new turn may enter a conversation that has ``open_turns`` turns admitted and not
+    ended (its running turn and those queued behind it) → None to admit it, else its failure
+    (code ``busy``) when ``open_turns`` reached ``max_queued_turns``.
+
+    The admission script applies the same rule in Redis, atomically with the append
+    (``admit_turn.lua``: a new turn is refused while the count is at the cap); this states it and
+    words the refusal. Raises ValueError when ``max_queued_turns`` is below 1.
+    """
+    if max_queued_turns < 1:
+        raise ValueError(f"max_queued_turns must be at least 1, got {max_queued_turns!r}")
+    if open_turns < max_queued_turns:
+        return None
+    return TurnFailed(
+        turn_id=turn_id,
+        code=FailureCode.BUSY,
+        reason=f"conversation {trace_id!r} has {open_turns} turns admitted and not ended, the most it may queue "
+        f"(AGENTSTREAM_MAX_QUEUED_TURNS={max_queued_turns}); this turn was refused: publish it again under a "
+        "new turn_id once earlier turns have ended",
+    )
 
 
 # --- 2. the MCP tools offered ----------------------------------------------------------------

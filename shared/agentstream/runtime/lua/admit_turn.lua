@@ -3,7 +3,8 @@
 --
 -- KEYS: trace stream, idempotency hash, lease, dirty mark. ARGV: turn id, the turn entry's id,
 -- version, the TurnInput's bytes, expiry in ms ('' = none), take the lease ('1'/'0'), lease ttl
--- in ms, after, the most entries read, the turn's digest ('' = none). A turn that ended before:
+-- in ms, after, the most entries read, the turn's digest ('' = none), the most turns admitted and
+-- not ended ('' = no cap). A turn that ended before:
 -- {'ended', entry that first brought it, absorbed, differs}. Else the turn is appended once
 -- (`entry:<turn>` remembers the entry that brought it, `digest:<turn>` its digest) and, when
 -- asked, the trace taken as take.lua does: {'turn', created, take's reply or {}, differs}.
@@ -13,6 +14,9 @@
 -- answered again. `absorbed`: this entry was recorded so; `differs`: its digest is not the
 -- admitted turn's (said once per copy entry, the first time it is recorded, and for each
 -- entry that finds the turn ended).
+-- Open turns: `open:<turn>` marks a turn admitted here and `open` counts them; append.lua and
+-- append_publish.lua clear the mark and count down when the turn's ending is appended. A new turn
+-- that finds `open` at the cap is not appended: {'full', open} (steps.machine.queue_full_refusal).
 
 -- The fencing token of a new lease: a counter per trace in its key hash (no global hot key). A new
 -- counter (a new trace, or one deleted by retention and started again) starts at the server's
@@ -66,9 +70,19 @@ if redis.call('HEXISTS', KEYS[2], 'end:' .. turn) == 1 then
   return {'ended', redis.call('HGET', KEYS[2], 'entry:' .. turn) or '',
           redis.call('HEXISTS', KEYS[2], 'copy:' .. turn .. ':' .. ARGV[2]), differs}
 end
+local present = redis.call('HEXISTS', KEYS[2], 'turn:' .. turn)
+if present == 0 and ARGV[11] and ARGV[11] ~= '' then
+  local open = tonumber(redis.call('HGET', KEYS[2], 'open') or '0')
+  if open >= tonumber(ARGV[11]) then
+    redis.call('HSETNX', KEYS[2], 'entry:' .. turn, ARGV[2])  -- its re-delivery is not a re-publish
+    return {'full', open}
+  end
+end
 redis.call('HSETNX', KEYS[2], 'entry:' .. turn, ARGV[2])
 local created = 0
-if redis.call('HEXISTS', KEYS[2], 'turn:' .. turn) == 0 then
+if present == 0 then
+  redis.call('HSET', KEYS[2], 'open:' .. turn, '1')
+  redis.call('HINCRBY', KEYS[2], 'open', 1)
   local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[3], 'e', ARGV[4], 'k', 'turn:' .. turn)
   redis.call('HSET', KEYS[2], 'turn:' .. turn, id)
   if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'digest:' .. turn, ARGV[10]) end

@@ -70,6 +70,10 @@ local function append_events(first_event)
       else
         local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'e', ARGV[i + 1], 'k', ARGV[i])
         redis.call('HSET', KEYS[2], ARGV[i], id)
+        -- a turn's ending: it is no longer open (admit_turn.lua counts the open turns)
+        if string.sub(ARGV[i], 1, 4) == 'end:' and redis.call('HDEL', KEYS[2], 'open:' .. string.sub(ARGV[i], 5)) == 1 then
+          redis.call('HINCRBY', KEYS[2], 'open', -1)
+        end
         for m = 1, tonumber(ARGV[i + 2]) do
           redis.call('HSET', KEYS[2], ARGV[i + 1 + 2 * m], ARGV[i + 2 + 2 * m])
         end
