@@ -11,7 +11,8 @@ import time
 import pytest
 import redis as redis_sync
 
-from agentstream.wire.events import ToolOutput, ToolStarted, TurnEnded, TurnFailed
+from agentstream.wire.events import ToolOutput, ToolStarted, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.keys import TURN_FIELD
 from tests.support import apps
 from tests.support.procs import ROOT, Services, publish_turn, wait_replies, wait_until
 from tests.support.procs import trace_events as events
@@ -179,3 +180,31 @@ def test_redis_restart_with_aof_every_turn_still_finishes(namespace, keys, model
         finally:
             services.stop_all()
             client.close()
+
+
+def test_kill_9_of_the_process_that_queued_a_busy_conversations_turns_loses_none(client, keys, services):
+    # the queued turns entered the trace and their entries were acknowledged; the process that
+    # holds the conversation dies mid-call: another one answers every turn, once, in publish order
+    from tests.integration.test_busy_fairness import GatedModel, turn
+
+    with GatedModel() as model:
+        services.env["OPENAI_BASE_URL"] = model.base_url
+        services.start("loop-1", "agent-loop", env={"AGENTSTREAM_CONCURRENCY": "3"})
+        published = [f"k{i}" for i in range(10)]
+        for turn_id in published:
+            client.xadd(keys.turns_for("crash"), {TURN_FIELD: turn("crash", turn_id)})
+        wait_until(lambda: model.held == 1, what="the first turn's model call held")
+        wait_until(
+            lambda: (
+                sum(isinstance(e, TurnInput) for e in events(client, keys, "crash")) == len(published)
+                and client.xpending(keys.turns_for("crash"), "agent-loop")["pending"] == 1
+            ),
+            what="every turn in the trace, only the running one's entry pending",
+        )
+        services.stop("loop-1", kill=True)
+        services.start("loop-2", "agent-loop")
+        model.gate.set()
+        replies = wait_replies(client, keys, len(published), timeout_s=60)
+        assert [r.turn_id for r in replies] == published and {r.status for r in replies} == {"ended"}
+        time.sleep(1.0)  # a second reply published late would show now
+        assert client.xlen(keys.replies) == len(published)
