@@ -57,7 +57,7 @@ def build(
         store,
         models,
         lease_ttl_ms=settings.lease_ttl_ms,
-        fold_cache_bytes=settings.fold_cache_bytes,
+        fold_cache_bytes=settings.fold_cache_budget_bytes(),
         busy_policy=settings.busy_policy,
         max_queued_turns=settings.max_queued_turns,
         trace_retention_s=settings.trace_retention_s,

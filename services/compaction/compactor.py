@@ -53,7 +53,7 @@ class Compactor:
         store: the trace store.
         models: model clients by endpoint id.
         summary_model: the endpoint id that writes summaries; None uses the agent's own model.
-        fold_cache_bytes: the most stored event bytes of traces kept folded between jobs
+        fold_cache_bytes: the most bytes of memory (as measured) of traces kept folded between jobs
             (:class:`agentstream.runtime.fold_reader.FoldReader`).
     """
 

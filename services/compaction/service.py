@@ -54,7 +54,7 @@ def build(
         models,
         summary_model=settings.compaction_model,
         limits=settings.wire_limits,
-        fold_cache_bytes=settings.fold_cache_bytes,
+        fold_cache_bytes=settings.fold_cache_budget_bytes(),
     )
     stream = settings.keys.compactions
     consumers = partition_consumers(

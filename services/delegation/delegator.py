@@ -59,7 +59,7 @@ class Delegator:
         app: the user's app (its delegations).
         store: the trace store.
         max_descendants: the most child traces one root trace may open, all levels together.
-        fold_cache_bytes: the most stored event bytes of parent traces kept folded
+        fold_cache_bytes: the most bytes of memory (as measured) of parent traces kept folded
             (:class:`agentstream.runtime.fold_reader.FoldReader`).
     """
 

@@ -20,7 +20,7 @@ def build(app: App, settings: Settings, store: TraceStore) -> tuple[Delegator, l
         store,
         max_descendants=settings.max_descendants,
         limits=settings.wire_limits,
-        fold_cache_bytes=settings.fold_cache_bytes,
+        fold_cache_bytes=settings.fold_cache_budget_bytes(),
     )
     keys = settings.keys
     runners: list[StreamConsumer | Supervisor] = [

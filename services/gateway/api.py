@@ -118,7 +118,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
     """
     keys = store.keys
     endpoints = endpoints or {}
-    folds = FoldReader(store, FoldCache(settings.fold_cache_bytes))  # the traces requests ask about, folded
+    folds = FoldReader(store, FoldCache(settings.fold_cache_budget_bytes()))  # the traces requests ask about, folded
     api = FastAPI(
         title="agentstream gateway",
         version="1",

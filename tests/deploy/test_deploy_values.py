@@ -247,3 +247,25 @@ def test_the_charts_concurrency_is_the_services_default(default_values: dict[str
     assert default_values["toolWorkers"]["concurrency"] == default
     env = yaml.safe_dump(default_values)
     assert "AGENTSTREAM_BLOCK_MS" not in env and "AGENTSTREAM_LOG_LEVEL" not in env  # the services' own defaults
+
+
+def _quantity_bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "K": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(quantity[: -len(suffix)]) * factor
+    return int(quantity)
+
+
+@pytest.mark.parametrize("service", ["agentLoop", "gateway", "delegation", "compaction"])
+def test_the_charts_memory_limits_hold_the_fold_cache(default_values: dict[str, Any], service: str) -> None:
+    # issue 35: every service that keeps folds has a memory limit, its cache's bound follows it
+    # (the setting is not pinned by the chart), and the bound (counted within 1.5× of what the
+    # folds hold, tests/unit/test_fold_memory.py) plus the process's own 68 MB leaves headroom
+    from agentstream.ops.memory import cache_bytes_for_limit
+
+    block = default_values[service]
+    limit = _quantity_bytes(block["resources"]["limits"]["memory"])
+    assert "AGENTSTREAM_FOLD_CACHE_BYTES" not in yaml.safe_dump(block)
+    assert "AGENTSTREAM_FOLD_CACHE_BYTES" not in yaml.safe_dump(default_values.get("extraEnv", []))
+    assert cache_bytes_for_limit(limit) * 1.5 + 128 * (1 << 20) <= limit * 0.75

@@ -165,21 +165,25 @@ def test_entry_ids_order_as_redis_orders_them():
 
 
 def test_the_cache_is_bounded_by_bytes_and_drops_the_least_recently_used():
-    cache = FoldCache(max_bytes=250)
+    def fold_of(trace_id: str, entry_id: str, text: str) -> TraceFold:
+        fold = TraceFold(trace_id)
+        fold.feed([(entry_id, TurnInput(turn_id="t", agent="roomy", text=text))], [100])
+        return fold
+
+    one = FoldCache().cost_of(fold_of("tr9", "1-0", "x"))  # what a fold of this shape costs, measured
+    cache = FoldCache(max_bytes=one * 5 // 2)
     folds = []
     for n in range(3):
-        fold = TraceFold(f"tr{n}")
-        fold.feed([(f"{n + 1}-0", TurnInput(turn_id="t", agent="roomy", text="x"))], [100])
+        fold = fold_of(f"tr{n}", f"{n + 1}-0", "x")
         cache.put(fold)
         folds.append(fold)
         if n == 1:
             assert cache.get("tr0") is folds[0]  # tr0 is now the most recently used
     assert "tr0" in cache and "tr2" in cache and "tr1" not in cache
-    assert cache.nbytes == 200 and cache.evictions == 1
-    big = TraceFold("big")
-    big.feed([("9-0", TurnInput(turn_id="t", agent="roomy", text="x"))], [1000])
+    assert cache.nbytes == 2 * one and cache.evictions == 1
+    big = fold_of("big", "9-0", "x" * (one * 3))
     cache.put(big)  # the fold just used is kept however large
-    assert len(cache) == 1 and "big" in cache
+    assert len(cache) == 1 and "big" in cache and cache.nbytes > one * 3
     cache.forget("big")
     assert len(cache) == 0 and cache.nbytes == 0
 
@@ -208,7 +212,7 @@ def test_folds_evicted_under_the_byte_bound_fold_again_to_the_same_decisions(tra
         cache.put(fold)
         done[n] = cut
         _check(fold, traces_[n][:cut])
-        assert cache.nbytes <= max(cache.max_bytes, fold.nbytes)  # over the bound only by the fold just used
+        assert cache.nbytes <= max(cache.max_bytes, cache.cost_of(fold))  # over the bound only by the fold just used
     assert cache.evictions >= refolded
 
 

@@ -67,7 +67,7 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
             :func:`agentstream.steps.machine.queue_full_refusal`).
         trace_retention_s: delete a whole conversation this long after its last turn ended;
             None keeps traces forever (the runtime never trims a trace).
-        fold_cache_bytes: the most stored event bytes of folded traces kept in memory
+        fold_cache_bytes: the most bytes of memory the folded traces kept may take, as measured
             (:class:`agentstream.steps.trace_fold.FoldCache`).
         limits: the wire's limits and reply streams (:mod:`agentstream.wire.checks`).
         turn_deadline_s: the most a turn may take from its start, in seconds (checked at each

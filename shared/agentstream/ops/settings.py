@@ -39,9 +39,12 @@ Variables (all optional):
   handler mostly waits on a model or a tool; issue 35 measured +37 % steps/s over 16 together
   with 1 s blocking reads and warning logs).
 - ``AGENTSTREAM_LEASE_TTL_MS``: the agent loop's lease on a trace, renewed while held.
-- ``AGENTSTREAM_FOLD_CACHE_BYTES``: the most stored event bytes of folded traces one agent-loop
-  process keeps in memory (least recently used dropped first; a dropped trace is folded again
-  from its first entry on its next step). Default 256 MiB.
+- ``AGENTSTREAM_FOLD_CACHE_BYTES``: the most bytes of memory the folded traces of one process
+  (agent loop, gateway, delegation, compaction) may take, as measured
+  (:class:`agentstream.steps.trace_fold.FoldCache`; least recently used dropped first; a dropped trace
+  is folded again from its first entry on its next step). Default (unset or empty): a quarter of
+  the process's memory limit (cgroup ``memory.max``), or 256 MiB without a limit
+  (:mod:`agentstream.ops.memory`).
 - ``AGENTSTREAM_MODEL_TIMEOUT_S``: one model HTTP request's timeout, in seconds.
 - ``AGENTSTREAM_MODEL_RETRIES``: retries of a failed model request (network, 408/409/429/5xx).
 - ``AGENTSTREAM_METRICS_PORT``: the port of /metrics, /healthz and /readyz (0 = off).
@@ -113,6 +116,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentstream.errors import ConfigError
+from agentstream.ops.memory import default_cache_bytes
 from agentstream.ops.startup import contradictions
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, parse_patterns
 from agentstream.wire.keys import DEFAULT_NAMESPACE, Keys, check_namespace
@@ -198,7 +202,7 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=5, ge=1)
     concurrency: int = Field(default=64, ge=1)
     lease_ttl_ms: int = Field(default=30_000, ge=1000)
-    fold_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    fold_cache_bytes: int | None = Field(default=None, ge=0)
     model_timeout_s: float = Field(default=120.0, gt=0)
     model_retries: int = Field(default=2, ge=0)
     metrics_port: int = Field(default=0, ge=0, le=65535)
@@ -241,7 +245,18 @@ class Settings(BaseSettings):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
 
-    @field_validator("turn_deadline_s", "trace_retention_s", mode="before")
+    def fold_cache_budget_bytes(self) -> int:
+        """The bound of the process's fold cache in bytes: ``fold_cache_bytes`` when set, otherwise
+        the default for the process's memory limit (:func:`agentstream.ops.memory.default_cache_bytes`).
+
+        Raises:
+            ValueError: the cgroup's limit file cannot be understood.
+        """
+        if self.fold_cache_bytes is not None:
+            return self.fold_cache_bytes
+        return default_cache_bytes()
+
+    @field_validator("turn_deadline_s", "trace_retention_s", "fold_cache_bytes", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         """An empty variable (compose's ``${VAR:-}``) means unset."""

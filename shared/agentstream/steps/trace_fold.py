@@ -13,7 +13,7 @@ from the whole trace (the property tests in ``tests/property/test_fold.py`` chec
 A trace is append-only, but it can be deleted (retention) and started again under the same id:
 the first entry id then differs (:meth:`TraceFold.same_trace`), and the fold is dropped.
 
-:class:`FoldCache` bounds the folds one process keeps by the stored bytes of their events
+:class:`FoldCache` bounds the folds one process keeps by what they cost in memory, measured
 (least recently used dropped first); a trace whose fold was dropped is folded again from its
 first entry on its next step.
 
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentstream.context import BuiltContext, reopen_result
+from agentstream.context import BuiltContext, ContextConfig, ContextPolicy, ModelLimits, reopen_result
 from agentstream.context._context_fold import ContextFold
 from agentstream.context.builder import build_from_state, new_state, settings_of
 from agentstream.context.elements import Numbering
@@ -35,6 +35,7 @@ from agentstream.context.render import EventFilter
 from agentstream.declarations.agents import Agent
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.steps.decision import Decision, TurnView, decide_view
+from agentstream.steps.sizing import deep_size_bytes
 from agentstream.wire.events import (
     CancelRequested,
     Compaction,
@@ -51,6 +52,9 @@ from agentstream.wire.events import (
 )
 
 __all__ = ["FoldCache", "TraceFold", "TurnRecord", "entry_key"]
+
+# What a fold references and shares with the whole process (a dropped fold frees none of it).
+_SHARED: tuple[type, ...] = (Agent, ModelEndpoint, ContextConfig, ContextPolicy, ModelLimits)
 
 
 def entry_key(entry_id: str) -> tuple[int, int]:
@@ -91,7 +95,7 @@ class TraceFold:
         events: the decoded events, oldest first.
         first_id: the id of the trace's first entry (None while empty).
         last_id: the id of the last entry folded (None while empty).
-        nbytes: the stored bytes of the folded events (what :class:`FoldCache` counts).
+        nbytes: the stored bytes of the folded events (:class:`FoldCache` scales its measures by them).
         turns: the record of every turn id the trace names, by turn id.
         order: the turn ids of the trace's turn inputs, in trace order.
         unconfirmed: turn ids whose ending was folded and whose reply this worker has not yet
@@ -364,18 +368,30 @@ class TraceFold:
 
 
 class FoldCache:
-    """Folded traces by trace id, bounded by the stored bytes of their events.
+    """Folded traces by trace id, bounded by what they cost in memory.
+
+    A fold's cost is measured (:func:`agentstream.steps.sizing.deep_size_bytes` of the fold,
+    without the agents and settings it shares with the process) when it is first kept and again
+    each time its stored bytes or its events have grown by half since the last measure; in
+    between, the last measure is scaled by the growth of its stored bytes. Measuring at geometric
+    steps keeps a fold's measuring cost linear in its size, and the count within a small factor
+    of the memory the folds hold (``tests/unit/test_fold_memory.py`` checks it against tracemalloc).
 
     Args:
-        max_bytes: the most event bytes kept over all folds (a fold's memory is a small multiple
-            of its events' stored bytes); the least recently used folds are dropped first. The
-            fold just used is always kept, however large.
+        max_bytes: the most bytes of memory kept over all folds; the least recently used folds
+            are dropped first. The fold just used is always kept, however large.
 
     Attributes:
+        nbytes: the bytes of memory counted for the folds kept.
         hits: lookups that found a fold.
         misses: lookups that did not (the trace is folded from its first entry).
         evictions: folds dropped to stay under ``max_bytes``.
+
+    Raises:
+        ValueError: ``max_bytes`` is negative.
     """
+
+    REMEASURE_GROWTH = 1.5  # a fold is measured again once it has grown by half
 
     def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
         if max_bytes < 0:
@@ -383,6 +399,7 @@ class FoldCache:
         self.max_bytes = max_bytes
         self._folds: OrderedDict[str, TraceFold] = OrderedDict()
         self._sizes: dict[str, int] = {}
+        self._measures: dict[str, tuple[int, int, int]] = {}  # trace id → (cost, stored bytes, events) when measured
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
@@ -404,6 +421,18 @@ class FoldCache:
         self._folds.move_to_end(trace_id)
         return fold
 
+    def cost_of(self, fold: TraceFold) -> int:
+        """The bytes of memory counted for ``fold`` (measured, or scaled from its last measure)."""
+        measure = self._measures.get(fold.trace_id)
+        growth = self.REMEASURE_GROWTH
+        events = len(fold.events)
+        if measure is not None and fold.nbytes < measure[1] * growth and events < measure[2] * growth:
+            cost, stored, _ = measure
+            return cost if stored == 0 else max(cost, cost * fold.nbytes // stored)
+        cost = deep_size_bytes(fold, _SHARED)
+        self._measures[fold.trace_id] = (cost, fold.nbytes, max(events, 1))
+        return cost
+
     def put(self, fold: TraceFold) -> None:
         """Keep (or account again for) a fold after it was fed, dropping the least recently used
         others while the total is over ``max_bytes``."""
@@ -412,8 +441,9 @@ class FoldCache:
             self.forget(trace_id)
             self._folds[trace_id] = fold
         self._folds.move_to_end(trace_id)
-        self.nbytes += fold.nbytes - self._sizes.get(trace_id, 0)
-        self._sizes[trace_id] = fold.nbytes
+        cost = self.cost_of(fold)
+        self.nbytes += cost - self._sizes.get(trace_id, 0)
+        self._sizes[trace_id] = cost
         while self.nbytes > self.max_bytes and len(self._folds) > 1:
             oldest = next(iter(self._folds))
             self.forget(oldest)
@@ -421,6 +451,7 @@ class FoldCache:
 
     def forget(self, trace_id: str) -> None:
         """Drop a trace's fold (its next step folds it again from its first entry)."""
+        self._measures.pop(trace_id, None)
         if self._folds.pop(trace_id, None) is not None:
             self.nbytes -= self._sizes.pop(trace_id, 0)
 
