@@ -46,7 +46,16 @@ def decode_child_ended(payload: bytes) -> ChildEnded:
 
 # --- which tools a trace's model is offered --------------------------------------------------
 
+MEMO_ENTRIES = 256  # the most entries of each memo below (agents made per turn would fill them)
 _OFFERED: dict[tuple[int, tuple[str, ...], str | None, Any, int], tuple[Agent, Agent]] = {}
+
+
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    """Keep ``value`` under ``key``, dropping the oldest entry past :data:`MEMO_ENTRIES` (an
+    agent's settings function makes an agent per turn; an unbounded memo would keep them all)."""
+    if key not in memo and len(memo) >= MEMO_ENTRIES:
+        memo.pop(next(iter(memo)))
+    memo[key] = value
 
 
 def depth_of(turn: TurnInput) -> int:
@@ -72,7 +81,7 @@ def _reserve_capped(agent: Agent, endpoint: ModelEndpoint) -> Any:
         return cached[1]
     policy = dataclasses.replace(config.policy, output_reserve=Tokens(cap))
     capped = dataclasses.replace(config, policy=policy)
-    _CAPPED[(id(config), cap)] = (config, capped)
+    _remember(_CAPPED, (id(config), cap), (config, capped))
     return capped
 
 
@@ -132,7 +141,7 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
         model_limits=limits,
         context=config,
     )
-    _OFFERED[key] = (agent, copy)
+    _remember(_OFFERED, key, (agent, copy))
     return copy
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pydantic
@@ -250,3 +251,19 @@ def test_without_an_endpoint_recorded_the_parent_turns_model_is_used_then_none()
     assert hand_off(research, "root", events, made, "t1", child=WORKER).task.model == "big"
     turn, events, made = _delegated_on("")
     assert hand_off(research, "root", events, made, "t1", child=WORKER).task.model is None
+
+
+def test_the_memo_of_offered_agents_is_bounded():
+    # issue 35: an agent with a settings function is a new object each turn; the memo of the
+    # agents a model call sees kept every one of them, growing with the turns a process served
+    from agentstream.delegation import handoff
+
+    base = Agent(name="per_turn", system_prompt="You answer.", model="small")
+    turn = TurnInput(turn_id="t", agent="per_turn", text="hi", model="large")
+    kept = []
+    for _ in range(handoff.MEMO_ENTRIES * 3):
+        agent = copy.copy(base)  # what a settings function gives: another object per turn
+        kept.append(agent)
+        offered = offered_agent(agent, turn)
+        assert offered.model == "large" and offered_agent(agent, turn) is offered
+    assert len(handoff._OFFERED) <= handoff.MEMO_ENTRIES
