@@ -185,7 +185,7 @@ def main() -> None:
     text = report(result)
     print(text)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        args.json.write_text(json.dumps(result, indent=1, default=str))
     if args.write:
         write_results(text)
 
