@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from agentstream import Agent
-from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.steps.sizing import deep_size_bytes
+from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, TurnEnded, TurnInput, Usage
 
