@@ -94,7 +94,7 @@ def _measured(fill: Any) -> tuple[FoldCache, int, int]:
 @pytest.mark.parametrize(
     ("conversations", "turns", "question_bytes", "answer_bytes"),
     [
-        (300, 1, 5_000, 10_000),  # the one-turn conversations of about 15 KB
+        (150, 1, 5_000, 10_000),  # the one-turn conversations of about 15 KB
         (300, 1, 200, 400),  # short ones: overheads outweigh the text
         (4, 100, 1_000, 3_000),  # long conversations: the context fold grows turn by turn
     ],
