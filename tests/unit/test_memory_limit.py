@@ -72,7 +72,8 @@ def test_an_unreadable_limit_names_the_file(tmp_path: Path):
 
 
 def test_the_settings_bound_follows_the_cgroup_unless_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(memory, "CGROUP_ROOT", _cgroup(tmp_path, {"memory.max": str(512 * MiB)}))
+    root = _cgroup(tmp_path, {"memory.max": str(512 * MiB)})
+    monkeypatch.setattr(memory, "PROCESS_LIMIT_BYTES", memory_limit_bytes(root))  # as read at import
     monkeypatch.delenv("AGENTSTREAM_FOLD_CACHE_BYTES", raising=False)
     assert default_cache_bytes() == 128 * MiB
     assert Settings().fold_cache_budget_bytes() == 128 * MiB
@@ -82,4 +83,5 @@ def test_the_settings_bound_follows_the_cgroup_unless_set(tmp_path: Path, monkey
     assert Settings().fold_cache_budget_bytes() == 1000
     monkeypatch.delenv("AGENTSTREAM_FOLD_CACHE_BYTES")
     (tmp_path / "memory.max").write_text("max\n")
+    monkeypatch.setattr(memory, "PROCESS_LIMIT_BYTES", memory_limit_bytes(root))
     assert Settings().fold_cache_budget_bytes() == CACHE_BYTES_WITHOUT_LIMIT

@@ -18,6 +18,7 @@ __all__ = [
     "CACHE_SHARE",
     "CGROUP_ROOT",
     "cache_bytes_for_limit",
+    "PROCESS_LIMIT_BYTES",
     "default_cache_bytes",
     "memory_limit_bytes",
 ]
@@ -73,10 +74,19 @@ def cache_bytes_for_limit(limit_bytes: int | None) -> int:
 
 
 def default_cache_bytes(root: Path | None = None) -> int:
-    """The default bound of a service's caches in this process (:func:`cache_bytes_for_limit` of
-    :func:`memory_limit_bytes`), in bytes.
+    """The default bound of a service's caches (:func:`cache_bytes_for_limit` of the limit), in
+    bytes: of this process's limit as read when this module was imported
+    (:data:`PROCESS_LIMIT_BYTES`; a service builds its caches inside its event loop, where a file
+    read would block it), or of the cgroup at ``root`` when given.
 
     Raises:
         ValueError: see :func:`memory_limit_bytes`.
     """
-    return cache_bytes_for_limit(memory_limit_bytes(root))
+    return cache_bytes_for_limit(PROCESS_LIMIT_BYTES if root is None else memory_limit_bytes(root))
+
+
+try:
+    PROCESS_LIMIT_BYTES: int | None = memory_limit_bytes()
+    """This process's memory limit in bytes, read once at import (None: none)."""
+except ValueError:
+    PROCESS_LIMIT_BYTES = None  # a cgroup file not understood: as without a limit (256 MiB)
