@@ -14,7 +14,7 @@ from redis.exceptions import ResponseError
 from agentstream.runtime.consumer import ConsumerConfig, StreamConsumer
 from agentstream.wire import codec
 from agentstream.wire.events import ModelOutput, ToolJob, ToolOutput, TurnFailed
-from agentstream.wire.keys import JOB_FIELD, TOOL_WORKER_GROUP, TURN_FIELD
+from agentstream.wire.keys import AGENT_LOOP_GROUP, JOB_FIELD, TOOL_WORKER_GROUP, TURN_FIELD
 from tests.support import apps
 from tests.support.inprocess import InProcess, events_of, publish, wait_for, wait_reply
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
@@ -309,12 +309,22 @@ async def test_a_malformed_copy_of_a_running_turn_leaves_the_turn_running(redis,
 
 async def test_a_malformed_turn_is_ended_only_under_the_trace_lease(redis, keys, services, store):
     # another worker holds the trace: the bad turn's ending waits for the lease (fencing)
-    await redis.set(keys.lease("c5b"), b"999999", px=1200)
+    # (held until the test lets it go, so a loaded machine cannot let it lapse early)
+    await redis.set(keys.lease("c5b"), b"999999")
     await services.start("p1", "agent-loop")
     await redis.xadd(keys.turns, {TURN_FIELD: b'{"trace_id":"c5b","turn_id":"t1","agent":"plan","text":7}'})
-    await asyncio.sleep(0.6)
+
+    async def delivered() -> bool:  # the agent loop has read the entry (and could not end it yet)
+        try:
+            return (await redis.xpending(keys.turns, AGENT_LOOP_GROUP))["pending"] > 0
+        except ResponseError:  # its group is not made yet
+            return False
+
+    await wait_for(delivered, timeout_s=10, what="the bad turn's delivery")
+    await asyncio.sleep(0.3)  # its attempts to end the turn meanwhile are fenced off by the lease
     assert not await store.has_key("c5b", "end:t1")  # not written while another holds the lease
-    reply = await wait_reply(redis, keys, "t1", timeout_s=10)
+    await redis.delete(keys.lease("c5b"))
+    reply = await wait_reply(redis, keys, "t1", timeout_s=30)
     assert reply.status == "failed" and reply.code == "bad_turn" and "$.text" in reply.reason
 
 
