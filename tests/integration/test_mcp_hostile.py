@@ -87,6 +87,22 @@ async def test_a_stderr_flood_is_logged_escaped_named_cut_and_rate_limited(redis
 
 
 @pytest.mark.slow
+async def test_a_server_busy_with_a_call_past_the_probes_wait_keeps_its_session_and_the_call(redis, keys, tmp_path):
+    """A server that serves one request at a time leaves the probe unanswered while a call runs:
+    that is not death (the flood of stderr under load was such a call, and lost its session)."""
+    host = McpHost([hostile(tmp_path, probe_interval_s=0.2)], redis, keys)  # a probe waits 5 s for its answer
+    stop, task = await _running(host)
+    try:
+        connection = host.connections[0]
+        value = await host.tool("busy").invoke(json.dumps({"s": 8}), timeout_s=40)  # longer than the probe's 5 s
+        assert value.text == "done", value.text
+        assert connection.sessions == 1 and connection.last_error == ""
+        assert (await host.tool("ok").invoke("{}", timeout_s=20)).text == "ok"
+    finally:
+        await _stopped(stop, task)
+
+
+@pytest.mark.slow
 async def test_garbage_a_huge_message_and_death_mid_call_fail_only_their_own_call(redis, keys, tmp_path):
     host = McpHost([hostile(tmp_path)], redis, keys)
     stop, task = await _running(host)

@@ -7,12 +7,14 @@ what no well-behaved server would.
 - ``ok``: answers ``ok`` (the call a test makes after an attack, to see the server still serves).
 - ``bomb``: listed with a schema of about 2 KB whose definitions each name the next one twice
   (2^17 values inlined); it never runs.
-- ``flood_stderr``: writes ``lines`` lines to stderr (forged JSON log records, control
-  characters, one very long line) in one go, then answers.
+- ``flood_stderr``: writes ``lines`` lines to stderr (one very long line, then forged JSON log
+  records and control characters) in one go, then answers.
 - ``garbage``: writes lines that are not JSON-RPC on stdout, then answers.
 - ``huge``: answers with one line of ``mb`` megabytes on stdout (http: a body of that size).
 - ``endless``: (http) a chunked body that never ends; (stdio) a line that never ends.
 - ``die``: exits in the middle of the call.
+- ``busy``: blocks for ``s`` seconds (reading nothing, answering nothing, as a server that serves
+  one request at a time does while it works), then answers ``done``.
 
 With ``MCP_TEST_DIR`` set, it writes its pid there (``pid``).
 """
@@ -24,6 +26,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 BOMB_DEPTH = 17
 FORGED = '{"level": "ERROR", "logger": "agentstream.tool_worker", "message": "forged by the server"}'
@@ -53,6 +56,7 @@ TOOLS = [
     _tool("huge", {"mb": {"type": "number"}}),
     _tool("endless"),
     _tool("die"),
+    _tool("busy", {"s": {"type": "number"}}),
 ]
 
 
@@ -101,8 +105,9 @@ def stdio() -> None:
             )
             if name == "flood_stderr":
                 lines = int(arguments.get("lines", 1000))
-                out = [FORGED, "bell \x07 escape \x1b[31m red \r carriage", "x" * 100_000]
-                sys.stderr.write("\n".join((out * (lines // len(out) + 1))[:lines]) + "\n")
+                # one very long line, then short ones (a long line in every cycle was 0.7 GB for 20,000)
+                out = [FORGED, "bell \x07 escape \x1b[31m red \r carriage"]
+                sys.stderr.write("\n".join(["x" * 100_000, *(out * (lines // len(out) + 1))[: lines - 1]]) + "\n")
                 sys.stderr.flush()
                 _write(json.dumps(_result(request_id, "flooded")).encode() + b"\n")
                 continue
@@ -121,6 +126,10 @@ def stdio() -> None:
                     _write(b"e" * 65_536)
             if name == "die":
                 os._exit(3)
+            if name == "busy":
+                time.sleep(float(arguments.get("s", 1)))
+                _write(json.dumps(_result(request_id, "done")).encode() + b"\n")
+                continue
         answer = _answer(message)
         if answer is not None:
             _write(json.dumps(answer).encode() + b"\n")

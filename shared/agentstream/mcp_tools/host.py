@@ -15,7 +15,9 @@ session of the official SDK (:class:`mcp.Client`, protocol version negotiated by
   read again on the server's list-changed notification (``notifications/tools/list_changed``,
   or a ``subscriptions/listen`` event on 2026-07-28 connections), and at every probe.
 - **Probe.** Every ``probe_interval_s`` (5 s for stdio, 30 s for HTTP by default) the session
-  lists the tools again: a session that no longer answers is taken as dead.
+  lists the tools again: a session that no longer answers is taken as dead. A server busy with
+  calls (it may serve one request at a time) is given their timeout on top before that
+  (:func:`~agentstream.mcp_tools.liveness.probe_overdue`).
 - **Calls.** A call waits for a live session (within its timeout), runs ``tools/call`` and maps
   the result (:mod:`~agentstream.mcp_tools.results`). A call cancelled (the turn was cancelled,
   or its timeout passed) cancels the MCP request: the SDK sends ``notifications/cancelled``.
@@ -49,6 +51,7 @@ from agentstream.declarations.mcp_servers import McpServer, Transport
 from agentstream.declarations.tool_context import current_call
 from agentstream.declarations.tools import Tool, ToolResult
 from agentstream.errors import ConfigError, ToolArgumentsError
+from agentstream.mcp_tools.liveness import probe_overdue
 from agentstream.mcp_tools.results import result_value
 from agentstream.mcp_tools.schemas import SchemaRefused, normalise_input_schema
 from agentstream.mcp_tools.transports import CappedTransport, stdio_transport
@@ -404,11 +407,45 @@ class McpConnection:
             if lost.is_set():
                 return
             self._relist.clear()
-            try:
-                await asyncio.wait_for(self._list(client), timeout=max(self.probe_interval_s, 5.0))
-            except Exception as exc:  # timeout, closed connection, transport error: the session is gone
-                self.last_error = f"it stopped answering ({_describe(exc)})"
+            if not await self._probe(client, lost):
                 return
+
+    async def _probe(self, client: Client, lost: asyncio.Event) -> bool:
+        """List the tools again; False when the session is gone (``last_error`` says why).
+
+        A server that is busy with a call may answer late (many serve one request at a time):
+        only :func:`~agentstream.mcp_tools.liveness.probe_overdue` decides when waiting ends."""
+        answer_within_s = max(self.probe_interval_s, 5.0)
+        longest_call_s = max([self.server.timeout_s, *self.server.tool_timeouts_s.values()])
+        probe = asyncio.ensure_future(self._list(client))
+        gone = asyncio.ensure_future(lost.wait())
+        started = time.monotonic()
+        try:
+            while not probe.done() and not lost.is_set():
+                waited_s = time.monotonic() - started
+                if probe_overdue(
+                    waited_s=waited_s,
+                    answer_within_s=answer_within_s,
+                    calls_in_flight=self.in_flight,
+                    longest_call_s=longest_call_s,
+                ):
+                    self.last_error = f"it stopped answering (no tool list within {waited_s:.0f} s)"
+                    return False
+                # looked at again at least every second: calls in flight come and go meanwhile
+                await asyncio.wait(
+                    {probe, gone}, timeout=min(1.0, answer_within_s), return_when=asyncio.FIRST_COMPLETED
+                )
+            if not probe.done():
+                return False  # the session was lost meanwhile
+            probe.result()
+        except Exception as exc:  # closed connection, transport error, a listing refused: the session is gone
+            self.last_error = f"it stopped answering ({_describe(exc)})"
+            return False
+        finally:
+            gone.cancel()
+            if not probe.done():
+                probe.cancel()
+        return True
 
     async def _listen(self, client: Client) -> None:
         """On a 2026-07-28 connection, list again on each ``subscriptions/listen`` tools event."""
