@@ -294,7 +294,8 @@ def test_a_malicious_server_does_not_stall_the_workers_other_queue(client, keys,
     from tests.support.mcp_hostile import FORGED
 
     services.start("loop-1", "agent-loop")
-    services.start("tools-1", "tool-worker", "--queue", "mcp-local", "--queue", "mcp-hostile")
+    # the server's stderr lines are INFO records; `serve` logs at WARNING by default
+    services.start("tools-1", "tool-worker", "--queue", "mcp-local", "--queue", "mcp-hostile", "--log-level", "info")
     survivable = ['call flood_stderr {"lines": 20000}', "call garbage {}"]
     for n, text in enumerate(survivable):
         publish_turn(client, keys, trace_id=f"bad-{n}", turn_id="t1", agent="hostile", text=text)
