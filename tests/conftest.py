@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import uuid
@@ -39,6 +40,18 @@ hypothesis_settings.load_profile(
     os.environ.get("AGENTSTREAM_HYPOTHESIS_PROFILE")
     or ("ci" if os.environ.get("AGENTSTREAM_TESTS_NO_SKIP") == "1" else "dev")
 )
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """A test that configures logging in-process (``agentstream.ops.logs.setup`` replaces the root
+    logger's handlers) leaves it as it found it: its stderr handler would otherwise print every
+    later test's records, and a test that reads stderr would see them."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
