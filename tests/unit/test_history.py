@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # The first commit held to the rule: the formatting commit that started the machine checks.
 FIRST_CHECKED = "33ee2a9"
 SUBJECT_MAX_CHARS = 72
+# Landed over the limit before the check ran on it; main's history is never rewritten.
+LANDED_LONG = {"95ffdde"}
 
 
 def _git(*args: str) -> str:
@@ -24,5 +26,9 @@ def test_commit_subjects_are_at_most_72_characters():
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout that holds the project's history")
     log = _git("log", "--format=%h %s", f"{FIRST_CHECKED}^..HEAD")
-    long = [line for line in log.splitlines() if len(line.split(" ", 1)[1]) > SUBJECT_MAX_CHARS]
+    long = [
+        line
+        for line in log.splitlines()
+        if len(line.split(" ", 1)[1]) > SUBJECT_MAX_CHARS and not any(line.startswith(h) for h in LANDED_LONG)
+    ]
     assert not long, f"commit subjects over {SUBJECT_MAX_CHARS} characters (put the details in the body): {long}"
