@@ -48,9 +48,14 @@ def _root_logger_restored() -> Iterator[None]:
     logger's handlers) leaves it as it found it: its stderr handler would otherwise print every
     later test's records, and a test that reads stderr would see them."""
     root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    before, level = root.handlers[:], root.level
     yield
-    root.handlers[:] = handlers
+    for handler in root.handlers[:]:
+        if handler not in before and type(handler) is logging.StreamHandler:  # what logs.setup added
+            root.removeHandler(handler)
+    for handler in before:  # what it replaced, but pytest's own per-phase handlers (it removes those)
+        if handler not in root.handlers and not type(handler).__module__.startswith("_pytest"):
+            root.addHandler(handler)
     root.setLevel(level)
 
 
