@@ -97,14 +97,17 @@ def test_turn_schema_is_json_schema_of_the_wire_format():
     msgspec.json.encode(schema)
 
 
-def test_the_schema_version_went_up_with_tools_offered_and_version_1_entries_still_read():
+def test_the_schema_version_went_up_with_rolls_back_and_older_entries_still_read():
     from agentstream.wire.events import TRACE_SCHEMA_VERSIONS_READ, ToolsOffered
 
-    assert TRACE_SCHEMA_VERSION == 2 and TRACE_SCHEMA_VERSIONS_READ == (1, 2)
-    assert codec.encode_entry(EVENTS[0])[b"v"] == b"2"
+    assert TRACE_SCHEMA_VERSION == 3 and TRACE_SCHEMA_VERSIONS_READ == (1, 2, 3)
+    assert codec.encode_entry(EVENTS[0])[b"v"] == b"3"
     assert codec.decode_entry(
         codec.encode_entry(ToolsOffered(turn_id="t1", step=0, agent="a")), trace_id="tr"
     ) == ToolsOffered(turn_id="t1", step=0, agent="a")
-    for event in EVENTS:  # written by version 1: the same bytes, read as they were
-        old = {b"v": b"1", b"e": codec.encode(event)}
-        assert codec.decode_entry(old, trace_id="tr", entry_id="1-0") == event
+    rolled = TurnInput(turn_id="t2", agent="a", text="again", rolls_back="t1")
+    assert codec.decode_entry(codec.encode_entry(rolled), trace_id="tr") == rolled
+    for version in (b"1", b"2"):
+        for event in EVENTS:  # written by versions 1 and 2: the same bytes, read as they were
+            old = {b"v": version, b"e": codec.encode(event)}
+            assert codec.decode_entry(old, trace_id="tr", entry_id="1-0") == event

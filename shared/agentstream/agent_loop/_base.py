@@ -19,6 +19,7 @@ from agentstream.runtime.store import Read, Taken, TraceStore
 from agentstream.steps.timeline import reply_of_ending
 from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import checks as wire
+from agentstream.wire.events import BUSY_POLICIES as _WIRE_BUSY_POLICIES
 from agentstream.wire.events import (
     ModelOutput,
     TurnEnded,
@@ -31,11 +32,13 @@ from agentstream.wire.keys import Keys
 log = logging.getLogger("agentstream.agent_loop")
 
 
-BUSY_POLICIES = ("queue", "reject", "interrupt")
+BUSY_POLICIES = _WIRE_BUSY_POLICIES
 
 
 """What a turn published on a busy conversation does: wait behind the running turn (default),
-fail at once with code ``busy``, or cancel the running turn and then run."""
+fail at once with code ``busy``, cancel the running turn and then run (``interrupt``), or cancel it
+and leave its events out of later contexts (``rollback``). The process's setting is the default of
+a turn whose message names none (:func:`agentstream.steps.machine.on_busy`)."""
 
 
 DEAD_LETTER_CODE = FailureCode.DEAD_LETTER

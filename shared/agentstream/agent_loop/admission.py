@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import time
 
+import msgspec
+
 from agentstream.agent_loop._base import (
     REJECT_LEASE_WAIT_S,
     LoopState,
@@ -24,13 +26,12 @@ from agentstream.ops import logs, metrics
 from agentstream.runtime import conversations, operations
 from agentstream.runtime.cancel import publish_cancel
 from agentstream.runtime.reports import report_error
-from agentstream.steps.machine import queue_full_refusal
+from agentstream.steps.machine import RejectTurn, on_busy, queue_full_refusal
 from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.events import (
     CancelMessage,
-    CancelRequested,
     TaskInput,
     TurnFailed,
     TurnInput,
@@ -82,7 +83,7 @@ class Admission(LoopState):
             # turns of one trace enter it in the order this process started them (the order read):
             # concurrent admissions would race on separate connections (see _admission_order)
             async with self._admission_order(trace_id):
-                if self.busy_policy != "queue":
+                if (turn.busy_policy or self.busy_policy) != "queue":
                     ended, first, absorbed, differs = await self.store.turn_copy(trace_id, routing, entry_id)
                     if ended:
                         if differs:
@@ -91,8 +92,10 @@ class Admission(LoopState):
                         return
                     # which entry brought the turn: its own re-delivery is not a re-publish (see _reply_again)
                     await operations.note_turn_entry(self.redis, self.keys, trace_id, turn.turn_id, entry_id)
-                    if not await self._admit(turn, routing):
+                    entering = await self._admit(turn, routing)
+                    if entering is None:
                         return
+                    routing = entering
                 self._take_back(trace_id, entry_id)
                 fold = self.folds.get(trace_id)
                 # one round trip: ended before? else append once, take the lease, read what is new
@@ -262,46 +265,40 @@ class Admission(LoopState):
         await self.store.append(turn.trace_id, failed)
         metrics.TURNS_FAILED.labels(agent=turn.agent, code=FailureCode.BUSY).inc()
 
-    async def _admit(self, turn, routing: TurnInput) -> bool:
-        """Apply the reject or interrupt policy to a new turn → whether it enters the trace."""
+    async def _admit(self, turn: TurnMessage, routing: TurnInput) -> TurnInput | None:
+        """Apply the turn's busy policy (its own, else the process's; :func:`on_busy`) → the turn
+        input to append (naming the turn it rolls back, for ``rollback``), or None when it does not
+        enter the trace (rejected now, or before)."""
         if await self.store.has_key(turn.trace_id, f"turn:{turn.turn_id}"):
-            return True  # entered before (a re-delivery)
+            return routing  # entered before (a re-delivery)
         fold = await self._current_fold(turn.trace_id)
         ending = fold.ending(turn.turn_id)
         if ending is not None:  # rejected before (a re-delivery)
             await self._ensure_reply_unheld(turn.trace_id, routing, ending, fold)
-            return False
+            return None
         running = fold.active_turn()
-        if running is None:
-            return True
-        if self.busy_policy == "reject":
-            failed = TurnFailed(
-                turn_id=turn.turn_id,
-                code=FailureCode.BUSY,
-                reason=f"conversation {turn.trace_id!r} is busy with turn {running.turn_id!r}; this turn was rejected "
-                "(busy policy 'reject'): publish it again once that turn has ended",
-            )
+        decided = on_busy(
+            turn.trace_id, turn.turn_id, turn.busy_policy, self.busy_policy, running.turn_id if running else None
+        )
+        if isinstance(decided, RejectTurn):
             # the reply first, marked sent, then the ending: the running turn holds the lease (so
             # this does not wait for it) and its step loop publishes the replies its fold owes, so
             # an ending appended before its reply was marked could be answered twice. A crash in
             # between leaves the entry pending: its re-delivery appends the ending, the reply
             # already marked.
-            await self._ensure_reply(turn.trace_id, routing, failed)
-            await self.store.append(turn.trace_id, failed)
+            await self._ensure_reply(turn.trace_id, routing, decided.failed)
+            await self.store.append(turn.trace_id, decided.failed)
             metrics.TURNS_FAILED.labels(agent=turn.agent, code=FailureCode.BUSY).inc()
-            return False
-        message = CancelMessage(
-            trace_id=turn.trace_id,
-            turn_id=running.turn_id,
-            by="interrupt",
-            reason=f"interrupted by turn {turn.turn_id}",
-        )
-        await self.store.append(
-            turn.trace_id, CancelRequested(turn_id=running.turn_id, by=message.by, reason=message.reason)
-        )
-        await publish_cancel(self.redis, self.keys, message)  # every process: abort the running step now
-        self._abort_local(turn.trace_id, running.turn_id)
-        return True
+            return None
+        cancel = decided.cancel
+        if cancel is not None:
+            await self.store.append(turn.trace_id, cancel)
+            message = CancelMessage(trace_id=turn.trace_id, turn_id=cancel.turn_id, by=cancel.by, reason=cancel.reason)
+            await publish_cancel(self.redis, self.keys, message)  # every process: abort the running step now
+            self._abort_local(turn.trace_id, cancel.turn_id)
+        if decided.rolls_back is not None:
+            return msgspec.structs.replace(routing, rolls_back=decided.rolls_back)
+        return routing
 
     async def _reject(
         self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None = None

@@ -16,7 +16,8 @@ A hint for a trace whose lease another worker holds marks the trace dirty in the
 holder looks again before it lets go); when the holder is another process, one hint per trace
 is deferred until the lease would expire, so the hint survives a holder that dies. Cancels come
 on the cancel stream (see :mod:`agentstream.runtime.cancel`); the busy-conversation policy (``queue``,
-``reject``, ``interrupt``) decides what a turn published on a busy conversation does.
+``reject``, ``interrupt``, ``rollback``; a turn message's own, else the process's) decides what a turn
+published on a busy conversation does.
 Dead-lettered hints end their turn with code ``dead_letter``.
 
 The loop is in the library, split by role: :mod:`~agentstream.agent_loop.admission` (turns in),

@@ -86,11 +86,26 @@ class ContextFold:
         limits: the model's limits, or None to shrink nothing and check no size.
         numbering: a numbering made over the whole trace beforehand (when a selection function
             hides events), or None to number elements as events arrive.
+        hidden: the ids of rolled-back turns whose events this fold leaves out (a turn input's
+            ``rolls_back``; see :func:`agentstream.context.builder.hidden_for`): every event with
+            such a ``turn_id`` but a ``tools_offered`` or a ``compaction`` (they hold for the
+            calls after them, whichever turn recorded them).
+
+    Attributes:
+        rollbacks: the turns named by the ``rolls_back`` of the inputs folded so far.
     """
 
     def __init__(
-        self, agent: Agent, config: ContextConfig, limits: ModelLimits | None, numbering: Numbering | None = None
+        self,
+        agent: Agent,
+        config: ContextConfig,
+        limits: ModelLimits | None,
+        numbering: Numbering | None = None,
+        hidden: frozenset[str] = frozenset(),
     ):
+        self.hidden = hidden
+        self.rollbacks: set[str] = set()
+        self.hidden_at: dict[str, int] = {}  # a hidden turn → the index of the turn folded after it
         self.agent = agent
         self.config = config
         self.policy = config.policy
@@ -188,10 +203,13 @@ class ContextFold:
         keeps = self.filter.keeps if self.filter is not None else None
         result, output = self._result, self._output
         count = self.count
+        hidden = self.hidden
         try:
             for event in events:
                 count += 1
                 kind = type(event)  # the stored types first, by identity; then any subclass
+                if hidden and kind is not ToolsOffered and kind is not Compaction and self._hides(event):
+                    continue
                 if kind is ToolOutput:
                     if numbering is not None and event.elements:
                         numbering.add(event.elements, event.name)
@@ -210,6 +228,8 @@ class ContextFold:
                     if event.agent == self.agent.name:
                         self._set_tools(self.own_tool_defs + offered_definitions(event))
                     continue
+                if isinstance(event, TurnInput) and event.rolls_back is not None:
+                    self.rollbacks.add(event.rolls_back)
                 if numbering is not None:
                     numbering.add_event(event)
                 if keeps is not None and not keeps(event):
@@ -232,6 +252,17 @@ class ContextFold:
                     self._app_event(event)
         finally:
             self.count = count
+
+    def _hides(self, event: Any) -> bool:
+        """Whether ``event`` is of a hidden (rolled-back) turn, noting where a hidden input was."""
+        turn_id = getattr(event, "turn_id", None)
+        if turn_id not in self.hidden:
+            return False
+        if isinstance(event, TurnInput):
+            if event.rolls_back is not None:
+                self.rollbacks.add(event.rolls_back)
+            self.hidden_at.setdefault(turn_id, len(self.turns))
+        return True
 
     def _set_tools(self, defs: tuple[ToolDefinition, ...]) -> None:
         """The tools the calls offer from now on (the agent's own, then its MCP servers' as recorded)."""
@@ -421,6 +452,8 @@ class ContextFold:
 
     def _compaction(self, event: Compaction) -> None:
         index = self.turn_index.get(event.kept_from_turn)
+        if index is None:  # a rolled-back turn kept first: the kept part starts at the turn after it
+            index = self.hidden_at.get(event.kept_from_turn)
         if index is None:
             return
         previous = self.kept_from if self.compaction is not None else 0

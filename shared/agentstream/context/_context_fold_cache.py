@@ -24,6 +24,7 @@ from agentstream.context.builder import (
     new_state,
     require_fit,
     settings_of,
+    stale_hidden,
 )
 from agentstream.context.render import EventFilter
 from agentstream.context.request import ChatRequest
@@ -91,10 +92,13 @@ class ContextCache:
                 self._entries.pop(trace_id, None)
                 raise
             self.hits += 1
+            if stale_hidden(state, turn_id):  # a rollback came: fold again without the turn it rolls back
+                config, limits = settings
+                state = new_state([event for _, event in entries], agent, config, limits, turn_id=turn_id)
         else:
             self._entries.pop(trace_id, None)
             config, limits = settings
-            state = new_state([event for _, event in entries], agent, config, limits)
+            state = new_state([event for _, event in entries], agent, config, limits, turn_id=turn_id)
             self.misses += 1
         if entries and not (settings[0].select is not None and not isinstance(settings[0].select, EventFilter)):
             self._entries[trace_id] = _Entry(state, entries[-1][0], agent, settings)

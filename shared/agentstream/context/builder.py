@@ -11,7 +11,12 @@ any process. The rules it keeps (tested as properties over generated traces):
   synthetic error result saying so;
 - the system prompt is always first; after it, history starts on a user message;
 - under budget the history is shown whole and unchanged; the prefix of the context stays the
-  same between calls unless a shrink or a compaction changed it.
+  same between calls unless a shrink or a compaction changed it;
+- a turn that a later turn input rolls back (its ``rolls_back``, busy policy ``rollback``) is
+  left out, with all its events, of the context of every other turn's calls built from events
+  that hold that input (:func:`hidden_for`); its own calls, and every call built before that
+  input, show it. A fold that finds the hidden turns changed is folded again from the start
+  (once per rollback): a request depends on the events before it alone, as ever.
 
 The agent's settings come from ``Agent.context`` (a :class:`ContextConfig`, default settings
 when None) and ``Agent.model_limits`` (:data:`~agentstream.context.limits.DEFAULT_LIMITS` when
@@ -46,7 +51,7 @@ from agentstream.context.trimming import trim_request
 from agentstream.declarations.agents import Agent
 from agentstream.errors import ContextFullError
 from agentstream.wire.codec import gc_paused
-from agentstream.wire.events import ToolCall, ToolOutput
+from agentstream.wire.events import ToolCall, ToolOutput, TurnInput
 
 if TYPE_CHECKING:
     from agentstream.context._context_fold_parts import Slot
@@ -128,21 +133,49 @@ class BuiltContext:
     shrunk: tuple[Shrunk, ...]
 
 
-def new_state(events: Sequence[Any], agent: Agent, config: ContextConfig, limits: ModelLimits | None) -> ContextFold:
-    """Fold events into a fresh state (a selection that is not :func:`only` is applied here)."""
+def rolled_back(events: Sequence[Any]) -> frozenset[str]:
+    """The turns the turn inputs among ``events`` roll back (their ``rolls_back``)."""
+    return frozenset(e.rolls_back for e in events if isinstance(e, TurnInput) and e.rolls_back is not None)
+
+
+def hidden_for(rollbacks: frozenset[str] | set[str], turn_id: str | None) -> frozenset[str]:
+    """The turns left out of the context of a call of ``turn_id``: every rolled-back turn but
+    itself (a rolled-back turn's own late call is built as it was sent)."""
+    if not rollbacks:
+        return frozenset()
+    return frozenset(rollbacks - {turn_id}) if turn_id in rollbacks else frozenset(rollbacks)
+
+
+def new_state(
+    events: Sequence[Any],
+    agent: Agent,
+    config: ContextConfig,
+    limits: ModelLimits | None,
+    *,
+    turn_id: str | None = None,
+) -> ContextFold:
+    """Fold events into a fresh state for the calls of ``turn_id`` (a selection that is not
+    :func:`only` is applied here; the rolled-back turns but ``turn_id`` are left out)."""
     if limits is not None:
         config.policy.check(limits)
+    hidden = hidden_for(rolled_back(events), turn_id)
     if config.select is not None and not isinstance(config.select, EventFilter):
         numbering = Numbering()
         for event in events:
             numbering.add_event(event)
-        state = ContextFold(agent, config, limits, numbering)
+        state = ContextFold(agent, config, limits, numbering, hidden)
         state.feed(config.select(events))
         state.count = len(events)
         return state
-    state = ContextFold(agent, config, limits)
+    state = ContextFold(agent, config, limits, hidden=hidden)
     state.feed(events)
     return state
+
+
+def stale_hidden(state: ContextFold, turn_id: str | None) -> bool:
+    """Whether ``state`` leaves out other turns than a call of ``turn_id`` must (a rollback came
+    since it was folded): then it is folded again from the start (:func:`new_state`)."""
+    return state.hidden != hidden_for(state.rollbacks, turn_id)
 
 
 def build_from_state(state: ContextFold, *, turn_id: str | None, step: int) -> BuiltContext:
@@ -295,7 +328,7 @@ def build_context(
         ValueError: the policy's target is not below its start_at in the model's window.
     """
     config, resolved = settings_of(agent, config, limits)
-    state = new_state(events, agent, config, resolved)
+    state = new_state(events, agent, config, resolved, turn_id=turn_id)
     return build_from_state(state, turn_id=turn_id, step=step)
 
 
@@ -354,7 +387,7 @@ def rebuild_after_miss(
     config, resolved = settings_of(agent, config, limits)
     if resolved is None:
         raise ValueError("rebuild_after_miss needs the model's limits; got limits=None")
-    state = new_state(events, agent, config, resolved)
+    state = new_state(events, agent, config, resolved, turn_id=turn_id)
     refused = build_from_state(state, turn_id=turn_id, step=step)
     index = state.turn_index.get(turn_id, len(state.turns) - 1)
     sent_chars = state.chars(index, step)
@@ -367,7 +400,7 @@ def rebuild_after_miss(
         window_tokens=window_tokens,
         over_by_tokens=over_by_tokens,
     )
-    again = new_state(events, agent, config, correction.limits)
+    again = new_state(events, agent, config, correction.limits, turn_id=turn_id)
     again.recorded = (correction.prompt_tokens, sent_chars)  # the refused request, as the server counted it
     built = build_from_state(again, turn_id=turn_id, step=step)
     refused_chars = request_chars(refused.request)
@@ -465,7 +498,7 @@ def build_messages(events: Sequence[Any], *, upto_turn: str | None = None) -> tu
     Raises:
         UnrenderedEventError: an event type that no rule renders.
     """
-    state = ContextFold(_PLAIN_AGENT, ContextConfig(), None)
+    state = ContextFold(_PLAIN_AGENT, ContextConfig(), None, hidden=hidden_for(rolled_back(events), upto_turn))
     state.feed(events)
     index = state.turn_index.get(upto_turn, len(state.turns) - 1) if upto_turn is not None else len(state.turns) - 1
     return tuple(state.messages(index)) if index >= 0 else ()
@@ -482,7 +515,7 @@ def reopen_result(events: Sequence[Any], agent: Agent, turn_id: str, call: ToolC
     reopen = config.policy.reopen
     if reopen is None or call.name != reopen.name or agent.tool(call.name) is not None:
         return None
-    return resolve_reopen(call, turn_id, new_state(events, agent, config, None))
+    return resolve_reopen(call, turn_id, new_state(events, agent, config, None, turn_id=turn_id))
 
 
 def tool_definitions(agent: Agent) -> tuple[ToolDefinition, ...]:

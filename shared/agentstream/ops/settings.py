@@ -54,7 +54,9 @@ Variables (all optional):
 - ``AGENTSTREAM_SHUTDOWN_GRACE_S``: how long a service drains on SIGTERM, in seconds.
 - ``AGENTSTREAM_BUSY_POLICY``: what a turn published on a busy conversation does: ``queue``
   (default: it waits behind the running turn), ``reject`` (it fails at once with code ``busy``)
-  or ``interrupt`` (the running turn is cancelled, then the new one runs).
+  ``interrupt`` (the running turn is cancelled, then the new one runs) or ``rollback`` (as
+  interrupt, and the cancelled turn's events are left out of every later context). The default of
+  a turn whose message names no ``busy_policy`` of its own.
 - ``AGENTSTREAM_MAX_QUEUED_TURNS``: the most turns of one conversation admitted and not ended (its
   running turn and those queued behind it; default 64); a turn published past it fails at once
   with code ``busy``, so one conversation's backlog cannot grow without bound.
@@ -209,7 +211,7 @@ class Settings(BaseSettings):
     metrics_host: str = "0.0.0.0"
     metrics_interval_s: float = Field(default=15.0, gt=0)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
-    busy_policy: Literal["queue", "reject", "interrupt"] = "queue"
+    busy_policy: Literal["queue", "reject", "interrupt", "rollback"] = "queue"
     max_queued_turns: int = Field(default=64, ge=1)
     trim_interval_ms: int = Field(default=60_000, ge=0)
     trace_retention_s: float | None = Field(default=None, gt=0)

@@ -68,7 +68,10 @@ _BEGIN_CALL_LUA = script("begin_call")
 
 def turn_digest(turn: TurnInput) -> str:
     """A digest of a turn's input (hex, 32 characters; its fields in sorted order), stored at
-    admission so a copy of the turn with another body is told from a true copy."""
+    admission so a copy of the turn with another body is told from a true copy. ``rolls_back`` is
+    not part of it: the admission adds it (busy policy ``rollback``), not the publisher."""
+    if turn.rolls_back is not None:
+        turn = msgspec.structs.replace(turn, rolls_back=None)
     return hashlib.sha256(msgspec.json.encode(turn, order="sorted")).hexdigest()[:32]
 
 

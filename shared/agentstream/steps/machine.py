@@ -25,8 +25,9 @@ jobs to publish, the reply) go with the append when nothing else came into the t
 :func:`ending_effects` gives the events that end a turn for ``EndTurn``/``FailTurn``/``CancelTurn``;
 :func:`storable_results` replaces results the trace cannot store.
 
-Before all of them, at admission, :func:`queue_full_refusal` says whether a turn published on a
-conversation may queue behind its running turn or fails at once (code ``busy``).
+Before all of them, at admission, :func:`on_busy` says what a turn published on a busy
+conversation does to its running turn (its message's ``busy_policy``, else the process's), and
+:func:`queue_full_refusal` whether it may queue behind it or fails at once (code ``busy``).
 
 None of these reads Redis or a clock: the loop passes the time, the configured models and
 what it read, and applies what they return (``tests/unit/test_step_machine.py``).
@@ -45,6 +46,8 @@ from agentstream.errors import ModelDeadlineExceeded, ModelError
 from agentstream.steps.decision import CancelTurn, Decision, EndTurn, FailTurn, RecordResults, RunTools
 from agentstream.steps.offers import desired_offer, latest_offer, offer_digest
 from agentstream.wire.events import (
+    BUSY_POLICIES,
+    CancelRequested,
     Event,
     ModelOutput,
     OfferedTool,
@@ -125,6 +128,78 @@ def queue_full_refusal(trace_id: str, turn_id: str, open_turns: int, max_queued_
         reason=f"conversation {trace_id!r} has {open_turns} turns admitted and not ended, the most it may queue "
         f"(AGENTSTREAM_MAX_QUEUED_TURNS={max_queued_turns}); this turn was refused: publish it again under a "
         "new turn_id once earlier turns have ended",
+    )
+
+
+@dataclass(frozen=True)
+class EnterTurn:
+    """The turn enters the trace (behind the running turn, if any, which ends first).
+
+    Attributes:
+        cancel: append this first (``interrupt``, ``rollback``): the running turn is cancelled
+            at its next step (its calls without a result get a cancelled result).
+        rolls_back: the turn input names this turn as the one it rolls back (``rollback``).
+    """
+
+    cancel: CancelRequested | None = None
+    rolls_back: str | None = None
+
+
+@dataclass(frozen=True)
+class RejectTurn:
+    """The turn does not enter the trace: it ends with ``failed`` (code ``busy``) at once."""
+
+    failed: TurnFailed
+
+
+def on_busy(
+    trace_id: str, turn_id: str, asked: str | None, default: str, running_turn_id: str | None
+) -> EnterTurn | RejectTurn:
+    """What a new turn does to its conversation's running turn.
+
+    Args:
+        trace_id: the conversation.
+        turn_id: the new turn.
+        asked: the ``busy_policy`` its message names, or None.
+        default: the process's policy (``AGENTSTREAM_BUSY_POLICY``).
+        running_turn_id: the turn that has entered the trace and not ended (the oldest such),
+            or None when the conversation is idle.
+
+    Returns:
+        ``EnterTurn()`` when the conversation is idle or the policy is ``queue``; ``RejectTurn``
+        for ``reject``; ``EnterTurn`` with a cancel of the running turn for ``interrupt``, and
+        also naming it as rolled back for ``rollback``.
+
+    Raises:
+        ValueError: a policy that is not one of :data:`~agentstream.wire.events.BUSY_POLICIES`
+            (the wire refuses such a message before this, code ``bad_turn``).
+    """
+    policy = asked if asked is not None else default
+    if policy not in BUSY_POLICIES:
+        raise ValueError(f"busy policy must be one of {BUSY_POLICIES}, got {policy!r} (turn {turn_id!r})")
+    if running_turn_id is None or policy == "queue":
+        return EnterTurn()
+    source = "the turn's" if asked is not None else "the process's"
+    if policy == "reject":
+        return RejectTurn(
+            TurnFailed(
+                turn_id=turn_id,
+                code=FailureCode.BUSY,
+                reason=f"conversation {trace_id!r} is busy with turn {running_turn_id!r}; this turn was rejected "
+                f"({source} busy policy 'reject'): publish it again once that turn has ended",
+            )
+        )
+    if policy == "interrupt":
+        return EnterTurn(
+            CancelRequested(turn_id=running_turn_id, by="interrupt", reason=f"interrupted by turn {turn_id}")
+        )
+    return EnterTurn(
+        CancelRequested(
+            turn_id=running_turn_id,
+            by="rollback",
+            reason=f"rolled back by turn {turn_id}: left out of every later context",
+        ),
+        rolls_back=running_turn_id,
     )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from agentstream.context import BuiltContext, build_context, settings_of
 from agentstream.context._context_fold import ContextFold
-from agentstream.context.builder import build_from_state, new_state, request_after_miss
+from agentstream.context.builder import build_from_state, new_state, request_after_miss, stale_hidden
 from agentstream.context.limits import WINDOW_MISS
 from agentstream.context.render import EventFilter
 from agentstream.context.request import ChatRequest
@@ -136,6 +136,9 @@ class _Folds:
             held = self.states[agent.name] = (agent, new_state((), agent, config, limits))
         state = held[1]
         state.feed(self.events[state.count : upto])
+        if stale_hidden(state, turn_id):  # a rollback came: fold again without the turn it rolls back
+            state = new_state(self.events[:upto], agent, config, limits, turn_id=turn_id)
+            self.states[agent.name] = (agent, state)
         return build_from_state(state, turn_id=turn_id, step=step)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from agentstream.context import BuiltContext, ContextConfig, ContextPolicy, ModelLimits, reopen_result
 from agentstream.context._context_fold import ContextFold
-from agentstream.context.builder import build_from_state, new_state, settings_of
+from agentstream.context.builder import build_from_state, new_state, settings_of, stale_hidden
 from agentstream.context.elements import Numbering
 from agentstream.context.render import EventFilter
 from agentstream.declarations.agents import Agent
@@ -335,11 +335,13 @@ class TraceFold:
             UnrenderedEventError, ShortenError, ValueError: see
                 :func:`agentstream.context.builder.build_context`.
         """
-        return build_from_state(self.context_state(agent), turn_id=turn_id, step=step)
+        return build_from_state(self.context_state(agent, turn_id), turn_id=turn_id, step=step)
 
-    def context_state(self, agent: Agent) -> ContextFold:
-        """The agent's context fold (:func:`agentstream.context.builder.new_state` of :attr:`events`),
-        fed only what it has not seen yet: what :meth:`build` lays a request out from.
+    def context_state(self, agent: Agent, turn_id: str | None = None) -> ContextFold:
+        """The agent's context fold for the calls of ``turn_id``
+        (:func:`agentstream.context.builder.new_state` of :attr:`events`), fed only what it has not
+        seen yet (folded again from the start when a rollback came since): what :meth:`build` lays
+        a request out from.
 
         Raises:
             UnrenderedEventError, ShortenError, ValueError: see :meth:`build`.
@@ -347,16 +349,13 @@ class TraceFold:
         settings = settings_of(agent)
         config, limits = settings
         if config.select is not None and not isinstance(config.select, EventFilter):
-            return new_state(self.events, agent, config, limits)
+            return new_state(self.events, agent, config, limits, turn_id=turn_id)
         context = self._contexts.get(agent.name)
         if context is not None and (
             context.agent is not agent or context.settings[0] is not config or context.settings[1] != limits
         ):
             context = None
-        if context is None:
-            context = _Context(agent, settings, new_state(self.events, agent, config, limits))
-            self._contexts[agent.name] = context
-        else:
+        if context is not None:
             state = context.state
             if state.count < len(self.events):
                 try:
@@ -364,6 +363,11 @@ class TraceFold:
                 except BaseException:
                     self._contexts.pop(agent.name, None)
                     raise
+            if stale_hidden(state, turn_id):  # a rollback came: fold again without the turn it rolls back
+                context = None
+        if context is None:
+            context = _Context(agent, settings, new_state(self.events, agent, config, limits, turn_id=turn_id))
+            self._contexts[agent.name] = context
         return context.state
 
 

@@ -29,6 +29,7 @@ import msgspec
 from agentstream.errors import EventDecodeError, SchemaVersionError, TurnRejected
 from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.events import (
+    BUSY_POLICIES,
     TRACE_SCHEMA_VERSION,
     CancelMessage,
     Event,
@@ -266,7 +267,10 @@ def decode_turn(payload: bytes | str) -> TurnMessage:
                 f"the fields are: {known}",
                 **ids,
             ) from exc
-        raise TurnRejected(f"turn message does not match the schema: {exc}", **ids) from exc
+        hint = ""
+        if str(exc).endswith("at `$.busy_policy`"):
+            hint = f"; busy_policy takes one of {', '.join(BUSY_POLICIES)}, or is left out (the process's policy)"
+        raise TurnRejected(f"turn message does not match the schema: {exc}{hint}", **ids) from exc
     except msgspec.DecodeError as exc:
         raise TurnRejected(f"turn message is not valid JSON: {unicode_problem(payload) or exc}") from exc
     except RecursionError as exc:

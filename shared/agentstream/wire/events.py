@@ -45,7 +45,7 @@ import msgspec
 
 from agentstream.errors import ModelStopError
 
-TRACE_SCHEMA_VERSION = 2
+TRACE_SCHEMA_VERSION = 3
 """Version of the stored trace format written by this agentstream (the ``v`` field of each entry).
 
 It goes up when a reader of the previous version would misread a trace this version writes:
@@ -56,9 +56,12 @@ versions (each entry carries its own). History:
 - ``1``: every event type above but ``tools_offered``.
 - ``2``: ``tools_offered`` (the tools from MCP servers an agent offers from here on: a request is
   rebuilt from the trace alone only with it). Entries of version 1 read unchanged.
+- ``3``: a turn input's ``rolls_back`` (the turn it rolls back: that turn's events are left out of
+  the contexts of every other turn from there on; an older reader would show them). Entries of
+  versions 1 and 2 read unchanged.
 """
 
-TRACE_SCHEMA_VERSIONS_READ: tuple[int, ...] = (1, 2)
+TRACE_SCHEMA_VERSIONS_READ: tuple[int, ...] = (1, 2, 3)
 """The versions this agentstream reads (every one up to :data:`TRACE_SCHEMA_VERSION`)."""
 
 StopReason = Literal[
@@ -217,6 +220,12 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
             default: turns recorded before tool states, and delegated tasks).
         instructions: what the turn adds after its message for the tools it requires, in
             declaration order, as resolved when it entered the trace.
+        rolls_back: the id of the turn this one rolls back (busy policy ``rollback``: the turn
+            that was running when this one was admitted), or None. From this input on, the
+            events of that turn are left out of the context of every other turn's model calls
+            (see :mod:`agentstream.context.builder`); its own calls, and the requests recorded
+            before, keep them. Not part of the turn's digest (a re-delivery of the message that
+            brought the turn is the same turn).
     """
 
     turn_id: str
@@ -229,6 +238,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
     input: Any = None
     tools: dict[str, str] | None = None
     instructions: tuple[str, ...] = ()
+    rolls_back: str | None = None
 
 
 class TaskInput(TurnInput, frozen=True, kw_only=True, tag="task_input"):
@@ -567,6 +577,13 @@ Event = (
 TERMINAL_EVENTS = (TurnEnded, TurnFailed)
 
 
+BusyPolicy = Literal["queue", "reject", "interrupt", "rollback"]
+"""What a turn published on a busy conversation does to its running turn (see :class:`TurnMessage`)."""
+
+BUSY_POLICIES: tuple[str, ...] = ("queue", "reject", "interrupt", "rollback")
+"""Every :data:`BusyPolicy`, the default (``queue``) first."""
+
+
 NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 """A string of at least one character (the turn message's ids, agent and text; still a ``str``)."""
 
@@ -600,6 +617,12 @@ class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             type parses (``Agent(input=ChatTurnInput)`` takes ``{"text": "...", "tools":
             {"search": "off"}, "context": "..."}``; see :mod:`agentstream.declarations.inputs`). A turn whose
             input does not parse is refused (code ``bad_turn``, naming the field).
+        busy_policy: what this turn does when its conversation is busy with a running turn:
+            ``queue`` (wait behind it), ``reject`` (fail at once, code ``busy``), ``interrupt``
+            (cancel the running turn, keep its work in the history) or ``rollback`` (cancel it
+            and leave its events out of every later context, as if it had not been sent); None
+            for the process's ``AGENTSTREAM_BUSY_POLICY``. Any other value is refused (code
+            ``bad_turn``). See :data:`BUSY_POLICIES` and ``docs/how-to/steer-a-conversation.md``.
 
     Unknown fields are refused (a failed reply, code ``bad_turn``, naming the field): a misspelt
     field fails instead of being dropped.
@@ -619,6 +642,7 @@ class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     elements: tuple[AnyElement, ...] = ()
     model: NonEmptyStr | None = None
     input: Any = None
+    busy_policy: BusyPolicy | None = None
 
 
 class Reply(msgspec.Struct, kw_only=True):
