@@ -11,7 +11,7 @@ from agentstream.declarations.apps import App
 from agentstream.models import ChatModel, build_models
 from agentstream.models.endpoints import check_agents, load_endpoints
 from agentstream.ops.settings import Settings
-from agentstream.runtime.cancel import CancelListener
+from agentstream.runtime.cancel import CancelListener, cancel_listeners
 from agentstream.runtime.consumer import StreamConsumer, group_consumer, partition_consumers
 from agentstream.runtime.store import TraceStore
 from agentstream.runtime.watchdog import Watchdog
@@ -21,6 +21,12 @@ from agentstream.wire.keys import AGENT_LOOP_GROUP
 def _told(handler):
     """``handler(entry_id, fields, stream=...)`` → the handler of one partition's stream."""
     return lambda stream: functools.partial(handler, stream=stream)
+
+
+def _dead_turn_hook(loop: AgentLoop, keys, turns: str):
+    """The dead-letter hook of turns stream ``turns`` (any partition's entries): a backend's is
+    told its stream, so it touches only what that backend may (:meth:`AgentLoop.on_dead_turn`)."""
+    return loop.on_dead_turn if turns == keys.turns else functools.partial(loop.on_dead_turn, stream=turns)
 
 
 def build(
@@ -68,10 +74,11 @@ def build(
         mcp_wait_s=settings.mcp_wait_s,
     )
     keys = settings.keys
+    turn_streams = [keys.turns, *(keys.backend_turns(b) for b in keys.backends)]  # the shared one, each backend's
     runners: list[StreamConsumer | CancelListener | Watchdog] = [
         consumer
         for stream, handler, on_dead in (
-            (keys.turns, loop.on_turn, loop.on_dead_turn),
+            *((turns, loop.on_turn, _dead_turn_hook(loop, keys, turns)) for turns in turn_streams),
             (keys.wake, loop.on_wake, loop.on_dead_wake),
         )
         for consumer in partition_consumers(  # each handler told its partition, which a report names
@@ -83,11 +90,12 @@ def build(
             on_dead_letter=on_dead,
             per_stream=True,
         )
-    ]  # every partition of the turns and wake-up streams; the cancel stream has one
-    runners.append(
-        group_consumer(store.redis, settings, stream=keys.cancel, group=AGENT_LOOP_GROUP, handler=loop.on_cancel)
-    )
-    runners.append(CancelListener(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms))
+    ]  # every partition of the turns and wake-up streams; a cancel stream has one
+    runners += [
+        group_consumer(store.redis, settings, stream=s, group=AGENT_LOOP_GROUP, handler=_told(loop.on_cancel)(s))
+        for s in keys.cancel_streams
+    ]
+    runners += cancel_listeners(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms)
     if settings.watchdog_interval_ms:  # turns whose awaited tool work vanished end with a reason
         runners += [  # one per partition of the awaiting set
             Watchdog(

@@ -46,6 +46,7 @@ from agentstream.steps.timeline import conversation_state, reply_from_fold, repl
 from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
+from agentstream.wire.backends import turn_scope
 from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
 from agentstream.wire.keys import trace_id_problem
 from agentstream_services.gateway import schemas
@@ -170,6 +171,8 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         return entries
 
     async def may_see(key: ApiKey, trace_id: str, events: list[Event]) -> bool:
+        if key.trace_refusal(trace_id) is not None:  # another backend's conversation
+            return False
         if key.all_agents:
             return True
         root = root_of(events, trace_id)
@@ -178,6 +181,8 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
 
     async def may_see_fold(key: ApiKey, fold: TraceFold) -> bool:
         """:func:`may_see` from the trace's fold: what a request reads is what came since the last one."""
+        if key.trace_refusal(fold.trace_id) is not None:  # another backend's conversation
+            return False
         if key.all_agents:
             return True
         root = fold.root_trace_id or fold.trace_id
@@ -227,6 +232,9 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             )
         if not key.may_use(turn.agent):
             raise HTTPException(403, f"API key {key.name!r} may not use agent {turn.agent!r}")
+        scope = turn_scope(key.backend, keys.replies, turn.trace_id, turn.reply_to)
+        if scope.refusal is not None:  # the agent loop's rule for a backend's own streams
+            raise HTTPException(403, scope.refusal)
         try:  # the agent's rules: its input type, the tool states the turn asks (other refusals fail the turn)
             app.turn_input(turn)
         except TurnRejected as exc:
@@ -555,8 +563,10 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
     ) -> schemas.DeadLetterList:
         """The newest entries of every work stream's dead-letter stream: where each came from,
         how many deliveries it had, its last error and its payload (cut to a bounded excerpt)."""
-        if not key.all_agents:
-            raise HTTPException(403, f'API key {key.name!r} may not read the dead letters (it needs agents ["*"])')
+        if not key.sees_everything:
+            raise HTTPException(
+                403, f'API key {key.name!r} may not read the dead letters (it needs agents ["*"] and no backend)'
+            )
         _stream_id(before, "before")
         letters = await deadletters.read(
             store.redis, keys, keys.work_streams(app.tool_queues), count=limit, before=before

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from agentstream.declarations.apps import App
 from agentstream.ops.settings import Settings
-from agentstream.runtime.cancel import CancelListener
+from agentstream.runtime.cancel import CancelListener, cancel_listeners
 from agentstream.runtime.consumer import StreamConsumer, partition_consumers
 from agentstream.runtime.store import TraceStore
 from agentstream.wire.keys import TOOL_WORKER_GROUP
@@ -47,7 +47,7 @@ def build(
             on_dead_letter=worker.on_dead_job,
         )
     ]
-    runners.append(CancelListener(store.redis, keys, worker.on_cancel_broadcast, block_ms=settings.block_ms))
+    runners += cancel_listeners(store.redis, keys, worker.on_cancel_broadcast, block_ms=settings.block_ms)
     servers = [s for s in app.mcp_servers.values() if s.queue in served]
     if servers:  # the MCP servers of the queues served here: this process keeps their sessions
         from agentstream.mcp_tools.host import McpHost

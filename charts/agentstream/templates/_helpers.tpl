@@ -367,6 +367,10 @@ Returns YAML: use with fromYaml.
   value: {{ $v.streamNamespace | quote }}
 - name: AGENTSTREAM_PARTITIONS
   value: {{ $v.partitions | int | quote }}
+{{- with $v.backends }}
+- name: AGENTSTREAM_BACKENDS
+  value: {{ join "," . | quote }}
+{{- end }}
 - name: AGENTSTREAM_METRICS_PORT
   value: {{ $v.metricsPort | quote }}
 - name: AGENTSTREAM_SHUTDOWN_GRACE_S

@@ -30,8 +30,10 @@ from agentstream.steps.machine import RejectTurn, on_busy, queue_full_refusal
 from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
+from agentstream.wire.backends import TurnScope, turn_scope
 from agentstream.wire.events import (
     CancelMessage,
+    Reply,
     TaskInput,
     TurnFailed,
     TurnInput,
@@ -67,6 +69,12 @@ class Admission(LoopState):
             turn = wire.validate_turn(
                 payload, keys=self.keys, limits=self.limits, agents=(a.name for a in self.app.agents)
             )
+            scope = self._scope(stream, turn.trace_id, turn.reply_to)
+            if scope.refusal is not None:  # another backend's conversation or replies: nothing touched
+                await self._refuse_foreign(entry_id, where, payload, turn.trace_id, turn.turn_id, turn.metadata, scope)
+                return
+            if scope.reply_to != turn.reply_to:  # a backend's turn without reply_to: its own stream
+                turn = msgspec.structs.replace(turn, reply_to=scope.reply_to)
             # the agent's rules: its input type, its settings for the turn, the tool states asked
             routing = self.app.turn_input(turn)
         except TurnRejected as exc:  # without a `turn` field, the entry's fields show what arrived
@@ -122,6 +130,40 @@ class Admission(LoopState):
                 await self._note_turn(trace_id, fold)  # the gateway's list of recent conversations
             assert admitted.taken is not None
             await self._advance_taken(trace_id, entry_id, admitted.taken, fold)
+
+    def _scope(self, stream: str | None, trace_id: str | None, reply_to: str | None) -> TurnScope:
+        """What a turn read from ``stream`` may touch (:func:`agentstream.wire.backends.turn_scope`):
+        a configured backend's turns stream confines it to that backend's conversations."""
+        return turn_scope(self.keys.backend_of_stream(stream), self.keys.replies, trace_id, reply_to)
+
+    async def _refuse_foreign(
+        self,
+        entry_id: str,
+        where: str,
+        payload: bytes | None,
+        trace_id: str | None,
+        turn_id: str | None,
+        metadata: dict[str, str],
+        scope: TurnScope,
+    ) -> None:
+        """Refuse a backend's turn that names another backend's conversation or replies stream
+        (code ``forbidden``): reported on the errors stream, and, when it names its trace and turn,
+        answered on the sender's own replies stream. Nothing is written to the trace it named."""
+        assert scope.refusal is not None
+        error = f"entry {entry_id} of {where}: {scope.refusal}"
+        log.warning("refused turn entry %s: %s", entry_id, scope.refusal)
+        metrics.TURNS_REJECTED.inc()
+        await self._report(error, payload, source=where, entry=entry_id, trace_id=trace_id or "", turn_id=turn_id or "")
+        if trace_id and turn_id and scope.reply_to:
+            reply = Reply(
+                trace_id=trace_id,
+                turn_id=turn_id,
+                status="failed",
+                code=FailureCode.FORBIDDEN,
+                reason=scope.refusal,
+                metadata=metadata,
+            )
+            await operations.send_refusal(self.redis, scope.reply_to, reply)
 
     async def _refused_as_child(
         self, entry_id: str, source: str, payload: bytes | None, trace_id: str, turn_id: str, why: str = ""
@@ -306,6 +348,14 @@ class Admission(LoopState):
         """A turn that breaks a rule of the wire: with its ids, it fails ``bad_turn`` in its trace and
         gets a failed reply (to its ``reply_to`` when that passed the check, with its metadata);
         without them, or when its turn id is an accepted turn's, it goes to the errors stream."""
+        scope = self._scope(stream, exc.trace_id, exc.reply_to)
+        if scope.refusal is not None:  # its failure would go into another backend's trace or replies
+            where = stream or self.keys.turns
+            await self._refuse_foreign(
+                entry_id, where, payload, exc.trace_id, exc.turn_id, exc.metadata, self._both(scope, exc.reason)
+            )
+            return
+        exc.reply_to = scope.reply_to  # a backend's refused turn is answered on its own stream
         log.warning("rejected turn entry %s: %s", entry_id, exc.reason)
         metrics.TURNS_REJECTED.inc()
         if (
@@ -330,6 +380,11 @@ class Admission(LoopState):
             return
         source = stream or (self.keys.turns_for(exc.trace_id) if exc.trace_id else self.keys.turns)
         await self._report(exc.reason, payload, source=source, entry=entry_id)
+
+    @staticmethod
+    def _both(scope: TurnScope, reason: str) -> TurnScope:
+        """``scope``'s refusal, and the wire's own reason the turn was refused."""
+        return TurnScope(f"{scope.refusal}; also, {reason}", scope.reply_to)
 
     async def _reject_turn(
         self, entry_id: str, payload: bytes | None, exc: TurnRejected, *, stream: str | None

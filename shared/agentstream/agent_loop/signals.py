@@ -29,6 +29,7 @@ from agentstream.steps.decision import (
 )
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
+from agentstream.wire.backends import confined_cancel, turn_scope
 from agentstream.wire.events import (
     CancelMessage,
     CancelRequested,
@@ -36,6 +37,7 @@ from agentstream.wire.events import (
     TurnFailed,
     TurnInput,
 )
+from agentstream.wire.failures import FailureCode
 from agentstream.wire.keys import CANCEL_FIELD, TURN_FIELD, WAKE_FIELD
 
 
@@ -56,15 +58,26 @@ class Signals(LoopState):
             return
         await self.advance(wake.trace_id, entry_id=entry_id)
 
-    async def on_cancel(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        """A cancel request (the agent loop's group on the cancel stream): record it, then advance."""
+    async def on_cancel(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
+        """A cancel request (the agent loop's group on a cancel stream: ``stream``, default the
+        shared ``<ns>:cancel``): record it, then advance. A backend's cancel stream may cancel only
+        that backend's conversations, and names it as the cancel's ``by``
+        (:func:`agentstream.wire.backends.confined_cancel`)."""
+        where = stream or self.keys.cancel
         try:
             message = codec.decode_cancel(codec.entry_field(fields, CANCEL_FIELD))
         except msgspec.DecodeError as exc:
             log.error("dropping malformed cancel %s: %s", entry_id, exc)
             shown = codec.entry_shown(fields, CANCEL_FIELD)
-            await self._report(f"malformed cancel {entry_id}: {exc}", shown, source=self.keys.cancel, entry=entry_id)
+            await self._report(f"malformed cancel {entry_id}: {exc}", shown, source=where, entry=entry_id)
             return
+        confined, refusal = confined_cancel(self.keys.backend_of_stream(stream), message)
+        if confined is None:  # another backend's conversation: nothing read or written there
+            error = f"cancel {entry_id} of {where} refused ({FailureCode.FORBIDDEN}): {refusal}"
+            log.warning("%s", error)
+            await self._report(error, codec.entry_shown(fields, CANCEL_FIELD), source=where, entry=entry_id)
+            return
+        message = confined
         recorded, target = await self.request_cancel(message)
         if recorded is not None:
             self._abort_local(message.trace_id, recorded.turn_id)
@@ -78,12 +91,12 @@ class Signals(LoopState):
                     f"trace {message.trace_id!r} holds no turn {message.turn_id!r} (not yet admitted, or "
                     f"another conversation's)"
                 )
-            error = f"cancel {entry_id} of {self.keys.cancel} cancelled nothing: {why}"
+            error = f"cancel {entry_id} of {where} cancelled nothing: {why}"
             log.warning("%s", error)
             await self._report(
                 error,
                 codec.entry_shown(fields, CANCEL_FIELD),
-                source=self.keys.cancel,
+                source=where,
                 entry=entry_id,
                 trace_id=message.trace_id,
                 turn_id=message.turn_id,
@@ -140,18 +153,28 @@ class Signals(LoopState):
             return None
         return task.result()
 
-    async def on_dead_turn(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
-        """A turn entry that kept failing: its turn fails with code ``dead_letter``."""
+    async def on_dead_turn(
+        self, entry_id: str, fields: dict[bytes, bytes], error: str, *, stream: str | None = None
+    ) -> None:
+        """A turn entry that kept failing: its turn fails with code ``dead_letter`` (not when it came
+        on a backend's ``stream`` and names what that backend may not touch)."""
         try:
             turn = wire.validate_turn(fields.get(TURN_FIELD) or b"", keys=self.keys, limits=self.limits)
         except Exception:  # any bytes: nothing to fail, the dead-letter stream keeps the entry
             return
+        backend = self.keys.backend_of_stream(stream)
+        scope = turn_scope(backend, self.keys.replies, turn.trace_id, turn.reply_to)
+        if scope.refusal is not None:  # the dead-letter stream keeps it; no other backend's trace is touched
+            return
         routing = TurnInput(
-            turn_id=turn.turn_id, agent=turn.agent, text=turn.text or "", metadata=turn.metadata, reply_to=turn.reply_to
+            turn_id=turn.turn_id,
+            agent=turn.agent,
+            text=turn.text or "",
+            metadata=turn.metadata,
+            reply_to=scope.reply_to,
         )
-        await self._dead_end(
-            turn.trace_id, routing, f"turn entry {entry_id} of {self.keys.turns_for(turn.trace_id)}", error
-        )
+        where = self.keys.backend_turns_for(backend, turn.trace_id) if backend else self.keys.turns_for(turn.trace_id)
+        await self._dead_end(turn.trace_id, routing, f"turn entry {entry_id} of {where}", error)
 
     async def on_dead_wake(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
         """A wake-up that kept failing: the trace's running turn fails with code ``dead_letter``."""

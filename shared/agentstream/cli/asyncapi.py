@@ -147,6 +147,28 @@ def asyncapi_document(keys: Keys | None = None, *, server: str = "redis://localh
     async def cancels(entry: CancelEntry) -> None:  # pragma: no cover
         ...
 
+    @broker.subscriber(
+        stream=StreamSub(keys.backend_turns("backend"), group=AGENT_LOOP_GROUP, consumer="agent-loop"),
+        title=keys.backend_turns("backend"),
+        description="Turns in from one backend named in AGENTSTREAM_BACKENDS (here `backend`), partitioned as "
+        f"{keys.turns}: as that stream, but a turn may name only trace ids that begin with `backend:` and the reply "
+        f"streams {keys.backend_replies('backend')} and {keys.backend_replies('backend')}:* (without reply_to it is "
+        f"answered on {keys.backend_replies('backend')}); any other fails with code forbidden on that stream. "
+        "A Redis ACL lets only that backend write it (docs/how-to/acls.md).",
+    )
+    async def backend_turns(entry: TurnEntry) -> None:  # pragma: no cover
+        ...
+
+    @broker.subscriber(
+        stream=StreamSub(keys.backend_cancel("backend"), group=AGENT_LOOP_GROUP, consumer="agent-loop"),
+        title=keys.backend_cancel("backend"),
+        description="Cancel requests in from one backend named in AGENTSTREAM_BACKENDS: only of its own "
+        "conversations (trace ids that begin with `backend:`; any other is refused, reported on "
+        f"{keys.errors}); the cancel's `by` is the backend's name, whatever the message says.",
+    )
+    async def backend_cancels(entry: CancelEntry) -> None:  # pragma: no cover
+        ...
+
     broker.publisher(
         stream=keys.replies,
         title=keys.replies,

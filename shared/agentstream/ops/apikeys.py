@@ -11,8 +11,13 @@ The file is YAML or JSON::
       - name: billing-backend          # shown in logs and in the cancels it makes
         sha256: 3a7bd3e2360a3d...      # sha256 of the key, hex
         agents: [demo, weather]        # the agents it may publish to and read; ["*"] = all
+        backend: billing               # optional: only this backend's conversations
 
-A key whose agents include ``*`` sees every conversation and the dead-letter streams.
+A key whose agents include ``*`` sees every conversation and the dead-letter streams, unless it
+names a ``backend`` (one of ``AGENTSTREAM_BACKENDS``): such a key publishes to, reads and cancels
+only that backend's conversations (trace ids that begin with ``<backend>:``) and names only its
+replies streams, by the rule the agent loop applies to the backend's own streams
+(:mod:`agentstream.wire.backends`), and never reads the dead letters.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 import yaml
 
 from agentstream.errors import ConfigError
+from agentstream.wire.backends import backend_name_problem, trace_refusal
 
 ALL_AGENTS = "*"
 KEY_PREFIX = "ask_"
@@ -37,16 +43,29 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 @dataclass(frozen=True)
 class ApiKey:
-    """One key's entry: its name, the SHA-256 of the key (hex) and the agents it may use."""
+    """One key's entry: its name, the SHA-256 of the key (hex), the agents it may use and the
+    backend whose conversations it is confined to (None: any conversation of its agents)."""
 
     name: str
     sha256: str
     agents: frozenset[str]
+    backend: str | None = None
 
     @property
     def all_agents(self) -> bool:
-        """Whether the key may use every agent (and read the dead letters)."""
+        """Whether the key may use every agent."""
         return ALL_AGENTS in self.agents
+
+    @property
+    def sees_everything(self) -> bool:
+        """Whether the key may see every conversation and read the dead letters: every agent,
+        no backend."""
+        return self.all_agents and self.backend is None
+
+    def trace_refusal(self, trace_id: str) -> str | None:
+        """Why the key may not touch conversation ``trace_id`` by its backend, or None when it may
+        (:func:`agentstream.wire.backends.trace_refusal`, the agent loop's rule)."""
+        return trace_refusal(self.backend, trace_id, f"API key {self.name!r}")
 
     def may_use(self, agent: str) -> bool:
         """Whether the key may publish to and read conversations of ``agent``."""
@@ -107,8 +126,11 @@ def parse_keys(data: Any, *, source: str) -> KeyRing:
             raise ConfigError(f"{where}.sha256 must be 64 hex digits, the SHA-256 of the key (never the key itself)")
         if not isinstance(agents, list) or not agents or not all(isinstance(a, str) and a for a in agents):
             raise ConfigError(f'{where}.agents must be a non-empty list of agent names (or ["*"])')
+        backend = entry.get("backend")
+        if backend is not None and backend_name_problem(backend) is not None:
+            raise ConfigError(f"{where}.backend {backend!r} cannot name a backend: {backend_name_problem(backend)}")
         names.add(name)
-        out.append(ApiKey(name=name, sha256=digest.lower(), agents=frozenset(agents)))
+        out.append(ApiKey(name=name, sha256=digest.lower(), agents=frozenset(agents), backend=backend))
     return KeyRing(out)
 
 

@@ -94,6 +94,11 @@ The wire's limits (see :mod:`agentstream.wire.checks`; a turn over one is refuse
 - ``AGENTSTREAM_REPLY_STREAMS``: glob patterns (commas or spaces between them) of more streams a
   turn's ``reply_to`` may name, beside ``<ns>:replies`` and ``<ns>:replies:*``; a stream of the
   namespace's own that is not a replies stream is refused whatever the patterns.
+- ``AGENTSTREAM_BACKENDS``: the backends confined to their own conversations (names, commas or
+  spaces between them; default none). Each gets its own turns and cancel streams
+  (``<ns>:backends:<name>:turns``, ``...:cancel``), read by the agent loop, whose turns and
+  cancels may only name trace ids that begin with ``<name>:`` and replies streams
+  ``<ns>:replies:<name>``... (see :mod:`agentstream.wire.backends`). Set it on every service.
 
 Deadlines:
 
@@ -120,6 +125,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from agentstream.errors import ConfigError
 from agentstream.ops.memory import default_cache_bytes
 from agentstream.ops.startup import contradictions
+from agentstream.wire.backends import check_backends
 from agentstream.wire.checks import DEFAULT_LIMITS, WireLimits, parse_patterns
 from agentstream.wire.keys import DEFAULT_NAMESPACE, Keys, check_namespace
 
@@ -227,6 +233,7 @@ class Settings(BaseSettings):
     excerpt_bytes: int = Field(default=DEFAULT_LIMITS.excerpt_bytes, ge=64)
     errors_maxlen: int = Field(default=DEFAULT_LIMITS.errors_maxlen, ge=10)
     reply_streams: str = ""
+    backends: str = ""
     model_deadline_s: float = Field(default=300.0, gt=0)
     turn_deadline_s: float | None = Field(default=None, gt=0)
     consumer_delete_idle_ms: int = Field(default=3_600_000, ge=0)
@@ -235,7 +242,17 @@ class Settings(BaseSettings):
 
     @cached_property
     def keys(self) -> Keys:
-        return Keys(self.namespace, self.partitions)
+        return Keys(self.namespace, self.partitions, parse_patterns(self.backends))
+
+    @field_validator("backends")
+    @classmethod
+    def _usable_backends(cls, value: str) -> str:
+        """Names a backend may have, each once (:func:`agentstream.wire.backends.check_backends`)."""
+        try:
+            check_backends(parse_patterns(value))
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("namespace")
     @classmethod

@@ -31,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from agentstream.ops import logs
 from agentstream.runtime.entries import keep_doubled_fields
 from agentstream.wire import codec
+from agentstream.wire.backends import confined_cancel
 from agentstream.wire.events import CancelMessage, Event, TurnEnded, TurnFailed, TurnInput
 from agentstream.wire.keys import CANCEL_FIELD, Keys
 
@@ -94,6 +95,10 @@ class CancelListener:
         on_cancel: ``await on_cancel(message)``; its errors are logged, never raised.
         block_ms: longest wait of one blocking read, in milliseconds.
         backoff_max_s: the longest wait between retries after a Redis error, in seconds.
+        stream: the cancel stream heard (default the shared ``<ns>:cancel``; one listener per
+            stream of :attr:`~agentstream.wire.keys.Keys.cancel_streams`). A backend's cancel stream
+            is confined to its conversations and its ``by`` is the backend
+            (:func:`agentstream.wire.backends.confined_cancel`); a refused cancel is not passed on.
     """
 
     def __init__(
@@ -104,9 +109,11 @@ class CancelListener:
         *,
         block_ms: int = 1000,
         backoff_max_s: float = 5.0,
+        stream: str | None = None,
     ):
         self.redis = keep_doubled_fields(redis)  # a cancel that repeats a field is ignored
-        self.stream = keys.cancel
+        self.stream = stream or keys.cancel
+        self.backend = keys.backend_of_stream(self.stream)
         self.on_cancel = on_cancel
         self.block_ms = block_ms
         self.backoff_max_s = backoff_max_s
@@ -146,6 +153,12 @@ class CancelListener:
             # the agent loop's group consumer records it on the errors stream
             log.warning("ignoring malformed cancel %s on %s: %s", entry_id, self.stream, _short(exc))
             return
+        confined, refusal = confined_cancel(self.backend, message)
+        if confined is None:  # the agent loop's group consumer records it on the errors stream
+            self.ignored += 1
+            log.warning("ignoring cancel %s on %s: %s", entry_id, self.stream, refusal)
+            return
+        message = confined
         self.heard += 1
         with logs.bind(trace_id=message.trace_id, turn_id=message.turn_id or None):
             try:
@@ -163,3 +176,12 @@ def _short(exc: BaseException) -> str:
 
 def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def cancel_listeners(
+    redis: aioredis.Redis, keys: Keys, on_cancel: OnCancel, *, block_ms: int = 1000
+) -> list[CancelListener]:
+    """One :class:`CancelListener` per cancel stream (the shared one, then each configured
+    backend's: a blocking read of several streams would be a cross-slot command on a Redis
+    Cluster)."""
+    return [CancelListener(redis, keys, on_cancel, block_ms=block_ms, stream=s) for s in keys.cancel_streams]

@@ -227,6 +227,13 @@ async def send_reply(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: 
     await mark_reply_sent(redis, keys, trace_id, turn_id)
 
 
+async def send_refusal(redis: aioredis.Redis, stream: str, reply: Reply) -> None:
+    """Publish the failed reply of a turn refused before it could name a trace it may touch (a
+    backend's turn into another backend's conversation, :mod:`agentstream.wire.backends`): one
+    XADD to ``stream`` (the sender's own replies stream), nothing marked or written in any trace."""
+    await redis.xadd(stream, {REPLY_FIELD: codec.encode(reply)})
+
+
 async def mark_reply_sent(redis: aioredis.Redis, keys: Keys, trace_id: str, turn_id: str) -> None:
     """Mark a turn's reply as written (``HSET reply:<turn id> 1``)."""
     await redis.hset(keys.trace_keys(trace_id), f"reply:{turn_id}", b"1")

@@ -31,7 +31,8 @@ class FailureCode(StrEnum):
     INPUT_DENIED = "input_denied"
     """The agent's settings function refused the turn (``TurnDenied``'s default code)."""
     FORBIDDEN = "forbidden"
-    """An admin command while admin commands are off."""
+    """An admin command while admin commands are off; or a backend's turn (or cancel) that names
+    another backend's conversation or replies stream (:mod:`agentstream.wire.backends`)."""
     CONFIG = "config"
     """The agent's settings for the turn, or its model id, are not valid."""
     BUSY = "busy"

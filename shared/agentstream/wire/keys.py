@@ -13,6 +13,10 @@ Work streams (hints, never state):
 - ``<ns>:replies``: answers (field ``reply``), unless a turn names its own ``reply_to``.
 - ``<ns>:cancel``: cancel requests (field ``cancel``: JSON, see CancelMessage), read by the agent
   loop's group and, without a group, by every service process (to abort work in hand).
+- ``<ns>:backends:<backend>:turns`` and ``<ns>:backends:<backend>:cancel``: the turns (partitioned)
+  and cancel streams of one backend named in ``AGENTSTREAM_BACKENDS``, read as the shared ones but
+  confined to that backend's conversations (``<backend>:...`` trace ids) and replies streams
+  (``<ns>:replies:<backend>``...): see :mod:`agentstream.wire.backends`.
 - ``<ns>:delegations``: calls of delegation tools, for the delegation service (field ``job``).
 - ``<ns>:child-endings``: a child trace's turn ended; hand its result back (field ``ending``).
 - ``<ns>:compactions``: a trace's context needs a summary (field ``compaction``).
@@ -78,6 +82,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agentstream.errors import ConfigError
+from agentstream.wire.backends import check_backends
 
 DEFAULT_NAMESPACE = "agentstream"
 
@@ -114,6 +119,8 @@ def partition_of(trace_id: str, partitions: int) -> int:
 PARTITION_SUFFIX = re.compile(r":p[0-9]+\Z")
 """What ends the name of a work stream's partition 1 or more (``<stream>:p<k>``), and so what no
 tool queue name may end with."""
+
+_TURNS_PARTITION = re.compile(r"turns:p([1-9][0-9]{0,5})")
 
 HASH_TAG_CHARACTERS = "{}"
 """Characters that would make a hash tag (Redis Cluster) of a name: refused in user-chosen names."""
@@ -232,11 +239,51 @@ class Keys:
 
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = 1
+    backends: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
             raise ValueError(f"partitions must be 1 or more, got {self.partitions}")
         check_namespace(self.namespace)
+        object.__setattr__(self, "backends", check_backends(self.backends))
+
+    def backend_turns(self, backend: str) -> str:
+        """Backend ``backend``'s turns stream (its partition 0; partitioned as :attr:`turns`):
+        ``<ns>:backends:<backend>:turns`` (see :mod:`agentstream.wire.backends`)."""
+        return f"{self.namespace}:backends:{backend}:turns"
+
+    def backend_turns_for(self, backend: str, trace_id: str) -> str:
+        """The partition of ``backend``'s turns stream that a turn of ``trace_id`` goes to."""
+        return self.for_trace(self.backend_turns(backend), trace_id)
+
+    def backend_cancel(self, backend: str) -> str:
+        """Backend ``backend``'s cancel stream (not partitioned): ``<ns>:backends:<backend>:cancel``."""
+        return f"{self.namespace}:backends:{backend}:cancel"
+
+    def backend_replies(self, backend: str) -> str:
+        """Backend ``backend``'s replies stream: ``<ns>:replies:<backend>``."""
+        return f"{self.replies}:{backend}"
+
+    @property
+    def cancel_streams(self) -> list[str]:
+        """Every cancel stream: the shared one, then each configured backend's."""
+        return [self.cancel, *(self.backend_cancel(b) for b in self.backends)]
+
+    def backend_of_stream(self, stream: str | None) -> str | None:
+        """The configured backend whose turns (any partition) or cancel stream ``stream`` is, or
+        None for any other stream (the shared ones: trusted senders). Pure."""
+        if not stream:
+            return None
+        head = f"{self.namespace}:backends:"
+        if not stream.startswith(head):
+            return None
+        name, _, rest = stream[len(head) :].partition(":")
+        if name not in self.backends:
+            return None
+        if rest in ("cancel", "turns"):
+            return name
+        part = _TURNS_PARTITION.fullmatch(rest)
+        return name if part is not None and int(part.group(1)) < self.partitions else None
 
     def partition(self, trace_id: str) -> int:
         """The partition of a trace's work (:func:`partition_of`)."""
@@ -323,14 +370,16 @@ class Keys:
         dead-letter streams)."""
         bases = [
             self.turns,
+            *(self.backend_turns(b) for b in self.backends),
             self.wake,
-            self.cancel,
+            *self.cancel_streams,
             self.delegations,
             self.child_endings,
             self.compactions,
             *(self.tools(q) for q in tool_queues),
         ]
-        return [name for base in bases for name in ([base] if base == self.cancel else self.partitions_of(base))]
+        cancels = set(self.cancel_streams)
+        return [name for base in bases for name in ([base] if base in cancels else self.partitions_of(base))]
 
     def tools(self, queue: str) -> str:
         """The stream of tool jobs for one tool queue (its partition 0).
