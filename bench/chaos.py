@@ -86,6 +86,14 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         ("kill → next progress of the work it held, p90", f"{f['kill → next progress p90 (s)']} s"),
         ("kill → next progress of the work it held, max", f"{f['kill → next progress max (s)']} s"),
         ("recoveries measured", f["recoveries measured"]),
+        *(
+            (
+                f"kill → next progress, {kind} (p50 / p90 / max, measured)",
+                f"{f[f'kill → next progress, {kind} p50 (s)']} / {f[f'kill → next progress, {kind} p90 (s)']} / "
+                f"{f[f'kill → next progress, {kind} max (s)']} s ({f[f'kill → next progress, {kind}, measured']})",
+            )
+            for kind in ("quick work", "slow tools")
+        ),
         ("outcome-unknown results (side-effect tool killed mid-run)", f["outcome-unknown results"]),
         ("re-runs of `work` and `upsert` calls (allowed: retry-safe)", f["re-runs of retry-safe calls"]),
         ("late results", f["late results"]),

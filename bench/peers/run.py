@@ -317,7 +317,7 @@ def sitting(args) -> dict:
     }
     with durable_redis() as (port, redis_pid, client, folder), private_postgres() as (dsn, postmaster):
         out["redis"] = client.info("server")["redis_version"]
-        out["postgres"] = subprocess.run(["postgres", "--version"], capture_output=True, text=True).stdout.split()[-1]
+        out["postgres"] = subprocess.run(["postgres", "--version"], capture_output=True, text=True).stdout.split()[2]
         print(f"redis {out['redis']} (appendfsync always), postgres {out['postgres']}", flush=True)
         row = out["peers"].setdefault("agentstream", {})
         row["load"] = asyncio.run(agentstream_load(port, redis_pid, client, folder, 64, args.warm, args.dur))
@@ -358,8 +358,8 @@ def table(out: dict, long: int) -> str:
     lines = [
         f"| runtime | turns/s (64 conv.) | turn p50 / p99, 1 conv. | CPU ms per turn (runtime + database) "
         f"| database bytes per turn | turn {long} ÷ turn 50: latency, CPU (drift-corrected) "
-        f"| bytes written at turn {long} ÷ 50 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| bytes written at turn {long} ÷ 50 | load after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in out["peers"].items():
         cpu = row["load"]["cpu_ms_per_turn"]
@@ -370,7 +370,7 @@ def table(out: dict, long: int) -> str:
             f"| {name} | {row['load']['turns_per_s']:.1f} | {row['latency']['turn_p50_ms']:.1f} / "
             f"{row['latency']['turn_p99_ms']:.1f} ms | {cpu_text} | {stored} | "
             f"{rel(row, 'turn_ms', 'reference_turn_ms'):.2f}×, {rel(row, 'cpu_ms', 'reference_cpu_ms'):.2f}× "
-            f"(raw {g(row, 'turn_ms'):.2f}×, {g(row, 'cpu_ms'):.2f}×) | {wal:.1f}× |"
+            f"(raw {g(row, 'turn_ms'):.2f}×, {g(row, 'cpu_ms'):.2f}×) | {wal:.1f}× | {row['load_avg']:.1f} |"
         )
     return "\n".join(lines)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import statistics
 import time
 from collections import Counter
@@ -127,6 +128,10 @@ class ChaosResult:
     duplicate_copies: int = 0
     malformed_copies: int = 0
     recovery_s: list[float] = field(default_factory=list)
+    # the same, split by the work of the trace: quick (every tool call under the claim idle time)
+    # or slow (a call around or over it, whose own run time is part of its recovery)
+    recovery_quick_s: list[float] = field(default_factory=list)
+    recovery_slow_s: list[float] = field(default_factory=list)
     slowest: list[tuple[float, str, str, str]] = field(default_factory=list)  # (s, killed, service, trace)
     seconds: float = 0.0
 
@@ -178,11 +183,34 @@ class ChaosResult:
             "kill → next progress p90 (s)": round(rec[int(0.9 * (len(rec) - 1))], 2) if rec else None,
             "kill → next progress max (s)": round(rec[-1], 2) if rec else None,
             "recoveries measured": len(rec),
+            **_spread("kill → next progress, quick work", self.recovery_quick_s),
+            **_spread("kill → next progress, slow tools", self.recovery_slow_s),
             "wall time (s)": round(self.seconds, 1),
         }
 
     def report(self) -> str:
         return "\n".join(f"  {k}: {v}" for k, v in self.figures().items())
+
+
+def _spread(label: str, seconds: list[float]) -> dict[str, object]:
+    """p50, p90 and max of ``seconds`` under ``label``, and how many there were."""
+    s = sorted(seconds)
+    return {
+        f"{label} p50 (s)": round(statistics.median(s), 2) if s else None,
+        f"{label} p90 (s)": round(s[int(0.9 * (len(s) - 1))], 2) if s else None,
+        f"{label} max (s)": round(s[-1], 2) if s else None,
+        f"{label}, measured": len(s),
+    }
+
+
+SLOW_WORK_MS = 1000
+"""A ``work`` call at least this long, or a paused ``record``/``upsert``, makes a plan slow: around
+or over the run's claim idle time (1.5 s), so its recovery includes the tool's own run time."""
+
+
+def plan_is_slow(plan: str) -> bool:
+    """Whether a turn's plan (:func:`_plan`'s text) holds a slow tool call."""
+    return "@" in plan or any(int(ms) >= SLOW_WORK_MS for ms in re.findall(r"work\((\d+)\)", plan))
 
 
 def _work_ms(rng: random.Random, slow: bool) -> int:
@@ -242,6 +270,7 @@ class ChaosRun:
         self.client = sync_client(redis_url)
         self.kills: list[Kill] = []
         self.turns: list[tuple[str, str]] = []
+        self.slow_traces: set[str] = set()  # traces with a slow tool call in any turn (plan_is_slow)
         self.stopped = 0
         self.stopped_logs: list[str] = []
         self.injected = Counter()
@@ -282,6 +311,8 @@ class ChaosRun:
                             self.client, self.keys, trace_id=trace_id, turn_id=turn_id, agent="plan", text=text
                         )
                         self.turns.append((trace_id, turn_id))
+                        if plan_is_slow(text):
+                            self.slow_traces.add(trace_id)
                         published += 1
                     if cfg.hostile_every_s and now >= next_hostile:
                         self._inject()
@@ -556,6 +587,7 @@ class ChaosRun:
                 if later:
                     seconds = (min(later) - kill.at_ms) / 1000.0
                     r.recovery_s.append(seconds)
+                    (r.recovery_slow_s if trace_id in self.slow_traces else r.recovery_quick_s).append(seconds)
                     r.slowest.append((round(seconds, 2), kill.name, kill.service, trace_id))
         r.slowest = sorted(r.slowest, reverse=True)[:5]
         return r
