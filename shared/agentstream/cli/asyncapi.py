@@ -10,6 +10,7 @@ stream                                    field       who writes it
 ``<ns>:turns``                            ``turn``    backends: a turn (the agent loop consumes it)
 ``<ns>:replies`` (or a turn's reply_to)   ``reply``   the agent loop, when a turn ends
 ``<ns>:cancel``                           ``cancel``  backends: stop a conversation's running turn
+``<ns>:backends:<b>:turns``, ``:cancel``  as above  backend ``b`` (AGENTSTREAM_BACKENDS), confined
 ``<ns>:errors``                           ``error``   the services: an entry they could not read
 ``<ns>:trace:{<trace id>}``               ``e``, v    the services: every event of a conversation
 ``<ns>:trace:{<trace id>}:deltas``        ``d``       the agent loop: the reply's pieces as written
@@ -148,22 +149,22 @@ def asyncapi_document(keys: Keys | None = None, *, server: str = "redis://localh
         ...
 
     @broker.subscriber(
-        stream=StreamSub(keys.backend_turns("backend"), group=AGENT_LOOP_GROUP, consumer="agent-loop"),
-        title=keys.backend_turns("backend"),
-        description="Turns in from one backend named in AGENTSTREAM_BACKENDS (here `backend`), partitioned as "
-        f"{keys.turns}: as that stream, but a turn may name only trace ids that begin with `backend:` and the reply "
-        f"streams {keys.backend_replies('backend')} and {keys.backend_replies('backend')}:* (without reply_to it is "
-        f"answered on {keys.backend_replies('backend')}); any other fails with code forbidden on that stream. "
+        stream=StreamSub(keys.backend_turns("{backend}"), group=AGENT_LOOP_GROUP, consumer="agent-loop"),
+        title=keys.backend_turns("{backend}"),
+        description="Turns in from one backend named in AGENTSTREAM_BACKENDS (the parameter `backend`), partitioned as "
+        f"{keys.turns}: as that stream, but a turn may name only trace ids that begin with `<backend>:` and the reply "
+        f"streams {keys.backend_replies('{backend}')} and {keys.backend_replies('{backend}')}:* (without reply_to it is "
+        f"answered on {keys.backend_replies('{backend}')}); any other fails with code forbidden on that stream. "
         "A Redis ACL lets only that backend write it (docs/how-to/acls.md).",
     )
     async def backend_turns(entry: TurnEntry) -> None:  # pragma: no cover
         ...
 
     @broker.subscriber(
-        stream=StreamSub(keys.backend_cancel("backend"), group=AGENT_LOOP_GROUP, consumer="agent-loop"),
-        title=keys.backend_cancel("backend"),
+        stream=StreamSub(keys.backend_cancel("{backend}"), group=AGENT_LOOP_GROUP, consumer="agent-loop"),
+        title=keys.backend_cancel("{backend}"),
         description="Cancel requests in from one backend named in AGENTSTREAM_BACKENDS: only of its own "
-        "conversations (trace ids that begin with `backend:`; any other is refused, reported on "
+        "conversations (trace ids that begin with `<backend>:`; any other is refused, reported on "
         f"{keys.errors}); the cancel's `by` is the backend's name, whatever the message says.",
     )
     async def backend_cancels(entry: CancelEntry) -> None:  # pragma: no cover
