@@ -165,3 +165,46 @@ def test_notes_tell_where_the_gateway_is(helm: str, tmp_path) -> None:
     assert "https://agents.example.com/" in notes
     assert f"port-forward svc/{FULLNAME} 8080:80" in notes and "/v1/conversations" in notes
     assert "gateway" not in render_notes(helm, tmp_path / "off")
+
+
+LIMIT_VALUES = {  # chart value → (its GatewaySettings field, a value unlike the default)
+    "maxBodyBytes": ("max_body_bytes", 2_097_152),
+    "maxWaitSeconds": ("max_wait_s", 30),
+    "ssePingSeconds": ("sse_ping_s", 7.5),
+    "headerTimeoutSeconds": ("header_timeout_s", 4),
+    "idleTimeoutSeconds": ("idle_timeout_s", 2.5),
+    "maxConnections": ("max_connections", 300),
+    "maxHeaderBytes": ("max_header_bytes", 8192),
+    "maxStreams": ("max_streams", 64),
+    "maxStreamsPerKey": ("max_streams_per_key", 4),
+}
+
+
+def test_every_gateway_limit_is_a_chart_value_that_reaches_its_setting(render: Any, monkeypatch) -> None:
+    """Issue 33: the gateway's limits (body size, streams per key and replica, timeouts,
+    connections) are chart values, their defaults the gateway's own, and each reaches the setting."""
+    import yaml
+
+    from agentstream_services.gateway.settings import GatewaySettings
+    from tests.deploy.deploy_support import CHART
+
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["gateway"]
+    for value, (setting, _) in LIMIT_VALUES.items():
+        assert defaults[value] == GatewaySettings.model_fields[setting].default, value
+    rendered = render(values={"gateway": {**ON["gateway"], **{k: v for k, (_, v) in LIMIT_VALUES.items()}}})
+    env = {e["name"]: e["value"] for e in _container(rendered)["env"] if "value" in e}
+    for name in [n for n in env if n.startswith("AGENTSTREAM_GATEWAY_") and n != "AGENTSTREAM_GATEWAY_KEYS_FILE"]:
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("AGENTSTREAM_GATEWAY_KEYS", "keys: []")
+    settings = GatewaySettings()
+    for value, (setting, wanted) in LIMIT_VALUES.items():
+        assert getattr(settings, setting) == wanted, value
+    assert ingress_cap(render, 2_097_152) == "2097152"
+
+
+def ingress_cap(render: Any, body_bytes: int) -> str:
+    """The Ingress's body cap when gateway.maxBodyBytes is ``body_bytes``."""
+    rendered = render(
+        values={"gateway": {**TLS["gateway"], "maxBodyBytes": body_bytes}, "networkPolicy": {"enabled": True}}
+    )
+    return rendered.named("Ingress", FULLNAME)["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]

@@ -64,6 +64,21 @@ def test_chart_values_reach_the_settings(render) -> None:
     assert bad.returncode != 0 and "maxTurnBytes" in bad.stderr
 
 
+def test_the_backends_value_reaches_every_service(render, default_render) -> None:
+    """Issue 33: the backends confined to their own conversations are named on every service (the
+    agent loop reads their streams, every tool worker and agent loop hears their cancels)."""
+    rendered = render(values={"backends": ["backend-7", "backend-8"]})
+    found = containers(rendered)
+    assert len(found) >= 4
+    for where, env in found:
+        assert settings_from(env).keys.backends == ("backend-7", "backend-8"), where
+    for where, env in containers(default_render):
+        assert "AGENTSTREAM_BACKENDS" not in env and settings_from(env).keys.backends == (), where
+    for bad in (["a:b"], ["b7", "b7"]):
+        refused = render(values={"backends": bad})
+        assert refused.returncode != 0 and "backends" in refused.stderr, bad
+
+
 def test_compose_gives_every_service_the_limits_and_deadlines() -> None:
     proc = run([find_tool("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "config"])
     assert proc.returncode == 0, proc.stderr
