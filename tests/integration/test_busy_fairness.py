@@ -13,12 +13,14 @@ asserted is what was answered while it held, not how long anything took.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import Counter
 
 import pytest
 
+from agentstream.agent_loop.loop import AgentLoop
 from agentstream.wire import codec
 from agentstream.wire.events import TurnFailed
 from agentstream.wire.failures import FailureCode
@@ -72,8 +74,32 @@ def env_of(**extra: str) -> dict[str, str]:
 async def test_another_conversations_turn_is_answered_while_a_busy_ones_backlog_waits(
     redis_url, namespace, redis, keys
 ):
-    # 30 turns on one conversation (ten times the handlers), then one on another, on the same
-    # turns stream: the other is answered while the busy one's first model call still holds
+    await backlog_and_another(redis_url, namespace, redis, keys)
+
+
+async def test_the_fairness_test_fails_when_handlers_wait_in_line_for_a_busy_conversation(
+    redis_url, namespace, redis, keys, monkeypatch
+):
+    """The test above can fail: with handlers that wait for a busy conversation's lease before they
+    admit its turn (what issue 33 measured: another conversation's turn waited 16 s behind a
+    backlog), the other conversation is not answered while the busy one's model call holds."""
+    admit = AgentLoop.on_turn
+
+    async def in_line(self, entry_id, fields, *, stream=None):
+        trace_id = json.loads(fields[TURN_FIELD])["trace_id"]
+        while await self.redis.exists(self.keys.lease(trace_id)):  # the handler waits its turn
+            await asyncio.sleep(0.02)
+        await admit(self, entry_id, fields, stream=stream)
+
+    monkeypatch.setattr(AgentLoop, "on_turn", in_line)
+    with pytest.raises(AssertionError, match="the other conversation's reply not reached"):
+        await backlog_and_another(redis_url, namespace, redis, keys, other_within_s=5)
+
+
+async def backlog_and_another(redis_url, namespace, redis, keys, *, other_within_s: float = 30) -> None:
+    """30 turns on one conversation (ten times the handlers), then one on another, on the same
+    turns stream: the other is answered (within ``other_within_s``) while the busy one's first
+    model call still holds; then the backlog is answered, each once, in publish order."""
     with GatedModel() as model:
         services = InProcess(apps.app, redis_url, namespace, model.base_url, env=env_of())
         try:
@@ -85,7 +111,7 @@ async def test_another_conversations_turn_is_answered_while_a_busy_ones_backlog_
             async def answered_other():
                 return [r for r in await replies(redis, keys) if r.turn_id == "o1"] or None
 
-            (other,) = await wait_for(answered_other, timeout_s=30, what="the other conversation's reply")
+            (other,) = await wait_for(answered_other, timeout_s=other_within_s, what="the other conversation's reply")
             assert other.status == "ended"
             assert not [r.turn_id for r in await replies(redis, keys) if r.trace_id == "busy"]
             assert model.held == 1  # one model call at a time per conversation; it still holds
