@@ -29,7 +29,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from agentstream.declarations.apps import App
 from agentstream.delegation import child_trace_refusal, parent_ids
-from agentstream.errors import AgentStreamError, TurnRejected
+from agentstream.errors import AgentStreamError, ForkRefused, TurnRejected
 from agentstream.models.endpoints import ModelEndpoint
 from agentstream.ops import metrics
 from agentstream.ops.apikeys import ApiKey, KeyRing
@@ -39,6 +39,7 @@ from agentstream.runtime.cancel import cancel_target, publish_cancel
 from agentstream.runtime.connection import LOST_REDIS_ERRORS, POOL_EXHAUSTED_ERROR
 from agentstream.runtime.deltas import follow
 from agentstream.runtime.fold_reader import FoldReader
+from agentstream.runtime.forks import fork_conversation, new_fork_id
 from agentstream.runtime.store import TraceStore
 from agentstream.steps.explaining import explain_call
 from agentstream.steps.replay import endpoint_settings
@@ -452,6 +453,71 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         message = CancelMessage(trace_id=trace_id, turn_id=target.turn_id, by=f"gateway:{key.name}", reason=body.reason)
         entry_id = await publish_cancel(store.redis, keys, message)
         return schemas.CancelAccepted(trace_id=trace_id, turn_id=target.turn_id, entry_id=entry_id)
+
+    # --- forking --------------------------------------------------------------------------------
+
+    @api.post(
+        "/v1/traces/{trace_id:path}/forks",
+        status_code=201,
+        response_model=schemas.ForkOut,
+        summary="Fork the conversation at a turn",
+        tags=["turns"],
+        responses={
+            **_PROBLEMS,
+            404: {"model": schemas.Problem, "description": "No such trace (among this key's), turn or model call."},
+            403: {"model": schemas.Problem, "description": "The key may not use the agent of the replaced turn."},
+            409: {"model": schemas.Problem, "description": "The turn has not ended, or the fork id is taken."},
+            422: {"model": schemas.Problem, "description": "Not a valid fork (the reason says why)."},
+        },
+    )
+    async def fork(trace_id: str, key: Caller, body: schemas.ForkIn) -> schemas.ForkOut:
+        """Start a new conversation whose history is this one's up to a turn: after it (it must
+        have ended), before one of its model calls (``step``: the fork's agent loop makes that
+        call again), or before it with its input replaced (``text``: published to the fork as
+        the same turn). The fork's first event names this trace; asking again with the same
+        ``fork_id`` answers the same fork. Under the key's scopes: the key must see this
+        conversation (else 404), may use the replaced turn's agent, and, for a key of one
+        backend, fork only into that backend's conversations (else 403)."""
+        entries = await visible_events(key, trace_id)
+        fork_id = body.fork_id or new_fork_id(trace_id)  # under the source's id: its backend's too
+        refusal = key.trace_refusal(fork_id)
+        if refusal is not None:  # a backend's key forks only into its own conversations
+            raise HTTPException(403, refusal)
+        if body.text is not None:
+            source = next((e for _, e in entries if isinstance(e, TurnInput) and e.turn_id == body.turn_id), None)
+            if source is not None and not key.may_use(source.agent):
+                raise HTTPException(403, f"API key {key.name!r} may not use agent {source.agent!r}")
+            scope = turn_scope(key.backend, keys.replies, fork_id, source.reply_to if source else None)
+            if scope.refusal is not None:
+                raise HTTPException(403, scope.refusal)
+        try:
+            forked = await fork_conversation(
+                store,
+                trace_id,
+                turn_id=body.turn_id,
+                step=body.step,
+                text=body.text,
+                fork_id=fork_id,
+                by=f"gateway:{key.name}",
+                limits=settings.wire_limits,
+                expire_ms=int(settings.trace_retention_s * 1000) if settings.trace_retention_s else None,
+            )
+        except ForkRefused as exc:
+            status = {"not_found": 404, "conflict": 409, "too_large": 413}.get(exc.kind, 422)
+            raise HTTPException(status, str(exc)) from None
+        made = forked.forked_from
+        return schemas.ForkOut(
+            trace_id=forked.trace_id,
+            source_trace_id=made.source_trace_id,
+            source_entry_id=made.source_entry_id,
+            turn_id=made.turn_id,
+            step=made.step,
+            replaced=made.replaced,
+            copied=made.copied,
+            created=forked.created,
+            turn_entry=forked.turn_entry,
+            stream_url=f"/v1/traces/{forked.trace_id}/stream",
+        )
 
     # --- reading --------------------------------------------------------------------------------
 

@@ -109,6 +109,10 @@ class Explanation(BaseModel):
     body: dict[str, Any]
     shrunk: list[str]
     endpoint: str | None = Field(default=None, description="The endpoint settings that rendered the body.")
+    forked_from: str | None = Field(default=None, description="Where the trace was forked from (a fork only).")
+    left_out: list[str] = Field(
+        default_factory=list, description="Rolled-back turns this call's context leaves out (busy policy rollback)."
+    )
 
 
 class DeadLetterList(BaseModel):
@@ -125,3 +129,36 @@ class AgentOut(BaseModel):
 class AgentList(BaseModel):
     key: str = Field(description="The name of the API key that asked.")
     agents: list[AgentOut]
+
+
+class ForkIn(BaseModel):
+    """A fork of the conversation at one of its turns (docs/how-to/steer-a-conversation.md)."""
+
+    turn_id: str = Field(min_length=1, max_length=256, description="The turn to fork at.")
+    step: int | None = Field(
+        default=None, ge=0, le=1_000_000, description="Fork before this model call of the turn (0-based)."
+    )
+    text: str | None = Field(
+        default=None, min_length=1, description="Replace the turn's input with this text (within the wire's limits)."
+    )
+    fork_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="The fork's trace id, its idempotency key (default: <trace id>.fork-<random>).",
+    )
+
+
+class ForkOut(BaseModel):
+    """A fork made (``created``), or the same fork made before."""
+
+    trace_id: str = Field(description="The fork's trace id.")
+    source_trace_id: str
+    source_entry_id: str = Field(description="The source's last entry the fork's history holds ('' for none).")
+    turn_id: str
+    step: int | None
+    replaced: bool
+    copied: int = Field(description="How many events were copied after the fork's first event.")
+    created: bool
+    turn_entry: str | None = Field(description="The turns-stream entry of the replacing turn, when one was published.")
+    stream_url: str = Field(description="Follow the fork here as server-sent events.")

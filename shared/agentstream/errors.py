@@ -28,6 +28,8 @@ package, each under its real base)::
     │                            process exits non-zero, so an orchestrator restarts it
     ├── TurnRejected             a published turn breaks a rule of the wire (the reason names
     │                            the field or the limit; see agentstream.wire.checks)
+    ├── ForkRefused              a fork cannot be made as asked: no such trace or turn, a turn
+    │                            not ended, a fork id taken (agentstream.steps.forking)
     ├── ToolError                a tool call could not produce a result
     │   ├── ToolArgumentsError   the arguments are not JSON or do not validate
     │   ├── UnknownToolError     the model named a tool the agent does not have
@@ -157,6 +159,22 @@ class TurnRejected(AgentStreamError):
         self.metadata = dict(metadata or {})
         self.limit = limit
         self.code = code
+
+
+class ForkRefused(AgentStreamError):
+    """A fork of a conversation cannot be made as asked; the message says what and what to do.
+
+    Attributes:
+        kind: ``not_found`` (no such trace, turn or model call), ``conflict`` (the fork id names a
+            trace that exists, or a fork of another point; a turn not ended yet) or ``invalid``
+            (a request that cannot be a fork: a delegated task's trace, a replaced input with a
+            model call, a fork id that cannot name a trace) or ``too_large`` (the replacing text
+            is over the wire's size limit, which the message names).
+    """
+
+    def __init__(self, message: str, *, kind: str = "invalid"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class TurnDenied(AgentStreamSignal):

@@ -57,6 +57,7 @@ from agentstream.runtime import conversations, operations
 from agentstream.runtime.connection import DATA_DIR_ENV, REDIS_ERROR, EmbeddedRedis, connect, default_data_dir
 from agentstream.runtime.deltas import last_entry_id
 from agentstream.runtime.store import TraceStore
+from agentstream.steps.forking import fork_line
 from agentstream.wire import codec
 from agentstream.wire.events import (
     CancelMessage,
@@ -64,6 +65,7 @@ from agentstream.wire.events import (
     Compaction,
     CompactionFailed,
     Event,
+    ForkedFrom,
     ModelOutput,
     TaskInput,
     ToolOutput,
@@ -660,8 +662,9 @@ def describe(event: Event) -> str:  # noqa: C901 (an outlier from before the com
     match event:
         case TaskInput(agent=agent, text=text, depth=depth, parent_trace_id=parent, call_id=call_id):
             return f"» task for {agent} (depth {depth}, for call {call_id} of trace {parent}): {text}"
-        case TurnInput(agent=agent, text=text):
-            return f"» turn for {agent}: {text}"
+        case TurnInput(agent=agent, text=text, rolls_back=rolls_back):
+            rolled = f" (rolls back turn {rolls_back}: left out of later contexts)" if rolls_back else ""
+            return f"» turn for {agent}{rolled}: {text}"
         case ModelOutput(step=step, tool_calls=calls, content=content, stop_reason=stop, latency_ms=ms):
             head = f"· model call {step} ({ms / 1000:.1f} s, {stop})"
             lines = [head]
@@ -702,6 +705,8 @@ def describe(event: Event) -> str:  # noqa: C901 (an outlier from before the com
         case ToolsOffered(agent=agent, tools=tools):
             names = ", ".join(f"{t.server}/{t.name}" for t in tools) or "none"
             return f"  ⚙ MCP tools offered to {agent} from here on: {names}"
+        case ForkedFrom():
+            return f"⑂ {fork_line(event)}"
     return repr(event)
 
 
@@ -937,6 +942,83 @@ def cancel(
     if ending is not None:
         typer.echo(describe(ending))
     raise typer.Exit(0 if isinstance(ending, TurnFailed) and ending.code == FailureCode.CANCELLED else 1)
+
+
+@cli.command("fork")
+def fork(
+    trace_id: Annotated[
+        str, typer.Argument(callback=_filled("a trace id", name=True), help="The conversation to fork.")
+    ],
+    turn_id: Annotated[
+        str,
+        typer.Option(
+            "--turn", callback=_filled("a turn id", name=True), show_default=False, help="The turn to fork at."
+        ),
+    ],
+    step: Annotated[
+        int | None,
+        typer.Option(min=0, show_default=False, help="Fork before this model call of the turn (0-based)."),
+    ] = None,
+    text: Annotated[
+        str | None,
+        typer.Option(
+            callback=_filled("the new input (--text)"),
+            show_default=False,
+            help="Replace the turn's input with this text (published to the fork).",
+        ),
+    ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            callback=_filled("a fork id (--to)", name=True),
+            show_default=False,
+            help="The fork's trace id, its idempotency key (default: <trace id>.fork-<random>).",
+        ),
+    ] = None,
+    by: Annotated[str, typer.Option(callback=_filled("who forks (--by)"), help="Who forks, for the record.")] = "cli",
+) -> None:
+    """Fork a conversation (REDIS_URL): a new one whose history is this one's up to a turn.
+
+    After the turn (it must have ended); before one of its model calls (--step: the fork's agent
+    loop makes that call again); or before it, with its input replaced (--text: published to the
+    fork as the same turn). The fork's first event names its source; its copied model calls
+    rebuild byte for byte (`agentstream trace verify <fork>`). Asking again with the same --to is
+    the same fork. Prints the fork's trace id.
+    """
+    from agentstream.runtime.forks import fork_conversation
+
+    settings = _settings()
+
+    async def run():
+        redis = _connect(settings)
+        try:
+            return await fork_conversation(
+                TraceStore(redis, settings.keys),
+                trace_id,
+                turn_id=turn_id,
+                step=step,
+                text=text,
+                fork_id=to,
+                by=by,
+                limits=settings.wire_limits,
+                expire_ms=int(settings.trace_retention_s * 1000) if settings.trace_retention_s else None,
+            )
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await redis.aclose()
+
+    try:
+        _check_redis(settings)
+        forked = asyncio.run(run())
+    except AgentStreamError as exc:
+        _fail(exc)
+    except REDIS_ERRORS as exc:
+        _fail(_unreachable(settings, exc))
+    typer.echo(forked.trace_id)
+    typer.echo(
+        f"{fork_line(forked.forked_from)}{'' if forked.created else ' (made before; nothing written now)'}", err=True
+    )
 
 
 RUN_HINT = "the services' log lines above say what they did (`--log-level info` shows more)"
@@ -1411,6 +1493,10 @@ async def _explain(
     typer.echo(
         f"trace {trace_id}, turn {explanation.turn_id}, step {step}: model call {explanation.call} of the trace, {state}"
     )
+    if explanation.forked_from:
+        typer.echo(explanation.forked_from)
+    if explanation.left_out:
+        typer.echo(f"left out as rolled back (busy policy rollback): turn {', '.join(explanation.left_out)}")
     if explanation.size_tokens is not None:
         typer.echo(
             f"estimated size: {explanation.size_tokens} tokens (prompt and output reserve) of a "

@@ -15,10 +15,11 @@ from agentstream.context.render import MISSING_RESULT_TEXT, Parts, assistant_mes
 from agentstream.context.request import AssistantMessage, Message, ToolDefinition
 from agentstream.wire.events import ModelOutput, ToolOutput, TurnInput
 
-RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed", "tools_offered"})
+RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed", "tools_offered", "forked_from"})
 """Stored event types that add no message to a context: they are records for the runtime (a
 side-effect tool about to run, a cancel request whose effects are written as their own events;
-the MCP tools offered change the request's tools, which the trace state reads itself)."""
+the MCP tools offered change the request's tools, which the trace state reads itself; a fork's
+first event names its source)."""
 
 
 def record_only(event: object) -> bool:

@@ -43,6 +43,7 @@ from agentstream.wire import codec as _codec
 from agentstream.wire.events import (
     CancelRequested,
     Event,
+    ForkedFrom,
     ModelOutput,
     ToolOutput,
     ToolsOffered,
@@ -64,6 +65,7 @@ _ACQUIRE_LUA = script("acquire")
 _RENEW_LUA = script("renew")
 _RELEASE_LUA = script("release")
 _BEGIN_CALL_LUA = script("begin_call")
+_FORK_LUA = script("fork")
 
 
 def turn_digest(turn: TurnInput) -> str:
@@ -92,6 +94,8 @@ def key_for(event: Event) -> str:
             return f"cancel:{turn_id}"
         case ToolsOffered(turn_id=turn_id, step=step, agent=agent, digest=digest):
             return f"tools:{turn_id}:{step}:{agent}:{digest}"
+        case ForkedFrom():
+            return "forked_from"
     raise TypeError(f"no idempotency key for event type {type(event).__name__}")
 
 
@@ -262,6 +266,7 @@ class TraceStore:
         self._release_script = redis.register_script(_RELEASE_LUA)
         self._begin_call_script = redis.register_script(_BEGIN_CALL_LUA)
         self._renew_script = redis.register_script(_RENEW_LUA)
+        self._fork_script = redis.register_script(_FORK_LUA)
 
     @property
     def one_server(self) -> bool:
@@ -660,6 +665,33 @@ class TraceStore:
             return Admitted(True, first_entry=_text(raw[1]), absorbed=int(raw[2]) == 1, differs=int(raw[3]) == 1)
         taken = self._taken(trace_id, raw[2]) if take else None
         return Admitted(False, created=int(raw[1]) == 1, taken=taken, differs=int(raw[3]) == 1)
+
+    async def fork(
+        self,
+        trace_id: str,
+        events: Sequence[Event],
+        keys: Sequence[str],
+        *,
+        point: str,
+        open_turn: str | None = None,
+        expire_ms: int | None = None,
+    ) -> list[str]:
+        """Start trace ``trace_id`` as a fork (lua/fork.lua): ``events`` appended in one step under
+        their idempotency ``keys``, the fork's ``point`` kept in its key hash, ``open_turn``
+        counted open → ``["created", first entry id, count]``; ``["forked", point, first entry
+        id]`` when the trace was forked before (nothing written); ``["exists"]`` when the trace
+        exists and is no fork (nothing written). See :mod:`agentstream.runtime.forks`."""
+        raw = await self._fork_script(
+            keys=[self.keys.trace(trace_id), self.keys.trace_keys(trace_id)],
+            args=[
+                point,
+                codec._VERSION_BYTES,
+                open_turn or "",
+                "" if expire_ms is None else str(max(1, int(expire_ms))),
+                *self._event_args(events, keys),
+            ],
+        )
+        return [_text(part) if isinstance(part, bytes | str) else str(part) for part in raw]
 
     async def turn_copy(self, trace_id: str, turn: TurnInput, entry_id: str) -> tuple[bool, str, bool, bool]:
         """What the trace knows of a turn that ``entry_id`` brings (one HMGET, nothing written)

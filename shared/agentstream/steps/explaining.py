@@ -14,9 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentstream.context.builder import hidden_for, rolled_back
 from agentstream.declarations.agents import Agent
 from agentstream.models.endpoints import ModelEndpoint
-from agentstream.wire.events import Event, TurnInput
+from agentstream.steps.forking import fork_line
+from agentstream.wire.events import Event, ForkedFrom, ModelOutput, TurnInput
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class CallExplanation:
             at which model call (:func:`agentstream.context.describe_shrunk`).
         endpoint: the endpoint whose settings rendered the body, if any.
         configured: whether that endpoint is configured (else a stand-in with default settings).
+        forked_from: where the trace was forked from (:func:`agentstream.steps.forking.fork_line`),
+            or None for a trace that is no fork.
+        left_out: the rolled-back turns this call's context leaves out (busy policy ``rollback``).
     """
 
     turn_id: str
@@ -51,6 +56,8 @@ class CallExplanation:
     shrunk: list[str] = field(default_factory=list)
     endpoint: ModelEndpoint | None = None
     configured: bool = True
+    forked_from: str | None = None
+    left_out: tuple[str, ...] = ()
 
     @property
     def matches(self) -> bool | None:
@@ -71,6 +78,8 @@ class CallExplanation:
             "window_tokens": self.window_tokens,
             "body": json.loads(self.body),
             "shrunk": list(self.shrunk),
+            "forked_from": self.forked_from,
+            "left_out": list(self.left_out),
         }
 
 
@@ -127,6 +136,15 @@ def explain_call(
         else:
             body = openai_format.request_body(explanation.request, model=model_name or "gpt-4o-mini")
     built = explanation.built
+    upto = next(
+        (
+            i
+            for i, e in enumerate(events)
+            if isinstance(e, ModelOutput) and e.turn_id == explanation.turn_id and e.step == step
+        ),
+        len(events),
+    )
+    first = events[0] if events else None
     return CallExplanation(
         turn_id=explanation.turn_id,
         step=step,
@@ -140,4 +158,6 @@ def explain_call(
         shrunk=[describe_shrunk(s) for s in built.shrunk],
         endpoint=endpoint,
         configured=configured,
+        forked_from=fork_line(first) if isinstance(first, ForkedFrom) else None,
+        left_out=tuple(sorted(hidden_for(rolled_back(events[:upto]), explanation.turn_id))),
     )

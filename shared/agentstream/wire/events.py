@@ -29,6 +29,8 @@ Event types (tag → meaning):
   model call's context (the replaced events stay in the trace).
 - ``compaction_failed``: a compaction that was due could not be made (the summary call failed,
   or the summary was empty or would replace nothing); recorded in its place.
+- ``forked_from``: the first event of a conversation forked from another one: which trace, up to
+  which of its entries, from which turn; the source's events up to there follow it, copied.
 - ``tools_offered``: the tools from MCP servers that an agent's model calls offer from here on
   (names, descriptions and input schemas as offered), recorded when they change, so a request
   is rebuilt from the trace alone.
@@ -57,8 +59,9 @@ versions (each entry carries its own). History:
 - ``2``: ``tools_offered`` (the tools from MCP servers an agent offers from here on: a request is
   rebuilt from the trace alone only with it). Entries of version 1 read unchanged.
 - ``3``: a turn input's ``rolls_back`` (the turn it rolls back: that turn's events are left out of
-  the contexts of every other turn from there on; an older reader would show them). Entries of
-  versions 1 and 2 read unchanged.
+  the contexts of every other turn from there on; an older reader would show them), and
+  ``forked_from`` (the first event of a conversation forked from another). Entries of versions 1
+  and 2 read unchanged.
 """
 
 TRACE_SCHEMA_VERSIONS_READ: tuple[int, ...] = (1, 2, 3)
@@ -559,6 +562,39 @@ class ToolsOffered(msgspec.Struct, frozen=True, kw_only=True, tag="tools_offered
     digest: str = ""
 
 
+class ForkedFrom(msgspec.Struct, frozen=True, kw_only=True, tag="forked_from"):
+    """The first event of a conversation forked from another (appended once, with the copied
+    history, in one step; see :mod:`agentstream.runtime.forks`).
+
+    The events after it, up to its ``copied`` count, are the source's events up to the fork
+    point, copied as they were stored (each model call among them rebuilds byte for byte from
+    this trace); then the fork goes on as a conversation of its own. Never shown to a model.
+
+    Attributes:
+        source_trace_id: the trace it was forked from.
+        source_entry_id: the source's last entry the fork's history holds (its stream entry id),
+            or ``""`` when it holds none (forked before the source's first turn).
+        turn_id: the source turn the fork was made at.
+        step: the model call of that turn the fork was made before (its history holds the turn up
+            to that call, and the fork's agent loop calls the model again), or None: the whole
+            turn, or none of it when ``replaced``.
+        replaced: the history ends before ``turn_id``, whose input is replaced by a new turn
+            published to the fork (with the same turn id).
+        copied: how many events were copied after this one.
+        fork_id: the fork's idempotency key (its trace id): a fork asked again is the same fork.
+        by: who forked it (``cli``, ``gateway:<key name>``, ...).
+    """
+
+    source_trace_id: str
+    source_entry_id: str = ""
+    turn_id: str = ""
+    step: int | None = None
+    replaced: bool = False
+    copied: int = 0
+    fork_id: str = ""
+    by: str = ""
+
+
 Event = (
     TurnInput
     | TaskInput
@@ -571,6 +607,7 @@ Event = (
     | ToolStarted
     | CancelRequested
     | ToolsOffered
+    | ForkedFrom
 )
 """The union of every event type that a trace holds."""
 

@@ -85,3 +85,24 @@ def test_a_key_names_a_usable_backend(backend):
     document = json.dumps({"keys": [{"name": "k", "sha256": "0" * 64, "agents": ["calc"], "backend": backend}]})
     with pytest.raises(ConfigError, match="backend"):
         load_keys(text=document)
+
+
+async def test_a_backend_key_forks_only_into_its_backends_conversations(store, keys):
+    from agentstream.wire.events import ForkedFrom, TurnEnded
+
+    mine = "backend-7:mine"
+    await store.append(mine, TurnInput(turn_id="t1", agent="calc", text="A's own"))
+    await store.append(mine, TurnEnded(turn_id="t1", answer="42"))
+    async with _client(store, keys) as client:
+        a = auth(A_KEY)
+        for fork_id in ("elsewhere", "backend-8:taken-over"):
+            got = await client.post(f"/v1/traces/{mine}/forks", json={"turn_id": "t1", "fork_id": fork_id}, headers=a)
+            assert got.status_code == 403, got.text
+            assert not await store.read(fork_id)
+        made = await client.post(f"/v1/traces/{mine}/forks", json={"turn_id": "t1"}, headers=a)
+        assert made.status_code == 201, made.text
+        assert made.json()["trace_id"].startswith("backend-7:mine.fork-")  # the default stays in the backend
+        stolen = await client.post(f"/v1/traces/{mine}/forks", json={"turn_id": "t1"}, headers=auth(B_KEY))
+        assert stolen.status_code == 404  # B may not see A's conversation, so not fork it
+    first = (await store.read(made.json()["trace_id"]))[0][1]
+    assert isinstance(first, ForkedFrom) and first.source_trace_id == mine
