@@ -93,6 +93,12 @@ async def test_rollback_cancels_the_running_turn_and_later_contexts_leave_it_out
     assert verified.exit_code == 0, verified.output
     outputs = sum(isinstance(e, ModelOutput) for e in events)
     assert f"{outputs}/{outputs} model calls rebuilt from the stored trace match" in verified.output
+    env = {"REDIS_URL": redis_url, "AGENTSTREAM_NAMESPACE": namespace, "OPENAI_BASE_URL": model.base_url}
+    args = ["trace", "explain", "r1", "--turn", "t3", "--step", "0", "--app", "tests.support.apps:app"]
+    explained = await asyncio.to_thread(CliRunner().invoke, cli, args, env=env)
+    assert "left out as rolled back (busy policy rollback): turn t1" in explained.output, explained.output
+    shown = await asyncio.to_thread(CliRunner().invoke, cli, ["trace", "show", "r1"], env=env)
+    assert "rolls back turn t1" in shown.output
 
 
 async def test_interrupt_per_turn_keeps_the_cancelled_turns_work_in_later_contexts(redis, keys, services, store, model):
