@@ -14,7 +14,7 @@ from agentstream.wire import codec
 from agentstream.wire.events import TurnMessage
 from agentstream.wire.keys import AGENT_LOOP_GROUP, JOB_FIELD, TOOL_WORKER_GROUP, TURN_FIELD, WAKE_FIELD, Keys
 from tests.support import apps
-from tests.support.inprocess import InProcess, publish, wait_for, wait_reply
+from tests.support.inprocess import InProcess, errors_of, publish, wait_for, wait_reply
 from tests.support.redis_server import cluster_only, sync_client
 from tests.support.scripted_model import ScriptedModelServer, parallel_rule
 
@@ -43,10 +43,10 @@ async def services(redis_url, namespace, model, monkeypatch):
     await s.stop_all()
 
 
-def _traces_of_each_partition(keys: Keys) -> dict[int, str]:
+def _traces_of_each_partition(keys: Keys, prefix: str = "") -> dict[int, str]:
     found: dict[int, str] = {}
     for i in range(1000):
-        found.setdefault(keys.partition(f"conv-{i}"), f"conv-{i}")
+        found.setdefault(keys.partition(f"{prefix}conv-{i}"), f"{prefix}conv-{i}")
         if len(found) == keys.partitions:
             return found
     raise AssertionError("no trace id found for some partition")
@@ -93,6 +93,46 @@ async def test_a_turn_on_another_partition_is_still_answered(redis, pkeys, servi
     await redis.xadd(pkeys.turns, {TURN_FIELD: codec.encode(turn)})  # partition 0, not the trace's
     reply = await wait_reply(redis, pkeys, "t1")
     assert reply.status == "ended" and reply.answer == "Results: worked 1 ms"
+
+
+async def test_backends_own_streams_work_over_partitions_and_a_cluster(redis, redis_url, namespace, model):
+    """Issue 33 item 2 on the cluster pass: two backends' partitioned turns streams and cancel
+    streams are consumed (each stream one key: no cross-slot command), each backend's turn is
+    answered on its replies stream, its cancel is confined and signed with its name, and a turn
+    into the other's conversation is refused on its own stream."""
+    keys = Keys(namespace, PARTITIONS, ("b7", "b8"))
+    env = {"AGENTSTREAM_PARTITIONS": str(PARTITIONS), "AGENTSTREAM_BACKENDS": "b7,b8"}
+    services = InProcess(apps.app, redis_url, namespace, model.base_url, env=env)
+    try:
+        await services.start("p1", "agent-loop", "tool-worker")
+        traces = _traces_of_each_partition(keys, prefix="b7:")
+        for partition, trace in traces.items():
+            turn = TurnMessage(trace_id=trace, turn_id=f"t{partition}", agent="plan", text="do: work(1)")
+            await redis.xadd(keys.backend_turns_for("b7", turn.trace_id), {TURN_FIELD: codec.encode(turn)})
+        intruding = TurnMessage(trace_id="b8:secret", turn_id="x1", agent="plan", text="do: work(1)")
+        await redis.xadd(keys.backend_turns_for("b7", intruding.trace_id), {TURN_FIELD: codec.encode(intruding)})
+        await redis.xadd(keys.backend_cancel("b8"), {b"cancel": b'{"trace_id":"b7:other","by":"b7"}'})
+
+        async def b7_replies():
+            replies = [codec.decode_reply(f[b"reply"]) for _, f in await redis.xrange(keys.backend_replies("b7"))]
+            got = {r.turn_id: r for r in replies}
+            return got if len(got) == len(traces) + 1 else None
+
+        got = await wait_for(b7_replies, timeout_s=30, what="backend b7's replies on its own stream")
+        for partition in traces:
+            assert got[f"t{partition}"].status == "ended", got[f"t{partition}"]
+        assert (got["x1"].status, got["x1"].code) == ("failed", "forbidden")
+        assert not await redis.exists(keys.trace("b8:secret"))
+        streams = {keys.backend_turns_for("b7", t) for t in traces.values()}
+        assert streams == set(keys.partitions_of(keys.backend_turns("b7")))  # every partition was used
+
+        async def refused_cancel():
+            return [e for e in await errors_of(redis, keys) if keys.backend_cancel("b8") in e["error"]] or None
+
+        (report,) = await wait_for(refused_cancel, timeout_s=15, what="the refused cancel's report")
+        assert "forbidden" in report["error"] and "b7:other" in report["error"]
+    finally:
+        await services.stop_all()
 
 
 def test_the_cli_names_the_partition_and_its_turns_stream(namespace) -> None:
