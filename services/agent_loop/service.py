@@ -1,4 +1,4 @@
-"""``agentstream serve agent-loop``: consumers of the turns, wake-up and cancel streams."""
+"""``agentstream serve agent-loop``: consumers of the turns, wake-up, cancel and approvals streams."""
 
 from __future__ import annotations
 
@@ -95,8 +95,12 @@ def build(
         group_consumer(store.redis, settings, stream=s, group=AGENT_LOOP_GROUP, handler=_told(loop.on_cancel)(s))
         for s in keys.cancel_streams
     ]
+    runners.append(  # approvals and denials of tool calls that wait for a person
+        group_consumer(store.redis, settings, stream=keys.approvals, group=AGENT_LOOP_GROUP, handler=loop.on_approval)
+    )
     runners += cancel_listeners(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms)
-    if settings.watchdog_interval_ms:  # turns whose awaited tool work vanished end with a reason
+    # turns whose awaited tool work vanished end with a reason; calls awaiting approval past due are woken
+    if settings.watchdog_interval_ms:
         runners += [  # one per partition of the awaiting set
             Watchdog(
                 store.redis,

@@ -28,6 +28,17 @@ HTTP adapter and their HTTP client refuses every request. ::
 its reply, then runs until idle: every work stream of the bed drained, nothing pending, no
 handler running. Errors that a double recorded (an unexpected call) are raised from ``ask`` and
 when the bed closes, so a test cannot pass over them.
+
+Tool calls that wait for a person: :meth:`TestBed.send` sends a turn without waiting for its
+reply, :meth:`TestBed.awaiting` waits until calls of a trace await approval,
+:meth:`TestBed.approve` and :meth:`TestBed.deny` decide one (on the approvals stream, as any
+backend does) and :meth:`TestBed.reply` waits for the turn's reply. ::
+
+    async with TestBed(app, model=ScriptedModel([call("pay", {"amount": 5}), "Paid."])) as bed:
+        turn = await bed.send("Pay 5", agent="shop")
+        [waiting] = await bed.awaiting(turn.trace_id)
+        await bed.approve(turn.trace_id, waiting.call_id, by="ana")
+        reply = await bed.reply(turn)
 """
 
 from __future__ import annotations
@@ -47,7 +58,16 @@ import httpx
 
 from agentstream.context.request import AssistantMessage, ChatRequest, ToolResultMessage, UserMessage
 from agentstream.declarations.apps import App
-from agentstream.wire.events import Event, ModelOutput, Reply, ToolCall, TurnMessage
+from agentstream.wire.events import (
+    ApprovalAwaited,
+    ApprovalDecided,
+    ApprovalMessage,
+    Event,
+    ModelOutput,
+    Reply,
+    ToolCall,
+    TurnMessage,
+)
 
 if TYPE_CHECKING:
     from agentstream.runtime.connection import EmbeddedRedis, RedisClient
@@ -60,6 +80,7 @@ __all__ = [
     "ScriptedModel",
     "TestBed",
     "TestModel",
+    "Turn",
     "UnexpectedModelCall",
     "call",
 ]
@@ -324,6 +345,15 @@ _FAST = {
 }
 
 
+@dataclass(frozen=True)
+class Turn:
+    """A turn :meth:`TestBed.send` sent: its ids, and where its reply is looked for from."""
+
+    trace_id: str
+    turn_id: str
+    replies_after: str
+
+
 @dataclass
 class TestBed:
     """Every service of ``app`` in this event loop, on a real Redis, with model doubles.
@@ -493,6 +523,25 @@ class TestBed:
             TimeoutError: no reply within ``timeout_s``.
             UnexpectedModelCall: (or another error a double recorded) during the turn.
         """
+        turn = await self.send(text, input=input, agent=agent, trace_id=trace_id, metadata=metadata, model=model)
+        return await self.reply(turn, timeout_s=timeout_s)
+
+    async def send(
+        self,
+        text: str | None = None,
+        *,
+        input: Any = None,
+        agent: str | None = None,
+        trace_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        model: str | None = None,
+        approval: Sequence[str] = (),
+    ) -> Turn:
+        """Publish a turn and return at once → the :class:`Turn` (wait for it with :meth:`reply`).
+
+        The arguments are :meth:`ask`'s; ``approval``: the tools whose calls in this turn wait
+        for a person (the turn message's ``approval``; ``["*"]`` for every tool).
+        """
         if agent is None:
             names = [a.name for a in self.app.agents]
             if len(names) != 1:
@@ -500,7 +549,7 @@ class TestBed:
             agent = names[0]
         trace_id = trace_id or uuid.uuid4().hex
         turn_id = uuid.uuid4().hex
-        from agentstream.runtime import conversations, operations
+        from agentstream.runtime import conversations
         from agentstream.runtime.deltas import last_entry_id
 
         redis, store = self._started()
@@ -513,20 +562,100 @@ class TestBed:
             input=input,
             metadata=dict(metadata or {}),
             model=model,
+            approval=list(approval),
         )
         await conversations.publish_turn(store, message)
+        return Turn(trace_id, turn_id, after)
+
+    async def reply(self, turn: Turn, *, timeout_s: float = 30.0) -> Reply:
+        """Wait for the reply of a turn :meth:`send` sent, then :meth:`run_until_idle` → the reply.
+
+        Raises:
+            TimeoutError: no reply within ``timeout_s``.
+            UnexpectedModelCall: (or another error a double recorded) during the turn.
+        """
+        from agentstream.runtime import operations
+
+        redis, _store = self._started()
+        after = turn.replies_after
         deadline = time.monotonic() + timeout_s
         while True:
             self._raise_errors()
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
-                raise TimeoutError(f"no reply to turn {turn_id} (trace {trace_id}) within {timeout_s} s")
+                raise TimeoutError(f"no reply to turn {turn.turn_id} (trace {turn.trace_id}) within {timeout_s} s")
             for entry_id, reply in await operations.read_replies(redis, self.keys, after, block_ms=min(left_ms, 200)):
                 after = entry_id
-                if reply.turn_id == turn_id:
+                if reply.turn_id == turn.turn_id:
                     await self.run_until_idle(timeout_s=max(1.0, deadline - time.monotonic()))
                     self._raise_errors()
                     return reply
+
+    # --- tool calls that wait for a person -------------------------------------------------------
+
+    async def awaiting(self, trace_id: str, *, count: int = 1, timeout_s: float = 10.0) -> list[ApprovalAwaited]:
+        """Wait until at least ``count`` calls of the trace await approval with no decision yet →
+        those calls (their ``call_id`` is what :meth:`approve` and :meth:`deny` take).
+
+        Raises:
+            TimeoutError: fewer within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._raise_errors()
+            events = await self.trace(trace_id)
+            decided = {e.call_id for e in events if isinstance(e, ApprovalDecided)}
+            waiting = [e for e in events if isinstance(e, ApprovalAwaited) and e.call_id not in decided]
+            if len(waiting) >= count:
+                return waiting
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(waiting)} call(s) of trace {trace_id} await approval after {timeout_s} s")
+            await asyncio.sleep(0.05)
+
+    async def approve(
+        self,
+        trace_id: str,
+        call_id: str,
+        *,
+        by: str = "test",
+        reason: str = "",
+        arguments: Mapping[str, Any] | str | None = None,
+        timeout_s: float = 10.0,
+    ) -> ApprovalDecided:
+        """Approve a call that awaits approval (``arguments``: run it with these instead, where its
+        tool allows it), as a backend does on the approvals stream → the decision that stands."""
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        message = ApprovalMessage(
+            trace_id=trace_id, call_id=call_id, approved=True, by=by, reason=reason, arguments=arguments
+        )
+        return await self._decide(message, timeout_s)
+
+    async def deny(
+        self, trace_id: str, call_id: str, *, by: str = "test", reason: str = "", timeout_s: float = 10.0
+    ) -> ApprovalDecided:
+        """Deny a call that awaits approval (the model sees an error result with ``reason``) → the
+        decision that stands."""
+        message = ApprovalMessage(trace_id=trace_id, call_id=call_id, approved=False, by=by, reason=reason)
+        return await self._decide(message, timeout_s)
+
+    async def _decide(self, message: ApprovalMessage, timeout_s: float) -> ApprovalDecided:
+        from agentstream.runtime import operations
+
+        redis, _store = self._started()
+        await operations.publish_approval(redis, self.keys, message)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._raise_errors()
+            for event in await self.trace(message.trace_id):
+                if isinstance(event, ApprovalDecided) and event.call_id == message.call_id:
+                    return event
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no decision on call {message.call_id} of trace {message.trace_id} recorded within {timeout_s} s "
+                    f"(the errors stream {self.keys.errors} says why an approval was refused)"
+                )
+            await asyncio.sleep(0.05)
 
     async def run_until_idle(self, *, timeout_s: float = 30.0) -> None:
         """Wait until every work stream of the bed is drained: no entry waiting for a consumer,

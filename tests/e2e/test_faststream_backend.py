@@ -92,6 +92,7 @@ def test_schema_asyncapi_prints_a_valid_asyncapi_3_document_of_every_public_chan
         "prod:turns",
         "prod:replies",
         "prod:cancel",
+        "prod:approvals",
         "prod:errors",
         "prod:trace:{trace_id}",
         "prod:trace:{trace_id}:deltas",
@@ -106,6 +107,12 @@ def test_schema_asyncapi_prints_a_valid_asyncapi_3_document_of_every_public_chan
     assert {"trace_id", "turn_id", "agent", "text"} <= set(schemas["TurnMessage"]["properties"])
     assert "status" in schemas["Reply"]["properties"] and "trace_id" in schemas["CancelMessage"]["properties"]
     assert schemas["Event"]["discriminator"] == "type"
+    approval_field = schemas["ApprovalEntry"]["properties"]["approval"]
+    assert approval_field["contentSchema"] == {"$ref": "#/components/schemas/ApprovalMessage"}
+    assert {"trace_id", "call_id", "approved", "by", "reason", "arguments"} <= set(
+        schemas["ApprovalMessage"]["properties"]
+    )
+    assert {"ApprovalAwaited", "ApprovalDecided"} <= set(schemas)  # the trace's events
     # every $ref resolves inside the document
     text = json.dumps(document)
     import re

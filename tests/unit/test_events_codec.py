@@ -111,3 +111,16 @@ def test_the_schema_version_went_up_with_rolls_back_and_older_entries_still_read
         for event in EVENTS:  # written by versions 1 and 2: the same bytes, read as they were
             old = {b"v": version, b"e": codec.encode(event)}
             assert codec.decode_entry(old, trace_id="tr", entry_id="1-0") == event
+
+
+def test_the_schema_version_went_up_with_approvals_and_version_2_entries_still_read():
+    from agentstream.wire.events import ApprovalAwaited, ApprovalDecided
+
+    for event in (
+        ApprovalAwaited(turn_id="t1", call_id="c1", name="pay", due_ms=5, editable=True, why="w"),
+        ApprovalDecided(turn_id="t1", call_id="c1", name="pay", approved=False, by="ana", reason="r"),
+    ):
+        assert codec.decode_entry(codec.encode_entry(event), trace_id="tr") == event
+    for event in EVENTS:  # written by version 2: read as they were
+        old = {b"v": b"2", b"e": codec.encode(event)}
+        assert codec.decode_entry(old, trace_id="tr", entry_id="1-0") == event

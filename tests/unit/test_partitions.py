@@ -24,6 +24,7 @@ def test_one_partition_keeps_every_name_of_before() -> None:
         "ns:turns",
         "ns:wake",
         "ns:cancel",
+        "ns:approvals",
         "ns:delegations",
         "ns:child-endings",
         "ns:compactions",
@@ -58,7 +59,7 @@ def test_the_partition_does_not_depend_on_the_process() -> None:
     assert len(runs) == 1
 
 
-def test_partition_streams_are_named_p_k_and_every_work_stream_is_partitioned_but_cancel() -> None:
+def test_partition_streams_are_named_p_k_and_every_work_stream_is_partitioned_but_cancel_and_approvals() -> None:
     keys = Keys("ns", 3)
     assert keys.partitions_of(keys.turns) == ["ns:turns", "ns:turns:p1", "ns:turns:p2"]
     assert partition_stream("ns:wake", 0) == "ns:wake" and partition_stream("ns:wake", 2) == "ns:wake:p2"
@@ -67,9 +68,10 @@ def test_partition_streams_are_named_p_k_and_every_work_stream_is_partitioned_bu
     assert keys.wake_for(trace) == "ns:wake:p2" and keys.tools_for("q", trace) == "ns:tools:q:p2"
     streams = keys.work_streams(["q"])
     assert streams.count("ns:cancel") == 1 and "ns:cancel:p1" not in streams
+    assert streams.count("ns:approvals") == 1 and "ns:approvals:p1" not in streams
     for base in ("ns:turns", "ns:wake", "ns:delegations", "ns:child-endings", "ns:compactions", "ns:tools:q"):
         assert all(s in streams for s in keys.partitions_of(base))
-    assert len(streams) == 6 * 3 + 1
+    assert len(streams) == 6 * 3 + 2
 
 
 def test_partitions_spread_traces_over_every_partition() -> None:

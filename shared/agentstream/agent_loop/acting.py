@@ -31,9 +31,11 @@ from agentstream.errors import (
 )
 from agentstream.models import ChatModel
 from agentstream.ops import metrics, tracing
+from agentstream.runtime import operations
 from agentstream.runtime.consumer import current_delivery
 from agentstream.runtime.deltas import RedisDeltaSink
 from agentstream.runtime.watchdog import awaiting_key
+from agentstream.steps.approvals import AwaitApproval, RecordApprovals
 from agentstream.steps.call_ids import scope_call_ids
 from agentstream.steps.decision import (
     CallModel,
@@ -59,7 +61,7 @@ from agentstream.steps.machine import (
     unstorable_output_failure,
 )
 from agentstream.steps.summarising import failure_code
-from agentstream.steps.trace_fold import TraceFold
+from agentstream.steps.trace_fold import AWAITS_APPROVAL, TraceFold
 from agentstream.wire import codec
 from agentstream.wire.events import (
     ModelOutput,
@@ -94,6 +96,18 @@ class Acting(LoopState):
             case EndTurn() | FailTurn() | CancelTurn():
                 before, ending = ending_effects(decision)
                 return await self._end(trace_id, token, fold, ending, decision.turn, before=before)
+            case AwaitApproval(awaited=awaited, due_ms=due_ms):
+                # the due time first: a crash after it and before the append wakes the trace for nothing
+                await operations.note_approval_due(self.redis, self.keys, trace_id, due_ms)
+                fold.notes[AWAITS_APPROVAL] = True
+                if awaited:
+                    await self._apply(trace_id, token, fold, list(awaited))
+                    self._log_awaited(trace_id, awaited)
+                    return _Outcome.AGAIN
+                return _Outcome.WAIT  # the lease goes back: nothing waits in memory for the person
+            case RecordApprovals(decisions=decisions):  # calls nobody decided in time: denied
+                await self._apply(trace_id, token, fold, list(decisions))
+                return _Outcome.AGAIN
         raise AssertionError(f"unhandled decision {decision!r}")
 
     async def _carry_out_call(
@@ -160,6 +174,18 @@ class Acting(LoopState):
         metrics.record_usage(agent.model, output)
         self._check_usage(agent, request, output)
         return await self._record_output(trace_id, token, fold, turn, stamped_output(output, agent))  # 7
+
+    @staticmethod
+    def _log_awaited(trace_id: str, awaited) -> None:
+        for wait in awaited:
+            log.info(
+                "trace %s: call %s of %s awaits approval (%s), due at %d ms",
+                trace_id,
+                wait.call_id,
+                wait.name,
+                wait.why,
+                wait.due_ms,
+            )
 
     def _window_missed(
         self, trace_id: str, turn: TurnInput, agent: Agent, step: int, exc: ContextWindowExceeded

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from agentstream.agent_loop._base import (
     LoopState,
@@ -22,7 +23,8 @@ from agentstream.errors import (
 from agentstream.ops import logs
 from agentstream.runtime import operations
 from agentstream.runtime.store import Read, Taken
-from agentstream.steps.trace_fold import TraceFold
+from agentstream.steps.approvals import AwaitApproval
+from agentstream.steps.trace_fold import AWAITS_APPROVAL, TraceFold
 
 
 class Leases(LoopState):
@@ -162,7 +164,9 @@ class Leases(LoopState):
         when the lease turned out lost at the release."""
         jobs: list[tuple[str, int, list[tuple[str, str, bytes, bytes]]]] = []
         while True:
-            decision = fold.decide(self.app.agent, self.served)
+            decision = fold.decide(self.app.agent, self.served, now_ms=int(time.time() * 1000))
+            if not isinstance(decision, AwaitApproval) and fold.notes.pop(AWAITS_APPROVAL, None):
+                await operations.forget_approval_due(self.redis, self.keys, trace_id)  # waits on no approval now
             turn = getattr(decision, "turn", None)
             # a child of the turn's trace context (OpenTelemetry); every line logged names the turn
             with _step_span(trace_id, decision), logs.bind(turn_id=turn.turn_id if turn is not None else None):

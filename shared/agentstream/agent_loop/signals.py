@@ -23,6 +23,7 @@ from agentstream.runtime import operations
 from agentstream.runtime.cancel import CancelTarget, cancel_target
 from agentstream.runtime.salvage import readable_events
 from agentstream.runtime.watchdog import LOST_WORK_CODE
+from agentstream.steps.approvals import AlreadyDecided, Refused, decide_message
 from agentstream.steps.decision import (
     active_turn,
     unanswered_results,
@@ -31,6 +32,8 @@ from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.backends import confined_cancel, turn_scope
 from agentstream.wire.events import (
+    ApprovalDecided,
+    ApprovalMessage,
     CancelMessage,
     CancelRequested,
     ModelOutput,
@@ -38,7 +41,7 @@ from agentstream.wire.events import (
     TurnInput,
 )
 from agentstream.wire.failures import FailureCode
-from agentstream.wire.keys import CANCEL_FIELD, TURN_FIELD, WAKE_FIELD
+from agentstream.wire.keys import APPROVAL_FIELD, CANCEL_FIELD, TURN_FIELD, WAKE_FIELD
 
 
 class Signals(LoopState):
@@ -101,6 +104,57 @@ class Signals(LoopState):
                 trace_id=message.trace_id,
                 turn_id=message.turn_id,
             )
+
+    async def on_approval(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        """An approval or a denial (the agent loop's group on the approvals stream): record it
+        once per call, then advance the trace. One that cannot be read, or decides nothing (no
+        such call awaiting approval, its turn ended, arguments the tool does not let a person
+        edit), is reported on the errors stream; a second one for a decided call changes nothing."""
+        source = self.keys.approvals
+        try:
+            message = wire.validate_approval(codec.entry_field(fields, APPROVAL_FIELD), self.limits)
+        except msgspec.DecodeError as exc:
+            log.error("dropping malformed approval %s: %s", entry_id, exc)
+            shown = codec.entry_shown(fields, APPROVAL_FIELD)
+            await self._report(f"malformed approval {entry_id}: {exc}", shown, source=source, entry=entry_id)
+            return
+        outcome = await self.record_approval(message, by=message.by)
+        if isinstance(outcome, Refused):
+            error = f"approval {entry_id} of {source} decided nothing: {outcome.reason}"
+            log.warning("%s", error)
+            await self._report(
+                error,
+                codec.entry_shown(fields, APPROVAL_FIELD),
+                source=source,
+                entry=entry_id,
+                trace_id=message.trace_id,
+            )
+            return
+        await self.advance(message.trace_id, entry_id=entry_id)
+
+    async def record_approval(self, message: ApprovalMessage, *, by: str) -> ApprovalDecided | AlreadyDecided | Refused:
+        """Append the decision of ``message`` to its trace once per call (``by``: who decides, as
+        the transport knows them) → the decision appended, the earlier one that stands, or why it
+        decides nothing (:func:`agentstream.steps.approvals.decide_message`). Needs no lease: the
+        append is once by call id, and a denial by timeout races it under the same key."""
+        fold = await self._current_fold(message.trace_id)
+        awaited, decided, turn_open = fold.approval_of(message.call_id)
+        outcome = decide_message(message, awaited=awaited, decided=decided, turn_open=turn_open, by=by)
+        if isinstance(outcome, ApprovalDecided):
+            appended = await self.store.append(message.trace_id, outcome)
+            if appended.created:
+                log.info(
+                    "trace %s: call %s %s by %r",
+                    message.trace_id,
+                    message.call_id,
+                    "approved" if outcome.approved else "denied",
+                    by,
+                )
+            else:  # another decision came first (a timeout, a twin message): it stands
+                fold = await self._current_fold(message.trace_id)
+                _, first, _ = fold.approval_of(message.call_id)
+                return AlreadyDecided(first or outcome)
+        return outcome
 
     async def request_cancel(self, message: CancelMessage) -> tuple[CancelRequested | None, CancelTarget]:
         """Write the cancel into the trace (once) → (the event, or None when no turn is left to

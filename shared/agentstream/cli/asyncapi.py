@@ -11,6 +11,7 @@ stream                                    field       who writes it
 ``<ns>:replies`` (or a turn's reply_to)   ``reply``   the agent loop, when a turn ends
 ``<ns>:cancel``                           ``cancel``  backends: stop a conversation's running turn
 ``<ns>:backends:<b>:turns``, ``:cancel``  as above  backend ``b`` (AGENTSTREAM_BACKENDS), confined
+``<ns>:approvals``                        approval    backends: approve or deny a tool call that waits
 ``<ns>:errors``                           ``error``   the services: an entry they could not read
 ``<ns>:trace:{<trace id>}``               ``e``, v    the services: every event of a conversation
 ``<ns>:trace:{<trace id>}:deltas``        ``d``       the agent loop: the reply's pieces as written
@@ -33,7 +34,7 @@ import msgspec
 from pydantic import BaseModel, Field
 
 from agentstream.wire.deltas import Delta
-from agentstream.wire.events import CancelMessage, Event, Reply, TurnMessage
+from agentstream.wire.events import ApprovalMessage, CancelMessage, Event, Reply, TurnMessage
 from agentstream.wire.keys import AGENT_LOOP_GROUP, Keys
 
 _CONTENT = "x-agentstream-content-schema"  # replaced by contentSchema after generation (see _link)
@@ -66,6 +67,17 @@ class CancelEntry(BaseModel):
     cancel: Annotated[str, _json_field("CancelMessage", "The cancel request as JSON (see CancelMessage).")]
 
 
+class ApprovalEntry(BaseModel):
+    """An entry of the approvals stream."""
+
+    approval: Annotated[
+        str,
+        _json_field(
+            "ApprovalMessage", "The approval or denial as JSON (see ApprovalMessage); recorded once per call id."
+        ),
+    ]
+
+
 class ErrorEntry(BaseModel):
     """An entry of the errors stream: a message the services could not read, reported instead of stalling."""
 
@@ -90,7 +102,7 @@ class DeltaEntry(BaseModel):
 
 def _schemas() -> dict[str, Any]:
     (_, components) = msgspec.json.schema_components(
-        [TurnMessage, Reply, CancelMessage, Event, Delta], ref_template="#/components/schemas/{name}"
+        [TurnMessage, Reply, CancelMessage, ApprovalMessage, Event, Delta], ref_template="#/components/schemas/{name}"
     )
     # the tagged union of events, by name, as the trace entries reference it
     event_refs = msgspec.json.schema_components([Event], ref_template="#/components/schemas/{name}")[0][0]
@@ -168,6 +180,17 @@ def asyncapi_document(keys: Keys | None = None, *, server: str = "redis://localh
         f"{keys.errors}); the cancel's `by` is the backend's name, whatever the message says.",
     )
     async def backend_cancels(entry: CancelEntry) -> None:  # pragma: no cover
+        ...
+
+    @broker.subscriber(
+        stream=StreamSub(keys.approvals, group=AGENT_LOOP_GROUP, consumer="agent-loop"),
+        title=keys.approvals,
+        description="Approvals and denials in: XADD an `approval` field of JSON (ApprovalMessage) for a tool call the "
+        "trace records as awaiting one (event approval_awaited). The first decision of a call is appended to the "
+        "trace (approval_decided) and wakes the turn; an approved call runs once, a denied one gets an error result "
+        f"the model sees. `by` is the publisher's word on this stream. A message that decides nothing goes to {keys.errors}.",
+    )
+    async def approvals(entry: ApprovalEntry) -> None:  # pragma: no cover
         ...
 
     broker.publisher(

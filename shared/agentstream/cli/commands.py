@@ -12,6 +12,7 @@ Commands:
 - ``gateway-key --name N --agent A``: a new API key for the gateway, and its keys-file entry.
 - ``dev --app mod:app``: every service in one process.
 - ``ask "question"``: publish a turn to running services and follow it.
+- ``approve|deny <trace id> <call id>``: decide a tool call that awaits a person's approval.
 - ``cancel <trace id>``: stop the running turn of a conversation (or ``--turn-id``) and wait
   until it has ended.
 - ``trace show <id>`` / ``trace verify <id>``: print a stored trace / rebuild its requests (with
@@ -43,6 +44,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
 
+import msgspec
 import typer
 
 from agentstream.app.base import App, load_app
@@ -60,6 +62,9 @@ from agentstream.runtime.store import TraceStore
 from agentstream.steps.forking import fork_line
 from agentstream.wire import codec
 from agentstream.wire.events import (
+    ApprovalAwaited,
+    ApprovalDecided,
+    ApprovalMessage,
     CancelMessage,
     CancelRequested,
     Compaction,
@@ -707,6 +712,10 @@ def describe(event: Event) -> str:  # noqa: C901 (an outlier from before the com
             return f"  ⚙ MCP tools offered to {agent} from here on: {names}"
         case ForkedFrom():
             return f"⑂ {fork_line(event)}"
+        case ApprovalAwaited() | ApprovalDecided():
+            from agentstream.steps.approvals import describe_approval
+
+            return describe_approval(event)
     return repr(event)
 
 
@@ -1509,6 +1518,13 @@ async def _explain(
             typer.echo(f"  rebuilt with {endpoint_settings(endpoint, configured=configured)}; {MISMATCH_HINT}")
     typer.echo("request body:")
     typer.echo(json.dumps(json.loads(body), indent=2, ensure_ascii=False))
+    from agentstream.steps.approvals import approval_history
+
+    decided = approval_history(await _read(settings, trace_id, app.codec), explanation.turn_id)
+    if decided:
+        typer.echo("approvals of the turn's tool calls (who decided what, and when):")
+        for line in decided:
+            typer.echo(f"  {line}")
     if explanation.shrunk:
         typer.echo("shortened results (handle, call, tool: form, by which shrink, at which model call):")
         for shrunk in explanation.shrunk:
@@ -1783,3 +1799,115 @@ def _debugging(args: list[str] | None) -> bool:
 
 if __name__ == "__main__":
     main()
+
+
+# --- approvals --------------------------------------------------------------------------------
+
+
+async def _decide(
+    settings: Settings, message: ApprovalMessage, wait_s: float, echo=typer.echo
+) -> ApprovalDecided | None:
+    """Publish an approval or denial on the approvals stream after checking that the trace holds
+    the call awaiting one; wait up to ``wait_s`` for the decision that stands (None: none seen)."""
+    from agentstream.runtime.operations import publish_approval
+    from agentstream.steps.trace_fold import fold_events
+
+    redis = _connect(settings)
+    store = TraceStore(redis, settings.keys)
+    try:
+        entries = await store.read(message.trace_id)
+        fold = fold_events(message.trace_id, entries)
+        awaited, decided, turn_open = fold.approval_of(message.call_id)
+        if decided is not None:
+            echo(f"call {message.call_id!r} was decided already:")
+            return decided
+        if awaited is None:
+            raise AgentStreamError(
+                f"trace {message.trace_id!r} holds no call {message.call_id!r} awaiting approval "
+                "(`agentstream trace show` lists the calls that do)"
+            )
+        if not turn_open:
+            raise AgentStreamError(f"call {message.call_id!r}: its turn {awaited.turn_id!r} has ended")
+        entry = await publish_approval(redis, settings.keys, message)
+        what = "approval" if message.approved else "denial"
+        echo(f"{what} of call {message.call_id} published ({settings.keys.approvals} {entry})")
+        if wait_s <= 0:
+            return None
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(wait_s, stop.set)
+        start = entries[-1][0] if entries else "0-0"
+        async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
+            if isinstance(event, ApprovalDecided) and event.call_id == message.call_id:
+                return event
+        echo(f"no decision on call {message.call_id} was recorded within {wait_s:.0f} s; is the agent loop running?")
+        return None
+    finally:
+        await redis.aclose()
+
+
+def _approve_or_deny(
+    approved: bool, trace_id: str, call_id: str, reason: str, by: str | None, arguments: str | None, wait_s: float
+) -> None:
+    by = by or os.environ.get("USER") or "cli"
+    settings = _settings()
+    if not settings.redis_url:
+        _fail(AgentStreamError("REDIS_URL is not set"))
+    try:
+        message = codec.decode_approval(
+            msgspec.json.encode(
+                ApprovalMessage(
+                    trace_id=trace_id, call_id=call_id, approved=approved, by=by, reason=reason, arguments=arguments
+                )
+            )
+        )
+    except msgspec.DecodeError as exc:
+        _fail(AgentStreamError(str(exc)))
+    try:
+        _check_redis(settings)
+        decision = asyncio.run(_decide(settings, message, wait_s))
+    except AgentStreamError as exc:
+        _fail(exc)
+    except REDIS_ERRORS as exc:
+        _fail(_unreachable(settings, exc))
+    if decision is not None:
+        typer.echo(describe(decision).strip())
+    raise typer.Exit(0 if decision is not None and decision.approved == approved and decision.by == by else 1)
+
+
+_CallIdArgument = Annotated[
+    str, typer.Argument(callback=_filled("a call id", name=True), help="The tool call (its `approval_awaited` event).")
+]
+_ByOption = Annotated[
+    str | None,
+    typer.Option(callback=_filled("who decides (--by)"), help="Who decides (recorded in the trace; default $USER)."),
+]
+
+
+@cli.command()
+def approve(
+    trace_id: TraceIdArgument,
+    call_id: _CallIdArgument,
+    reason: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+    by: _ByOption = None,
+    arguments: Annotated[
+        str | None,
+        typer.Option(help="Run the call with these arguments (a JSON object) instead, where the tool allows it."),
+    ] = None,
+    wait_s: Annotated[float, typer.Option(min=0, help="Wait this long for the decision to be recorded.")] = 30.0,
+) -> None:
+    """Approve a tool call that awaits a person (REDIS_URL): publish the approval on the approvals
+    stream and wait until the trace records the decision. Exit code 0 when this approval stands."""
+    _approve_or_deny(True, trace_id, call_id, reason, by, arguments, wait_s)
+
+
+@cli.command()
+def deny(
+    trace_id: TraceIdArgument,
+    call_id: _CallIdArgument,
+    reason: Annotated[str, typer.Option(help="Why (the model sees it in the call's error result).")] = "",
+    by: _ByOption = None,
+    wait_s: Annotated[float, typer.Option(min=0, help="Wait this long for the decision to be recorded.")] = 30.0,
+) -> None:
+    """Deny a tool call that awaits a person (REDIS_URL): the call does not run and the model sees
+    an error result with the reason. Exit code 0 when this denial stands."""
+    _approve_or_deny(False, trace_id, call_id, reason, by, None, wait_s)

@@ -15,9 +15,20 @@ from agentstream.context.render import MISSING_RESULT_TEXT, Parts, assistant_mes
 from agentstream.context.request import AssistantMessage, Message, ToolDefinition
 from agentstream.wire.events import ModelOutput, ToolOutput, TurnInput
 
-RECORD_ONLY_TAGS = frozenset({"tool_started", "cancel_requested", "compaction_failed", "tools_offered", "forked_from"})
+RECORD_ONLY_TAGS = frozenset(
+    {
+        "tool_started",
+        "cancel_requested",
+        "compaction_failed",
+        "tools_offered",
+        "forked_from",
+        "approval_awaited",
+        "approval_decided",
+    }
+)
 """Stored event types that add no message to a context: they are records for the runtime (a
-side-effect tool about to run, a cancel request whose effects are written as their own events;
+side-effect tool about to run, a cancel request whose effects are written as their own events,
+a call awaiting approval and its decision (a denial is written as the call's error result);
 the MCP tools offered change the request's tools, which the trace state reads itself; a fork's
 first event names its source)."""
 

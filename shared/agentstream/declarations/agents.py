@@ -138,6 +138,11 @@ class Agent:
             arguments (it runs again when any worker rebuilds the turn's context). The tools it
             gives must be the app's (an agent's ``tools`` or ``App(extra_tools=...)``), so the
             tool workers can run them.
+        needs_approval: which tools' calls wait for a person's approval before they run, besides
+            those whose tool or MCP server says so: True for every tool, or a list of tool names
+            (its own or its MCP servers'). A turn may add more (its message's ``approval``).
+        approval_timeout_s: how long a call waits for a decision, in seconds; then it is denied
+            (``by`` ``timeout``) and the model sees an error result.
 
     Raises:
         ConfigError: a setting out of range, tool or MCP server names used twice, a tool named
@@ -166,6 +171,8 @@ class Agent:
     repeats: bool = False
     settings: Callable[[Any, Any, str], AgentSettings] | None = None
     result_as_answer: Sequence[str] = ()
+    needs_approval: bool | Sequence[str] = False
+    approval_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.input, type) and issubclass(self.input, pydantic.BaseModel)):
@@ -182,11 +189,13 @@ class Agent:
             )
         if self.max_passes < 1:
             raise ConfigError(f"agent {self.name!r}: max_passes must be at least 1, got {self.max_passes}")
+        self._check_approval()
         if self.tool_rounds_after_cap < 0:
             raise ConfigError(
                 f"agent {self.name!r}: tool_rounds_after_cap must be at least 0, got {self.tool_rounds_after_cap}"
             )
-        servers = [t for t in self.tools if isinstance(t, McpServer)]
+        given: Sequence[object] = self.tools  # an MCP server given among the tools
+        servers = [t for t in given if isinstance(t, McpServer)]
         if servers:
             self.tools = [t for t in self.tools if not isinstance(t, McpServer)]
             self.mcp_servers = (*self.mcp_servers, *servers)
@@ -222,6 +231,19 @@ class Agent:
                 f"agent {self.name!r}: result_as_answer names tools it does not have: {unknown} (its tools: {names})"
             )
         self._check_prompt()
+
+    def _check_approval(self) -> None:
+        if not self.approval_timeout_s > 0:
+            raise ConfigError(
+                f"agent {self.name!r}: approval_timeout_s must be positive, got {self.approval_timeout_s!r}"
+            )
+        if not isinstance(self.needs_approval, bool):
+            if isinstance(self.needs_approval, str):
+                raise ConfigError(
+                    f"agent {self.name!r}: needs_approval takes True or a list of tool names, not the string "
+                    f"{self.needs_approval!r}"
+                )
+            self.needs_approval = tuple(self.needs_approval)
 
     @property
     def declarations(self) -> tuple[ToolDeclaration, ...]:

@@ -125,6 +125,7 @@ class App:
             elements=message.elements,
             model=message.model,
             input=message.input,
+            approval=tuple(getattr(message, "approval", ())),
         )
         agent = self.agent(message.agent)
         if agent is None:

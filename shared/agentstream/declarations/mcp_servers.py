@@ -104,6 +104,8 @@ class McpServer:
             :class:`agentstream.Tool`: a ``tool_started`` event is recorded before each such
             call, and a call whose worker died mid-run is not run again).
         retry_safe: which tools are safe to run again after a crash (True, or names).
+        needs_approval: which tools' calls wait for a person's approval before they run (True
+            for all, or a collection of names); their arguments cannot be edited.
         prompts: a prompt file's texts for one model (``load_prompt_file(...).for_model(...)``):
             its ``tools`` entries replace the descriptions of the server's tools of those names
             (and of their arguments), as for any tool.
@@ -130,6 +132,7 @@ class McpServer:
     tool_timeouts_s: Mapping[str, float] = field(default_factory=dict)
     side_effects: bool | Collection[str] = False
     retry_safe: bool | Collection[str] = False
+    needs_approval: bool | Collection[str] = False
     prompts: Any = None
     connect_timeout_s: float = 20.0
     probe_interval_s: float | None = None
@@ -155,6 +158,7 @@ class McpServer:
             object.__setattr__(self, "tools", tuple(self.tools))
         object.__setattr__(self, "side_effects", _names(self.side_effects))
         object.__setattr__(self, "retry_safe", _names(self.retry_safe))
+        object.__setattr__(self, "needs_approval", _names(self.needs_approval))
         checked = [
             ("timeout_s", self.timeout_s),
             ("connect_timeout_s", self.connect_timeout_s),
@@ -182,6 +186,10 @@ class McpServer:
 
     def has_side_effects(self, tool_name: str) -> bool:
         return self.side_effects if isinstance(self.side_effects, bool) else tool_name in self.side_effects
+
+    def approves(self, tool_name: str) -> bool:
+        """Whether calls of the tool wait for a person's approval."""
+        return self.needs_approval if isinstance(self.needs_approval, bool) else tool_name in self.needs_approval
 
     def is_retry_safe(self, tool_name: str) -> bool:
         return self.retry_safe if isinstance(self.retry_safe, bool) else tool_name in self.retry_safe

@@ -95,6 +95,12 @@ class Tool:
             False by default). A repeat that does not run gets the earlier result again,
             marked with ``repeat_of`` in the trace; ``True`` suits a tool whose answer changes
             between calls (a clock, a queue).
+        needs_approval: whether a call waits for a person's approval before it runs: True for
+            every call, or a function of the call's arguments (a dict, as the model sent them)
+            that says True for the calls that do (it must be a pure function: it runs again at
+            every step). Arguments that are not a JSON object always wait. See the how-to
+            "Tool calls that wait for a person".
+        approval_edits: whether the person who approves a call may replace its arguments.
     """
 
     def __init__(
@@ -108,8 +114,12 @@ class Tool:
         side_effects: bool = False,
         retry_safe: bool = False,
         repeats: bool | None = None,
+        needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+        approval_edits: bool = False,
     ):
         self.fn = fn
+        self.needs_approval = needs_approval
+        self.approval_edits = approval_edits
         self.repeats = repeats
         self.name = name or fn.__name__
         doc = inspect.getdoc(fn) or ""
@@ -242,6 +252,8 @@ def tool(
     side_effects: bool = False,
     retry_safe: bool = False,
     repeats: bool | None = None,
+    needs_approval: bool | Callable[[dict[str, Any]], bool] = False,
+    approval_edits: bool = False,
 ) -> Any:
     """Make a :class:`Tool` of a function; use as ``@tool`` or ``@tool(timeout_s=5, side_effects=True)``."""
 
@@ -255,6 +267,8 @@ def tool(
             side_effects=side_effects,
             retry_safe=retry_safe,
             repeats=repeats,
+            needs_approval=needs_approval,
+            approval_edits=approval_edits,
         )
 
     return wrap(fn) if fn is not None else wrap

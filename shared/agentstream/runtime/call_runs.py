@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from agentstream.runtime.lua import script
-from agentstream.wire.events import Event, ModelOutput, ToolJob, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire.events import ApprovalDecided, Event, ModelOutput, ToolJob, TurnEnded, TurnFailed, TurnInput
 from agentstream.wire.keys import Keys
 
 log = logging.getLogger("agentstream.tool_worker")
@@ -65,7 +65,15 @@ def job_problem(events: Sequence[Event], job: ToolJob) -> str:
                 if call.id == job.call_id:
                     if call.name != job.name:
                         return f"call {job.call_id!r} of turn {job.turn_id!r} is a call of tool {call.name!r}, not {job.name!r}"
-                    if call.arguments != job.arguments:
+                    edited = next(
+                        (
+                            e.arguments
+                            for e in events
+                            if isinstance(e, ApprovalDecided) and e.call_id == call.id and e.approved
+                        ),
+                        None,
+                    )
+                    if (edited if edited is not None else call.arguments) != job.arguments:
                         return (
                             f"call {job.call_id!r} of turn {job.turn_id!r} was made with other arguments than the job's "
                             "(the trace records what a call runs; a job only says which call to run)"

@@ -33,8 +33,16 @@ from agentstream.runtime.entries import StreamsReply, xadd_fields
 from agentstream.runtime.lua import script
 from agentstream.wire import codec
 from agentstream.wire.checks import DEFAULT_LIMITS, error_fields
-from agentstream.wire.events import CancelMessage, Reply, Wake
-from agentstream.wire.keys import CANCEL_FIELD, COMPACTION_FIELD, REPLY_FIELD, WAKE_FIELD, Keys, partition_stream
+from agentstream.wire.events import ApprovalMessage, CancelMessage, Reply, Wake
+from agentstream.wire.keys import (
+    APPROVAL_FIELD,
+    CANCEL_FIELD,
+    COMPACTION_FIELD,
+    REPLY_FIELD,
+    WAKE_FIELD,
+    Keys,
+    partition_stream,
+)
 
 Entry = tuple[str, dict[bytes, bytes]]
 """An entry to add to a stream, one XADD: ``(stream key, {field: encoded value})``; say a reply
@@ -415,3 +423,23 @@ async def children_past_deadline(redis: aioredis.Redis, keys: Keys, now_ms: int,
         "list[bytes | str]", await redis.zrangebyscore(keys.delegation_deadlines, "-inf", now_ms, start=0, num=limit)
     )
     return [raw.decode() if isinstance(raw, bytes) else raw for raw in due]
+
+
+async def note_approval_due(redis: aioredis.Redis, keys: Keys, trace_id: str, due_ms: int) -> None:
+    """Make sure the trace is woken at ``due_ms`` (Unix ms), when a call that awaits approval
+    is due to be denied: ZADD of the trace to its partition's ``<ns>:approvals:due`` (its score
+    replaced: the earliest due of the calls it waits on now). The watchdog of the agent loops
+    wakes the traces that are due (:class:`agentstream.runtime.watchdog.Watchdog`)."""
+    await redis.zadd(keys.approvals_due(keys.partition(trace_id)), {trace_id: due_ms})
+
+
+async def forget_approval_due(redis: aioredis.Redis, keys: Keys, trace_id: str) -> None:
+    """The trace waits on no approval any more: ZREM it from its approvals-due set."""
+    await redis.zrem(keys.approvals_due(keys.partition(trace_id)), trace_id)
+
+
+async def publish_approval(redis: aioredis.Redis, keys: Keys, message: ApprovalMessage) -> str:
+    """Publish an approval or a denial: XADD the :class:`ApprovalMessage` (field ``approval``) to
+    ``<ns>:approvals``, which the agent loop's group records in the trace once per call → the entry id."""
+    entry_id = await redis.xadd(keys.approvals, {APPROVAL_FIELD: codec.encode(message)})
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id

@@ -11,7 +11,8 @@ Idempotency keys used by the services (see :func:`key_for`):
   ``result:<call_id>`` for ToolOutput (``late:<call_id>`` for a late one: a call has one
   result), ``end:<turn_id>`` for TurnEnded and TurnFailed (a turn has one ending),
   ``started:<call_id>`` for ToolStarted, ``cancel:<turn_id>`` for CancelRequested,
-  ``tools:<turn_id>:<step>:<agent>:<digest>`` for ToolsOffered.
+  ``tools:<turn_id>:<step>:<agent>:<digest>`` for ToolsOffered, ``awaiting:<call_id>`` for
+  ApprovalAwaited, ``approval:<call_id>`` for ApprovalDecided (a call has one decision).
 
 Besides appends, :meth:`TraceStore.begin_call` checks a tool job's call against the call
 markers its model output set (``call:<call_id>``, :func:`markers_for`) and claims the call for
@@ -41,6 +42,8 @@ from agentstream.runtime.operations import Entry, redirect_refused_replies
 from agentstream.wire import codec
 from agentstream.wire import codec as _codec
 from agentstream.wire.events import (
+    ApprovalAwaited,
+    ApprovalDecided,
     CancelRequested,
     Event,
     ForkedFrom,
@@ -96,6 +99,10 @@ def key_for(event: Event) -> str:
             return f"tools:{turn_id}:{step}:{agent}:{digest}"
         case ForkedFrom():
             return "forked_from"
+        case ApprovalAwaited(call_id=call_id):
+            return f"awaiting:{call_id}"
+        case ApprovalDecided(call_id=call_id):
+            return f"approval:{call_id}"
     raise TypeError(f"no idempotency key for event type {type(event).__name__}")
 
 
@@ -109,12 +116,25 @@ def arguments_digest(arguments: str) -> str:
 def markers_for(event: Event) -> list[tuple[str, str]]:
     """The markers set in the trace's key hash when ``event`` is appended (atomically with it):
     ``call:<call id>`` → ``<turn id>\n<tool name>\n<arguments digest>`` for each tool call of a
-    model output, so a tool job's call is checked in O(1) (:meth:`TraceStore.begin_call`)."""
+    model output, so a tool job's call is checked in O(1) (:meth:`TraceStore.begin_call`).
+
+    A call that awaits approval is marked ``gate:<call id>`` → ``1`` (no job of it may run), and
+    its approval sets the mark to ``0`` (with edited arguments, the call's marker then carries
+    their digest: the job runs with them); a denial leaves it at ``1``."""
     if isinstance(event, ModelOutput) and event.tool_calls:
         return [
             (f"call:{call.id}", f"{event.turn_id}\n{call.name}\n{arguments_digest(call.arguments)}")
             for call in event.tool_calls
         ]
+    if isinstance(event, ApprovalAwaited):
+        return [(f"gate:{event.call_id}", "1")]
+    if isinstance(event, ApprovalDecided) and event.approved:
+        marks = [(f"gate:{event.call_id}", "0")]
+        if event.arguments is not None:
+            marks.append(
+                (f"call:{event.call_id}", f"{event.turn_id}\n{event.name}\n{arguments_digest(event.arguments)}")
+            )
+        return marks
     return []
 
 
@@ -812,6 +832,11 @@ class TraceStore:
                 return _problem(f"trace {trace_id!r} has no turn {turn_id!r}")
             if code == "unchecked":
                 return CallState(False, False, False, False, "", False, unchecked=True, turn_entry=_text(raw[1]))
+            if code == "unapproved":
+                return _problem(
+                    f"call {call_id!r} of turn {turn_id!r} awaits a person's approval, or was denied it: "
+                    "no job of it runs (the agent loop publishes its job once it is approved)"
+                )
             made_turn, _, made_name = _text(raw[1]).partition("\n")
             made_name = made_name.partition("\n")[0]
             if code == "arguments":

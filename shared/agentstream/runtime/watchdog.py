@@ -35,6 +35,14 @@ ever wake the turn, and every later turn of the conversation would queue behind 
   set once it owes nothing, so a reply goes out once an operator has deleted the squatting key,
   even after its work entry was dead-lettered.
 
+- A tool call that awaits a person's approval holds nothing: its trace sits in the partition's
+  *approvals-due* set (``<ns>:approvals:due``), scored by when its first call is due to be denied
+  (:func:`agentstream.runtime.operations.note_approval_due`). Each round the watchdog wakes the
+  traces that are due (a wake-up, reason ``approval_due``) and moves their score on by
+  ``interval_s`` (``ZADD XX GT``: a step that noted another due time keeps it), so a wake-up that
+  is lost is sent again; the woken step denies the calls that are due, and takes the trace out
+  of the set once it waits on no approval. A trace that no longer exists leaves the set.
+
 Delegation jobs are not watched here: a delegated call's work is its child trace, which the
 delegation service's supervisor ends at its deadline.
 
@@ -159,6 +167,7 @@ class Watchdog:
         self.redis = redis
         self.keys = keys
         self.stream = awaiting_key(keys, partition)  # what service.run_consumers names this runner by
+        self.partition = partition
         self.owed = owed_key(keys, partition)
         self.publish_owed = publish_owed
         self._forgive = redis.register_script(_FORGIVE_LUA) if publish_owed is not None else None
@@ -229,7 +238,26 @@ class Watchdog:
                 log.exception("the watchdog could not check trace %s", trace_id)
         if self.publish_owed is not None:
             await self._publish_owed(horizon_ms)
+        await self.wake_due_approvals()
         return ended
+
+    async def wake_due_approvals(self, now_ms: int | None = None) -> int:
+        """Wake the traces of this partition whose calls awaiting approval are due (at ``now_ms``,
+        Unix ms; default now) → how many were woken (see the module docstring)."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        due_key = self.keys.approvals_due(self.partition)
+        rows = cast("list[bytes]", await self.redis.zrangebyscore(due_key, "-inf", now_ms, start=0, num=self.batch))
+        woken = 0
+        for member in rows:
+            trace_id = _s(member)
+            if not await self.redis.exists(self.keys.trace(trace_id)):
+                await self.redis.zrem(due_key, trace_id)  # deleted by retention: nothing waits
+                continue
+            await wake_trace(self.redis, self.keys, trace_id, "approval_due")
+            # looked at again in a round unless the step notes its own due time (GT keeps a later one)
+            await self.redis.zadd(due_key, {trace_id: now_ms + int(self.interval_s * 1000)}, xx=True, gt=True)
+            woken += 1
+        return woken
 
     async def _publish_owed(self, horizon_ms: int) -> None:
         """Hand each trace that has owed a refused reply for ``interval_s`` to ``publish_owed``;

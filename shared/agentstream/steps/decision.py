@@ -31,8 +31,11 @@ from agentstream.delegation import offered_agent
 from agentstream.delegation.handoff import numbering_of
 from agentstream.errors import ConfigError
 from agentstream.models.endpoints import ModelEndpoint
+from agentstream.steps.approvals import AwaitApproval, RecordApprovals, gate_calls
 from agentstream.steps.offers import latest_offer
 from agentstream.wire.events import (
+    ApprovalAwaited,
+    ApprovalDecided,
     CancelRequested,
     CitedSource,
     Event,
@@ -129,7 +132,9 @@ class Idle:
     """No turn is waiting for this trace."""
 
 
-Decision = CallModel | RecordResults | RunTools | EndTurn | FailTurn | CancelTurn | Idle
+Decision = (
+    CallModel | RecordResults | RunTools | EndTurn | FailTurn | CancelTurn | Idle | AwaitApproval | RecordApprovals
+)
 
 CANCELLED_CODE = FailureCode.CANCELLED
 """The TurnFailed code of a cancelled turn."""
@@ -168,6 +173,9 @@ class TurnView:
             :func:`agentstream.context.reopen_result`).
         offer_of: ``offer_of(agent name)`` → the agent's latest MCP tool offer in the trace, or None.
         numbering: ``numbering()`` → the trace's element numbering (read only for an agent that cites).
+        awaited: the turn's calls recorded as awaiting approval, by call id.
+        decided: the turn's first approval decision of each call, by call id.
+        now_ms: the time of the decision (Unix ms), or None (nothing is due: a reader without a clock).
     """
 
     turn: TurnInput | None
@@ -177,6 +185,9 @@ class TurnView:
     reopen: Callable[[Agent, ToolCall], ToolOutput | None] | None = None
     offer_of: Callable[[str], ToolsOffered | None] | None = None
     numbering: Callable[[], Numbering] | None = None
+    awaited: Mapping[str, ApprovalAwaited] = dataclasses.field(default_factory=dict)
+    decided: Mapping[str, ApprovalDecided] = dataclasses.field(default_factory=dict)
+    now_ms: int | None = None
 
     def with_output(self, output: ModelOutput) -> TurnView:
         """The view once ``output`` (of this view's turn) is appended, nothing else coming between."""
@@ -192,6 +203,13 @@ def turn_view(events: Sequence[Event]) -> TurnView:
     cancel = next((e for e in events if isinstance(e, CancelRequested) and e.turn_id == tid), None)
     outputs = tuple(e for e in events if isinstance(e, ModelOutput) and e.turn_id == tid)
     results = tuple(e for e in events if isinstance(e, ToolOutput) and e.turn_id == tid)
+    awaited: dict[str, ApprovalAwaited] = {}
+    decided: dict[str, ApprovalDecided] = {}
+    for e in events:
+        if isinstance(e, ApprovalAwaited) and e.turn_id == tid:
+            awaited.setdefault(e.call_id, e)
+        elif isinstance(e, ApprovalDecided) and e.turn_id == tid:
+            decided.setdefault(e.call_id, e)
     return TurnView(
         turn,
         cancel,
@@ -200,6 +218,8 @@ def turn_view(events: Sequence[Event]) -> TurnView:
         reopen=lambda agent, call: reopen_result(events, agent, tid, call),
         offer_of=lambda name: latest_offer(events, name),
         numbering=lambda: numbering_of(events),
+        awaited=awaited,
+        decided=decided,
     )
 
 
@@ -324,7 +344,14 @@ def _after_tool_calls(view: TurnView, turn: TurnInput, agent: Agent, offered: Ag
         return RecordResults(turn, tuple(unrunnable))
     pending = tuple(c for c in last.tool_calls if c.id not in results)
     if pending:
-        return RunTools(turn, agent, last.step, pending)
+        offer = view.offer_of(agent.name) if view.offer_of is not None else None
+        mcp_tools = {t.name: t for t in offer.tools} if offer is not None else None
+        gated = gate_calls(agent, turn, pending, mcp_tools, view.awaited, view.decided, view.now_ms)
+        if isinstance(gated, AwaitApproval | RecordApprovals):
+            return gated
+        if gated and isinstance(gated[0], ToolOutput):
+            return RecordResults(turn, tuple(r for r in gated if isinstance(r, ToolOutput)))
+        return RunTools(turn, agent, last.step, tuple(c for c in gated if isinstance(c, ToolCall)))
     answer = result_answer(agent, last, view.results)
     if answer is not None:  # a tool whose result is the turn's answer: the model is not called again
         return _answered_by_result(view, turn, agent, answer)

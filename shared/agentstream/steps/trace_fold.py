@@ -37,6 +37,8 @@ from agentstream.models.endpoints import ModelEndpoint
 from agentstream.steps.decision import Decision, TurnView, decide_view
 from agentstream.steps.sizing import deep_size_bytes
 from agentstream.wire.events import (
+    ApprovalAwaited,
+    ApprovalDecided,
     CancelRequested,
     Compaction,
     CompactionFailed,
@@ -51,7 +53,11 @@ from agentstream.wire.events import (
     TurnInput,
 )
 
-__all__ = ["FoldCache", "TraceFold", "TurnRecord", "entry_key"]
+__all__ = ["AWAITS_APPROVAL", "FoldCache", "TraceFold", "TurnRecord", "entry_key"]
+
+AWAITS_APPROVAL = "awaits_approval"
+"""The note a fold keeps once it folded a call awaiting approval: the agent loop then takes the
+trace out of the approvals-due set when it no longer waits on one (and drops the note)."""
 
 # What a fold references and shares with the whole process (a dropped fold frees none of it).
 _SHARED: tuple[type, ...] = (Agent, ModelEndpoint, ContextConfig, ContextPolicy, ModelLimits)
@@ -76,6 +82,8 @@ class TurnRecord:
     outputs: list[ModelOutput] = field(default_factory=list)
     results: list[ToolOutput] = field(default_factory=list)
     ending: TurnEnded | TurnFailed | None = None
+    awaited: dict[str, ApprovalAwaited] = field(default_factory=dict)
+    decided: dict[str, ApprovalDecided] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +128,7 @@ class TraceFold:
         self.turn_entries: dict[str, str] = {}  # turn id → the entry id of its input
         self.offers: dict[str, ToolsOffered] = {}  # agent name → its latest MCP tool offer
         self.call_ids: set[str] = set()  # every tool call id a model output of the trace holds
+        self.approval_turns: dict[str, str] = {}  # call id awaiting (or that awaited) approval → its turn id
         self.agents: set[str] = set()  # the agents the trace's turns name (timeline.trace_agents)
         self.root_trace_id: str | None = None  # the root a child trace's task names (timeline.root_of)
         self._numbering = Numbering()
@@ -174,14 +183,8 @@ class TraceFold:
 
     def _fold(self, event: Event) -> None:
         match event:
-            case TurnInput(turn_id=turn_id):  # a TaskInput too
-                self.agents.add(event.agent)
-                if self.root_trace_id is None and isinstance(event, TaskInput) and event.root_trace_id:
-                    self.root_trace_id = event.root_trace_id
-                record = self._record(turn_id)
-                if record.turn is None:
-                    record.turn = event
-                    self.order.append(turn_id)
+            case TurnInput():  # a TaskInput too
+                self._fold_turn(event)
             case ModelOutput(turn_id=turn_id):
                 self._record(turn_id).outputs.append(event)
                 for call in event.tool_calls:
@@ -204,9 +207,29 @@ class TraceFold:
                 self.compactions.setdefault((turn_id, kept), event)
             case ToolsOffered(agent=agent_name):
                 self.offers[agent_name] = event
+            case ApprovalAwaited() | ApprovalDecided():
+                self._fold_approval(event)
         order = self.order
         while self._active < len(order) and self.turns[order[self._active]].ending is not None:
             self._active += 1
+
+    def _fold_turn(self, event: TurnInput) -> None:
+        self.agents.add(event.agent)
+        if self.root_trace_id is None and isinstance(event, TaskInput) and event.root_trace_id:
+            self.root_trace_id = event.root_trace_id
+        record = self._record(event.turn_id)
+        if record.turn is None:
+            record.turn = event
+            self.order.append(event.turn_id)
+
+    def _fold_approval(self, event: ApprovalAwaited | ApprovalDecided) -> None:
+        record = self._record(event.turn_id)
+        if isinstance(event, ApprovalDecided):
+            record.decided.setdefault(event.call_id, event)
+            return
+        record.awaited.setdefault(event.call_id, event)
+        self.approval_turns.setdefault(event.call_id, event.turn_id)
+        self.notes[AWAITS_APPROVAL] = True
 
     # --- what decisions read ------------------------------------------------------------------
 
@@ -244,7 +267,11 @@ class TraceFold:
                 if call.id == call_id:
                     if call.name != name:
                         return f"call {call_id!r} of turn {turn_id!r} is a call of tool {call.name!r}, not {name!r}"
-                    if call.arguments != arguments:
+                    decided = record.decided.get(call_id)
+                    runs_with = (
+                        decided.arguments if decided is not None and decided.arguments is not None else call.arguments
+                    )
+                    if runs_with != arguments:
                         return (
                             f"call {call_id!r} of turn {turn_id!r} was made with other arguments than the job's "
                             "(the trace records what a call runs; a job only says which call to run)"
@@ -280,9 +307,9 @@ class TraceFold:
         offer = self.offers.get(agent_name)
         return [offer] if offer is not None else []
 
-    def view(self) -> TurnView:
+    def view(self, now_ms: int | None = None) -> TurnView:
         """The inputs of the next decision (equal to :func:`agentstream.steps.decision.turn_view` of
-        :attr:`events`)."""
+        :attr:`events`), at ``now_ms`` (Unix ms; None: nothing awaiting approval is ever due)."""
         turn = self.active_turn()
         if turn is None:
             return TurnView(None)
@@ -296,6 +323,9 @@ class TraceFold:
             reopen=lambda agent, call: self._reopen(agent, tid, call),
             offer_of=self.offers.get,
             numbering=self.numbering,
+            awaited=record.awaited,
+            decided=record.decided,
+            now_ms=now_ms,
         )
 
     def numbering(self) -> Numbering:
@@ -313,10 +343,24 @@ class TraceFold:
         return reopen_result(self.events, agent, turn_id, call)  # only when a model calls the reopen tool
 
     def decide(
-        self, agent_of: Callable[[str], Agent | None], endpoints: Mapping[str, ModelEndpoint] | None = None
+        self,
+        agent_of: Callable[[str], Agent | None],
+        endpoints: Mapping[str, ModelEndpoint] | None = None,
+        *,
+        now_ms: int | None = None,
     ) -> Decision:
-        """The next step (equal to :func:`agentstream.steps.decision.decide` of :attr:`events`)."""
-        return decide_view(self.view(), agent_of, endpoints)
+        """The next step (equal to :func:`agentstream.steps.decision.decide` of :attr:`events`), at
+        ``now_ms`` (Unix ms: a call awaiting approval past its due time is denied)."""
+        return decide_view(self.view(now_ms), agent_of, endpoints)
+
+    def approval_of(self, call_id: str) -> tuple[ApprovalAwaited | None, ApprovalDecided | None, bool]:
+        """What the trace holds about a call awaiting approval: (its ApprovalAwaited, its first
+        ApprovalDecided, whether its turn is still open); (None, None, False) for an unknown call."""
+        turn_id = self.approval_turns.get(call_id)
+        record = self.turns.get(turn_id) if turn_id is not None else None
+        if record is None:
+            return None, None, False
+        return record.awaited.get(call_id), record.decided.get(call_id), record.ending is None
 
     def compaction_outcome(self, turn_id: str, kept_from_turn: str) -> Compaction | CompactionFailed | None:
         """As :func:`agentstream.steps.summarising.outcome_of` of :attr:`events`."""

@@ -38,7 +38,7 @@ import msgspec
 from agentstream.errors import TurnRejected
 from agentstream.wire import codec
 from agentstream.wire.entries import EntryFields, doubled_refusal
-from agentstream.wire.events import TurnMessage
+from agentstream.wire.events import ApprovalMessage, TurnMessage
 from agentstream.wire.failures import FailureCode
 from agentstream.wire.jsontext import control_character, duplicate_key
 from agentstream.wire.keys import Keys, trace_id_problem
@@ -474,3 +474,29 @@ def error_fields(
     for name, value in extra.items():
         fields[name.encode()] = excerpt(value, limits.excerpt_bytes)
     return fields
+
+
+def validate_approval(payload: bytes, limits: WireLimits) -> ApprovalMessage:
+    """A published approval message's JSON → the :class:`~agentstream.wire.events.ApprovalMessage`,
+    checked against the wire's limits before it is decoded.
+
+    Raises:
+        msgspec.DecodeError: over ``max_turn_bytes`` or ``max_json_depth``, an id over
+            ``max_id_bytes``, or anything :func:`agentstream.wire.codec.decode_approval` refuses;
+            the message names the field or the limit and its setting.
+    """
+    if len(payload) > limits.max_turn_bytes:
+        raise msgspec.DecodeError(_over("the approval message", len(payload), "max_turn_bytes", limits.max_turn_bytes))
+    depth = json_depth(payload)
+    if depth > limits.max_json_depth:
+        raise msgspec.DecodeError(
+            _over("the approval message's nesting", depth, "max_json_depth", limits.max_json_depth, "levels deep")
+        )
+    message = codec.decode_approval(payload)
+    for name in ("trace_id", "call_id"):
+        length = len(getattr(message, name).encode())
+        if length > limits.max_id_bytes:
+            raise msgspec.DecodeError(
+                _over(f"approval message field `$.{name}`", length, "max_id_bytes", limits.max_id_bytes)
+            )
+    return message

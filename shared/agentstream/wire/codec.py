@@ -31,6 +31,7 @@ from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.events import (
     BUSY_POLICIES,
     TRACE_SCHEMA_VERSION,
+    ApprovalMessage,
     CancelMessage,
     Event,
     Reply,
@@ -55,6 +56,7 @@ _job_decoder = msgspec.json.Decoder(ToolJob)
 _wake_decoder = msgspec.json.Decoder(Wake)
 _reply_decoder = msgspec.json.Decoder(Reply)
 _cancel_decoder = msgspec.json.Decoder(CancelMessage)
+_approval_decoder = msgspec.json.Decoder(ApprovalMessage)
 
 VERSION_FIELD = b"v"
 EVENT_FIELD = b"e"
@@ -467,6 +469,39 @@ def decode_cancel(payload: bytes) -> CancelMessage:
     problem = trace_id_problem(message.trace_id)
     if problem is not None:
         raise msgspec.DecodeError(f"cancel message field `$.trace_id` is {message.trace_id!r}: {problem}")
+    return message
+
+
+def decode_approval(payload: bytes) -> ApprovalMessage:
+    """The JSON of an approval or denial (a client's) → :class:`ApprovalMessage`.
+
+    Raises:
+        msgspec.DecodeError: not JSON (not Unicode: the reason says where), not an approval (a
+            field missing, unknown, of the wrong type or over its length), a key named twice, a
+            ``trace_id``/``call_id``/``by`` with a control character, a ``trace_id`` that may not
+            name a trace (:func:`agentstream.wire.keys.trace_id_problem`), or ``arguments`` that
+            are not a JSON object.
+    """
+    message = _guarded(_approval_decoder, payload)
+    doubled = duplicate_key(payload)
+    if doubled is not None:
+        raise msgspec.DecodeError(f"approval message {_twice(*doubled)}")
+    for name in ("trace_id", "call_id", "by"):
+        found = control_character(getattr(message, name))
+        if found is not None:
+            raise msgspec.DecodeError(f"approval message field `$.{name}` holds {found}; {ID_RULE}")
+    problem = trace_id_problem(message.trace_id)
+    if problem is not None:
+        raise msgspec.DecodeError(f"approval message field `$.trace_id` is {message.trace_id!r}: {problem}")
+    if message.arguments is not None:
+        try:
+            edited = msgspec.json.decode(message.arguments)
+        except msgspec.DecodeError as exc:
+            raise msgspec.DecodeError(f"approval message field `$.arguments` is not JSON: {exc}") from None
+        if not isinstance(edited, dict):
+            raise msgspec.DecodeError(
+                f"approval message field `$.arguments` must hold a JSON object (as text), got {type(edited).__name__}"
+            )
     return message
 
 

@@ -34,6 +34,9 @@ Event types (tag → meaning):
 - ``tools_offered``: the tools from MCP servers that an agent's model calls offer from here on
   (names, descriptions and input schemas as offered), recorded when they change, so a request
   is rebuilt from the trace alone.
+- ``approval_awaited``: a tool call that needs a person's approval waits for it (until ``due_ms``);
+  nothing waits in memory meanwhile.
+- ``approval_decided``: a person approved or denied a call (or its timeout denied it); once per call.
 
 Elements (tag field ``kind``) are the typed things that inputs and tool results carry: sources
 the model can cite (``source``, ``document``, ``passage``) and images (``image``).
@@ -59,9 +62,10 @@ versions (each entry carries its own). History:
 - ``2``: ``tools_offered`` (the tools from MCP servers an agent offers from here on: a request is
   rebuilt from the trace alone only with it). Entries of version 1 read unchanged.
 - ``3``: a turn input's ``rolls_back`` (the turn it rolls back: that turn's events are left out of
-  the contexts of every other turn from there on; an older reader would show them), and
-  ``forked_from`` (the first event of a conversation forked from another). Entries of versions 1
-  and 2 read unchanged.
+  the contexts of every other turn from there on; an older reader would show them),
+  ``forked_from`` (the first event of a conversation forked from another), the events
+  ``approval_awaited`` and ``approval_decided`` (tool calls that wait for a person) and the turn
+  input's ``approval``. Entries of versions 1 and 2 read unchanged.
 """
 
 TRACE_SCHEMA_VERSIONS_READ: tuple[int, ...] = (1, 2, 3)
@@ -229,6 +233,8 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
             (see :mod:`agentstream.context.builder`); its own calls, and the requests recorded
             before, keep them. Not part of the turn's digest (a re-delivery of the message that
             brought the turn is the same turn).
+        approval: the tools whose calls in this turn wait for a person's approval, besides those
+            the app says need it (``"*"``: every tool), from the turn message's ``approval``.
     """
 
     turn_id: str
@@ -242,6 +248,7 @@ class TurnInput(msgspec.Struct, frozen=True, kw_only=True, tag="turn_input"):
     tools: dict[str, str] | None = None
     instructions: tuple[str, ...] = ()
     rolls_back: str | None = None
+    approval: tuple[str, ...] = ()
 
 
 class TaskInput(TurnInput, frozen=True, kw_only=True, tag="task_input"):
@@ -499,6 +506,57 @@ class CancelRequested(msgspec.Struct, frozen=True, kw_only=True, tag="cancel_req
     reason: str = ""
 
 
+class ApprovalAwaited(msgspec.Struct, frozen=True, kw_only=True, tag="approval_awaited"):
+    """A tool call waits for a person's approval before it runs (appended once per ``call_id``).
+
+    Nothing waits in memory: the turn's lease is given back, and an
+    :class:`ApprovalDecided` (from the approvals stream, the gateway or the CLI), or the timeout,
+    wakes the turn.
+
+    Attributes:
+        turn_id: the turn of the call.
+        call_id: the tool call (its arguments are in the model output that made it).
+        name: the tool's name.
+        due_ms: when the call is denied if nobody decided (Unix milliseconds).
+        editable: whether an approval may replace the call's arguments.
+        why: what asks for the approval (the tool, the agent, the turn), for a person.
+    """
+
+    turn_id: str
+    call_id: str
+    name: str
+    due_ms: int = 0
+    editable: bool = False
+    why: str = ""
+
+
+class ApprovalDecided(msgspec.Struct, frozen=True, kw_only=True, tag="approval_decided"):
+    """A person's decision on a call that awaited approval, or its timeout (once per ``call_id``:
+    whatever arrives twice, the first decision stands).
+
+    Attributes:
+        turn_id: the turn of the call.
+        call_id: the tool call.
+        name: the tool's name.
+        approved: True: the call runs (once); False: it gets an error result the model sees.
+        by: who decided, as the transport knows them (the gateway's key name; on the approvals
+            stream, the message's ``by``; ``timeout`` when nobody decided in time).
+        reason: why, for a person (shown to the model in a denial's result).
+        arguments: the arguments the call runs with instead of the model's (JSON object text),
+            when the approver edited them; None runs the call as the model made it.
+        timed_out: nobody decided before the call's ``due_ms``.
+    """
+
+    turn_id: str
+    call_id: str
+    name: str
+    approved: bool
+    by: str = ""
+    reason: str = ""
+    arguments: str | None = None
+    timed_out: bool = False
+
+
 class CompactionFailed(msgspec.Struct, frozen=True, kw_only=True, tag="compaction_failed"):
     """A compaction that was due could not be made; recorded in its place (once per compaction).
 
@@ -608,6 +666,8 @@ Event = (
     | CancelRequested
     | ToolsOffered
     | ForkedFrom
+    | ApprovalAwaited
+    | ApprovalDecided
 )
 """The union of every event type that a trace holds."""
 
@@ -660,6 +720,9 @@ class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             and leave its events out of every later context, as if it had not been sent); None
             for the process's ``AGENTSTREAM_BUSY_POLICY``. Any other value is refused (code
             ``bad_turn``). See :data:`BUSY_POLICIES` and ``docs/how-to/steer-a-conversation.md``.
+        approval: tool names whose calls in this turn wait for a person's approval, besides
+            those the app says need it; ``["*"]`` for every tool (see the how-to "Tool calls that
+            wait for a person"). At most 64 names of at most 128 characters.
 
     Unknown fields are refused (a failed reply, code ``bad_turn``, naming the field): a misspelt
     field fails instead of being dropped.
@@ -680,6 +743,9 @@ class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: NonEmptyStr | None = None
     input: Any = None
     busy_policy: BusyPolicy | None = None
+    approval: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=128)]], msgspec.Meta(max_length=64)
+    ] = []
 
 
 class Reply(msgspec.Struct, kw_only=True):
@@ -753,3 +819,41 @@ class CancelMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     turn_id: str = ""
     by: Annotated[str, msgspec.Meta(max_length=CANCEL_BY_MAX_CHARS)] = "user"
     reason: Annotated[str, msgspec.Meta(max_length=CANCEL_REASON_MAX_CHARS)] = ""
+
+
+APPROVAL_BY_MAX_CHARS = CANCEL_BY_MAX_CHARS
+"""The longest ``by`` of an approval message (characters); longer is refused."""
+APPROVAL_REASON_MAX_CHARS = CANCEL_REASON_MAX_CHARS
+"""The longest ``reason`` of an approval message (characters); longer is refused."""
+APPROVAL_ARGUMENTS_MAX_CHARS = 64 * 1024
+"""The longest edited ``arguments`` of an approval message (characters); longer is refused."""
+
+
+class ApprovalMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An approval or a denial of a tool call that awaits one, published as JSON in the field
+    ``approval`` on the approvals stream::
+
+        XADD agentstream:approvals * approval '{"trace_id":"c1","call_id":"call_0","approved":true,"by":"ana"}'
+
+    The agent loop appends it to the trace once per call (an :class:`ApprovalDecided`; a second
+    message for the call changes nothing) and wakes the turn. A message for a call the trace does
+    not hold, or that does not await approval, or with arguments the tool does not let a person
+    edit, is refused (an entry on the errors stream says why).
+
+    Attributes:
+        trace_id: the conversation.
+        call_id: the tool call (``call_id`` of the trace's ``approval_awaited`` event).
+        approved: True to run the call, False to deny it (the model sees an error result).
+        by: who decides. On this stream the publisher says it (any backend that may XADD here is
+            trusted with it, as with turns and cancels); the gateway sets it to its key's name.
+        reason: why, for a person; a denial's reason is shown to the model.
+        arguments: the arguments to run the call with instead of the model's (a JSON object, as
+            text), only where the tool allows it; None (the default) runs the call as made.
+    """
+
+    trace_id: NonEmptyStr
+    call_id: NonEmptyStr
+    approved: bool
+    by: Annotated[str, msgspec.Meta(max_length=APPROVAL_BY_MAX_CHARS)] = ""
+    reason: Annotated[str, msgspec.Meta(max_length=APPROVAL_REASON_MAX_CHARS)] = ""
+    arguments: Annotated[str, msgspec.Meta(max_length=APPROVAL_ARGUMENTS_MAX_CHARS)] | None = None

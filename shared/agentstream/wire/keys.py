@@ -17,6 +17,9 @@ Work streams (hints, never state):
   and cancel streams of one backend named in ``AGENTSTREAM_BACKENDS``, read as the shared ones but
   confined to that backend's conversations (``<backend>:...`` trace ids) and replies streams
   (``<ns>:replies:<backend>``...): see :mod:`agentstream.wire.backends`.
+- ``<ns>:approvals``: approvals and denials of tool calls that await one (field ``approval``:
+  JSON, see ApprovalMessage), read by the agent loop's group; ``<ns>:approvals:due`` (and
+  ``:p<k>``): traces with a call awaiting approval, scored by when the first is due (Unix ms).
 - ``<ns>:delegations``: calls of delegation tools, for the delegation service (field ``job``).
 - ``<ns>:child-endings``: a child trace's turn ended; hand its result back (field ``ending``).
 - ``<ns>:compactions``: a trace's context needs a summary (field ``compaction``).
@@ -40,7 +43,7 @@ its attempts hash in different slots of a Redis Cluster, or every partition in o
 :func:`check_queue_name` and :func:`check_namespace`; :class:`Keys` refuses such names with
 :class:`~agentstream.errors.ConfigError`. Namespaces are not checked against each other: two
 deployments sharing a Redis need namespaces neither of which begins with the other and ``:``. The
-cancel, replies and errors streams are not partitioned. A backend publishing a turn computes the
+cancel, approvals, replies and errors streams are not partitioned. A backend publishing a turn computes the
 partition of the turn's trace id (or runs ``agentstream keys turns <trace id>``); the gateway and
 the ``agentstream`` commands do it themselves.
 - ``{<stream>}:attempts:<group>``: agentstream's own delivery counter of a work stream's entries in
@@ -97,6 +100,7 @@ JOB_FIELD = b"job"
 REPLY_FIELD = b"reply"
 DELTA_FIELD = b"d"
 CANCEL_FIELD = b"cancel"
+APPROVAL_FIELD = b"approval"
 ENDING_FIELD = b"ending"
 COMPACTION_FIELD = b"compaction"
 
@@ -327,6 +331,16 @@ class Keys:
         return f"{self.namespace}:cancel"
 
     @property
+    def approvals(self) -> str:
+        """The stream of approvals and denials of tool calls (field ``approval``, see ApprovalMessage)."""
+        return f"{self.namespace}:approvals"
+
+    def approvals_due(self, partition: int = 0) -> str:
+        """The sorted set of traces with a call awaiting approval, scored by the earliest time
+        (Unix ms) one of them is due to be denied (partitioned as the awaiting set is)."""
+        return partition_stream(f"{self.namespace}:approvals:due", partition)
+
+    @property
     def errors(self) -> str:
         return f"{self.namespace}:errors"
 
@@ -373,12 +387,13 @@ class Keys:
             *(self.backend_turns(b) for b in self.backends),
             self.wake,
             *self.cancel_streams,
+            self.approvals,
             self.delegations,
             self.child_endings,
             self.compactions,
             *(self.tools(q) for q in tool_queues),
         ]
-        cancels = set(self.cancel_streams)
+        cancels = {*self.cancel_streams, self.approvals}  # not partitioned
         return [name for base in bases for name in ([base] if base in cancels else self.partitions_of(base))]
 
     def tools(self, queue: str) -> str:

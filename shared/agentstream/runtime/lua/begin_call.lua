@@ -12,7 +12,9 @@
 -- checked: the caller reads the turn). Then the call is claimed for the job unless it is
 -- answered, its turn is cancelled or over, or another job holds it; and a claimed call's run
 -- key is taken for the runner unless another runner holds it:
--- {'ok', result, cancelled, ended, started, holder, run holder, ms left}.
+-- {'ok', result, cancelled, ended, started, holder, run holder, ms left}. A call that awaits a
+-- person's approval, or was denied it (its `gate:<call id>` mark is '1'), is never claimed:
+-- {'unapproved'}.
 
 local h = KEYS[1]
 local call, turn = ARGV[1], ARGV[2]
@@ -35,6 +37,7 @@ if ARGV[7] ~= '1' then
   end
   if made ~= want then return {'other', marker} end
 end
+if redis.call('HGET', h, 'gate:' .. call) == '1' then return {'unapproved'} end
 local result = redis.call('HEXISTS', h, 'result:' .. call)
 local cancelled = redis.call('HEXISTS', h, 'cancel:' .. turn)
 local started = redis.call('HEXISTS', h, 'started:' .. call)
