@@ -59,11 +59,12 @@ def test_a_backends_streams_and_replies_are_named_under_its_own_prefix() -> None
     streams = KEYS.work_streams()
     assert "ns:backends:b7:cancel" in streams and "ns:backends:b7:cancel:p1" not in streams
     assert {"ns:backends:b8:turns", "ns:backends:b8:turns:p3"} <= set(streams)
-    # without backends, the layout of before, name for name
+    # without backends, the layout of before, name for name (with the approvals stream)
     assert Keys("ns").work_streams() == [
         "ns:turns",
         "ns:wake",
         "ns:cancel",
+        "ns:approvals",
         "ns:delegations",
         "ns:child-endings",
         "ns:compactions",
