@@ -154,6 +154,21 @@ def test_the_cli_names_the_partition_and_its_turns_stream(namespace) -> None:
     }
 
 
+def test_the_cli_names_a_backends_own_streams_for_its_conversation(namespace) -> None:
+    keys = Keys(namespace, 5, ("b7",))
+    env = {"AGENTSTREAM_NAMESPACE": namespace, "AGENTSTREAM_PARTITIONS": "5", "AGENTSTREAM_BACKENDS": "b7", "PATH": ""}
+
+    def partition(trace_id: str, *flags: str) -> str:
+        command = [sys.executable, "-m", "agentstream", "partition", trace_id, *flags]
+        return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+
+    got = json.loads(partition("b7:conv-42", "--json"))
+    assert got["backend"] == "b7" and got["backend_turns"] == keys.backend_turns_for("b7", "b7:conv-42")
+    assert (got["backend_cancel"], got["backend_replies"]) == (keys.backend_cancel("b7"), keys.backend_replies("b7"))
+    assert keys.backend_turns_for("b7", "b7:conv-42") in partition("b7:conv-42")
+    assert "backend" not in json.loads(partition("b8:conv-42", "--json"))  # not a configured backend
+
+
 def _scraped(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -48,6 +48,14 @@ def test_the_backend_of_a_stream_is_read_from_its_name(stream, backend) -> None:
     assert KEYS.backend_of_stream(stream) == backend
 
 
+@pytest.mark.parametrize(
+    ("trace_id", "backend"),
+    [("b7:c", "b7"), ("b7:c/child", "b7"), ("b8:x:y", "b8"), ("b7:", None), ("b9:c", None), ("c", None), ("", None)],
+)
+def test_the_backend_of_a_trace_is_its_prefix(trace_id, backend) -> None:
+    assert KEYS.backend_of_trace(trace_id) == backend
+
+
 def test_a_backends_streams_and_replies_are_named_under_its_own_prefix() -> None:
     assert KEYS.backend_turns("b7") == "ns:backends:b7:turns"
     assert KEYS.backend_cancel("b7") == "ns:backends:b7:cancel"

@@ -1689,7 +1689,8 @@ def partition(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
 ) -> None:
     """Which partition a trace's work goes to under AGENTSTREAM_PARTITIONS, and the streams a
-    backend publishes its turns to (CRC-32 of the trace id's UTF-8 bytes, mod the partitions)."""
+    backend publishes its turns to (CRC-32 of the trace id's UTF-8 bytes, mod the partitions);
+    for a conversation of a backend of AGENTSTREAM_BACKENDS, that backend's own streams."""
     keys = _settings().keys
     out = {
         "trace_id": trace_id,
@@ -1698,8 +1699,22 @@ def partition(
         "turns": keys.turns_for(trace_id),
         "wake": keys.wake_for(trace_id),
     }
+    backend = keys.backend_of_trace(trace_id)
+    if backend is not None:  # a confined backend's conversation: its own streams (AGENTSTREAM_BACKENDS)
+        out |= {
+            "backend": backend,
+            "backend_turns": keys.backend_turns_for(backend, trace_id),
+            "backend_cancel": keys.backend_cancel(backend),
+            "backend_replies": keys.backend_replies(backend),
+        }
     if as_json:
         typer.echo(json.dumps(out))
+        return
+    if backend is not None:
+        typer.echo(
+            f"partition {out['partition']} of {keys.partitions}: backend {backend!r} publishes its turns to "
+            f"{out['backend_turns']}, its cancels to {out['backend_cancel']}, and reads {out['backend_replies']}"
+        )
         return
     typer.echo(f"partition {out['partition']} of {keys.partitions}: publish its turns to {out['turns']}")
 

@@ -268,6 +268,12 @@ class Keys:
         """Backend ``backend``'s replies stream: ``<ns>:replies:<backend>``."""
         return f"{self.replies}:{backend}"
 
+    def backend_of_trace(self, trace_id: str) -> str | None:
+        """The configured backend whose conversation ``trace_id`` is (it begins with ``<backend>:``;
+        a backend's name holds no ``:``, so at most one is), or None. Pure."""
+        name, sep, rest = trace_id.partition(":")
+        return name if sep and rest and name in self.backends else None
+
     @property
     def cancel_streams(self) -> list[str]:
         """Every cancel stream: the shared one, then each configured backend's."""
