@@ -112,14 +112,73 @@ SLOW_FOLDERS = ("e2e", "chaos")
 """Folders under tests/ whose every test is marked slow: the services run as OS processes there."""
 
 
+LOCAL_MODEL_GROUP = "local_model"
+"""The pytest-xdist work unit of every test marked ``local_model`` (scripts/test's ``--dist
+loadgroup``): one worker runs them all, one after another, so two llama.cpp servers never share
+the 2 cores and each module's model server starts once."""
+
+LOCAL_MODEL_TESTS = frozenset(
+    {
+        "tests/integration/test_localmodel.py",
+        "tests/integration/models/test_local_model.py",
+        "tests/e2e/test_local_model.py",
+        "tests/e2e/test_readme_on_local_model.py",
+        "tests/integration/test_cli_run.py::test_ctrl_c_or_sigterm_during_run_on_the_local_model_stops_it_and_the_embedded_redis",
+    }
+)
+"""The tests marked ``local_model``: whole modules, or a test's id (without its parameters)."""
+
+
+def in_local_model_group(nodeid: str) -> bool:
+    """Whether the test ``nodeid`` is in :data:`LOCAL_MODEL_GROUP`, told from its id alone: the
+    scheduler (in pytest-xdist's controller) sees ids, not marks. Collection checks that this
+    agrees with the ``local_model`` marks (:func:`pytest_collection_modifyitems`)."""
+    return nodeid.partition("::")[0] in LOCAL_MODEL_TESTS or nodeid.partition("[")[0] in LOCAL_MODEL_TESTS
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: pytest without xdist does not know it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with :data:`LOCAL_MODEL_GROUP` as one work unit (every other test its
+    own unit, or its ``xdist_group``'s). pytest-xdist 3.8 groups by a suffix its worker adds to the
+    test ids, which pytest 9.2 no longer lets it change (``item._nodeid``), so its own loadgroup
+    spreads a group over every worker; the local-model group is found by id here instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LocalModelGrouped(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return LOCAL_MODEL_GROUP if in_local_model_group(nodeid) else super()._split_scope(nodeid)
+
+    return LocalModelGrouped(config, log)
+
+
+def _start_order(item: pytest.Item) -> int:
+    """Under pytest-xdist, the order work is handed out in: the longest first (the chaos run, the
+    local-model tests, then the other slow tests), the short ones last to fill the workers' tail."""
+    if item.get_closest_marker("local_model") or "chaos" in item.path.parts:
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test of :data:`SLOW_FOLDERS` slow (``scripts/test --quick`` leaves them out);
-    elsewhere a test is quick unless it is marked ``@pytest.mark.slow`` itself."""
+    elsewhere a test is quick unless it is marked ``@pytest.mark.slow`` itself. A test whose
+    ``local_model`` mark and id disagree (:func:`in_local_model_group`) stops the session. In a
+    pytest-xdist worker, the longest tests come first (:func:`_start_order`; every worker sorts
+    alike, so their collections agree)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     for item in items:
         folder = os.path.relpath(str(item.path), tests).split(os.sep)[0]
         if folder in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
+        if bool(item.get_closest_marker("local_model")) != in_local_model_group(item.nodeid):
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test is marked local_model if and only if tests/conftest.py's "
+                "LOCAL_MODEL_TESTS lists it or its module (the workers' scheduler sees only the test ids)"
+            )
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        items.sort(key=_start_order)  # stable: collection order within each rank
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -24,8 +24,9 @@ echo "${AGENTSTREAM_HYPOTHESIS_PROFILE:-(none)} $*" >> "$STUB_CALLS"
 """
 
 
-def scripts_test(tmp_path: Path, *args: str) -> list[str]:
-    """Run scripts/test with ``args`` → one line per pytest run: "<profile> <arguments>"."""
+def scripts_test(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
+    """Run scripts/test with ``args`` (and ``env`` added to its environment) → one line per pytest
+    run: "<profile> <arguments>"."""
     root = tmp_path / "repo"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "test", root / "scripts" / "test")
@@ -43,12 +44,12 @@ def scripts_test(tmp_path: Path, *args: str) -> list[str]:
     (root / ".venv" / "bin" / "activate").write_text(f'PATH="{stubs}:$PATH"\n')
     calls = tmp_path / "calls"
     calls.write_text("")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTSTREAM_")}
-    env.update(STUB_CALLS=str(calls), PATH=f"{stubs}:{env.get('PATH', '')}")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENTSTREAM_")}
+    environment.update(STUB_CALLS=str(calls), PATH=f"{stubs}:{environment.get('PATH', '')}", **(env or {}))
     done = subprocess.run(
         ["bash", str(root / "scripts" / "test"), *args],
         cwd=root,
-        env=env,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=60,
@@ -70,12 +71,18 @@ def test_quick_passes_the_other_arguments_on(tmp_path):
 def test_without_arguments_the_whole_suite_then_the_cluster_pass(tmp_path):
     runs = scripts_test(tmp_path)
     assert len(runs) == 2, runs
-    assert runs[0] == "(none) -m pytest tests --durations=25"  # every test, the full examples
-    assert runs[1].startswith("(none) -m pytest tests/integration/"), runs
+    assert runs[0] == "(none) -m pytest tests -n 4 --dist loadgroup --durations=25"  # every test, the full examples
+    assert runs[1].startswith("(none) -m pytest -n 4 --dist loadgroup tests/integration/"), runs
 
 
 def test_other_arguments_run_pytest_with_them_and_no_cluster_pass(tmp_path):
-    assert scripts_test(tmp_path, "-x", "tests/unit") == ["(none) -m pytest tests --durations=25 -x tests/unit"]
+    runs = scripts_test(tmp_path, "-x", "tests/unit")
+    assert runs == ["(none) -m pytest tests -n 4 --dist loadgroup --durations=25 -x tests/unit"]
+
+
+def test_the_workers_are_as_many_as_agentstream_test_workers_says(tmp_path):
+    runs = scripts_test(tmp_path, env={"AGENTSTREAM_TEST_WORKERS": "2"})
+    assert [r.split(" -n ")[1].split()[0] for r in runs] == ["2", "2"], runs
 
 
 def test_every_end_to_end_and_chaos_test_is_slow_and_the_others_only_when_marked():
@@ -121,3 +128,65 @@ def test_examples_scale_with_the_profile(profile, full, drawn):
 def test_examples_refuse_a_count_below_one():
     with pytest.raises(ValueError, match=r"examples\(full=0\)"):
         examples(0)
+
+
+TINY_INI = """[pytest]
+markers =
+    local_model: runs the real local model
+    slow: left out of the quick tier
+"""
+
+TINY_CONFTEST = """
+import os
+import pytest
+import tests.conftest
+from tests.conftest import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401  the suite's hooks
+
+tests.conftest.LOCAL_MODEL_TESTS = frozenset({"test_b_model.py", "test_c_model.py"})  # this suite's
+
+
+@pytest.fixture(autouse=True)
+def _record(request):
+    with open(os.path.join(os.environ["TINY_OUT"], os.environ["PYTEST_XDIST_WORKER"]), "a") as f:
+        f.write(request.node.name + "\\n")
+"""
+
+
+def test_under_workers_the_local_model_tests_share_one_worker_and_the_longest_start_first(tmp_path):
+    """The suite's collection hook (tests/conftest.py) in a tiny suite run as scripts/test runs the
+    full one (2 pytest-xdist workers, --dist loadgroup): the local-model tests of two modules run
+    on one worker, one after another and before anything else there; the other worker starts
+    with a slow test, not a quick one collected before it."""
+    suite, out = tmp_path / "suite", tmp_path / "out"
+    suite.mkdir()
+    out.mkdir()
+    (suite / "pytest.ini").write_text(TINY_INI)
+    (suite / "conftest.py").write_text(TINY_CONFTEST)
+    (suite / "test_a_quick.py").write_text("".join(f"def test_quick_{n}():\n    pass\n" for n in range(4)))
+    for module in ("b", "c"):
+        (suite / f"test_{module}_model.py").write_text(
+            "import pytest\npytestmark = pytest.mark.local_model\n"
+            + "".join(f"def test_model_{module}{n}():\n    pass\n" for n in range(2))
+        )
+    (suite / "test_d_slow.py").write_text(
+        "import pytest\n" + "".join(f"@pytest.mark.slow\ndef test_slow_{n}():\n    pass\n" for n in range(2))
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTSTREAM_", "PYTEST_"))}
+    env.update(PYTHONPATH=str(ROOT), TINY_OUT=str(out))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", str(suite)],
+        cwd=suite,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = {worker.name: worker.read_text().split() for worker in out.iterdir()}
+    assert sorted(runs) == ["gw0", "gw1"], runs
+    model = ["test_model_b0", "test_model_b1", "test_model_c0", "test_model_c1"]
+    (with_model,) = [names for names in runs.values() if "test_model_b0" in names]
+    (other,) = [names for names in runs.values() if names is not with_model]
+    assert with_model[:4] == model, runs
+    assert not set(model) & set(other), runs
+    assert other[0].startswith("test_slow_"), runs
