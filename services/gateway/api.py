@@ -40,15 +40,26 @@ from agentstream.runtime.connection import LOST_REDIS_ERRORS, POOL_EXHAUSTED_ERR
 from agentstream.runtime.deltas import follow
 from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.forks import fork_conversation, new_fork_id
+from agentstream.runtime.operations import publish_approval
 from agentstream.runtime.store import TraceStore
+from agentstream.steps.approvals import AlreadyDecided, Refused, decide_message
 from agentstream.steps.explaining import explain_call
 from agentstream.steps.replay import endpoint_settings
 from agentstream.steps.timeline import conversation_state, reply_from_fold, reply_of, root_of, trace_agents
-from agentstream.steps.trace_fold import FoldCache, TraceFold
+from agentstream.steps.trace_fold import FoldCache, TraceFold, fold_events
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.backends import turn_scope
-from agentstream.wire.events import CancelMessage, Event, Reply, TurnEnded, TurnFailed, TurnInput, TurnMessage
+from agentstream.wire.events import (
+    ApprovalMessage,
+    CancelMessage,
+    Event,
+    Reply,
+    TurnEnded,
+    TurnFailed,
+    TurnInput,
+    TurnMessage,
+)
 from agentstream.wire.keys import trace_id_problem
 from agentstream_services.gateway import schemas
 from agentstream_services.gateway.perimeter import OpenStreams, Perimeter
@@ -453,6 +464,61 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         message = CancelMessage(trace_id=trace_id, turn_id=target.turn_id, by=f"gateway:{key.name}", reason=body.reason)
         entry_id = await publish_cancel(store.redis, keys, message)
         return schemas.CancelAccepted(trace_id=trace_id, turn_id=target.turn_id, entry_id=entry_id)
+
+    # --- approving ------------------------------------------------------------------------------
+
+    @api.post(
+        "/v1/traces/{trace_id:path}/approvals",
+        status_code=202,
+        response_model=schemas.ApprovalAccepted,
+        summary="Approve or deny a tool call that awaits a person",
+        tags=["turns"],
+        responses={
+            **_PROBLEMS,
+            404: {
+                "model": schemas.Problem,
+                "description": "No such trace (among this key's) or call awaiting approval.",
+            },
+            409: {"model": schemas.Problem, "description": "The call was decided already, or its turn ended."},
+            422: {
+                "model": schemas.Problem,
+                "description": "Not a valid approval (edited arguments the tool does not allow).",
+            },
+        },
+    )
+    async def approve(trace_id: str, key: Caller, body: schemas.ApprovalIn) -> schemas.ApprovalAccepted:
+        """Approve (``approved: true``) or deny a call the trace records as awaiting approval,
+        under the key's scopes; ``by`` is the key's name. The decision is appended once per call
+        (a second one changes nothing) and the turn goes on: an approved call runs once, a denied
+        one gets an error result the model sees. Follow the stream to see it."""
+        entries = await visible_events(key, trace_id)
+        arguments = json.dumps(body.arguments) if body.arguments is not None else None
+        by = f"gateway:{key.name}"
+        try:
+            message = ApprovalMessage(
+                trace_id=trace_id,
+                call_id=body.call_id,
+                approved=body.approved,
+                by=by,
+                reason=body.reason,
+                arguments=arguments,
+            )
+            message = codec.decode_approval(codec.encode(message))  # the wire's own checks
+        except msgspec.DecodeError as exc:
+            raise HTTPException(422, str(exc)) from None
+        awaited, decided, turn_open = fold_events(trace_id, entries).approval_of(body.call_id)
+        outcome = decide_message(message, awaited=awaited, decided=decided, turn_open=turn_open, by=by)
+        if isinstance(outcome, AlreadyDecided):
+            first = outcome.decision
+            verdict = "approved" if first.approved else "denied"
+            raise HTTPException(
+                409, f"call {body.call_id!r} was {verdict} already by {first.by!r}; that decision stands"
+            )
+        if isinstance(outcome, Refused):
+            status = 404 if awaited is None else 409 if not turn_open else 422
+            raise HTTPException(status, outcome.reason)
+        entry_id = await publish_approval(store.redis, keys, message)
+        return schemas.ApprovalAccepted(trace_id=trace_id, call_id=body.call_id, by=by, entry_id=entry_id)
 
     # --- forking --------------------------------------------------------------------------------
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentstream.runtime.deadletters import DeadLetter
-from agentstream.wire.events import CANCEL_REASON_MAX_CHARS
+from agentstream.wire.events import APPROVAL_REASON_MAX_CHARS, CANCEL_REASON_MAX_CHARS
 
 
 class Problem(BaseModel):
@@ -46,6 +46,29 @@ class CancelIn(BaseModel):
 
     turn_id: str = Field(default="", max_length=256)
     reason: str = Field(default="", max_length=CANCEL_REASON_MAX_CHARS)
+
+
+class ApprovalIn(BaseModel):
+    """An approval or a denial of a tool call that awaits one (its ``approval_awaited`` event)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str = Field(min_length=1, max_length=256)
+    approved: bool
+    reason: str = Field(default="", max_length=APPROVAL_REASON_MAX_CHARS)
+    arguments: dict[str, Any] | None = Field(
+        default=None, description="Run the call with these arguments instead, where its tool allows it."
+    )
+
+
+class ApprovalAccepted(BaseModel):
+    """An approval or denial published on the approvals stream; the trace records it once per
+    call (``approval_decided``, with ``by`` the gateway key's name) and the turn goes on."""
+
+    trace_id: str
+    call_id: str
+    by: str
+    entry_id: str
 
 
 class CancelAccepted(BaseModel):

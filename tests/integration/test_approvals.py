@@ -298,3 +298,65 @@ async def test_the_cli_approves_and_denies_and_trace_show_and_explain_say_who_de
     assert "who decided what, and when" in explained.output, explained.output
     assert "approved by ops" in explained.output
     assert not_object.exit_code == 2 and "must hold a JSON object" in not_object.output
+
+
+GATEWAY_KEYS = {
+    "shop": "ask_test-shopkey-0123456789abcdef0123456789abcdef",
+    "calc": "ask_test-calckey-0123456789abcdef0123456789abcdef",
+}
+
+
+async def test_the_gateway_approves_under_the_key_scopes_with_the_keys_name(redis_url):
+    import httpx
+
+    from agentstream.ops.apikeys import hash_key, load_keys
+    from agentstream_services.gateway.api import create_api
+    from agentstream_services.gateway.settings import GatewaySettings
+    from tests.support.gateway import auth
+
+    document = json.dumps(
+        {"keys": [{"name": n, "sha256": hash_key(k), "agents": [n]} for n, k in GATEWAY_KEYS.items()]}
+    )
+    async with TestBed(APP, model=FunctionModel(rule), redis_url=redis_url) as bed:
+        api = create_api(APP, bed.config, GatewaySettings(keys=document), bed._started()[1], load_keys(text=document))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://gateway") as client:
+            turn = await bed.send("Pay 5")
+            [waiting] = await bed.awaiting(turn.trace_id)
+            path = f"/v1/traces/{turn.trace_id}/approvals"
+            shop, calc = auth(GATEWAY_KEYS["shop"]), auth(GATEWAY_KEYS["calc"])
+            body = {"call_id": waiting.call_id, "approved": True, "reason": "ok", "arguments": {"amount": 2}}
+            refusals = {
+                "no key": await client.post(path, json=body),
+                "another agent's key": await client.post(path, json=body, headers=calc),
+                "unknown call": await client.post(path, json={**body, "call_id": "nosuch"}, headers=shop),
+                "not an object": await client.post(path, json={**body, "arguments": [1]}, headers=shop),
+                "unknown field": await client.post(path, json={**body, "by": "someone else"}, headers=shop),
+                "oversized reason": await client.post(path, json={**body, "reason": "r" * 3000}, headers=shop),
+                "malformed": await client.post(
+                    path, content=b"{nope", headers={**shop, "Content-Type": "application/json"}
+                ),
+            }
+            accepted = await client.post(path, json=body, headers=shop)
+            reply = await bed.reply(turn)
+            twice = await client.post(path, json=body, headers=shop)
+            events = await bed.trace(turn.trace_id)
+    assert {k: r.status_code for k, r in refusals.items()} == {
+        "no key": 401,
+        "another agent's key": 404,
+        "unknown call": 404,
+        "not an object": 422,
+        "unknown field": 422,
+        "oversized reason": 422,
+        "malformed": 422,
+    }, {k: r.text[:200] for k, r in refusals.items()}
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["by"] == "gateway:shop"
+    [decided] = of(events, ApprovalDecided)
+    assert (decided.by, decided.approved, decided.arguments, decided.reason) == (
+        "gateway:shop",
+        True,
+        '{"amount": 2}',
+        "ok",
+    )
+    assert reply.answer.startswith("paid 2") and RUNS.count(("pay", 2)) == 1
+    assert twice.status_code == 409 and "that decision stands" in twice.json()["detail"]

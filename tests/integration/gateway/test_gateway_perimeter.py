@@ -59,6 +59,7 @@ def _routes(trace_id: str) -> list[tuple[str, str]]:
         ("GET", "/v1/agents"),
         ("GET", "/v1/dead-letters"),
         ("GET", f"/v1/traces/{trace_id}/explain?step=0"),
+        ("POST", f"/v1/traces/{trace_id}/approvals"),
     ]
 
 
@@ -105,7 +106,7 @@ async def test_with_a_key_a_body_over_the_limit_is_413_as_soon_as_it_passes_it(s
 async def test_the_posting_routes_read_their_bodies_only_after_the_key(store, keys):
     await store.append("p4", TurnInput(turn_id="t", agent="calc", text="hi"))
     async with _client(store, keys) as client:
-        for path in ("/v1/turns", "/v1/traces/p4/cancel"):
+        for path in ("/v1/turns", "/v1/traces/p4/cancel", "/v1/traces/p4/approvals"):
             body = _Body(2, first=b"{not json")
             response = await client.post(path, content=body, headers={"Content-Type": "application/json"})
             assert response.status_code == 401 and body.sent == 0, path
