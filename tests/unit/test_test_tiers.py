@@ -152,6 +152,7 @@ def _record(request):
 """
 
 
+@pytest.mark.slow  # a whole pytest run with 2 workers in subprocesses (30 s and more on 2 busy cores)
 def test_under_workers_the_local_model_tests_share_one_worker_and_the_longest_start_first(tmp_path):
     """The suite's collection hook (tests/conftest.py) in a tiny suite run as scripts/test runs the
     full one (2 pytest-xdist workers, --dist loadgroup): the local-model tests of two modules run
