@@ -665,3 +665,35 @@ async def test_a_handler_that_acknowledged_its_entry_itself_gets_no_second_ackno
     assert current_delivery() is None and seen == [None, None]
     assert sent == [other] and own not in sent and c.handled == 2
     assert (await redis.xpending(stream, "g"))["pending"] == 0
+
+
+async def test_after_one_crash_entries_run_side_by_side_and_after_two_alone(redis, keys):
+    # A process killed with several handlers running leaves each of their entries started once:
+    # they run side by side again (handling each alone made one kill -9 cost minutes of recovery),
+    # while an entry in its second crash runs alone, so a poison entry cannot keep taking others down.
+    stream = f"{keys.namespace}:work"
+    c = make(redis, keys, "w1", None, min_idle_ms=3_600_000, concurrency=8)
+    await c.ensure_group()
+    ids = [(await redis.xadd(stream, {b"x": str(i).encode()})).decode() for i in range(5)]
+    await redis.xreadgroup("g", "w1", {stream: ">"}, count=5)  # delivered, then the process "died"
+    # ids 0-2 started once (no count written: see claims.start_attempt), id 3 twice, id 4 never
+    await redis.hset(c.attempts_key, mapping={ids[3]: 2, ids[4]: 0})
+    spans: dict[str, tuple[float, float]] = {}
+
+    async def handler(entry_id, fields):
+        started = asyncio.get_running_loop().time()
+        await asyncio.sleep(0.3)
+        spans[entry_id] = (started, asyncio.get_running_loop().time())
+
+    again = make(redis, keys, "w1", handler, min_idle_ms=3_600_000, concurrency=8)
+    await again.run_until_idle()
+    assert sorted(spans) == sorted(ids)
+
+    def beside(entry_id: str) -> set[str]:
+        start, end = spans[entry_id]
+        return {other for other, (s, e) in spans.items() if other != entry_id and s < end and start < e}
+
+    assert beside(ids[3]) == set()  # its third start: alone
+    assert {ids[1], ids[2]} <= beside(ids[0])  # their second start: side by side
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+    assert not await redis.hgetall(c.attempts_key)

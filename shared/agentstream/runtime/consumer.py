@@ -23,9 +23,14 @@ entry, several at a time. Its rules:
   consumer may claim an entry idle for less than ``min_idle_ms``.
 - A handler that raises is retried by the same consumer after a growing delay; one that raises
   :class:`Deferred` is handed the entry again after the delay it asks for, without counting it.
-- An entry whose handler started before without success (its process may have died on it) is
-  handled alone in its process: no other handler runs beside it, so a poison entry that kills
-  its worker takes no innocent entry with it on the next round (C17).
+- An entry whose handler started twice before without success (its process may have died on it
+  twice) is handled alone in its process: no other handler runs beside it, so a poison entry that
+  kills its worker takes innocent entries with it at most twice (C17). One failed start is not
+  enough (:func:`runs_alone`): a process killed with 64 handlers running leaves 64 entries that
+  started once, and handling each of them alone made the recovery from one ``kill -9`` take minutes
+  (``bench/chaos.py``). The retry beside others is counted as a start, so an innocent entry beside
+  a poison one spends one of its ``max_deliveries`` starts on it, never more, and its last start
+  is always alone: no entry is dead-lettered for another's crash.
 - Deliveries are counted by agentstream itself (:mod:`agentstream.runtime.claims`): once per handler
   start, before it runs, so a process killed mid-handler counts, while re-reads, claim renewals
   and deferrals do not (Redis's own ``times_delivered`` counts all of those: field case C17).
@@ -153,11 +158,27 @@ def current_delivery() -> Delivery | None:
     return delivery
 
 
+ISOLATE_AFTER_STARTS = 2
+"""Failed starts after which an entry is handled alone in its process (see :func:`runs_alone`)."""
+
+
+def runs_alone(attempts: int, concurrency: int, max_deliveries: int) -> bool:
+    """Whether an entry at its ``attempts``-th handler start (this one counted) runs alone in its
+    process, when its consumer runs handlers side by side (``concurrency`` > 1): after
+    :data:`ISOLATE_AFTER_STARTS` failed starts, and at its last allowed start (``max_deliveries``)
+    after any failed one, so an entry is never dead-lettered for a crash beside it. Pure; see
+    the module docstring."""
+    if concurrency <= 1 or attempts <= 1:
+        return False
+    return attempts > ISOLATE_AFTER_STARTS or attempts >= max_deliveries
+
+
 class IsolationGate:
     """Who may run now among the handlers of one process's consumers of one work stream (all its
-    partitions): an entry that failed before (a suspect) runs alone, no other handler beside it;
-    the others wait while it runs. Shared by the consumers of a stream's partitions, so a poison
-    entry in one partition takes no innocent entry of another with it when it kills its worker."""
+    partitions): an entry that failed twice before (a suspect, :func:`runs_alone`) runs alone, no
+    other handler beside it;
+    the others wait while it runs. Shared by the consumers of a stream's partitions, so a suspect
+    in one partition takes no innocent entry of another with it when it kills its worker."""
 
     def __init__(self) -> None:
         self._cond = asyncio.Condition()
@@ -249,7 +270,7 @@ class StreamConsumer:
         self._refunds: dict[str, int] = {}  # entry → counted starts that were not deliveries
         self._interrupted: set[str] = set()  # entries whose handler was cancelled (shutdown)
         self._unwritten: set[str] = set()  # entries whose current start is their first, not written down
-        self._gate = gate or IsolationGate()  # suspects (entries that failed before) run alone
+        self._gate = gate or IsolationGate()  # suspects (entries that failed twice before) run alone
         self._acking: tuple[list[str], asyncio.Future[None]] | None = None  # the acks of this turn of the loop
         self._claim_option: bool | None = None
         self.handled = 0
@@ -617,7 +638,7 @@ class StreamConsumer:
                 dead_round = True
                 await self._dead_letter(entry_id, fields, attempts - 1)
                 return
-            suspect = attempts > 1 and self.config.concurrency > 1
+            suspect = runs_alone(attempts, self.config.concurrency, self.config.max_deliveries)
             if suspect:  # not started until it runs alone: a co-runner's crash must not count for it
                 await self.redis.hincrby(self.attempts_key, entry_id, -1)
                 attempts -= 1
