@@ -45,7 +45,15 @@ from agentstream.runtime.store import TraceStore
 from agentstream.steps.approvals import AlreadyDecided, Refused, decide_message
 from agentstream.steps.explaining import explain_call
 from agentstream.steps.replay import endpoint_settings
-from agentstream.steps.timeline import conversation_state, reply_from_fold, reply_of, root_of, trace_agents
+from agentstream.steps.timeline import (
+    ConversationState,
+    conversation_filter,
+    conversation_state,
+    reply_from_fold,
+    reply_of,
+    root_of,
+    trace_agents,
+)
 from agentstream.steps.trace_fold import FoldCache, TraceFold, fold_events
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
@@ -600,19 +608,44 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         before_ms: Annotated[
             int | None, Query(ge=0, le=2**53, description="Only conversations older than this (Unix ms).")
         ] = None,
+        after_ms: Annotated[
+            int | None, Query(ge=0, le=2**53, description="Only conversations at or after this time (Unix ms).")
+        ] = None,
+        agent: Annotated[
+            str | None, Query(min_length=1, max_length=256, description="Only those whose newest turn is this agent's.")
+        ] = None,
+        state: Annotated[
+            str | None, Query(max_length=32, description="Only those whose newest turn is in this state.")
+        ] = None,
+        meta: Annotated[
+            list[str] | None,
+            Query(description="key=value: only those whose newest turn's metadata holds it (repeat, at most 8)."),
+        ] = None,
     ) -> schemas.ConversationList:
         """The newest conversations this key may see, each with the state of its newest turn
-        (running, waiting on tools, ended, failed or cancelled, with the reason)."""
-        ids = await conversations.recent_ids(store, limit=limit, before_ms=before_ms)
-        found = await conversations.states(store, [t for t, _ in ids])
-        out = []
-        for trace_id, _ in ids:
-            state = found.get(trace_id)
+        (running, waiting on tools, ended, failed or cancelled, with the reason) and its metadata,
+        found by agent, state, metadata and time (the newest turn's, to within a second). A page
+        holds at most ``limit``; ``next_before_ms`` is where the next one starts (with the same
+        filters). A filter that few conversations match may answer a short page (even an empty
+        one) with a ``next_before_ms``: the gateway reads at most a bounded part of the index
+        per request."""
+        try:
+            where = conversation_filter(agent=agent, state=state, meta=meta or ())
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        if after_ms is not None and before_ms is not None and after_ms >= before_ms:
+            raise HTTPException(422, f"after_ms ({after_ms}) must be before before_ms ({before_ms})")
+
+        async def visible(found: ConversationState) -> bool:
             # the rule reads use: every turn's agent is the key's (not only the newest turn's)
-            if state is not None and await may_see_fold(key, await folds.current(trace_id)):
-                out.append(state_out(state))
-        next_before = ids[-1][1] if len(ids) == limit else None
-        return schemas.ConversationList(conversations=out, next_before_ms=next_before)
+            return await may_see_fold(key, await folds.current(found.trace_id))
+
+        found, next_before = await conversations.find(
+            store, limit=limit, keep=visible, where=where, before_ms=before_ms, after_ms=after_ms
+        )
+        return schemas.ConversationList(
+            conversations=[c for c in map(state_out, found) if c is not None], next_before_ms=next_before
+        )
 
     @api.get(
         "/v1/traces/{trace_id:path}/explain",

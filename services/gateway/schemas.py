@@ -93,11 +93,15 @@ class ConversationOut(BaseModel):
     turns: int = 0
     updated_ms: int = 0
     pending_tools: list[str] = []
+    metadata: dict[str, str] = Field(default={}, description="The newest turn's metadata.")
 
 
 class ConversationList(BaseModel):
     conversations: list[ConversationOut]
-    next_before_ms: int | None = Field(default=None, description="Pass as before_ms for the next (older) page.")
+    next_before_ms: int | None = Field(
+        default=None,
+        description="Pass as before_ms (with the same filters) for the next, older page; null when none is left.",
+    )
 
 
 class TraceEvent(BaseModel):

@@ -11,11 +11,11 @@ the truth: a trace deleted by retention is dropped from the list when it is read
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from agentstream.runtime.lua import script
 from agentstream.runtime.store import TraceStore
-from agentstream.steps.timeline import ConversationState, conversation_state
+from agentstream.steps.timeline import ConversationFilter, ConversationState, conversation_state
 from agentstream.wire import codec
 from agentstream.wire.events import Event, TurnMessage
 from agentstream.wire.keys import TURN_FIELD
@@ -67,18 +67,66 @@ async def note_turn(store: TraceStore, trace_id: str, *, at_ms: int | None = Non
     await store.redis.register_script(_NOTE_LUA)(keys=[store.keys.conversations], args=[at_ms, trace_id, keep])
 
 
-async def recent_ids(store: TraceStore, *, limit: int, before_ms: int | None = None) -> list[tuple[str, int]]:
+async def recent_ids(
+    store: TraceStore, *, limit: int, before_ms: int | None = None, after_ms: int | None = None
+) -> list[tuple[str, int]]:
     """The newest conversations ``[(trace id, newest turn's time in Unix ms)]``, newest first.
 
     Args:
         limit: how many.
         before_ms: only conversations whose newest turn entered before this time (paging).
+        after_ms: only conversations whose newest turn entered at or after this time.
     """
     high = f"({before_ms}" if before_ms is not None else "+inf"
-    raw = await store.redis.zrevrangebyscore(
-        store.keys.conversations, high, "-inf", start=0, num=limit, withscores=True
-    )
+    low = str(after_ms) if after_ms is not None else "-inf"
+    raw = await store.redis.zrevrangebyscore(store.keys.conversations, high, low, start=0, num=limit, withscores=True)
     return [(_s(member), int(score)) for member, score in raw]
+
+
+SCAN_MAX = 2000
+"""The most index entries one :func:`find` reads before it answers with what it found."""
+
+
+async def find(
+    store: TraceStore,
+    *,
+    limit: int,
+    keep: Callable[[ConversationState], Awaitable[bool]],
+    where: ConversationFilter | None = None,
+    before_ms: int | None = None,
+    after_ms: int | None = None,
+    scan_max: int = SCAN_MAX,
+) -> tuple[list[ConversationState], int | None]:
+    """The newest conversations that match ``where`` and that ``keep`` keeps, newest first.
+
+    Reads the index a batch at a time from ``before_ms`` down to ``after_ms`` until ``limit``
+    match, the index ends, or ``scan_max`` entries were read (a rare filter over a large index
+    answers a short page then, with the place to go on from).
+
+    Returns:
+        ``(states, next_before_ms)``: at most ``limit`` states, and the ``before_ms`` of the next
+        (older) page, or None when the range holds no more.
+    """
+    out: list[ConversationState] = []
+    cursor = before_ms
+    scanned = 0
+    batch = min(max(limit * 2, 50), scan_max)
+    while scanned < scan_max:
+        ids = await recent_ids(store, limit=batch, before_ms=cursor, after_ms=after_ms)
+        if not ids:
+            return out, None
+        found = await states(store, [t for t, _ in ids])
+        for trace_id, score in ids:
+            scanned += 1
+            cursor = score
+            state = found.get(trace_id)
+            if state is not None and (where is None or where.matches(state)) and await keep(state):
+                out.append(state)
+                if len(out) == limit:
+                    return out, score
+        if len(ids) < batch:
+            return out, None
+    return out, cursor
 
 
 async def tail(store: TraceStore, trace_id: str, *, count: int = TAIL_EVENTS) -> list[tuple[str, Event]]:

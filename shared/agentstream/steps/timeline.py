@@ -48,6 +48,7 @@ class ConversationState:
         turns: how many turns the trace holds (as far as it was read).
         updated_ms: the time of the newest event read (Unix ms, from its entry id).
         pending_tools: the tools whose calls wait for a result (``waiting_on_tools``).
+        metadata: the newest turn's metadata (string pairs, as published).
     """
 
     trace_id: str
@@ -61,6 +62,67 @@ class ConversationState:
     turns: int = 0
     updated_ms: int = 0
     pending_tools: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+FILTER_META_MAX = 8
+"""The most metadata pairs a conversation filter may ask for."""
+FILTER_META_KEY_MAX = 128
+FILTER_META_VALUE_MAX = 512
+STATES: tuple[TurnState, ...] = ("running", "waiting_on_tools", "ended", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class ConversationFilter:
+    """Which conversations a list keeps (every given field must match; the newest turn's).
+
+    Attributes:
+        agent: the newest turn's agent, or None for any.
+        state: the newest turn's state, or None for any.
+        metadata: pairs the newest turn's metadata must hold, each exactly.
+    """
+
+    agent: str | None = None
+    state: TurnState | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def matches(self, state: ConversationState) -> bool:
+        """True when ``state`` (a conversation's newest turn) holds every condition."""
+        if self.agent is not None and state.agent != self.agent:
+            return False
+        if self.state is not None and state.state != self.state:
+            return False
+        return all(state.metadata.get(k) == v for k, v in self.metadata)
+
+
+def conversation_filter(
+    *, agent: str | None = None, state: str | None = None, meta: Sequence[str] = ()
+) -> ConversationFilter:
+    """A filter from a request's values: ``meta`` holds ``key=value`` strings (the value may hold
+    ``=``; the key is cut at the first one).
+
+    Raises:
+        ValueError: a value that cannot be a filter (the message names the parameter and why).
+    """
+    if agent is not None and not agent.strip():
+        raise ValueError("agent must name an agent, not be empty")
+    chosen = next((s for s in STATES if s == state), None)
+    if state is not None and chosen is None:
+        raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+    if len(meta) > FILTER_META_MAX:
+        raise ValueError(f"meta may be given at most {FILTER_META_MAX} times, got {len(meta)}")
+    pairs = []
+    for item in meta:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"meta must be key=value, got {item!r}")
+        if len(key) > FILTER_META_KEY_MAX or len(value) > FILTER_META_VALUE_MAX:
+            raise ValueError(
+                f"meta {key[:40]!r}: a key is at most {FILTER_META_KEY_MAX} characters and a value "
+                f"at most {FILTER_META_VALUE_MAX}"
+            )
+        pairs.append((key, value))
+    return ConversationFilter(agent=agent, state=chosen, metadata=tuple(pairs))
 
 
 def entry_ms(entry_id: str) -> int:
@@ -93,6 +155,7 @@ def conversation_state(trace_id: str, entries: Sequence[tuple[str, Event]]) -> C
         text=_preview(turn.text),
         turns=turns,
         updated_ms=updated_ms,
+        metadata=dict(turn.metadata),
     )
     answered: set[str] = set()
     asked: list[tuple[str, str]] = []

@@ -13,11 +13,12 @@ from agentstream.ops.apikeys import load_keys
 from agentstream.ops.settings import Settings
 from agentstream.runtime import conversations, ratelimit
 from agentstream.runtime.store import TraceStore
+from agentstream.steps.timeline import conversation_filter
 from agentstream.wire.events import TaskInput, TurnEnded, TurnInput
 from agentstream_services.gateway.api import create_api
 from agentstream_services.gateway.settings import GatewaySettings
 from tests.support.apps import app
-from tests.support.gateway import CALC_KEY, KEYS_DOCUMENT, auth
+from tests.support.gateway import ADMIN_KEY, CALC_KEY, KEYS_DOCUMENT, auth
 
 pytestmark = pytest.mark.integration
 
@@ -61,16 +62,98 @@ async def test_conversations_list_newest_first_and_pages(store, keys):
     await conversations.note_turn(store, "gone", at_ms=2_000)  # deleted by retention: left out
     async with _client(store, keys) as client:
         first = (await client.get("/v1/conversations", params={"limit": 3}, headers=auth(CALC_KEY))).json()
-        assert [c["trace_id"] for c in first["conversations"]] == ["c4", "c3"]  # "gone" took a place of the page
-        assert first["next_before_ms"] == 1_003
+        assert [c["trace_id"] for c in first["conversations"]] == ["c4", "c3", "c2"]  # "gone" is skipped
+        assert first["next_before_ms"] == 1_002
         rest = (
             await client.get("/v1/conversations", params={"before_ms": first["next_before_ms"]}, headers=auth(CALC_KEY))
         ).json()
-        assert [(c["trace_id"], c["state"]) for c in rest["conversations"]] == [
-            ("c2", "running"),
-            ("c1", "ended"),
-            ("c0", "running"),
-        ]
+        assert [(c["trace_id"], c["state"]) for c in rest["conversations"]] == [("c1", "ended"), ("c0", "running")]
+        assert rest["next_before_ms"] is None  # the index holds no older one
+
+
+async def _filtered(client, key=CALC_KEY, **params):
+    response = await client.get("/v1/conversations", params=params, headers=auth(key))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return [c["trace_id"] for c in body["conversations"]], body["next_before_ms"]
+
+
+async def test_conversations_are_found_by_agent_state_time_and_metadata(store, keys):
+    rows = [  # trace, agent, ended, metadata, index time
+        ("f0", "calc", True, {"team": "red", "ticket": "a=1"}, 1_000),
+        ("f1", "plan", False, {"team": "red"}, 1_001),
+        ("f2", "calc", False, {"team": "blue"}, 1_002),
+        ("f3", "calc", True, {"team": "red"}, 1_003),
+        ("f4", "plan", True, {}, 1_004),
+    ]
+    for trace_id, agent, ended, metadata, at in rows:
+        await store.append(trace_id, TurnInput(turn_id="t", agent=agent, text="q", metadata=metadata))
+        if ended:
+            await store.append(trace_id, TurnEnded(turn_id="t", answer="a"))
+        await conversations.note_turn(store, trace_id, at_ms=at)
+    async with _client(store, keys) as client:
+        admin = ADMIN_KEY
+        assert await _filtered(client, admin, agent="calc") == (["f3", "f2", "f0"], None)
+        assert await _filtered(client, admin, state="ended") == (["f4", "f3", "f0"], None)
+        assert await _filtered(client, admin, meta="team=red") == (["f3", "f1", "f0"], None)
+        assert await _filtered(client, admin, meta=["team=red", "ticket=a=1"]) == (["f0"], None)  # "=" in a value
+        assert await _filtered(client, admin, agent="calc", state="ended", meta="team=red") == (["f3", "f0"], None)
+        assert await _filtered(client, admin, after_ms=1_001, before_ms=1_004) == (["f3", "f2", "f1"], None)
+        # pages of a filter: each full page says where the next starts
+        assert await _filtered(client, admin, state="ended", limit=2) == (["f4", "f3"], 1_003)
+        assert await _filtered(client, admin, state="ended", limit=2, before_ms=1_003) == (["f0"], None)
+        # the key's scope holds under a filter: calc's key never sees plan's conversations
+        assert await _filtered(client, CALC_KEY, meta="team=red") == (["f3", "f0"], None)
+        assert await _filtered(client, CALC_KEY, agent="plan") == ([], None)
+        rows_out = (await client.get("/v1/conversations", params={"agent": "calc"}, headers=auth(admin))).json()
+        assert rows_out["conversations"][0]["metadata"] == {"team": "red"}
+
+
+async def test_a_rare_filter_answers_a_short_page_with_where_to_go_on(store, keys):
+    for i in range(30):
+        trace_id = f"r{i}"
+        await store.append(trace_id, TurnInput(turn_id="t", agent="calc", text="q", metadata={"n": str(i)}))
+        await conversations.note_turn(store, trace_id, at_ms=10_000 + i)
+    found, cursor = await conversations.find(
+        store, limit=5, keep=_keep_all, where=conversation_filter(meta=["n=3"]), scan_max=10
+    )
+    assert found == [] and cursor == 10_020  # read 10 entries (29..20), none matched: go on from there
+    found, cursor = await conversations.find(
+        store, limit=5, keep=_keep_all, where=conversation_filter(meta=["n=3"]), before_ms=10_004, scan_max=10
+    )
+    assert [s.trace_id for s in found] == ["r3"] and cursor is None
+
+
+async def _keep_all(state) -> bool:
+    return True
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"state": "sleeping"}, "state must be one of running"),
+        ({"agent": ""}, "agent"),
+        ({"agent": "x" * 257}, "agent"),
+        ({"meta": "no-equals"}, "meta must be key=value, got 'no-equals'"),
+        ({"meta": "=value"}, "meta must be key=value"),
+        ({"meta": [f"k{i}=v" for i in range(9)]}, "at most 8 times"),
+        ({"meta": "k=" + "v" * 513}, "a value at most 512"),
+        ({"meta": "k" * 129 + "=v"}, "a key is at most 128"),
+        ({"after_ms": "-1"}, "after_ms"),
+        ({"after_ms": "soon"}, "after_ms"),
+        ({"before_ms": str(2**60)}, "before_ms"),
+        ({"after_ms": "2000", "before_ms": "1000"}, "after_ms (2000) must be before before_ms (1000)"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "201"}, "limit"),
+    ],
+)
+async def test_conversation_filters_refuse_bad_values_and_say_which(store, keys, params, says):
+    async with _client(store, keys) as client:
+        response = await client.get("/v1/conversations", params=params, headers=auth(CALC_KEY))
+        assert response.status_code == 422, response.text
+        assert says in response.text
+        anonymous = await client.get("/v1/conversations", params={"agent": "calc"})
+        assert anonymous.status_code == 401
 
 
 async def test_the_index_is_capped(store):

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agentstream.errors import ConfigError
 from agentstream.ops.apikeys import hash_key, load_keys, new_key, parse_keys
-from agentstream.steps.timeline import conversation_state, reply_of, root_of, trace_agents
+from agentstream.steps.timeline import (
+    ConversationState,
+    conversation_filter,
+    conversation_state,
+    reply_of,
+    root_of,
+    trace_agents,
+)
 from agentstream.wire.events import ModelOutput, TaskInput, ToolCall, ToolOutput, TurnEnded, TurnFailed, TurnInput
 
 
@@ -81,3 +90,53 @@ def test_agents_and_root_of_a_child_trace():
     )
     assert root_of([task], "root/c1") == "root" and trace_agents([task]) == {"researcher"}
     assert root_of([TurnInput(turn_id="t", agent="a", text="x")], "root") == "root"
+
+
+def _state(agent="calc", state="ended", **metadata):
+    return ConversationState(trace_id="c", agent=agent, turn_id="t", state=state, metadata=metadata)
+
+
+@pytest.mark.parametrize(
+    ("filters", "state", "kept"),
+    [
+        ({}, _state(), True),
+        ({"agent": "calc"}, _state(), True),
+        ({"agent": "plan"}, _state(), False),
+        ({"state": "ended"}, _state(), True),
+        ({"state": "running"}, _state(), False),
+        ({"meta": ["team=red"]}, _state(team="red"), True),
+        ({"meta": ["team=red"]}, _state(team="blue"), False),
+        ({"meta": ["team=red"]}, _state(), False),
+        ({"meta": ["team="]}, _state(team=""), True),  # an empty value is a value
+        ({"meta": ["q=a=b"]}, _state(q="a=b"), True),  # the key ends at the first "="
+        ({"meta": ["team=red", "tier=1"]}, _state(team="red"), False),  # every pair must hold
+        ({"agent": "calc", "state": "ended", "meta": ["team=red"]}, _state(team="red"), True),
+    ],
+)
+def test_a_conversation_filter_keeps_what_matches_every_condition(filters, state, kept):
+    assert conversation_filter(**filters).matches(state) is kept
+
+
+@pytest.mark.parametrize(
+    ("filters", "says"),
+    [
+        ({"agent": " "}, "agent must name an agent"),
+        ({"state": "done"}, "state must be one of running, waiting_on_tools, ended, failed, cancelled, got 'done'"),
+        ({"meta": ["nope"]}, "meta must be key=value, got 'nope'"),
+        ({"meta": ["=v"]}, "meta must be key=value"),
+        ({"meta": ["k=v"] * 9}, "at most 8 times, got 9"),
+        ({"meta": ["k" * 129 + "=v"]}, "a key is at most 128"),
+    ],
+)
+def test_a_conversation_filter_refuses_bad_values(filters, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        conversation_filter(**filters)
+
+
+def test_the_state_carries_the_newest_turns_metadata():
+    entries = [
+        ("1-0", TurnInput(turn_id="t1", agent="calc", text="a", metadata={"n": "1"})),
+        ("2-0", TurnInput(turn_id="t2", agent="calc", text="b", metadata={"n": "2"})),
+    ]
+    state = conversation_state("c", entries)
+    assert state is not None and state.metadata == {"n": "2"}
