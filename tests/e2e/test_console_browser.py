@@ -159,3 +159,140 @@ def test_watch_a_conversation_live_cancel_it_and_explain_a_call(console, page):
     gw.close()
     if os.environ.get("AGENTSTREAM_CONSOLE_SCREENSHOT"):  # refresh the README's screenshot
         shutil.copy(ARTIFACTS / "4-timeline.png", os.environ["AGENTSTREAM_CONSOLE_SCREENSHOT"])
+
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}"  # an absolute time, to the millisecond
+
+
+def _wait_reply(gw: httpx.Client, trace_id: str, turn_id: str) -> dict:
+    reply = gw.get(f"/v1/traces/{trace_id}/turns/{turn_id}/reply", params={"timeout_s": 30}, headers=auth(CALC_KEY))
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_find_page_steer_fork_and_read_a_turns_waterfall(console, page):
+    import re
+
+    gw = httpx.Client(base_url=console, timeout=30.0)
+    tag = uuid.uuid4().hex[:6]
+    red = f"red-{tag}"
+    sent = gw.post(
+        "/v1/turns",
+        json=turn(red, "t1", "What is 12*12?", metadata={"team": "red", "ticket": "T-7"}),
+        headers=auth(CALC_KEY),
+    )
+    assert sent.status_code == 202, sent.text
+    assert _wait_reply(gw, red, "t1")["status"] == "ended"
+    for i in range(11):  # enough for two pages of 10
+        gw.post("/v1/turns", json=turn(f"many-{tag}-{i:02d}", "t1", f"What is {i}+1?"), headers=auth(CALC_KEY))
+    for i in range(11):
+        _wait_reply(gw, f"many-{tag}-{i:02d}", "t1")
+
+    page.goto(console + "/")
+    page.get_by_test_id("key-input").fill(CALC_KEY)
+    page.get_by_test_id("key-submit").click()
+    page.get_by_test_id("who").filter(has_text="calc-backend").wait_for()
+    rows = page.get_by_test_id("conversations")
+    rows.locator(f'tr[data-trace="{red}"]').wait_for()
+
+    # find by metadata and state: one row, with its metadata and an absolute time
+    page.get_by_test_id("meta-input").fill("team=red")
+    page.get_by_test_id("state-select").select_option("ended")
+    page.get_by_test_id("search").click()
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=conversations] tbody tr').length === 1")
+    only = rows.locator("tbody tr")
+    assert only.get_attribute("data-trace") == red
+    assert "team=red" in only.get_by_test_id("row-metadata").inner_text()
+    assert re.search(STAMP, only.inner_text())
+    shot(page, "7-find-by-metadata")
+    page.get_by_test_id("meta-input").fill("team=blue")
+    page.get_by_test_id("search").click()
+    rows.get_by_text("No conversations match.").wait_for()
+    page.get_by_test_id("meta-input").fill("team=red")
+    page.get_by_test_id("to-input").fill("2000-01-01T00:00:00")  # by time: nothing is that old
+    page.get_by_test_id("search").click()
+    rows.get_by_text("No conversations match.").wait_for()
+    page.get_by_test_id("to-input").fill("")
+    page.get_by_test_id("from-input").fill("2000-01-01T00:00:00")
+    page.get_by_test_id("search").click()
+    rows.locator(f'tr[data-trace="{red}"]').wait_for()
+    page.get_by_test_id("from-input").fill("")
+
+    # pages of 10: the newest ten, then the older ones
+    page.get_by_test_id("meta-input").fill("")
+    page.get_by_test_id("state-select").select_option("")
+    page.get_by_test_id("limit-select").select_option("10")
+    page.get_by_test_id("search").click()
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=conversations] tbody tr').length === 10")
+    first_page = set(rows.locator("tbody tr").evaluate_all("rs => rs.map(r => r.dataset.trace)"))
+    page.get_by_test_id("older").click()
+    page.get_by_test_id("page-note").filter(has_text="page 2").wait_for()
+    second_page = set(rows.locator("tbody tr").evaluate_all("rs => rs.map(r => r.dataset.trace)"))
+    assert second_page and not first_page & second_page
+    assert red in first_page | second_page
+    shot(page, "8-second-page")
+
+    # the conversation: absolute times, durations, the turn's metadata, its waterfall
+    page.goto(f"{console}/console/#/c/{red}")
+    timeline = page.get_by_test_id("timeline")
+    timeline.get_by_test_id("turn-took").wait_for()
+    times = timeline.get_by_test_id("event-time").all_inner_texts()
+    assert len(times) >= 5 and all(re.fullmatch(STAMP, t) for t in times), times
+    assert sorted(times) == times  # in the order they happened
+    assert timeline.get_by_test_id("turn-metadata").inner_text().split() == ["team=red", "ticket=T-7"]
+    assert re.search(r"the turn took \d", timeline.get_by_test_id("turn-took").inner_text())
+    bars = page.get_by_test_id("waterfall").first.get_by_test_id("waterfall-row")
+    assert bars.evaluate_all("rs => rs.map(r => r.dataset.kind)") == ["model", "tool", "model"]
+    shot(page, "9-times-metadata-waterfall")
+
+    # publish a turn from the console; its tool-call arguments appear as the model writes them
+    page.get_by_test_id("publish-text").fill("What is 7*6? SLOWARGS")
+    page.get_by_test_id("publish").click()
+    page.get_by_test_id("publish-result").filter(has_text="sent").wait_for()
+    live_call = page.get_by_test_id("live-call")
+    live_call.filter(has_text='→ calculator({"').wait_for(timeout=20_000)
+    partial = live_call.inner_text()
+    assert '"7*6"}' not in partial  # a piece of the arguments, not all of them
+    page.get_by_test_id("live-head").filter(has_text="calling tools").wait_for()
+    shot(page, "10-tool-arguments-streaming")
+    page.wait_for_function(
+        "n => (document.querySelector('[data-testid=live-call]')?.textContent.length || 0) > n", arg=len(partial)
+    )
+    timeline.locator("li.turn_ended").filter(has_text="The answer is 42.").wait_for(timeout=20_000)
+    assert page.get_by_test_id("waterfall").count() == 2  # one per turn
+
+    # a busy conversation: a turn sent with "interrupt" cancels the running one, then runs
+    busy = f"busy-{tag}"
+    gw.post("/v1/turns", json=turn(busy, "t1", "WRITE 600 60"), headers=auth(CALC_KEY))
+    page.goto(f"{console}/console/#/c/{busy}")
+    page.get_by_test_id("live-text").filter(has_text="word3").wait_for(timeout=20_000)
+    page.get_by_test_id("publish-text").fill("What is 2*2?")
+    page.get_by_test_id("policy-select").select_option("interrupt")
+    page.get_by_test_id("publish").click()
+    page.get_by_test_id("publish-result").filter(has_text="if busy: interrupt").wait_for()
+    timeline.get_by_text("turn failed: cancelled").wait_for(timeout=20_000)
+    timeline.locator("li.turn_ended").filter(has_text="The answer is 4.").wait_for(timeout=20_000)
+    shot(page, "11-interrupt")
+
+    # fork after the first turn, then with its input replaced
+    page.goto(f"{console}/console/#/c/{red}")
+    first_turn = timeline.locator("li.turn_input").first
+    first_turn.get_by_test_id("fork-open").click()
+    first_turn.get_by_test_id("fork-after").click()
+    page.wait_for_url(re.compile(r"#/c/red-"))
+    page.get_by_test_id("fork-source").filter(has_text=red).wait_for()
+    assert page.url.split("#/c/")[1] != red
+    shot(page, "12-forked")
+    page.goto(f"{console}/console/#/c/{red}")
+    first_turn = timeline.locator("li.turn_input").first
+    first_turn.get_by_test_id("fork-open").click()
+    first_turn.get_by_test_id("fork-text").fill("What is 5*5?")
+    first_turn.get_by_test_id("fork-replace").click()
+    page.get_by_test_id("fork-source").wait_for()
+    timeline.locator("li.turn_ended").filter(has_text="The answer is 25.").wait_for(timeout=20_000)
+    shot(page, "13-forked-with-new-input")
+
+    assert page.errors == []  # type: ignore[attr-defined]
+    outside = [u for u in page.requests if not u.startswith(console)]  # type: ignore[attr-defined]
+    assert outside == [], "the console loads nothing from elsewhere"
+    gw.close()

@@ -3,9 +3,11 @@
 For the gateway's and console's tests: a person must see tokens arrive, and a cancel must land
 while the model writes. Each request is answered by :func:`tests.support.scripted_model.calculator_rule`
 (a calculator tool call, then the answer), except that a user message ``WRITE <n> <ms>`` is
-answered with ``n`` words, one every ``ms`` milliseconds. A request asking for ``stream`` gets
-server-sent ``chat.completion.chunk`` events (text in words, a tool call in one piece); else a
-whole JSON response. A client that goes away (a cancelled call) ends the stream quietly.
+answered with ``n`` words, one every ``ms`` milliseconds, and one holding ``SLOWARGS`` gets its
+calculator call's arguments streamed two characters every :data:`SLOW_ARGS_S` seconds. A request
+asking for ``stream`` gets server-sent ``chat.completion.chunk`` events (text in words, a tool
+call in one piece unless SLOWARGS); else a whole JSON response. A client that goes away (a
+cancelled call) ends the stream quietly.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from tests.support.scripted_model import calculator_rule
 
 _WRITE = re.compile(r"WRITE (\d+) (\d+)")
+SLOW_ARGS_S = 0.3
 
 
 def _rule(body: dict[str, Any]) -> tuple[dict[str, Any], str, float]:
@@ -34,7 +37,7 @@ def _rule(body: dict[str, Any]) -> tuple[dict[str, Any], str, float]:
         words = " ".join(f"word{i}" for i in range(1, n + 1))
         return {"role": "assistant", "content": words}, "stop", ms / 1000
     result = calculator_rule(body)
-    return result["message"], result["finish_reason"], 0.005
+    return result["message"], result["finish_reason"], SLOW_ARGS_S if "SLOWARGS" in text else 0.005
 
 
 class StreamingModelServer:
@@ -76,7 +79,17 @@ class StreamingModelServer:
                 self.end_headers()
                 try:
                     self._event(_chunk({"role": "assistant", "content": ""}))
-                    if message.get("tool_calls"):
+                    if message.get("tool_calls") and pause_s >= SLOW_ARGS_S:  # the arguments in pieces
+                        call = message["tool_calls"][0]
+                        name, arguments = call["function"]["name"], call["function"]["arguments"]
+                        head = {"index": 0, "id": call["id"], "type": "function"}
+                        self._event(_chunk({"tool_calls": [{**head, "function": {"name": name, "arguments": ""}}]}))
+                        for at in range(0, len(arguments), 2):
+                            if server._stopping.wait(pause_s):
+                                return
+                            piece = {"index": 0, "function": {"arguments": arguments[at : at + 2]}}
+                            self._event(_chunk({"tool_calls": [piece]}))
+                    elif message.get("tool_calls"):
                         calls = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
                         self._event(_chunk({"tool_calls": calls}))
                     else:
