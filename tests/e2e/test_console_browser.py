@@ -296,3 +296,54 @@ def test_find_page_steer_fork_and_read_a_turns_waterfall(console, page):
     outside = [u for u in page.requests if not u.startswith(console)]  # type: ignore[attr-defined]
     assert outside == [], "the console loads nothing from elsewhere"
     gw.close()
+
+
+@pytest.fixture
+def lead_console(redis_url, scripted_model, tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (scripts/test installs it: apt-get install -y chromium)")
+    from tests.support import delegation_apps
+
+    scripted_model.rule = delegation_apps.rule
+    services = Services(
+        redis_url=redis_url,
+        namespace=f"console-{uuid.uuid4().hex[:8]}",
+        model_url=scripted_model.base_url,
+        app="tests.support.delegation_apps:app",
+        log_dir=tmp_path,
+        extra_env={"AGENTSTREAM_TEST_LOOKUP_A_S": "0.4"},  # A's lookup runs long enough to see
+    )
+    services.start("loop-1", "agent-loop")
+    services.start("tools-1", "tool-worker", "--queue", "default")
+    services.start("delegation-1", "delegation")
+    try:
+        yield start_gateway(services)
+    finally:
+        services.stop_all()
+
+
+def test_a_turns_waterfall_nests_its_subagent_runs(lead_console, page):
+    from tests.support.gateway import LEAD_KEY
+
+    gw = httpx.Client(base_url=lead_console, timeout=30.0)
+    trace_id = f"lead-{uuid.uuid4().hex[:6]}"
+    sent = gw.post("/v1/turns", json=turn(trace_id, "t1", "Compare A and B", agent="lead"), headers=auth(LEAD_KEY))
+    assert sent.status_code == 202, sent.text
+    reply = gw.get(f"/v1/traces/{trace_id}/turns/t1/reply", params={"timeout_s": 60}, headers=auth(LEAD_KEY)).json()
+    assert reply["status"] == "ended", reply
+
+    page.goto(f"{lead_console}/console/#/c/{trace_id}")
+    page.get_by_test_id("key-input").fill(LEAD_KEY)
+    page.get_by_test_id("key-submit").click()
+    rows = page.get_by_test_id("waterfall").first.get_by_test_id("waterfall-row")
+    # the lead's first call, each research run with its researcher's calls and lookup one level in
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-testid=waterfall-row][data-depth=\"1\"]').length >= 6"
+    )
+    kinds = rows.evaluate_all("rs => rs.map(r => `${r.dataset.depth}:${r.dataset.kind}`)")
+    assert kinds[0] == "0:model" and kinds.count("0:subagent") == 2, kinds
+    assert kinds.count("1:model") == 4 and kinds.count("1:tool") == 2, kinds
+    assert kinds[-1] == "0:model"  # the lead's answer, after both runs
+    shot(page, "14-subagent-waterfall")
+    assert page.errors == []  # type: ignore[attr-defined]
+    gw.close()
