@@ -344,6 +344,49 @@ def test_a_turns_waterfall_nests_its_subagent_runs(lead_console, page):
     assert kinds[0] == "0:model" and kinds.count("0:subagent") == 2, kinds
     assert kinds.count("1:model") == 4 and kinds.count("1:tool") == 2, kinds
     assert kinds[-1] == "0:model"  # the lead's answer, after both runs
+    assert "0:tool" not in kinds  # a run's result is not a tool run of its own
     shot(page, "14-subagent-waterfall")
+    assert page.errors == []  # type: ignore[attr-defined]
+    gw.close()
+
+
+def test_approve_and_deny_a_tool_call_from_the_console(console, page):
+    gw = httpx.Client(base_url=console, timeout=30.0)
+    trace_id = f"approve-{uuid.uuid4().hex[:6]}"
+    sent = gw.post(
+        "/v1/turns", json=turn(trace_id, "t1", "What is 6*6?", approval=["calculator"]), headers=auth(CALC_KEY)
+    )
+    assert sent.status_code == 202, sent.text
+
+    page.goto(f"{console}/console/#/c/{trace_id}")
+    page.get_by_test_id("key-input").fill(CALC_KEY)
+    page.get_by_test_id("key-submit").click()
+    timeline = page.get_by_test_id("timeline")
+    waiting = timeline.locator("li.approval_awaited")
+    waiting.get_by_test_id("approve").wait_for(timeout=20_000)
+    assert "calculator awaits approval" in waiting.inner_text()
+    shot(page, "15-awaiting-approval")
+    waiting.get_by_test_id("approval-reason").fill("fine by me")
+    waiting.get_by_test_id("approve").click()
+    decision = timeline.get_by_test_id("approval-decision")
+    decision.filter(has_text="calculator approved by gateway:calc-backend").wait_for(timeout=20_000)
+    timeline.locator("li.turn_ended").filter(has_text="The answer is 36.").wait_for(timeout=20_000)
+    assert waiting.get_by_test_id("approve").count() == 0  # decided: no buttons left
+
+    # a turn sent from the console that asks approval for every tool call, denied with a reason
+    page.get_by_test_id("publish-text").fill("What is 9*9?")
+    page.get_by_test_id("publish-approval").check()
+    page.get_by_test_id("publish").click()
+    second = timeline.locator("li.approval_awaited").nth(1)
+    second.get_by_test_id("deny").wait_for(timeout=20_000)
+    second.get_by_test_id("approval-reason").fill("not now")
+    second.get_by_test_id("deny").click()
+    decision.filter(has_text="calculator denied by gateway:calc-backend").wait_for(timeout=20_000)
+    timeline.locator("li.tool_result").filter(has_text="not now").wait_for(timeout=20_000)
+    timeline.locator("li.turn_ended").nth(1).wait_for(timeout=20_000)
+    shot(page, "16-approved-and-denied")
+    assert (
+        gw.get(f"/v1/traces/{trace_id}/turns/t1/reply", headers=auth(CALC_KEY)).json()["answer"] == "The answer is 36."
+    )
     assert page.errors == []  # type: ignore[attr-defined]
     gw.close()

@@ -3,7 +3,7 @@
 // at a time), #/c/<trace id> a conversation: its events with absolute times and durations, each
 // turn's metadata and waterfall (model calls and tool runs, subagent runs nested), the model's text
 // and tool-call arguments as they stream, a form to publish a turn with its busy policy, cancel and
-// fork; #/explain/<trace id>/<turn id>/<step> one model call's request, #/dead the dead letters.
+// fork, approve or deny a tool call that awaits a person; #/explain/<trace id>/<turn id>/<step> one model call's request, #/dead the dead letters.
 // Every text is set with textContent (never parsed as HTML); bar positions are set through the
 // CSSOM (element.style), which the page's CSP (style-src 'self') allows, never a style attribute.
 "use strict";
@@ -197,6 +197,7 @@ function publishForm({ traceId = null, agent = "", onSent }) {
         [["queue", "queue: wait behind it"], ["reject", "reject: fail at once"], ["interrupt", "interrupt: cancel it, keep its work"], ["rollback", "rollback: cancel it and leave it out"]]
           .map(([v, label]) => el("option", { value: v }, label)))) : null,
     el("label", {}, "Metadata ", el("input", { name: "meta", placeholder: "key=value, key=value", size: 20, "data-testid": "publish-meta" })),
+    el("label", { title: "Every tool call of this turn waits for a person's approval" }, el("input", { type: "checkbox", name: "approval", "data-testid": "publish-approval" }), " approve each tool call"),
     el("button", { type: "submit", "data-testid": traceId ? "publish" : "start" }, traceId ? "Send" : "Start"), result);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -208,6 +209,7 @@ function publishForm({ traceId = null, agent = "", onSent }) {
     }
     const turn = { trace_id: traceId || form.trace.value.trim(), turn_id: newId("turn"), agent: form.agent.value, text: form.text.value, metadata };
     if (traceId) turn.busy_policy = form.policy.value;
+    if (form.approval.checked) turn.approval = ["*"];
     try {
       const r = await api("/v1/turns", { method: "POST", body: JSON.stringify(turn) });
       result.textContent = `turn ${r.turn_id} sent${turn.busy_policy ? ` (if busy: ${turn.busy_policy})` : ""}`;
@@ -231,6 +233,7 @@ function turnSpans(events, childTrace = () => null, depth = 0) {
   const turns = [];
   const byTurn = new Map();
   const started = new Map(); // call id -> {at, turn, name}: tool runs without a result yet
+  const delegated = new Set(); // call ids that opened a child trace
   for (const ev of events) {
     const e = ev.event; const at = entryMs(ev.id);
     if (e.type === "turn_input" || e.type === "task_input") {
@@ -245,6 +248,7 @@ function turnSpans(events, childTrace = () => null, depth = 0) {
       for (const call of e.tool_calls || []) {
         const child = childTrace(call.id);
         if (!child) continue;
+        delegated.add(call.id); // its result is the run's answer: the run's bar stands for it
         const head = { kind: "subagent", label: `subagent ${call.name}`, start: null, end: null, depth };
         turn.rows.push(head);
         for (const inner of turnSpans(child.events, () => null, depth + 1)) {
@@ -257,7 +261,7 @@ function turnSpans(events, childTrace = () => null, depth = 0) {
     else if (e.type === "tool_result") {
       const run = started.get(e.call_id);
       started.delete(e.call_id);
-      if (!e.late) turn.rows.push({ kind: "tool", label: `tool ${e.name}`, start: run ? run.at : at - (e.duration_ms || 0), end: at, depth });
+      if (!e.late && !delegated.has(e.call_id)) turn.rows.push({ kind: "tool", label: `tool ${e.name}`, start: run ? run.at : at - (e.duration_ms || 0), end: at, depth });
     } else if (e.type === "turn_ended" || e.type === "turn_failed") turn.end = at;
   }
   for (const run of started.values()) { // still running (or its turn ended without its result)
@@ -299,6 +303,7 @@ function describe(ctx, ev) {
       return [head(el("b", {}, e.type === "task_input" ? `task for ${e.agent}` : `turn for ${e.agent}`), el("span", { class: "muted" }, e.turn_id),
         e.model ? el("span", { class: "muted" }, `model ${e.model}`) : null,
         e.rolls_back ? el("span", { class: "muted" }, `rolls back ${e.rolls_back}`) : null,
+        (e.approval || []).length ? el("span", { class: "muted" }, `approval asked for ${e.approval.join(", ")}`) : null,
         ctx.fork && e.type === "turn_input" ? forkControls(ctx, e, ended) : null),
       meta.length ? el("div", { class: "meta", "data-testid": "turn-metadata" }, meta.map(([k, v]) => el("span", { class: "chip" }, `${k}=${v}`))) : null,
       el("div", { class: "body" }, e.text ?? JSON.stringify(e.input))];
@@ -329,6 +334,17 @@ function describe(ctx, ev) {
     }
     case "cancel_requested":
       return [head(el("b", {}, `cancel requested by ${e.by}`)), e.reason ? el("div", { class: "body" }, e.reason) : null];
+    case "approval_awaited": {
+      const decided = ctx.decided.get(e.call_id);
+      return [head(el("b", {}, `${e.name} awaits approval`), el("span", { class: "muted" }, `[${e.call_id}]${e.due_ms ? ` · denied at ${stamp(e.due_ms)} if nobody decides` : ""}`)),
+        e.why ? el("div", { class: "muted" }, e.why) : null,
+        decided ? null : ctx.ended.has(e.turn_id) || ctx.failed.has(e.turn_id) ? el("div", { class: "muted" }, "its turn ended: nothing to decide")
+          : ctx.approve ? approvalControls(ctx, e) : null];
+    }
+    case "approval_decided":
+      return [head(el("b", { "data-testid": "approval-decision" }, `${e.name} ${e.approved ? "approved" : "denied"}${e.timed_out ? " (timed out)" : ""} by ${e.by}`), el("span", { class: "muted" }, `[${e.call_id}]`)),
+        e.reason ? el("div", { class: "body" }, e.reason) : null,
+        e.arguments ? el("div", { class: "call" }, `runs with ${e.arguments}`) : null];
     case "forked_from":
       return [head(el("b", {}, "forked from "), el("a", { href: `#/c/${enc(e.source_trace_id)}`, "data-testid": "fork-source" }, e.source_trace_id),
         el("span", { class: "muted" }, `at turn ${e.turn_id}${e.step != null ? ` before model call ${e.step}` : ""}${e.replaced ? ", its input replaced" : ""} · ${e.copied} event(s) copied (their times are the copy's) · by ${e.by}`))];
@@ -339,6 +355,27 @@ function describe(ctx, ev) {
     default:
       return [head(el("b", {}, e.type)), el("pre", {}, JSON.stringify(e, null, 2))];
   }
+}
+
+// approve or deny a call awaiting approval, with a reason (and edited arguments where the tool allows)
+function approvalControls(ctx, e) {
+  const draft = ctx.drafts.get(`approval:${e.call_id}`) || { reason: "", args: ctx.callArgs.get(e.call_id) ?? "" };
+  ctx.drafts.set(`approval:${e.call_id}`, draft);
+  const reason = el("input", { name: "reason", placeholder: "reason (the model sees a denial's)", size: 34, "data-testid": "approval-reason" });
+  reason.value = draft.reason;
+  reason.addEventListener("input", () => { draft.reason = reason.value; });
+  const args = e.editable ? el("textarea", { name: "arguments", rows: 2, cols: 60, "data-testid": "approval-arguments" }) : null;
+  if (args) { args.value = draft.args; args.addEventListener("input", () => { draft.args = args.value; }); }
+  const decide = (approved) => {
+    const body = { call_id: e.call_id, approved, reason: reason.value };
+    if (approved && args && args.value.trim() !== (ctx.callArgs.get(e.call_id) ?? "").trim()) {
+      try { body.arguments = JSON.parse(args.value); } catch (error) { ctx.say(`the arguments are not JSON: ${error.message}`); return; }
+    }
+    ctx.approve(body);
+  };
+  return el("div", { class: "bar approval", "data-testid": "approval" }, args, reason,
+    el("button", { type: "button", class: "ok", "data-testid": "approve", onclick: () => decide(true) }, args ? "Approve (with these arguments)" : "Approve"),
+    el("button", { type: "button", class: "danger", "data-testid": "deny", onclick: () => decide(false) }, "Deny"));
 }
 
 function forkControls(ctx, e, ended) {
@@ -368,7 +405,7 @@ function childTimeline(ctx, childId) {
   const trace = ctx.child(childId);
   if (!trace) list.append(el("li", { class: "muted" }, "loading…"));
   else {
-    const inner = { ...ctx, traceId: childId, children: trace.children, fork: null, turnStart: new Map(), ended: new Set() };
+    const inner = { ...ctx, traceId: childId, children: trace.children, fork: null, approve: null, turnStart: new Map(), ended: new Set(), failed: new Set(), decided: new Map() };
     list.append(...trace.events.map((ev) => eventItem(inner, ev)));
   }
   return box;
@@ -410,6 +447,12 @@ function conversationView(main, traceId) {
     }).catch(() => childCache.set(id, { trace: c?.trace ?? null, at: Date.now(), final: true, loading: false }));
     return c?.trace ?? null;
   };
+  const approve = async (body) => {
+    try {
+      const r = await api(`/v1/traces/${enc(traceId)}/approvals`, { method: "POST", body: JSON.stringify(body) });
+      note.textContent = `${body.approved ? "approval" : "denial"} of ${r.call_id} sent`;
+    } catch (e) { if (e.message !== "401") note.textContent = `approval: ${e.message}`; }
+  };
   const fork = async (body) => {
     note.textContent = "forking…";
     try {
@@ -426,7 +469,14 @@ function conversationView(main, traceId) {
       if (ev.event.type === "turn_input") turnStart.set(ev.event.turn_id, entryMs(ev.id));
       if (ev.event.type === "turn_ended") ended.add(ev.event.turn_id);
     }
-    const ctx = { traceId, children, child, fork, turnStart, ended, copied, drafts };
+    const failed = new Set(); const decided = new Map(); const callArgs = new Map();
+    for (const ev of events) {
+      const e = ev.event;
+      if (e.type === "turn_failed") failed.add(e.turn_id);
+      if (e.type === "approval_decided") decided.set(e.call_id, e);
+      if (e.type === "model_output") for (const c of e.tool_calls || []) callArgs.set(c.id, c.arguments);
+    }
+    const ctx = { traceId, children, child, fork, turnStart, ended, copied, drafts, failed, decided, callArgs, approve, say: (t) => { note.textContent = t; } };
     const spans = new Map(turnSpans(events, (callId) => (children.includes(`${traceId}/${callId}`) ? child(`${traceId}/${callId}`) : null)).map((t) => [t.turn, t]));
     const items = [];
     for (const ev of events) {
