@@ -90,6 +90,9 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
     },
     503: {"model": schemas.Problem, "description": "Redis is not answering or its connections are all in use."},
 }
+_NOT_JSON: dict[int | str, dict[str, Any]] = {
+    400: {"model": schemas.Problem, "description": "The body is not JSON."},
+}
 _WIRE_REPLY: dict[str, Any] = {
     "description": "The reply: the wire's own (`agentstream schema reply`), as the agent loop publishes it.",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Reply"}}},
@@ -456,7 +459,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         responses={
             **_PROBLEMS,
             **_NOT_FOUND,
-            400: {"model": schemas.Problem, "description": "The body is not JSON."},
+            **_NOT_JSON,
             409: {"model": schemas.Problem, "description": "Nothing to cancel (the reason says why)."},
         },
     )
@@ -483,6 +486,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         tags=["turns"],
         responses={
             **_PROBLEMS,
+            **_NOT_JSON,
             404: {
                 "model": schemas.Problem,
                 "description": "No such trace (among this key's) or call awaiting approval.",
@@ -538,6 +542,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         tags=["turns"],
         responses={
             **_PROBLEMS,
+            **_NOT_JSON,
             404: {"model": schemas.Problem, "description": "No such trace (among this key's), turn or model call."},
             403: {"model": schemas.Problem, "description": "The key may not use the agent of the replaced turn."},
             409: {"model": schemas.Problem, "description": "The turn has not ended, or the fork id is taken."},
