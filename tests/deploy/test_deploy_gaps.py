@@ -63,7 +63,7 @@ def test_a_global_image_registry_prefixes_every_image_unless_an_image_has_its_ow
         for c in w["spec"]["template"]["spec"]["containers"]
     }
     images |= {c["image"] for p in r.of_kind("Pod") for c in p["spec"]["containers"]}
-    assert images == {"mirror.example.com:5000/hub/agentstream:0.2.0", "mirror.example.com:5000/hub/redis:7.4.2"}
+    assert images == {"mirror.example.com:5000/hub/agentstream:0.3.0", "mirror.example.com:5000/hub/redis:7.4.2"}
     own = render(
         values={
             "global": {"imageRegistry": "mirror.example.com"},
