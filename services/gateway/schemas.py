@@ -49,9 +49,12 @@ class CancelIn(BaseModel):
 
 
 class ApprovalIn(BaseModel):
-    """An approval or a denial of a tool call that awaits one (its ``approval_awaited`` event)."""
+    """An approval or a denial of a tool call that awaits one (its ``approval_awaited`` event).
 
-    model_config = ConfigDict(extra="forbid")
+    Strict, as the approvals stream's decoder is: ``"approved": "yes"`` is refused (422), never
+    read as true."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     call_id: str = Field(min_length=1, max_length=256)
     approved: bool
@@ -159,7 +162,10 @@ class AgentList(BaseModel):
 
 
 class ForkIn(BaseModel):
-    """A fork of the conversation at one of its turns (docs/how-to/steer-a-conversation.md)."""
+    """A fork of the conversation at one of its turns (docs/how-to/steer-a-conversation.md).
+    Strict: ``"step": true`` is refused (422), never read as 1."""
+
+    model_config = ConfigDict(strict=True)
 
     turn_id: str = Field(min_length=1, max_length=256, description="The turn to fork at.")
     step: int | None = Field(

@@ -331,6 +331,8 @@ async def test_the_gateway_approves_under_the_key_scopes_with_the_keys_name(redi
                 "unknown call": await client.post(path, json={**body, "call_id": "nosuch"}, headers=shop),
                 "not an object": await client.post(path, json={**body, "arguments": [1]}, headers=shop),
                 "unknown field": await client.post(path, json={**body, "by": "someone else"}, headers=shop),
+                # not read as true: the stream's decoder refuses it too
+                "approved as text": await client.post(path, json={**body, "approved": "yes"}, headers=shop),
                 "oversized reason": await client.post(path, json={**body, "reason": "r" * 3000}, headers=shop),
                 "malformed": await client.post(
                     path, content=b"{nope", headers={**shop, "Content-Type": "application/json"}
@@ -346,6 +348,7 @@ async def test_the_gateway_approves_under_the_key_scopes_with_the_keys_name(redi
         "unknown call": 404,
         "not an object": 422,
         "unknown field": 422,
+        "approved as text": 422,
         "oversized reason": 422,
         "malformed": 422,
     }, {k: r.text[:200] for k, r in refusals.items()}

@@ -232,6 +232,8 @@ async def test_the_gateway_forks_under_the_source_keys_scopes(store, keys):
         (auth(CALC_KEY), {"turn_id": "t1", "text": "x" * 3000}, 413, "AGENTSTREAM_MAX_TURN_BYTES"),
         (auth(CALC_KEY), {"turn_id": ""}, 422, "turn_id"),
         (auth(CALC_KEY), {"turn_id": "t1", "step": -1}, 422, "step"),
+        (auth(CALC_KEY), {"turn_id": "t1", "step": True}, 422, "step"),  # not read as 1
+        (auth(CALC_KEY), {"turn_id": "t1", "fork_id": "g2-a\u0000b"}, 422, "control"),  # as a turn's trace id
     ],
 )
 async def test_the_gateway_refuses_a_fork_it_cannot_make(store, keys, headers, body, status, says):

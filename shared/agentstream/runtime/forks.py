@@ -25,7 +25,9 @@ from agentstream.steps.summarising import outcome_key
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.checks import WireLimits
+from agentstream.wire.codec import ID_RULE
 from agentstream.wire.events import Compaction, CompactionFailed, Event, ForkedFrom
+from agentstream.wire.jsontext import control_character
 from agentstream.wire.keys import trace_id_problem
 
 
@@ -109,6 +111,8 @@ async def fork_conversation(
     problem = trace_id_problem(fork_id) if fork_id.strip() else "it is empty"
     if problem is None and "/" in fork_id:
         problem = "it holds '/', which names a delegated task's trace"
+    if problem is None and (found := control_character(fork_id)) is not None:
+        problem = f"it holds {found}; {ID_RULE}"  # as a turn's trace id is refused
     if problem is not None:
         raise ForkRefused(f"fork id {fork_id!r} cannot name a trace: {problem}", kind="invalid")
     entries = await store.read(source_trace_id)
