@@ -154,8 +154,13 @@ async def test_a_raw_blocking_read_in_any_case_keeps_off_the_shared_connection(r
     try:
         await client.ping()  # the shared connection is up
         for token in ("block", b"Block"):
+            waiting = int((await client.info("clients"))["blocked_clients"])
             blocked = asyncio.create_task(client.execute_command("XREAD", token, 1500, "STREAMS", stream, "$"))
-            await asyncio.sleep(0.1)
+            # the read is in Redis before the write (a fixed sleep lost that race on a loaded machine)
+            for _ in range(200):
+                if int((await client.info("clients"))["blocked_clients"]) > waiting:
+                    break
+                await asyncio.sleep(0.005)
             # behind the read, were it on the shared connection, this would wait the 1.5 s out and
             # find the read already answered by an entry written after it
             assert await asyncio.wait_for(client.xadd(stream, {b"k": b"v"}), 1.0)
