@@ -17,7 +17,12 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.timeout(900)  # about two minutes alone; a machine shared with other work takes longer
 def test_kill_9_chaos_every_turn_ends_exactly_once(redis_url, namespace, tmp_path, capsys):
     config = ChaosConfig(
-        conversations=50, turns_per_conversation=4, publish_over_s=20.0, kill_every_s=(0.5, 2.0), seed=7
+        conversations=50,
+        turns_per_conversation=4,
+        publish_over_s=20.0,
+        kill_every_s=(0.5, 2.0),
+        seed=7,
+        deadline_s=600.0,  # under pytest-xdist it shares 2 cores with the other workers' tests
     )
     result = ChaosRun(redis_url, namespace, tmp_path, config).run()
     with capsys.disabled():

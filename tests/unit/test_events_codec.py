@@ -101,7 +101,9 @@ def test_the_schema_version_went_up_with_rolls_back_and_older_entries_still_read
     from agentstream.wire.events import TRACE_SCHEMA_VERSIONS_READ, ToolsOffered
 
     assert TRACE_SCHEMA_VERSION == 3 and TRACE_SCHEMA_VERSIONS_READ == (1, 2, 3)
-    assert codec.encode_entry(EVENTS[0])[b"v"] == b"3"
+    # each entry under the oldest version that reads it: 3 only for what 2 cannot read
+    assert codec.encode_entry(EVENTS[0])[b"v"] == b"2"
+    assert codec.encode_entry(TurnInput(turn_id="t2", agent="a", text="x", rolls_back="t1"))[b"v"] == b"3"
     assert codec.decode_entry(
         codec.encode_entry(ToolsOffered(turn_id="t1", step=0, agent="a")), trace_id="tr"
     ) == ToolsOffered(turn_id="t1", step=0, agent="a")

@@ -1225,27 +1225,31 @@ def run(
                         err=True,
                     )
                     trace_id = uuid.uuid4().hex
-                    typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
-                    for _ in range(turns):
-                        try:
-                            ending = asyncio.run(
-                                _ask(
-                                    settings,
-                                    agent,
-                                    text,
-                                    trace_id,
-                                    timeout_s,
-                                    hint=RUN_HINT + _exited(procs),
-                                    on_published=asking.append,
+                    # one event loop for every turn, made before the trace line: a Ctrl-C between
+                    # two turns never lands in a loop half made (its __del__ then printed a traceback)
+                    with asyncio.Runner() as runner:
+                        runner.get_loop()
+                        typer.secho(f"trace {trace_id}", fg=typer.colors.BRIGHT_BLACK, err=True)
+                        for _ in range(turns):
+                            try:
+                                ending = runner.run(
+                                    _ask(
+                                        settings,
+                                        agent,
+                                        text,
+                                        trace_id,
+                                        timeout_s,
+                                        hint=RUN_HINT + _exited(procs),
+                                        on_published=asking.append,
+                                    )
                                 )
-                            )
-                        except REDIS_ERRORS as exc:
-                            raise _unreachable(settings, exc) from None
-                        asking.clear()  # it ended (or run gave up waiting: its services stop with it)
-                        if not isinstance(ending, TurnEnded):
-                            break
-                    if ending is not None:
-                        asyncio.run(_verify(settings, app, trace_id, quiet=True))
+                            except REDIS_ERRORS as exc:
+                                raise _unreachable(settings, exc) from None
+                            asking.clear()  # it ended (or run gave up waiting: its services stop with it)
+                            if not isinstance(ending, TurnEnded):
+                                break
+                        if ending is not None:
+                            runner.run(_verify(settings, app, trace_id, quiet=True))
                 except KeyboardInterrupt:
                     interrupted = True
                     raise

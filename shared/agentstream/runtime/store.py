@@ -425,7 +425,9 @@ class TraceStore:
         """
         if then and after is None:
             raise ValueError("conditional appends (then=) need after=: the id the step read up to")
-        argv = self._append_args(then, fence=fence, after=after, expire_ms=expire_ms, unless=unless, release=release)
+        argv = self._append_args(
+            [*events, *then], len(then), fence=fence, after=after, expire_ms=expire_ms, unless=unless, release=release
+        )
         argv += self._event_args([*events, *then], keys)
         script_keys = [*self._trace_keys(trace_id)[:3], release[0] if release else self.keys.trace(trace_id)]
         failed: list[Entry] = []
@@ -444,13 +446,14 @@ class TraceStore:
                 await self.redis.xadd(stream, fields)
         return appended
 
-    def _append_args(self, then, *, fence, after, expire_ms, unless, release) -> list:
-        """The first eight arguments of the append script (see lua/append.lua)."""
+    def _append_args(self, everything, then_count: int, *, fence, after, expire_ms, unless, release) -> list:
+        """The first eight arguments of the append script (see lua/append.lua) for ``everything``
+        it appends (its events, then ``then``), written under :func:`codec.entry_version`."""
         return [
             "" if fence is None else str(fence),
-            codec._VERSION_BYTES,
+            codec.entry_version(everything),
             after or "",
-            len(then),
+            then_count,
             "" if expire_ms is None else str(max(1, int(expire_ms))),
             self.read_count,
             unless or "",
@@ -530,7 +533,9 @@ class TraceStore:
         """
         if not entries:
             raise ValueError("append_publish_release needs at least one entry to publish")
-        argv = self._append_args(then, fence=fence, after=after, expire_ms=expire_ms, unless=None, release=None)
+        argv = self._append_args(
+            [*events, *then], len(then), fence=fence, after=after, expire_ms=expire_ms, unless=None, release=None
+        )
         jobs = any(call_id for call_id, _stream, _field, _payload in entries)
         ack_stream, group, attempts, entry_id = (
             ack if ack is not None else (self.keys.trace(trace_id), "", self.keys.trace(trace_id), "")
@@ -668,7 +673,7 @@ class TraceStore:
             args=[
                 turn.turn_id,
                 entry_id,
-                codec._VERSION_BYTES,
+                codec.entry_version((turn,)),
                 codec.encode(turn),
                 "" if expire_ms is None else str(max(1, int(expire_ms))),
                 "1" if take else "0",

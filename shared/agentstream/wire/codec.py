@@ -31,9 +31,12 @@ from agentstream.wire.entries import EntryFields, doubled_refusal
 from agentstream.wire.events import (
     BUSY_POLICIES,
     TRACE_SCHEMA_VERSION,
+    ApprovalAwaited,
+    ApprovalDecided,
     ApprovalMessage,
     CancelMessage,
     Event,
+    ForkedFrom,
     Reply,
     TaskInput,
     ToolJob,
@@ -74,9 +77,27 @@ for (TypeError), a string holding a lone UTF-16 surrogate, which UTF-8 cannot en
 §3: UnicodeEncodeError, a ValueError), an integer past msgspec's range, nesting past the stack."""
 
 
+WRITTEN_BEFORE_3 = b"2"
+"""The schema version an entry is written under when it needs nothing of version 3."""
+
+
+def entry_version(events: Iterable[Event]) -> bytes:
+    """The trace schema version an append of ``events`` is written under: the oldest that reads
+    every one of them. That is 2, unless one needs 3: an approval's events, a fork's first event, or
+    a turn input that rolls a turn back. So during a rolling update a release that reads up to 2
+    (0.1.0, 0.2.0) reads what this one writes, and refuses visibly only what it cannot read
+    (tests/e2e/test_upgrade_skew.py)."""
+    for event in events:
+        if isinstance(event, (ApprovalAwaited, ApprovalDecided, ForkedFrom)) or (
+            isinstance(event, TurnInput) and event.rolls_back is not None
+        ):
+            return _VERSION_BYTES
+    return WRITTEN_BEFORE_3
+
+
 def encode_entry(event: Event) -> dict[bytes, bytes]:
-    """An event → the fields of its trace stream entry."""
-    return {VERSION_FIELD: _VERSION_BYTES, EVENT_FIELD: _event_encoder.encode(event)}
+    """An event → the fields of its trace stream entry (its version: :func:`entry_version`)."""
+    return {VERSION_FIELD: entry_version((event,)), EVENT_FIELD: _event_encoder.encode(event)}
 
 
 _ELEMENT_HOLDERS = (TurnInput, TaskInput, ToolOutput)

@@ -685,7 +685,9 @@ NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 """A string of at least one character (the turn message's ids, agent and text; still a ``str``)."""
 
 
-class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+# omit_defaults: a field left at its default is not written, so a turn that uses no field newer than
+# an older agent loop (busy_policy, approval) reads there too, during a rolling update
+class TurnMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """The turn message other backends publish on the turns stream.
 
     Publish it as a JSON object in the field ``turn`` of a stream entry::
