@@ -85,12 +85,20 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         ("kill → next progress of the work it held, p50", f"{f['kill → next progress p50 (s)']} s"),
         ("kill → next progress of the work it held, p90", f"{f['kill → next progress p90 (s)']} s"),
         ("kill → next progress of the work it held, max", f"{f['kill → next progress max (s)']} s"),
-        ("recoveries measured", f["recoveries measured"]),
+        ("recoveries measured (work held at a kill)", f["recoveries measured"]),
         *(
             (
                 f"kill → next progress, {kind} (p50 / p90 / max, measured)",
                 f"{f[f'kill → next progress, {kind} p50 (s)']} / {f[f'kill → next progress, {kind} p90 (s)']} / "
                 f"{f[f'kill → next progress, {kind} max (s)']} s ({f[f'kill → next progress, {kind}, measured']})",
+            )
+            for kind in ("quick work", "slow tools")
+        ),
+        *(
+            (
+                f"{kind}: until delivered again · then until its tool started · the tool's own run · the rest "
+                "(p50 / p90)",
+                " · ".join(f"{f[f'{kind}: {part} p50 / p90 (s)']} s" for part in ("claim", "handler", "tool", "rest")),
             )
             for kind in ("quick work", "slow tools")
         ),
@@ -126,7 +134,8 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
             if config.hostile_every_s
             else ""
         )
-        + "The services run with their own concurrency (16) and batch size (32). A random service process "
+        + f"The services run at concurrency {config.env.get('AGENTSTREAM_CONCURRENCY', '64 (the default)')}. "
+        "A random service process "
         f"(never the last live one of its service) is killed with SIGKILL every {config.kill_every_s[0]}–"
         f"{config.kill_every_s[1]} s and restarted {config.restart_after_s[0]}–{config.restart_after_s[1]} s later, "
         f"half the time under a new consumer name. Settings: {env}.",
@@ -135,9 +144,16 @@ def section(result: ChaosResult, config: ChaosConfig, version: str, command: str
         "|---|---|",
         table,
         "",
-        '"Kill → next progress" is, for every trace the killed process held pending entries for at the moment of '
-        "the kill, the time until the next event was appended to that trace (p50, p90 and max over all of them); the "
-        "target is 10 s. A `record` call whose worker was killed mid-run gets an outcome-unknown error result instead "
+        '"Kill → next progress" is, for every piece of work the killed process held at the kill (its pending '
+        "entries: a tool call's job, a turn or a wake-up of a trace), the time until that work's next progress: the "
+        "call's result, or the trace's next event for a turn or a wake-up (p50, p90 and max over all of them). It is "
+        "quick or slow by that work alone: a tool call planned at 1 s or more is slow, a step is quick; the target is "
+        "quick work's p90 at most 10 s. Its parts: until the entry was delivered again (claimed by a live consumer once "
+        "idle, or read again by the process restarted under its name; watched every 0.1 s), then until its tool "
+        "started (the wait for a handler; for a step or a call that did not run again, the whole handling), and the "
+        "own run of the tool run that answered (the test tools log every run's start and end); the rest is the "
+        "result's write, or a run killed again and its own recovery. "
+        "A `record` call whose worker was killed mid-run gets an outcome-unknown error result instead "
         "of running again, which is why its effects never repeat; `work` and `upsert` calls may run again, but only after "
         'the process of their earlier run was killed: "entries handled twice" counts the calls started again while that '
         'process lived (every run of a tool logs its start, end and pid), and a "false outcome unknown" is one given to a '
@@ -170,6 +186,13 @@ def main() -> int:
     parser.add_argument("--tool-workers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--deadline-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--kill-every-s", type=float, nargs=2, default=(0.5, 2.5), metavar=("MIN", "MAX"), help="pause between kills"
+    )
+    parser.add_argument(
+        "--restart-after-s", type=float, nargs=2, default=(0.1, 1.5), metavar=("MIN", "MAX"), help="pause to a restart"
+    )
+    parser.add_argument("--concurrency", type=int, default=0, help="AGENTSTREAM_CONCURRENCY (0: the default)")
     parser.add_argument("--quick-tools", action="store_true", help="only quick tools (no run time near the idle time)")
     parser.add_argument("--no-hostile", action="store_true", help="inject no hostile entries or copies")
     parser.add_argument("--write", action="store_true", help="record the figures in bench/RESULTS.md")
@@ -184,7 +207,11 @@ def main() -> int:
         seed=args.seed,
         slow_tools=not args.quick_tools,
         hostile_every_s=None if args.no_hostile else (0.2, 0.6),
+        kill_every_s=tuple(args.kill_every_s),
+        restart_after_s=tuple(args.restart_after_s),
     )
+    if args.concurrency:
+        config.env["AGENTSTREAM_CONCURRENCY"] = str(args.concurrency)
     with redis_url() as url, tempfile.TemporaryDirectory(prefix="agentstream-chaos-") as logs:
         version = redis_version(url)
         print(

@@ -23,7 +23,7 @@ def make(redis, keys, name, handler, **config):
         config=ConsumerConfig(
             block_ms=50,
             min_idle_ms=config.pop("min_idle_ms", 200),
-            reclaim_interval_ms=50,
+            reclaim_interval_ms=config.pop("reclaim_interval_ms", 50),
             retry_delay_s=config.pop("retry_delay_s", 0.05),
             **config,
         ),
@@ -697,3 +697,61 @@ async def test_after_one_crash_entries_run_side_by_side_and_after_two_alone(redi
     assert {ids[1], ids[2]} <= beside(ids[0])  # their second start: side by side
     assert (await redis.xpending(stream, "g"))["pending"] == 0
     assert not await redis.hgetall(c.attempts_key)
+
+
+async def test_suspects_of_one_kill_run_together_in_halved_groups_never_beside_innocent_entries(redis, keys):
+    # Entries that failed twice (a killed process's suspects) ran alone, one at a time: 64 of
+    # them after two kills took 64 tool run times. Now they run beside each other in groups of
+    # half the handlers (halved again at each further crash), and never beside an entry that is
+    # no suspect, so a poison entry still takes no innocent one down with it.
+    stream = f"{keys.namespace}:work"
+    c = make(redis, keys, "w1", None, min_idle_ms=3_600_000, concurrency=8)
+    await c.ensure_group()
+    ids = [(await redis.xadd(stream, {b"x": str(i).encode()})).decode() for i in range(8)]
+    await redis.xreadgroup("g", "w1", {stream: ">"}, count=8)  # delivered, then the process "died"
+    suspects = set(ids[:6])  # started twice before: their third start is a suspect's, group of 8 / 2
+    await redis.hset(c.attempts_key, mapping={**dict.fromkeys(ids[:6], 2), ids[6]: 0, ids[7]: 0})
+    spans: dict[str, tuple[float, float]] = {}
+
+    async def handler(entry_id, fields):
+        started = asyncio.get_running_loop().time()
+        await asyncio.sleep(0.3)
+        spans[entry_id] = (started, asyncio.get_running_loop().time())
+
+    again = make(redis, keys, "w1", handler, min_idle_ms=3_600_000, concurrency=8)
+    await again.run_until_idle()
+    assert sorted(spans) == sorted(ids)
+
+    def beside(entry_id: str) -> set[str]:
+        start, end = spans[entry_id]
+        return {other for other, (s, e) in spans.items() if other != entry_id and s < end and start < e}
+
+    for entry in suspects:
+        assert beside(entry) <= suspects  # no innocent entry beside a suspect
+    most = max(sum(1 for s, e in spans.values() if s <= at < e) for at, _ in spans.values())
+    assert most == 4  # a group: half of the 8 handlers, not one at a time and not all 6
+    assert (await redis.xpending(stream, "g"))["pending"] == 0
+    assert not await redis.hgetall(c.attempts_key)
+
+
+async def test_a_dead_consumers_idle_entry_takes_the_next_free_slot_before_new_entries(redis, keys):
+    # A consumer whose every slot was busy when its look for idle entries came skipped it until
+    # the next look, and meanwhile filled each freed slot with a new entry: under a steady load
+    # a dead consumer's entries waited behind the queue. The freed slot now goes to the claim.
+    stream = f"{keys.namespace}:work"
+    order: list[bytes] = []
+
+    async def handler(entry_id, fields):
+        order.append(fields[b"x"])
+        if fields[b"x"].startswith(b"new"):
+            await asyncio.sleep(0.5)
+
+    c = make(redis, keys, "w1", handler, concurrency=1, min_idle_ms=300, reclaim_interval_ms=300)
+    await c.ensure_group()
+    await redis.xadd(stream, {b"x": b"dead's"})
+    await redis.xreadgroup("g", "w0", {stream: ">"}, count=1)  # w0 took it and died
+    for i in range(3):
+        await redis.xadd(stream, {b"x": f"new-{i}".encode()})
+    await run_for(c, 1.4)
+    # right after the entry that held the slot (first, when the look found it idle already)
+    assert b"dead's" in order and order.index(b"dead's") <= 1, order

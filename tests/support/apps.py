@@ -74,7 +74,8 @@ def _count_effect(tool_name: str) -> None:
 
 
 def runs_key(namespace: str) -> str:
-    """The list where the delivery tools log each run's start and end: ``<trace>/<call>|<tool>|<phase>|<pid>``."""
+    """The list where the delivery tools log each run's start and end:
+    ``<trace>/<call>|<tool>|<phase>|<pid>|<unix ms>``."""
     return f"{namespace}:test:runs"
 
 
@@ -84,7 +85,7 @@ def _log_run(tool_name: str, phase: str) -> None:
     call = current_call()
     _redis().rpush(
         runs_key(os.environ["AGENTSTREAM_NAMESPACE"]),
-        f"{call.trace_id}/{call.call_id}|{tool_name}|{phase}|{os.getpid()}",
+        f"{call.trace_id}/{call.call_id}|{tool_name}|{phase}|{os.getpid()}|{time.time() * 1000.0:.0f}",
     )
 
 

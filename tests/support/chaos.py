@@ -24,8 +24,14 @@ from the traces and the work streams, that:
   cancel, wake-ups, tool jobs) while the run goes on; a service process that exits by itself is
   counted (and restarted).
 
-And it measures, for every kill, the time from the kill to the next event in each trace the
-killed process was holding work for (its pending entries at the moment of the kill).
+And it measures, for every kill, each piece of work the killed process held (its pending
+entries at the moment of the kill): the time from the kill to its next progress (a tool call's
+result; for a turn or a wake-up, the trace's next event), in parts: until the entry was
+delivered again (claimed by another consumer after the idle time, or read again by the process
+restarted under its name; watched every 0.1 s), then until its tool started (the wait for a
+handler, or the whole handling when no tool ran), and the tool's own run (every run of a test
+tool logs its start and end). Work is quick or slow by what the entry held: a tool call planned
+at :data:`SLOW_WORK_MS` or more is slow, a step is quick.
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import statistics
 import time
 from collections import Counter
@@ -92,12 +97,50 @@ class ChaosConfig:
 
 
 @dataclass
+class Held:
+    """One entry a killed process held (pending on it) at the kill, and when it was delivered again."""
+
+    stream: str
+    group: str
+    entry_id: str
+    trace_id: str
+    call_id: str = ""  # a tool job's call; "" for the agent loop's entries (turns, wake-ups)
+    delivered: int = 0  # Redis's delivery count at the kill
+    redelivered_ms: float | None = None  # first seen claimed by another consumer or read again (unix ms)
+
+
+@dataclass
 class Kill:
     at_ms: float
     name: str
     service: str
-    stranded: set[str]  # traces whose work the process held (its pending entries)
+    held: list[Held]  # the entries pending on the process at the kill (hostile ones left out)
     pid: int = 0
+
+    @property
+    def stranded(self) -> set[str]:
+        """The traces whose work the process held."""
+        return {h.trace_id for h in self.held}
+
+
+@dataclass
+class Recovery:
+    """From a kill to the next progress of one entry the killed process held (seconds): the
+    wait until it was delivered again (claimed after the idle time, or drained by the process
+    restarted under its name), then until its tool's first run started (the wait for a handler;
+    the whole handling when no tool ran), the own run of the tool run that answered, and the
+    rest (the result's write; a run killed again and its recovery); ``slow`` when the work was
+    a tool call planned at :data:`SLOW_WORK_MS` or more."""
+
+    total: float
+    claim: float
+    handler: float
+    tool: float
+    slow: bool
+
+    @property
+    def rest(self) -> float:
+        return self.total - self.claim - self.handler - self.tool
 
 
 @dataclass
@@ -127,11 +170,9 @@ class ChaosResult:
     hostile_entries: int = 0
     duplicate_copies: int = 0
     malformed_copies: int = 0
-    recovery_s: list[float] = field(default_factory=list)
-    # the same, split by the work of the trace: quick (every tool call under the claim idle time)
-    # or slow (a call around or over it, whose own run time is part of its recovery)
-    recovery_quick_s: list[float] = field(default_factory=list)
-    recovery_slow_s: list[float] = field(default_factory=list)
+    # per entry a killed process held: its work quick (a step, a tool call under SLOW_WORK_MS)
+    # or slow (a call around or over the claim idle time, whose own run time is in its recovery)
+    recoveries: list[Recovery] = field(default_factory=list)
     slowest: list[tuple[float, str, str, str]] = field(default_factory=list)  # (s, killed, service, trace)
     seconds: float = 0.0
 
@@ -155,8 +196,14 @@ class ChaosResult:
             or self.services_stopped
         )
 
+    @property
+    def recovery_s(self) -> list[float]:
+        return [r.total for r in self.recoveries]
+
     def figures(self) -> dict[str, object]:
         rec = sorted(self.recovery_s)
+        quick = [r for r in self.recoveries if not r.slow]
+        slow = [r for r in self.recoveries if r.slow]
         return {
             "turns": self.turns,
             "answered": self.answered,
@@ -183,8 +230,10 @@ class ChaosResult:
             "kill → next progress p90 (s)": round(rec[int(0.9 * (len(rec) - 1))], 2) if rec else None,
             "kill → next progress max (s)": round(rec[-1], 2) if rec else None,
             "recoveries measured": len(rec),
-            **_spread("kill → next progress, quick work", self.recovery_quick_s),
-            **_spread("kill → next progress, slow tools", self.recovery_slow_s),
+            **_spread("kill → next progress, quick work", [r.total for r in quick]),
+            **_spread("kill → next progress, slow tools", [r.total for r in slow]),
+            **_parts("quick work", quick),
+            **_parts("slow tools", slow),
             "wall time (s)": round(self.seconds, 1),
         }
 
@@ -203,14 +252,37 @@ def _spread(label: str, seconds: list[float]) -> dict[str, object]:
     }
 
 
+def _parts(label: str, recoveries: list[Recovery]) -> dict[str, object]:
+    """p50 and p90 of each part of the recoveries under ``label``: claim, handler, tool, rest."""
+    out: dict[str, object] = {}
+    for part in ("claim", "handler", "tool", "rest"):
+        s = sorted(getattr(r, part) for r in recoveries)
+        out[f"{label}: {part} p50 / p90 (s)"] = (
+            f"{statistics.median(s):.2f} / {s[int(0.9 * (len(s) - 1))]:.2f}" if s else None
+        )
+    return out
+
+
 SLOW_WORK_MS = 1000
-"""A ``work`` call at least this long, or a paused ``record``/``upsert``, makes a plan slow: around
-or over the run's claim idle time (1.5 s), so its recovery includes the tool's own run time."""
+"""A tool call planned at least this long is slow work: around or over the run's claim idle
+time (1.5 s), so its recovery includes the tool's own run time."""
 
 
-def plan_is_slow(plan: str) -> bool:
-    """Whether a turn's plan (:func:`_plan`'s text) holds a slow tool call."""
-    return "@" in plan or any(int(ms) >= SLOW_WORK_MS for ms in re.findall(r"work\((\d+)\)", plan))
+def planned_ms(name: str, arguments: str, env: dict[str, str]) -> float:
+    """A test tool call's planned run time in ms, from its arguments: ``work``'s ``ms``, a
+    ``record``/``upsert`` call's pause (``key@seconds``, else ``AGENTSTREAM_TEST_<NAME>_S``)."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return 0.0
+    if not isinstance(args, dict):
+        return 0.0
+    if name == "work":
+        return float(args.get("ms") or 0)
+    key = str(args.get("key", ""))
+    if "@" in key:
+        return float(key.rsplit("@", 1)[1]) * 1000.0
+    return float(env.get(f"AGENTSTREAM_TEST_{name.upper()}_S", "0") or 0) * 1000.0
 
 
 def _work_ms(rng: random.Random, slow: bool) -> int:
@@ -270,7 +342,6 @@ class ChaosRun:
         self.client = sync_client(redis_url)
         self.kills: list[Kill] = []
         self.turns: list[tuple[str, str]] = []
-        self.slow_traces: set[str] = set()  # traces with a slow tool call in any turn (plan_is_slow)
         self.stopped = 0
         self.stopped_logs: list[str] = []
         self.injected = Counter()
@@ -300,7 +371,7 @@ class ChaosRun:
                 published = 0
                 next_kill = time.monotonic() + self.rng.uniform(*cfg.kill_every_s)
                 next_hostile = time.monotonic()
-                next_check = 0.0
+                next_check = next_watch = 0.0
                 down: dict[str, float] = {}  # slot → restart time
                 total = len(pending_turns)
                 while time.monotonic() - started < cfg.deadline_s:
@@ -311,8 +382,6 @@ class ChaosRun:
                             self.client, self.keys, trace_id=trace_id, turn_id=turn_id, agent="plan", text=text
                         )
                         self.turns.append((trace_id, turn_id))
-                        if plan_is_slow(text):
-                            self.slow_traces.add(trace_id)
                         published += 1
                     if cfg.hostile_every_s and now >= next_hostile:
                         self._inject()
@@ -335,6 +404,9 @@ class ChaosRun:
                                 names[slot] = f"{slot}-g{generation[slot]}"
                             services.start(names[slot], roles[slot])
                             del down[slot]
+                    if now >= next_watch:
+                        self._watch_redeliveries()
+                        next_watch = now + 0.1
                     if published == total and now >= next_check:
                         next_check = now + 1.0
                         if self._ended() >= total:  # every turn has its ending in its trace
@@ -380,10 +452,34 @@ class ChaosRun:
         return sorted(out)
 
     def _kill(self, services: Services, name: str, service: str) -> None:
-        stranded = self._held_by(name, service)
+        held = self._held_by(name, service)
         pid = services.procs[name].pid
         services.stop(name, kill=True)
-        self.kills.append(Kill(at_ms=time.time() * 1000.0, name=name, service=service, stranded=stranded, pid=pid))
+        self.kills.append(Kill(at_ms=time.time() * 1000.0, name=name, service=service, held=held, pid=pid))
+
+    def _watch_redeliveries(self) -> None:
+        """Note when each entry a killed process held is delivered again: claimed by another
+        consumer, read again by the process restarted under its name, or gone (acknowledged)."""
+        waiting = [h for kill in self.kills for h in kill.held if h.redelivered_ms is None]
+        if not waiting:
+            return
+        streams = {(h.stream, h.group) for h in waiting}
+        owners: dict[str, tuple[str, int]] = {}
+        for stream, group in streams:
+            try:
+                rows = self.client.xpending_range(stream, group, min="-", max="+", count=100_000)
+            except redis_sync.ResponseError:
+                continue
+            for row in rows:
+                owners[_text(row["message_id"])] = (_text(row["consumer"]), int(row["times_delivered"]))
+        now_ms = time.time() * 1000.0
+        for kill in self.kills:
+            for h in kill.held:
+                if h.redelivered_ms is not None:
+                    continue
+                owner = owners.get(h.entry_id)
+                if owner is None or owner[0] != kill.name or owner[1] > h.delivered:
+                    h.redelivered_ms = now_ms
 
     def _up(self, services: Services, name: str) -> bool:
         log_file = self.log_dir / f"{name}.log"
@@ -447,8 +543,8 @@ class ChaosRun:
             return stream
         return self.rng.choice(self.keys.partitions_of(stream))
 
-    def _held_by(self, consumer: str, service: str) -> set[str]:
-        """The traces of the entries pending on ``consumer`` (what a kill strands)."""
+    def _held_by(self, consumer: str, service: str) -> list[Held]:
+        """The entries pending on ``consumer`` (what a kill strands), hostile ones left out."""
         k = self.keys
         if service == "agent-loop":
             streams = [
@@ -458,7 +554,7 @@ class ChaosRun:
             ]
         else:
             streams = [(s, TOOL_WORKER_GROUP, JOB_FIELD) for s in k.partitions_of(k.tools("default"))]
-        traces = set()
+        held = []
         for stream, group, fld in streams:
             try:
                 pending = self.client.xpending_range(stream, group, min="-", max="+", count=1000, consumername=consumer)
@@ -477,8 +573,17 @@ class ChaosRun:
                     except Exception:  # a hostile entry
                         continue
                     if decoded.trace_id.startswith("chaos-"):
-                        traces.add(decoded.trace_id)
-        return traces
+                        held.append(
+                            Held(
+                                stream=stream,
+                                group=group,
+                                entry_id=_text(p["message_id"]),
+                                trace_id=decoded.trace_id,
+                                call_id=getattr(decoded, "call_id", "") if fld == JOB_FIELD else "",
+                                delivered=int(p["times_delivered"]),
+                            )
+                        )
+        return held
 
     def _ended(self) -> int:
         pipe = self.client.pipeline(transaction=False)
@@ -504,10 +609,10 @@ class ChaosRun:
                 pass
         return total
 
-    @staticmethod
-    def _wait(predicate, timeout_s: float) -> None:
+    def _wait(self, predicate, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not predicate():
+            self._watch_redeliveries()
             time.sleep(0.1)
 
     # --- checking -------------------------------------------------------------------------
@@ -525,8 +630,10 @@ class ChaosRun:
         killed_pids = {kill.pid for kill in self.kills}
         killed_names = {kill.name for kill in self.kills if kill.service == "tool-worker"}
         starts: dict[str, list[int]] = {}  # trace/call → pids of the runs that started, in order
+        runs_at: dict[str, list[tuple[str, float]]] = {}  # trace/call → (phase, unix ms) of its runs
         for raw in self.client.lrange(apps.runs_key(self.namespace), 0, -1):
-            call, _tool, phase, pid = raw.decode().split("|")
+            call, _tool, phase, pid, at_ms = raw.decode().split("|")
+            runs_at.setdefault(call, []).append((phase, float(at_ms)))
             if phase == "start":
                 starts.setdefault(call, []).append(int(pid))
         # a call started again while the process of an earlier run was never killed: handled twice
@@ -534,11 +641,16 @@ class ChaosRun:
         by_trace: dict[str, list[str]] = {}
         for trace_id, turn_id in self.turns:
             by_trace.setdefault(trace_id, []).append(turn_id)
-        event_ms: dict[str, list[float]] = {}
+        timeline: dict[str, list[tuple[float, object]]] = {}  # trace → (ms, event)
+        planned: dict[tuple[str, str], float] = {}  # (trace, call) → the call's planned run time, ms
         for trace_id, turn_ids in by_trace.items():
             entries = codec.decode_entries(self.client.xrange(self.keys.trace(trace_id)), trace_id=trace_id)
-            event_ms[trace_id] = [float(entry_id.split("-")[0]) for entry_id, _ in entries]
+            timeline[trace_id] = [(float(entry_id.split("-")[0]), e) for entry_id, e in entries]
             events = [e for _, e in entries]
+            for e in events:
+                if isinstance(e, ModelOutput):
+                    for c in e.tool_calls:
+                        planned[(trace_id, c.id)] = planned_ms(c.name, c.arguments, self.config.env)
             endings = {e.turn_id: e for e in events if isinstance(e, (TurnEnded, TurnFailed))}
             inputs = {e.turn_id for e in events if isinstance(e, TurnInput)}
             for turn_id in turn_ids:
@@ -580,14 +692,60 @@ class ChaosRun:
         r.missing_replies = sum(1 for _, turn_id in self.turns if turn_id not in replies)
         r.left_pending = self._pending()
         for kill in self.kills:
-            if kill.stranded:
+            if kill.held:
                 r.kills_holding_work += 1
-            for trace_id in kill.stranded:
-                later = [ms for ms in event_ms.get(trace_id, []) if ms > kill.at_ms]
-                if later:
-                    seconds = (min(later) - kill.at_ms) / 1000.0
-                    r.recovery_s.append(seconds)
-                    (r.recovery_slow_s if trace_id in self.slow_traces else r.recovery_quick_s).append(seconds)
-                    r.slowest.append((round(seconds, 2), kill.name, kill.service, trace_id))
+            for trace_id, recovery in _recoveries(kill, timeline, runs_at, planned):
+                r.recoveries.append(recovery)
+                r.slowest.append((round(recovery.total, 2), kill.name, kill.service, trace_id))
         r.slowest = sorted(r.slowest, reverse=True)[:5]
         return r
+
+
+def _recoveries(
+    kill: Kill,
+    timeline: dict[str, list[tuple[float, object]]],
+    runs_at: dict[str, list[tuple[str, float]]],
+    planned: dict[tuple[str, str], float],
+) -> list[tuple[str, Recovery]]:
+    """(trace, :class:`Recovery`) of every piece of work ``kill`` stranded: each tool call whose
+    job the process held (its next progress: its result), and each trace whose turn or wake-up
+    it held (its next progress: the trace's next event). Work recorded before the kill (an entry
+    only left to acknowledge) has nothing to recover and is left out."""
+    out = []
+    seen: set[tuple[str, str]] = set()
+    for h in kill.held:
+        if (h.trace_id, h.call_id) in seen:
+            continue
+        seen.add((h.trace_id, h.call_id))
+        events = timeline.get(h.trace_id, [])
+        later = [
+            ms
+            for ms, e in events
+            if ms > kill.at_ms and (not h.call_id or (isinstance(e, ToolOutput) and e.call_id == h.call_id))
+        ]
+        if not later:
+            continue
+        done = min(later)
+        runs = runs_at.get(f"{h.trace_id}/{h.call_id}", []) if h.call_id else []
+        starts = [ms for phase, ms in runs if phase == "start" and kill.at_ms < ms <= done]
+        again = min(h.redelivered_ms or done, done, *starts)
+        if starts:  # the wait for a handler: to the first run's start; the tool: the run that answered
+            last = max(starts)
+            ended = min((ms for phase, ms in runs if phase == "end" and last <= ms <= done), default=done)
+            handler, tool = min(starts) - again, ended - last
+        else:
+            handler, tool = done - again, 0.0
+        slow = planned.get((h.trace_id, h.call_id), 0.0) >= SLOW_WORK_MS if h.call_id else False
+        recovery = Recovery(
+            total=(done - kill.at_ms) / 1000.0,
+            claim=(again - kill.at_ms) / 1000.0,
+            handler=handler / 1000.0,
+            tool=tool / 1000.0,
+            slow=slow,
+        )
+        out.append((h.trace_id, recovery))
+    return out
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -11,7 +11,9 @@ entry, several at a time. Its rules:
   entries (``>``): a restarted process that keeps its consumer name finishes what it left.
 - Entries pending on any consumer for longer than ``min_idle_ms`` are claimed in batches
   (XAUTOCLAIM; on Redis ≥ 8.4, XREADGROUP's ``CLAIM`` option instead) and handled again, so a
-  dead worker's entries are finished by a live one.
+  dead worker's entries are finished by a live one. They go before new entries: a look for idle
+  entries that found no free slot takes the next one that frees (:func:`reclaim_owed`), so a
+  busy consumer does not fill every freed slot with new entries while a dead one's wait.
 - A consumer never takes into its hands (new reads, claims of idle entries, the drain of its
   own pending entries, retries) more entries than it has free handler slots, so no entry waits
   in the process for a slot while its idle time runs out. Every entry in its hands (running,
@@ -24,13 +26,18 @@ entry, several at a time. Its rules:
 - A handler that raises is retried by the same consumer after a growing delay; one that raises
   :class:`Deferred` is handed the entry again after the delay it asks for, without counting it.
 - An entry whose handler started twice before without success (its process may have died on it
-  twice) is handled alone in its process: no other handler runs beside it, so a poison entry that
-  kills its worker takes innocent entries with it at most twice (C17). One failed start is not
-  enough (:func:`runs_alone`): a process killed with 64 handlers running leaves 64 entries that
-  started once, and handling each of them alone made the recovery from one ``kill -9`` take minutes
-  (``bench/chaos.py``). The retry beside others is counted as a start, so an innocent entry beside
-  a poison one spends one of its ``max_deliveries`` starts on it, never more, and its last start
-  is always alone: no entry is dead-lettered for another's crash.
+  twice) is a suspect (:func:`is_suspect`): it runs only beside other suspects, never beside an
+  entry that is not one, in a group no bigger than its :func:`group_limit`, which halves with
+  each further failed start down to 1 (alone), and is 1 at its last allowed start. So the
+  suspects of one kill run half of them at a time, a group that finishes clears its members, and
+  a group whose process dies again splits: a poison entry that kills its worker is narrowed down
+  in about log2(``concurrency``) crashes (C17), and its innocent companions finish in the groups
+  that survive instead of one at a time. One failed start makes no suspect: a process killed
+  with 64 handlers running leaves 64 entries that started once, and they run side by side again.
+  Running each suspect alone (before) made one ``kill -9`` of a busy worker cost minutes of
+  recovery (``bench/chaos.py``). A suspect's start is counted once its group may run, so a
+  crash while it waits does not count for it, and its last start is always alone: no entry is
+  dead-lettered for another's crash.
 - Deliveries are counted by agentstream itself (:mod:`agentstream.runtime.claims`): once per handler
   start, before it runs, so a process killed mid-handler counts, while re-reads, claim renewals
   and deferrals do not (Redis's own ``times_delivered`` counts all of those: field case C17).
@@ -159,54 +166,122 @@ def current_delivery() -> Delivery | None:
 
 
 ISOLATE_AFTER_STARTS = 2
-"""Failed starts after which an entry is handled alone in its process (see :func:`runs_alone`)."""
+"""Failed starts after which an entry is a suspect: it runs only beside other suspects, in a
+group that halves with each further failed start (see :func:`group_limit`)."""
 
 
-def runs_alone(attempts: int, concurrency: int, max_deliveries: int) -> bool:
-    """Whether an entry at its ``attempts``-th handler start (this one counted) runs alone in its
-    process, when its consumer runs handlers side by side (``concurrency`` > 1): after
+def is_suspect(attempts: int, concurrency: int, max_deliveries: int) -> bool:
+    """Whether an entry at its ``attempts``-th handler start (this one counted) is a suspect, when
+    its consumer runs handlers side by side (``concurrency`` > 1): after
     :data:`ISOLATE_AFTER_STARTS` failed starts, and at its last allowed start (``max_deliveries``)
-    after any failed one, so an entry is never dead-lettered for a crash beside it. Pure; see
-    the module docstring."""
+    after any failed one. A suspect never runs beside an entry that is not one. Pure."""
     if concurrency <= 1 or attempts <= 1:
         return False
     return attempts > ISOLATE_AFTER_STARTS or attempts >= max_deliveries
 
 
+def group_limit(attempts: int, concurrency: int, max_deliveries: int) -> int:
+    """The most handlers that may run in the process (this one included) while an entry runs at
+    its ``attempts``-th start (this one counted) → 1 to ``concurrency``. Pure.
+
+    ``concurrency`` for an entry that is no suspect (:func:`is_suspect`); for a suspect, half of
+    ``concurrency`` after :data:`ISOLATE_AFTER_STARTS` failed starts, halved again at each further
+    one, and 1 (alone) from the start that reaches 1 on and at its last allowed start: the
+    suspects of one kill run in groups, and a group whose process dies again runs next in groups
+    half as big, so a poison entry is narrowed down in about log2(``concurrency``) crashes while
+    the innocent entries beside it finish in the groups that survive. Its last start alone, no
+    entry is dead-lettered for a crash beside it.
+
+    Example (``concurrency`` 64, ``max_deliveries`` 10): starts 1 and 2 → 64, 3 → 32, 4 → 16,
+    5 → 8, 6 → 4, 7 → 2, 8 to 10 → 1.
+    """
+    if not is_suspect(attempts, concurrency, max_deliveries):
+        return max(1, concurrency)
+    if attempts >= max_deliveries:
+        return 1
+    failed = attempts - 1
+    return max(1, concurrency >> (failed - ISOLATE_AFTER_STARTS + 1))
+
+
+def runs_alone(attempts: int, concurrency: int, max_deliveries: int) -> bool:
+    """Whether an entry at its ``attempts``-th start runs with no other handler beside it
+    (:func:`group_limit` is 1 while handlers could run side by side). Pure."""
+    return concurrency > 1 and group_limit(attempts, concurrency, max_deliveries) == 1
+
+
+def may_enter(limit: int | None, normal_running: int, suspect_limits: list[int], waiting_limits: list[int]) -> bool:
+    """Whether a handler may start now in the process (the rule of :class:`IsolationGate`). Pure.
+
+    Args:
+        limit: the entry's :func:`group_limit` when it is a suspect, None when it is not.
+        normal_running: handlers of entries that are no suspects running now.
+        suspect_limits: the group limits of the suspects running now.
+        waiting_limits: the group limits of the suspects waiting to start (this one included).
+
+    An entry that is no suspect starts while no suspect runs or waits. A suspect starts while
+    no other entry runs, the group it joins stays within its own limit and the limit of every
+    suspect in it, and no waiting suspect has a smaller limit (the smaller group goes first, so
+    a narrowed-down suspect is not starved by bigger groups).
+    """
+    if limit is None:
+        return not suspect_limits and not waiting_limits
+    if normal_running:
+        return False
+    size = len(suspect_limits) + 1
+    if size > min([limit, *suspect_limits]):
+        return False
+    return all(other >= limit for other in waiting_limits)
+
+
+def reclaim_owed(free: int, *, stopping: bool) -> bool:
+    """Whether a round of reclaiming idle entries stopped before the end of its scan of the
+    pending entries list for want of a free handler slot (``free`` slots left): then its scan
+    goes on at the next free slot, before any new entry is read, since idle entries of a dead
+    consumer have waited longest. Pure."""
+    return free <= 0 and not stopping
+
+
 class IsolationGate:
     """Who may run now among the handlers of one process's consumers of one work stream (all its
-    partitions): an entry that failed twice before (a suspect, :func:`runs_alone`) runs alone, no
-    other handler beside it;
-    the others wait while it runs. Shared by the consumers of a stream's partitions, so a suspect
-    in one partition takes no innocent entry of another with it when it kills its worker."""
+    partitions), by :func:`may_enter`: entries that failed twice before (suspects) run only
+    beside each other, in groups no bigger than their :func:`group_limit`; the others wait while
+    suspects run or wait. Shared by the consumers of a stream's partitions, so a suspect in one
+    partition takes no innocent entry of another with it when it kills its worker."""
 
     def __init__(self) -> None:
         self._cond = asyncio.Condition()
         self._normal_running = 0
-        self._isolating = False
+        self._suspects: list[int] = []  # the group limits of the suspects running
+        self._waiting: list[int] = []  # the group limits of the suspects waiting to run
 
-    async def enter(self, suspect: bool, stream: str) -> None:
-        """Wait for the right to run: a suspect waits until it can run alone; others wait while one does."""
+    async def enter(self, limit: int | None, stream: str) -> None:
+        """Wait for the right to run: ``limit`` is the entry's group limit when it is a suspect,
+        None when it is not (:func:`may_enter`)."""
         async with self._cond:
-            await self._cond.wait_for(lambda: not self._isolating)
-            if not suspect:
+            if limit is None:
+                await self._cond.wait_for(lambda: may_enter(None, self._normal_running, self._suspects, self._waiting))
                 self._normal_running += 1
                 return
-            self._isolating = True
+            self._waiting.append(limit)
             try:
-                await self._cond.wait_for(lambda: self._normal_running == 0)
-            except BaseException:
-                self._isolating = False
+                await self._cond.wait_for(lambda: may_enter(limit, self._normal_running, self._suspects, self._waiting))
+            finally:
+                self._waiting.remove(limit)
                 self._cond.notify_all()
-                raise
-            log.info("handling an entry of %s that failed before on its own (no other handler beside it)", stream)
+            self._suspects.append(limit)
+            log.info(
+                "handling an entry of %s that failed before beside suspects only (%d running, at most %d)",
+                stream,
+                len(self._suspects),
+                min(self._suspects),
+            )
 
-    async def leave(self, suspect: bool) -> None:
+    async def leave(self, limit: int | None) -> None:
         async with self._cond:
-            if suspect:
-                self._isolating = False
-            else:
+            if limit is None:
                 self._normal_running -= 1
+            else:
+                self._suspects.remove(limit)
             self._cond.notify_all()
 
 
@@ -270,7 +345,7 @@ class StreamConsumer:
         self._refunds: dict[str, int] = {}  # entry → counted starts that were not deliveries
         self._interrupted: set[str] = set()  # entries whose handler was cancelled (shutdown)
         self._unwritten: set[str] = set()  # entries whose current start is their first, not written down
-        self._gate = gate or IsolationGate()  # suspects (entries that failed twice before) run alone
+        self._gate = gate or IsolationGate()  # suspects (entries that failed twice before) run in shrinking groups
         self._acking: tuple[list[str], asyncio.Future[None]] | None = None  # the acks of this turn of the loop
         self._claim_option: bool | None = None
         self.handled = 0
@@ -295,79 +370,106 @@ class StreamConsumer:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def run(self, stop: asyncio.Event) -> None:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+    async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set, then wait for the entries in hand.
 
         Cancelling this task (a shutdown's grace period ran out) cancels the handlers in hand
         and releases their entries for another consumer; nothing unfinished is acknowledged.
         """
-        loop = asyncio.get_running_loop()
         keeper = asyncio.create_task(self._keep_claims_loop(stop), name=f"claims:{self.stream}")
-        backoff_s = _FIRST_BACKOFF_S
-        need_group = True
-        next_reclaim = 0.0
-        next_prune = loop.time() + self.config.prune_interval_s * random.random()
-        next_trim = loop.time() + self.config.trim_interval_ms / 1000.0 * random.random()
         try:
-            while not stop.is_set():
-                try:
-                    if need_group:
-                        await self.ensure_group()
-                        need_group = False
-                    if self._claim_option is None:
-                        self._claim_option = await self._detect_claim_option()
-                    await self._retry_due()
-                    if self._drain_cursor is not None:
-                        await self._drain_own_pending(stop)
-                    now = loop.time()
-                    if self._drain_cursor is None and not self._claim_option and now >= next_reclaim:
-                        await self._reclaim(stop)
-                        next_reclaim = now + self.config.reclaim_interval_ms / 1000.0
-                    if self.config.delete_idle_consumers_ms and now >= next_prune:
-                        await self._prune_consumers()
-                        next_prune = now + self.config.prune_interval_s
-                    if self.config.trim_interval_ms and now >= next_trim:
-                        await self._trim()
-                        next_trim = now + self.config.trim_interval_ms / 1000.0
-                    if self._drain_cursor is None:
-                        await self._read_new(stop, block_ms=self._block_for(loop.time()))
-                    else:  # draining: wait for a slot, not for new entries
-                        await self._wait_for_slot(self._block_for(loop.time()))
-                    backoff_s = _FIRST_BACKOFF_S
-                except ResponseError as exc:
-                    if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
-                        need_group = True
-                        log.warning(
-                            "stream %s or its group %s is gone (Redis restarted without persistence or was "
-                            "flushed?); recreating in %.1f s",
-                            self.stream,
-                            self.group,
-                            backoff_s,
-                        )
-                    else:
-                        log.error("Redis error on %s: %s; retrying in %.1f s", self.stream, exc, backoff_s)
-                    await _sleep_or_stop(stop, _jitter(backoff_s))
-                    backoff_s = min(backoff_s * 2, self.config.backoff_max_s)
-                except _REDIS_DOWN as exc:
-                    log.warning("lost Redis on %s (%s); reconnecting in %.1f s", self.stream, exc, backoff_s)
-                    await _sleep_or_stop(stop, _jitter(backoff_s))
-                    backoff_s = min(backoff_s * 2, self.config.backoff_max_s)
-            if self._inflight:
-                await asyncio.gather(*self._inflight.values(), return_exceptions=True)
-            if self._waiting:
-                await self._release(list(self._waiting), refund=False)
+            await self._consume(stop)
+            await self._finish_in_hand()
         except asyncio.CancelledError:
-            for task in list(self._inflight.values()):
-                if not task.cancelling():  # not already told (a cancelled gather tells its children)
-                    task.cancel()
-            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
-            held = list(self._interrupted)
-            await self._release([*held, *self._waiting], refund=True, counted=set(held))
+            await self._abandon_in_hand()
             raise
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
+
+    async def _consume(self, stop: asyncio.Event) -> None:
+        """Rounds of :meth:`_round` until ``stop`` is set; Redis trouble backs off, growing and
+        jittered, and a missing stream or group is recreated."""
+        loop = asyncio.get_running_loop()
+        rounds = _Rounds(
+            next_prune=loop.time() + self.config.prune_interval_s * random.random(),
+            next_trim=loop.time() + self.config.trim_interval_ms / 1000.0 * random.random(),
+        )
+        while not stop.is_set():
+            try:
+                await self._round(stop, rounds)
+                rounds.backoff_s = _FIRST_BACKOFF_S
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc) or "no longer exists" in str(exc):
+                    rounds.need_group = True
+                    log.warning(
+                        "stream %s or its group %s is gone (Redis restarted without persistence or was "
+                        "flushed?); recreating in %.1f s",
+                        self.stream,
+                        self.group,
+                        rounds.backoff_s,
+                    )
+                else:
+                    log.error("Redis error on %s: %s; retrying in %.1f s", self.stream, exc, rounds.backoff_s)
+                await self._back_off(stop, rounds)
+            except _REDIS_DOWN as exc:
+                log.warning("lost Redis on %s (%s); reconnecting in %.1f s", self.stream, exc, rounds.backoff_s)
+                await self._back_off(stop, rounds)
+
+    async def _back_off(self, stop: asyncio.Event, rounds: _Rounds) -> None:
+        await _sleep_or_stop(stop, _jitter(rounds.backoff_s))
+        rounds.backoff_s = min(rounds.backoff_s * 2, self.config.backoff_max_s)
+
+    async def _round(self, stop: asyncio.Event, rounds: _Rounds) -> None:
+        """One round: retries due, the drain of own pending entries, idle entries of other
+        consumers, housekeeping, then new entries (or a wait for a free slot)."""
+        loop = asyncio.get_running_loop()
+        if rounds.need_group:
+            await self.ensure_group()
+            rounds.need_group = False
+        if self._claim_option is None:
+            self._claim_option = await self._detect_claim_option()
+        await self._retry_due()
+        if self._drain_cursor is not None:
+            await self._drain_own_pending(stop)
+        now = loop.time()
+        reclaiming = self._drain_cursor is None and not self._claim_option
+        if reclaiming and (rounds.reclaim_owed or now >= rounds.next_reclaim):
+            rounds.reclaim_owed = await self._reclaim(stop)
+            if not rounds.reclaim_owed:
+                rounds.next_reclaim = now + self.config.reclaim_interval_ms / 1000.0
+        await self._housekeeping(now, rounds)
+        if self._drain_cursor is None and not rounds.reclaim_owed:
+            await self._read_new(stop, block_ms=self._block_for(loop.time()))
+        else:  # draining, or a dead consumer's entries wait for a slot: they go before new ones
+            await self._wait_for_slot(self._block_for(loop.time()))
+
+    async def _housekeeping(self, now: float, rounds: _Rounds) -> None:
+        """Delete idle consumers and trim the stream when their time has come."""
+        if self.config.delete_idle_consumers_ms and now >= rounds.next_prune:
+            await self._prune_consumers()
+            rounds.next_prune = now + self.config.prune_interval_s
+        if self.config.trim_interval_ms and now >= rounds.next_trim:
+            await self._trim()
+            rounds.next_trim = now + self.config.trim_interval_ms / 1000.0
+
+    async def _finish_in_hand(self) -> None:
+        """After ``stop``: wait for the handlers running, give back the entries waiting for a retry."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        if self._waiting:
+            await self._release(list(self._waiting), refund=False)
+
+    async def _abandon_in_hand(self) -> None:
+        """Cancelled: cancel the handlers in hand and release their entries, their interrupted
+        starts uncounted, and the entries waiting for a retry."""
+        for task in list(self._inflight.values()):
+            if not task.cancelling():  # not already told (a cancelled gather tells its children)
+                task.cancel()
+        await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        held = list(self._interrupted)
+        await self._release([*held, *self._waiting], refund=True, counted=set(held))
 
     async def run_until_idle(self, *, idle_reads: int = 1) -> None:
         """Handle entries until a read finds nothing ``idle_reads`` times in a row (for tests).
@@ -475,14 +577,19 @@ class StreamConsumer:
             await self._release(unstarted, refund=False, unstarted=True)
         return len(entries)
 
-    async def _reclaim(self, stop: asyncio.Event) -> None:
+    async def _reclaim(self, stop: asyncio.Event) -> bool:
         """Claim entries idle on other (dead) consumers, no more at a time than there are free
         slots. The scan goes on through the whole pending entries list (at most
         ``_RECLAIM_CALLS`` calls a round; the next round goes on where this one stopped), so idle
-        entries behind many live ones are reached too."""
+        entries behind many live ones are reached too.
+
+        Returns whether the round stopped for want of a free slot before its scan ended
+        (:func:`reclaim_owed`): the next slot that frees then goes to the next round, before any
+        new entry, so a dead consumer's entries do not wait behind a busy handler pool."""
         start = self._reclaim_cursor
         calls = 0
-        while not stop.is_set() and (free := self._free()) > 0 and calls < _RECLAIM_CALLS:  # only what can start now
+        free = self._free()
+        while not stop.is_set() and free > 0 and calls < _RECLAIM_CALLS:  # only what can start now
             calls += 1
             reply = await self.redis.xautoclaim(
                 self.stream,
@@ -518,8 +625,10 @@ class StreamConsumer:
                 await self._dispatch(entry, fields)
             self._reclaim_cursor = next_start
             if next_start == "0-0":
-                return
+                return False
             start = next_start
+            free = self._free()
+        return reclaim_owed(free, stopping=stop.is_set())
 
     async def _lost_own_pending(self, low: str, high: str | None) -> None:
         """Find and report the bodiless entries pending on this consumer between ``low`` and ``high``.
@@ -638,20 +747,20 @@ class StreamConsumer:
                 dead_round = True
                 await self._dead_letter(entry_id, fields, attempts - 1)
                 return
-            suspect = runs_alone(attempts, self.config.concurrency, self.config.max_deliveries)
-            if suspect:  # not started until it runs alone: a co-runner's crash must not count for it
+            limit = self._suspect_limit(attempts)
+            if limit is not None:  # not started until its group may run: a crash before must not count for it
                 await self.redis.hincrby(self.attempts_key, entry_id, -1)
                 attempts -= 1
-            await self._enter(suspect)
+            await self._enter(limit)
             try:
-                if suspect:
+                if limit is not None:
                     attempts = await self._begin(entry_id)
                     if not attempts:
                         return
                 delivery = Delivery(self.stream, self.group, self.attempts_key, entry_id, task=asyncio.current_task())
                 outcome = await self._call_handler(entry_id, fields, attempts, delivery)
             finally:
-                await self._leave(suspect)
+                await self._leave(limit)
             if outcome:
                 self.handled += 1
                 if delivery.acknowledged:  # by the handler's last write
@@ -731,11 +840,18 @@ class StreamConsumer:
             return False
         return True
 
-    async def _enter(self, suspect: bool) -> None:
-        await self._gate.enter(suspect, self.stream)
+    def _suspect_limit(self, attempts: int) -> int | None:
+        """The group limit of an entry at its ``attempts``-th start when it is a suspect, else None."""
+        cfg = self.config
+        if not is_suspect(attempts, cfg.concurrency, cfg.max_deliveries):
+            return None
+        return group_limit(attempts, cfg.concurrency, cfg.max_deliveries)
 
-    async def _leave(self, suspect: bool) -> None:
-        await self._gate.leave(suspect)
+    async def _enter(self, limit: int | None) -> None:
+        await self._gate.enter(limit, self.stream)
+
+    async def _leave(self, limit: int | None) -> None:
+        await self._gate.leave(limit)
 
     def _refund(self, entry_id: str) -> None:
         self._refunds[entry_id] = self._refunds.get(entry_id, 0) + 1
@@ -969,6 +1085,18 @@ _ACK_LUA = script("ack")  # agentstream/runtime/lua/ack.lua
 
 ACK_BATCH = 1000
 """The most entries acknowledged by one command (Lua's ``unpack`` takes a few thousand values)."""
+
+
+@dataclass
+class _Rounds:
+    """What :meth:`StreamConsumer.run`'s rounds carry from one to the next (event loop clock, s)."""
+
+    next_prune: float
+    next_trim: float
+    next_reclaim: float = 0.0
+    reclaim_owed: bool = False  # a reclaim stopped for want of a slot: idle entries go before new ones
+    need_group: bool = True
+    backoff_s: float = _FIRST_BACKOFF_S
 
 
 class _AckAbandoned(Exception):

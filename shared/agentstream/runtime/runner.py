@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from agentstream.errors import ConfigError, ServiceFailed
@@ -179,7 +179,7 @@ async def startup_checks(consumers: Sequence[Runner], stop: asyncio.Event, readi
             break
 
 
-async def run_consumers(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+async def run_consumers(
     consumers: Sequence[Runner],
     *,
     stop: asyncio.Event | None = None,
@@ -212,92 +212,139 @@ async def run_consumers(  # noqa: C901 (an outlier from before the complexity li
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     if handle_signals:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-    server = None
-    streams = None
-    if metrics_port and consumers:
-        # the gauges cover streams, not keys of another type that a runner is named by (the
-        # watchdog's sorted set says so with ``stream_gauges = False``); a runner that works on
-        # several streams (the gateway publishes to every partition of the turns stream) lists
-        # them all in ``streams``
-        observed = [
-            s for c in consumers if getattr(c, "stream_gauges", True) for s in getattr(c, "streams", None) or [c.stream]
-        ]
-        streams = stream_gauges.StreamObserver(consumers[0].redis, observed, expected=expected_streams)
+        _on_signals(loop, stop.set)
+    streams = _stream_observer(consumers, expected_streams) if metrics_port and consumers else None
     readiness = Readiness(consumers, stop)
-    if metrics_port:
-        # the package's version is looked up on disk (importlib.metadata scans sys.path): off the loop,
-        # which may already run other services' consumers (several services in one process)
-        await asyncio.to_thread(metrics.set_build_info, service)
-        try:
-            server = await metrics.serve_http(
-                metrics_port,
-                ready=readiness,
-                host=metrics_host,
-                before_scrape=streams.refresh if streams is not None else None,
-            )
-        except OSError as exc:  # cannot heal by restarting: a configuration error
-            raise ConfigError(
-                f"cannot serve /metrics, /healthz and /readyz on {metrics_host}:{metrics_port} "
-                "(AGENTSTREAM_METRICS_HOST, AGENTSTREAM_METRICS_PORT): "
-                f"{exc.strerror or exc}"
-            ) from None
-    prober = observer = None
+    server = await _serve_metrics(metrics_port, metrics_host, service, readiness, streams) if metrics_port else None
+    helpers: list[asyncio.Task] = []
     failures: list[tuple[str, BaseException | None]] = []
     try:
         await startup_checks(consumers, stop, readiness)  # before any work is taken; /readyz says why meanwhile
         tasks = [asyncio.create_task(c.run(stop), name=f"consume:{c.stream}") for c in consumers]
         readiness.tasks = tasks
-        prober = asyncio.create_task(readiness.run(), name="readiness") if metrics_port else None
+        if metrics_port:
+            helpers.append(asyncio.create_task(readiness.run(), name="readiness"))
         if streams is not None:
-            observer = asyncio.create_task(streams.run(interval_s=metrics_interval_s, stop=stop))
-        waiter = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is waiter:
-                continue
-            error = task.exception()
-            if error is None and stop.is_set():
-                continue  # it returned because the service is stopping
-            if error is not None:
-                log.error("consumer %s stopped with an error; stopping the service", task.get_name(), exc_info=error)
-            else:
-                log.error("consumer %s stopped by itself; stopping the service", task.get_name())
-            failures.append((task.get_name(), error))
+            helpers.append(asyncio.create_task(streams.run(interval_s=metrics_interval_s, stop=stop)))
+        failures += await _until_stopped_or_failed(tasks, stop)
         stop.set()
-        waiter.cancel()
-        _, still = await asyncio.wait(tasks, timeout=grace_s)
-        for task in still:
-            log.warning(
-                "%s did not drain within %.1f s; cancelling what it holds and releasing it to other workers",
-                task.get_name(),
-                grace_s,
-            )
-            task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        reported = {name for name, _ in failures}
-        for task, result in zip(tasks, results, strict=True):
-            if task.get_name() not in reported and isinstance(result, Exception):
-                log.error("consumer %s stopped with an error while draining", task.get_name(), exc_info=result)
-                failures.append((task.get_name(), result))
+        failures += await _drain(tasks, grace_s, reported={name for name, _ in failures})
     finally:
-        for helper in (observer, prober):
-            if helper is not None:
-                helper.cancel()
-                await asyncio.gather(helper, return_exceptions=True)
+        for helper in helpers:
+            helper.cancel()
+            await asyncio.gather(helper, return_exceptions=True)
         if server is not None:
             server.close()
             await server.wait_closed()
         if handle_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(sig)
+            _on_signals(loop, None)
     if failures:
-        name, error = failures[0]
-        what = f"{type(error).__name__}: {error}" if error is not None else "it returned before the service was stopped"
-        raise ServiceFailed(
-            f"consumer {name} stopped ({what}); the service stopped so that it is restarted"
-            + (f" ({len(failures) - 1} more consumer(s) failed too)" if len(failures) > 1 else "")
-        ) from error
+        _raise_failed(failures)
+
+
+def _on_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[], object] | None) -> None:
+    """Call ``handler`` on SIGTERM and SIGINT (None: remove the handlers); where the loop cannot
+    (not the main thread, Windows), nothing."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            if handler is None:
+                loop.remove_signal_handler(sig)
+            else:
+                loop.add_signal_handler(sig, handler)
+
+
+def _stream_observer(
+    consumers: Sequence[Runner], expected_streams: dict[str, str] | None
+) -> stream_gauges.StreamObserver:
+    """The gauges of the consumers' streams."""
+    # the gauges cover streams, not keys of another type that a runner is named by (the
+    # watchdog's sorted set says so with ``stream_gauges = False``); a runner that works on
+    # several streams (the gateway publishes to every partition of the turns stream) lists
+    # them all in ``streams``
+    observed = [
+        s for c in consumers if getattr(c, "stream_gauges", True) for s in getattr(c, "streams", None) or [c.stream]
+    ]
+    return stream_gauges.StreamObserver(consumers[0].redis, observed, expected=expected_streams)
+
+
+async def _serve_metrics(
+    port: int,
+    host: str,
+    service: str,
+    readiness: Readiness,
+    streams: stream_gauges.StreamObserver | None,
+) -> asyncio.Server:
+    """Serve /metrics, /healthz and /readyz → the server; raises ConfigError when it cannot listen."""
+    # the package's version is looked up on disk (importlib.metadata scans sys.path): off the loop,
+    # which may already run other services' consumers (several services in one process)
+    await asyncio.to_thread(metrics.set_build_info, service)
+    try:
+        return await metrics.serve_http(
+            port,
+            ready=readiness,
+            host=host,
+            before_scrape=streams.refresh if streams is not None else None,
+        )
+    except OSError as exc:  # cannot heal by restarting: a configuration error
+        raise ConfigError(
+            f"cannot serve /metrics, /healthz and /readyz on {host}:{port} "
+            "(AGENTSTREAM_METRICS_HOST, AGENTSTREAM_METRICS_PORT): "
+            f"{exc.strerror or exc}"
+        ) from None
+
+
+async def _until_stopped_or_failed(
+    tasks: list[asyncio.Task], stop: asyncio.Event
+) -> list[tuple[str, BaseException | None]]:
+    """Wait until ``stop`` is set or a consumer's task ends → the consumers that stopped by
+    themselves or with an error (name, error or None)."""
+    failures: list[tuple[str, BaseException | None]] = []
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    for task in done:
+        if task is waiter:
+            continue
+        error = task.exception()
+        if error is None and stop.is_set():
+            continue  # it returned because the service is stopping
+        if error is not None:
+            log.error("consumer %s stopped with an error; stopping the service", task.get_name(), exc_info=error)
+        else:
+            log.error("consumer %s stopped by itself; stopping the service", task.get_name())
+        failures.append((task.get_name(), error))
+    return failures
+
+
+async def _drain(
+    tasks: list[asyncio.Task], grace_s: float, *, reported: set[str]
+) -> list[tuple[str, BaseException | None]]:
+    """Let the consumers finish what they hold within ``grace_s``, then cancel the rest → the
+    consumers (not in ``reported``) that stopped with an error meanwhile."""
+    _, still = await asyncio.wait(tasks, timeout=grace_s)
+    for task in still:
+        log.warning(
+            "%s did not drain within %.1f s; cancelling what it holds and releasing it to other workers",
+            task.get_name(),
+            grace_s,
+        )
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    failures: list[tuple[str, BaseException | None]] = []
+    for task, result in zip(tasks, results, strict=True):
+        if task.get_name() not in reported and isinstance(result, Exception):
+            log.error("consumer %s stopped with an error while draining", task.get_name(), exc_info=result)
+            failures.append((task.get_name(), result))
+    return failures
+
+
+def _raise_failed(failures: list[tuple[str, BaseException | None]]) -> None:
+    """Raise :class:`~agentstream.errors.ServiceFailed` for the first failure (its error chained)."""
+    name, error = failures[0]
+    what = f"{type(error).__name__}: {error}" if error is not None else "it returned before the service was stopped"
+    raise ServiceFailed(
+        f"consumer {name} stopped ({what}); the service stopped so that it is restarted"
+        + (f" ({len(failures) - 1} more consumer(s) failed too)" if len(failures) > 1 else "")
+    ) from error
