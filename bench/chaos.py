@@ -225,6 +225,9 @@ def main() -> int:
     print(f"load average (1 min): {before[0]:.1f} before, {after[0]:.1f} after")
     print(result.report())
     print("slowest recoveries (s, killed process, service, trace):", result.slowest)
+    print("slowest quick recoveries (s, claim, handler, tool, rest, killed process, trace, call):")
+    for row in result.slowest_quick:
+        print("  ", row)
     if result.lost:
         print("lost:", ", ".join(result.lost[:20]))
     for text in result.stopped_logs[:3]:

@@ -174,6 +174,7 @@ class ChaosResult:
     # or slow (a call around or over the claim idle time, whose own run time is in its recovery)
     recoveries: list[Recovery] = field(default_factory=list)
     slowest: list[tuple[float, str, str, str]] = field(default_factory=list)  # (s, killed, service, trace)
+    slowest_quick: list[tuple] = field(default_factory=list)  # (s, claim, handler, tool, rest, killed, trace, call)
     seconds: float = 0.0
 
     @property
@@ -694,9 +695,13 @@ class ChaosRun:
         for kill in self.kills:
             if kill.held:
                 r.kills_holding_work += 1
-            for trace_id, recovery in _recoveries(kill, timeline, runs_at, planned):
+            for (trace_id, call_id), recovery in _recoveries(kill, timeline, runs_at, planned):
                 r.recoveries.append(recovery)
                 r.slowest.append((round(recovery.total, 2), kill.name, kill.service, trace_id))
+                if not recovery.slow:
+                    parts = (recovery.total, recovery.claim, recovery.handler, recovery.tool, recovery.rest)
+                    r.slowest_quick.append((*(round(x, 2) for x in parts), kill.name, trace_id, call_id))
+        r.slowest_quick = sorted(r.slowest_quick, reverse=True)[:8]
         r.slowest = sorted(r.slowest, reverse=True)[:5]
         return r
 
@@ -706,8 +711,8 @@ def _recoveries(
     timeline: dict[str, list[tuple[float, object]]],
     runs_at: dict[str, list[tuple[str, float]]],
     planned: dict[tuple[str, str], float],
-) -> list[tuple[str, Recovery]]:
-    """(trace, :class:`Recovery`) of every piece of work ``kill`` stranded: each tool call whose
+) -> list[tuple[tuple[str, str], Recovery]]:
+    """((trace, call or ""), :class:`Recovery`) of every piece of work ``kill`` stranded: each tool call whose
     job the process held (its next progress: its result), and each trace whose turn or wake-up
     it held (its next progress: the trace's next event). Work recorded before the kill (an entry
     only left to acknowledge) has nothing to recover and is left out."""
@@ -743,7 +748,7 @@ def _recoveries(
             tool=tool / 1000.0,
             slow=slow,
         )
-        out.append((h.trace_id, recovery))
+        out.append(((h.trace_id, h.call_id), recovery))
     return out
 
 
