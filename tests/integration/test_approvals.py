@@ -116,6 +116,23 @@ async def test_an_approval_with_edited_arguments_runs_the_call_with_them(redis_u
     assert json.loads(made.arguments) == {"amount": 5}  # the trace keeps what the model asked for
 
 
+async def test_an_edit_off_the_tools_schema_is_refused_and_the_call_still_awaits_a_decision(redis_url):
+    async with TestBed(shop(), model=FunctionModel(rule), redis_url=redis_url) as bed:
+        turn = await bed.send("Pay 5")
+        [waiting] = await bed.awaiting(turn.trace_id)
+        bad = ApprovalMessage(
+            trace_id=turn.trace_id, call_id=waiting.call_id, approved=True, arguments='{"amount": "x"}'
+        )
+        await operations.publish_approval(bed._started()[0], bed.keys, bad)
+        await bed.run_until_idle()
+        errors = await errors_of(bed)
+        assert of(await bed.trace(turn.trace_id), ApprovalDecided) == []  # the bad edit used up nothing
+        await bed.approve(turn.trace_id, waiting.call_id, by="ana", arguments={"amount": 4})
+        reply = await bed.reply(turn)
+    assert len(errors) == 1 and "$.amount" in errors[0] and "do not match the tool's schema" in errors[0]
+    assert reply.answer.startswith("paid 4") and ("pay", "x") not in RUNS
+
+
 async def test_a_call_nobody_decides_is_denied_at_its_timeout(redis_url):
     settings = {"watchdog_interval_ms": 200}
     async with TestBed(shop(timeout_s=0.5), model=FunctionModel(rule), redis_url=redis_url, settings=settings) as bed:
@@ -334,6 +351,8 @@ async def test_the_gateway_approves_under_the_key_scopes_with_the_keys_name(redi
                 # not read as true: the stream's decoder refuses it too
                 "approved as text": await client.post(path, json={**body, "approved": "yes"}, headers=shop),
                 "oversized reason": await client.post(path, json={**body, "reason": "r" * 3000}, headers=shop),
+                # the tool's schema says an integer: refused before anything is decided
+                "edit off schema": await client.post(path, json={**body, "arguments": {"amount": "all"}}, headers=shop),
                 "malformed": await client.post(
                     path, content=b"{nope", headers={**shop, "Content-Type": "application/json"}
                 ),
@@ -350,8 +369,10 @@ async def test_the_gateway_approves_under_the_key_scopes_with_the_keys_name(redi
         "unknown field": 422,
         "approved as text": 422,
         "oversized reason": 422,
+        "edit off schema": 422,
         "malformed": 422,
     }, {k: r.text[:200] for k, r in refusals.items()}
+    assert "$.amount" in refusals["edit off schema"].json()["detail"]
     assert accepted.status_code == 202, accepted.text
     assert accepted.json()["by"] == "gateway:shop"
     [decided] = of(events, ApprovalDecided)

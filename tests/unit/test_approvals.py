@@ -272,6 +272,57 @@ def test_when_an_approval_edits_arguments_of_a_tool_that_does_not_allow_it_it_is
     assert isinstance(denial, Refused)
 
 
+def test_when_a_call_awaits_approval_the_schema_an_edit_must_match_is_recorded_only_if_editable():
+    decision = decide_at([TURN, output(PAY, ToolCall(id="c3", name="delete", arguments='{"path": "/etc/x"}'))])
+    assert isinstance(decision, AwaitApproval)
+    pay_wait, delete_wait = decision.awaited
+    assert pay_wait.parameters == pay.parameters  # an edit is checked against it, wherever it is decided
+    assert delete_wait.parameters is None  # not editable: no schema to carry
+
+
+def schema_awaited() -> ApprovalAwaited:
+    return ApprovalAwaited(
+        turn_id="t1", call_id="c1", name="pay", due_ms=NOW + 60_000, editable=True, why="w", parameters=pay.parameters
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "where"),
+    [
+        ('{"amount": "a lot"}', "$.amount"),  # wrong type
+        ("{}", "$"),  # a required argument missing
+        ('{"amount": ' + "[" * 5000 + "]" * 5000 + "}", "cannot be checked"),  # too deep to check
+    ],
+)
+def test_when_an_approval_edits_arguments_that_do_not_match_the_tools_schema_it_is_refused_and_decides_nothing(
+    arguments, where
+):
+    outcome = decide_message(
+        message(arguments=arguments), awaited=schema_awaited(), decided=None, turn_open=True, by="ana"
+    )
+    assert isinstance(outcome, Refused)
+    assert where in outcome.reason and "'c1'" in outcome.reason
+    assert len(outcome.reason) < 600  # the checker's message is cut: the value is not echoed whole
+
+
+def test_when_an_approval_edits_arguments_that_match_the_tools_schema_the_decision_carries_them():
+    outcome = decide_message(
+        message(arguments='{"amount": 3}'), awaited=schema_awaited(), decided=None, turn_open=True, by="ana"
+    )
+    assert isinstance(outcome, ApprovalDecided) and outcome.arguments == '{"amount": 3}'
+
+
+def test_when_the_recorded_schema_is_not_a_schema_an_edit_is_refused_not_let_through():
+    broken = msgspec.structs.replace(schema_awaited(), parameters={"type": 12})
+    outcome = decide_message(message(arguments="{}"), awaited=broken, decided=None, turn_open=True, by="ana")
+    assert isinstance(outcome, Refused) and "cannot be checked" in outcome.reason
+
+
+def test_when_a_trace_recorded_no_schema_an_edit_is_decided_and_the_tool_checks_it_when_it_runs():
+    outcome = decide_message(message(arguments="{}"), awaited=awaited(), decided=None, turn_open=True, by="ana")
+    assert isinstance(outcome, ApprovalDecided)
+
+
 # --- the approval message on the wire ------------------------------------------------------------
 
 

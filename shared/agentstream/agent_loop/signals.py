@@ -109,7 +109,8 @@ class Signals(LoopState):
         """An approval or a denial (the agent loop's group on the approvals stream): record it
         once per call, then advance the trace. One that cannot be read, or decides nothing (no
         such call awaiting approval, its turn ended, arguments the tool does not let a person
-        edit), is reported on the errors stream; a second one for a decided call changes nothing."""
+        edit or that do not match its schema), is reported on the errors stream; a second one for
+        a decided call changes nothing and is not reported (the first decision stands)."""
         source = self.keys.approvals
         try:
             message = wire.validate_approval(codec.entry_field(fields, APPROVAL_FIELD), self.limits)

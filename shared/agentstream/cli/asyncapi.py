@@ -188,7 +188,9 @@ def asyncapi_document(keys: Keys | None = None, *, server: str = "redis://localh
         description="Approvals and denials in: XADD an `approval` field of JSON (ApprovalMessage) for a tool call the "
         "trace records as awaiting one (event approval_awaited). The first decision of a call is appended to the "
         "trace (approval_decided) and wakes the turn; an approved call runs once, a denied one gets an error result "
-        f"the model sees. `by` is the publisher's word on this stream. A message that decides nothing goes to {keys.errors}.",
+        f"the model sees. `by` is the publisher's word on this stream. A message that cannot be read, or is refused (no such "
+        "call awaiting approval, its turn ended, edited arguments the tool does not allow or that do not match its "
+        f"schema), is reported on {keys.errors}; a second decision of a decided call changes nothing and is not reported.",
     )
     async def approvals(entry: ApprovalEntry) -> None:  # pragma: no cover
         ...

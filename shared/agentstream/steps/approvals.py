@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from agentstream.declarations.agents import Agent
 from agentstream.wire.events import (
@@ -114,6 +115,45 @@ def editable(agent: Agent, call: ToolCall) -> bool:
     return own is not None and own.approval_edits
 
 
+def _edit_schema(agent: Agent, call: ToolCall) -> dict[str, Any] | None:
+    """The schema an edit of ``call``'s arguments must match: its tool's ``parameters`` when the
+    approver may edit them, else None."""
+    own = agent.tool(call.name)
+    return dict(own.parameters) if own is not None and own.approval_edits else None
+
+
+EDIT_PROBLEM_MAX_CHARS = 300
+"""The most characters of the schema checker's message quoted in a refused edit (it may quote
+the value, which the sender has)."""
+
+
+def edit_problem(arguments: str, schema: dict[str, Any] | None) -> str | None:
+    """Why edited ``arguments`` (a JSON object, as text) cannot replace a call's, checked against
+    ``schema`` (the tool's ``parameters``, JSON Schema; the dialect its ``$schema`` names, else
+    draft 2020-12, with the ``jsonschema`` library) → None when they match, or when ``schema`` is
+    None (a trace written before the schema was recorded: the tool checks them when it runs).
+
+    The reason names the place of the first mismatch as a JSON path (``$.amount``) and what is
+    wrong there; a schema the checker cannot read, or arguments nested too deep to check, are
+    reasons too (an edit is never let through unchecked)."""
+    if schema is None:
+        return None
+    import jsonschema  # here, not at import: only an edited approval pays for it
+
+    try:
+        value = json.loads(arguments)
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        validator.check_schema(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except jsonschema.SchemaError as exc:
+        return f"the tool's argument schema cannot be checked ({exc.message[:EDIT_PROBLEM_MAX_CHARS]})"
+    except (ValueError, RecursionError) as exc:
+        return f"the edited arguments cannot be checked ({type(exc).__name__})"
+    if error is None:
+        return None
+    return f"the edited arguments do not match the tool's schema at {error.json_path}: {error.message[:EDIT_PROBLEM_MAX_CHARS]}"
+
+
 def denial_result(turn: TurnInput, call: ToolCall, decision: ApprovalDecided) -> ToolOutput:
     """The error result of a denied call: what the model sees instead of the tool's result."""
     if decision.timed_out:
@@ -194,6 +234,7 @@ def gate_calls(
                 due_ms=(now_ms or 0) + timeout_ms,
                 editable=editable(agent, call),
                 why=why,
+                parameters=_edit_schema(agent, call),
             )
         )
     if timeouts:
@@ -251,7 +292,7 @@ def decide_message(
     Returns:
         the decision to append; :class:`AlreadyDecided`; or :class:`Refused` with the reason
         (no such call awaiting approval, its turn ended, arguments the tool does not let a
-        person edit).
+        person edit, edited arguments that do not match the tool's schema: :func:`edit_problem`).
     """
     where = f"call {message.call_id!r} of trace {message.trace_id!r}"
     if decided is not None:
@@ -264,6 +305,9 @@ def decide_message(
         return Refused(f"{where}: tool {awaited.name!r} does not let its arguments be edited; approve it as made")
     if message.arguments is not None and not message.approved:
         return Refused(f"{where}: a denial carries no arguments")
+    problem = edit_problem(message.arguments, awaited.parameters) if message.arguments is not None else None
+    if problem is not None:
+        return Refused(f"{where}: {problem}; nothing was decided, send the decision again")
     return ApprovalDecided(
         turn_id=awaited.turn_id,
         call_id=awaited.call_id,

@@ -520,6 +520,9 @@ class ApprovalAwaited(msgspec.Struct, frozen=True, kw_only=True, tag="approval_a
         due_ms: when the call is denied if nobody decided (Unix milliseconds).
         editable: whether an approval may replace the call's arguments.
         why: what asks for the approval (the tool, the agent, the turn), for a person.
+        parameters: when ``editable``, the JSON schema of the tool's arguments (its
+            ``parameters``), so whoever takes a decision (the agent loop, the gateway) checks an
+            edit against it without loading the app; None otherwise.
     """
 
     turn_id: str
@@ -528,6 +531,7 @@ class ApprovalAwaited(msgspec.Struct, frozen=True, kw_only=True, tag="approval_a
     due_ms: int = 0
     editable: bool = False
     why: str = ""
+    parameters: dict[str, Any] | None = None
 
 
 class ApprovalDecided(msgspec.Struct, frozen=True, kw_only=True, tag="approval_decided"):
