@@ -315,3 +315,29 @@ def test_an_app_factory_that_raises_is_a_configuration_error(tmp_path, capsys, m
     assert exited.value.code == 2 and err.startswith(
         "error: app factory 'factoryapp:make' failed: KeyError: 'REDIS_URL'"
     ), err
+
+
+def test_gateway_key_with_a_backend_writes_a_key_the_gateway_confines_to_that_backend(tmp_path, capsys):
+    from agentstream.ops.apikeys import hash_key, load_keys
+
+    keys_file = tmp_path / "keys.yaml"
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(
+            ["gateway-key", "--name", "billing", "--agent", "*", "--backend", "billing", "--keys-file", str(keys_file)]
+        )
+    assert exited.value.code == 0
+    key = capsys.readouterr().out.strip()
+    ring = load_keys(path=str(keys_file))
+    [entry] = ring.keys
+    assert (entry.name, entry.backend) == ("billing", "billing")
+    assert ring.find(key) == entry and entry.sha256 == hash_key(key)
+
+
+def test_gateway_key_with_a_name_that_cannot_name_a_backend_is_refused_and_writes_nothing(tmp_path, capsys):
+    keys_file = tmp_path / "keys.yaml"
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(
+            ["gateway-key", "--name", "k", "--agent", "*", "--backend", "a:b", "--keys-file", str(keys_file)]
+        )
+    assert exited.value.code != 0
+    assert "cannot name a backend" in capsys.readouterr().err and not keys_file.exists()

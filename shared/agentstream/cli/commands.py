@@ -9,7 +9,8 @@ Commands:
 - ``serve <service> --app mod:app``: one service (``agent-loop``, ``tool-worker``,
   ``delegation``, ``compaction`` or ``gateway``, the HTTP gateway and web console); scale a
   service by running more of them.
-- ``gateway-key --name N --agent A``: a new API key for the gateway, and its keys-file entry.
+- ``gateway-key --name N --agent A [--backend B]``: a new API key for the gateway, and its
+  keys-file entry.
 - ``dev --app mod:app``: every service in one process.
 - ``ask "question"``: publish a turn to running services and follow it.
 - ``approve|deny <trace id> <call id>``: decide a tool call that awaits a person's approval.
@@ -1584,15 +1585,27 @@ def gateway_key(
         str | None,
         typer.Option(callback=_filled("the keys file"), help="Add the entry to this keys file (made if missing)."),
     ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            callback=_filled("a backend name", name=True),
+            help="Confine the key to this backend's conversations (one of AGENTSTREAM_BACKENDS).",
+        ),
+    ] = None,
 ) -> None:
     """Make a new API key for the HTTP gateway. Prints the key (once: the gateway stores only its
-    SHA-256) and, without --keys-file, the keys-file entry to put in the gateway's Secret."""
+    SHA-256) and, without --keys-file, the keys-file entry to put in the gateway's Secret. With
+    --backend the key publishes to, reads and cancels only that backend's conversations
+    (:mod:`agentstream.ops.apikeys`); a name that is not a backend name is refused as the keys
+    file's parser refuses it."""
     import yaml
 
     from agentstream.ops.apikeys import hash_key, new_key, parse_keys
 
     key = new_key()
-    entry = {"name": name, "sha256": hash_key(key), "agents": list(agent)}
+    entry: dict[str, object] = {"name": name, "sha256": hash_key(key), "agents": list(agent)}
+    if backend is not None:
+        entry["backend"] = backend
     document: dict = {"keys": []}
     try:
         if keys_file and os.path.exists(keys_file):
