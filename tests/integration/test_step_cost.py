@@ -233,11 +233,11 @@ def _script_sources() -> dict[str, tuple[str, str]]:
     import hashlib
 
     from agentstream.runtime import call_runs as calls
-    from agentstream.runtime import claims, consumer, conversations, store, watchdog
+    from agentstream.runtime import claims, consumer, conversations, store, turn_order, watchdog
     from agentstream.runtime import retention as trimming
 
     out = {}
-    for module in (store, consumer, claims, conversations, trimming, watchdog, calls):
+    for module in (store, consumer, claims, conversations, trimming, watchdog, calls, turn_order):
         for name, value in vars(module).items():
             if isinstance(value, str) and "redis.call" in value:
                 out[hashlib.sha1(value.encode()).hexdigest()] = (f"{module.__name__.rsplit('.', 1)[-1]}.{name}", value)

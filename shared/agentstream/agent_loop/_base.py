@@ -16,6 +16,7 @@ from agentstream.models import ChatModel
 from agentstream.ops import logs, tracing
 from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.store import Read, Taken, TraceStore
+from agentstream.runtime.turn_order import EarlierTurns
 from agentstream.steps.timeline import reply_of_ending
 from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import checks as wire
@@ -147,6 +148,8 @@ class LoopState:
     turn_deadline_s: float | None
     empty_hints: int
     _admitting: dict[str, list]
+    _earlier: EarlierTurns
+    _settled: dict[str, dict[str, None]]
     _reader: FoldReader
     _expire_ms: int | None
     _publishes_with_append: bool

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import msgspec
 
@@ -25,12 +27,18 @@ from agentstream.errors import (
 from agentstream.ops import logs, metrics
 from agentstream.runtime import conversations, operations
 from agentstream.runtime.cancel import publish_cancel
+from agentstream.runtime.connection import LOST_REDIS_ERRORS, REDIS_ERROR
+from agentstream.runtime.consumer import current_delivery
 from agentstream.runtime.reports import report_error
+from agentstream.runtime.store import Admitted
+from agentstream.runtime.turn_order import MOST_PENDING
+from agentstream.steps import turn_order
 from agentstream.steps.machine import RejectTurn, on_busy, queue_full_refusal
 from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
 from agentstream.wire.backends import TurnScope, turn_scope
+from agentstream.wire.entries import doubled_fields
 from agentstream.wire.events import (
     CancelMessage,
     Reply,
@@ -42,6 +50,28 @@ from agentstream.wire.events import (
 from agentstream.wire.failures import FailureCode
 from agentstream.wire.keys import TURN_FIELD
 
+_REDIS_DOWN = (*LOST_REDIS_ERRORS, OSError)  # Redis, not the entry, failed (as the consumer says)
+
+SETTLED_KEPT = 4096
+"""Turn entries per stream whose admission a process remembers deciding (:meth:`Admission._settle`)."""
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """An earlier turn entry that passed the rules (:meth:`Admission._enter_earlier`)."""
+
+    turn: TurnMessage
+    routing: TurnInput
+    payload: bytes | None
+
+    @property
+    def trace_id(self) -> str:
+        return self.turn.trace_id
+
+    @property
+    def turn_id(self) -> str:
+        return self.turn.turn_id
+
 
 class Admission(LoopState):
     """Turns in."""
@@ -50,37 +80,19 @@ class Admission(LoopState):
         """A published turn: validate it, append it once, and advance its trace.
 
         ``stream``: the partition of the turns stream the entry came from (what a report names;
-        default ``<ns>:turns``)."""
+        default ``<ns>:turns``). Read by a consumer, the entry enters after the turns of its trace
+        published before it on that stream that are not admitted yet, whatever process read them
+        (:meth:`_enter_earlier`)."""
         payload = fields.get(TURN_FIELD)
         where = stream or self.keys.turns
         try:
-            doubled = wire.doubled_turn_refusal(
-                fields, f"entry {entry_id} of {where}", keys=self.keys, limits=self.limits
-            )
-            if doubled is not None:  # a field given twice: which value counts is unknown, none is read
-                payload = None
-                raise doubled
-            if payload is None:
-                raise TurnRejected(
-                    f"entry {entry_id} of {where} has no field 'turn' "
-                    f"(fields: {sorted(k.decode(errors='replace') for k in fields)})"
-                )
-            # the wire's rules: size, depth, schema, ids, metadata, reply stream, agent
-            turn = wire.validate_turn(
-                payload, keys=self.keys, limits=self.limits, agents=(a.name for a in self.app.agents)
-            )
-            scope = self._scope(stream, turn.trace_id, turn.reply_to)
-            if scope.refusal is not None:  # another backend's conversation or replies: nothing touched
-                await self._refuse_foreign(entry_id, where, payload, turn.trace_id, turn.turn_id, turn.metadata, scope)
-                return
-            if scope.reply_to != turn.reply_to:  # a backend's turn without reply_to: its own stream
-                turn = msgspec.structs.replace(turn, reply_to=scope.reply_to)
-            # the agent's rules: its input type, its settings for the turn, the tool states asked
-            routing = self.app.turn_input(turn)
+            turn, routing, scope = self._checked(entry_id, fields, stream)
         except TurnRejected as exc:  # without a `turn` field, the entry's fields show what arrived
-            await self._reject(
-                entry_id, payload if payload is not None else codec.fields_json(fields), exc, stream=stream
-            )
+            shown = payload if payload is not None and not doubled_fields(fields) else codec.fields_json(fields)
+            await self._reject(entry_id, shown, exc, stream=stream)
+            return
+        if routing is None:  # another backend's conversation or replies: nothing touched
+            await self._refuse_foreign(entry_id, where, payload, turn.trace_id, turn.turn_id, turn.metadata, scope)
             return
         trace_id = turn.trace_id
         if "/" in trace_id and await self._refused_as_child(entry_id, where, payload, trace_id, turn.turn_id):
@@ -89,47 +101,194 @@ class Admission(LoopState):
             return
         with logs.bind(trace_id=trace_id):
             # turns of one trace enter it in the order this process started them (the order read):
-            # concurrent admissions would race on separate connections (see _admission_order)
+            # concurrent admissions would race on separate connections (see _admission_order); the
+            # earlier ones other processes read enter first (see _enter_earlier)
             async with self._admission_order(trace_id):
-                if (turn.busy_policy or self.busy_policy) != "queue":
-                    ended, first, absorbed, differs = await self.store.turn_copy(trace_id, routing, entry_id)
-                    if ended:
-                        if differs:
-                            await self._report_conflict(entry_id, where, turn, first, payload)
-                        await self._reply_again(entry_id, turn, first, absorbed=absorbed)
-                        return
-                    # which entry brought the turn: its own re-delivery is not a re-publish (see _reply_again)
-                    await operations.note_turn_entry(self.redis, self.keys, trace_id, turn.turn_id, entry_id)
-                    entering = await self._admit(turn, routing)
-                    if entering is None:
-                        return
-                    routing = entering
-                self._take_back(trace_id, entry_id)
-                fold = self.folds.get(trace_id)
-                # one round trip: ended before? else append once, take the lease, read what is new
-                admitted = await self.store.admit_turn(
-                    trace_id,
-                    routing,
-                    entry_id,
-                    take=True,
-                    ttl_ms=self.lease_ttl_ms,
-                    after=fold.last_id if fold is not None else None,
-                    expire_ms=self._expire_ms,
-                    max_open=self.max_queued_turns,
-                )
-                if admitted.full is not None:  # the conversation's queue is full: refused, nothing appended
-                    await self._refuse_full(turn, routing, admitted.full)
-                    return
-            if admitted.differs:  # same ids, another body: absorbed all the same, and reported
-                await self._report_conflict(entry_id, where, turn, admitted.first_entry, payload)
+                await self._enter_earlier(entry_id, trace_id)
+                entered = await self._enter(entry_id, where, turn, routing, payload, lead=True)
+            if entered is None:
+                return
+            admitted, fold = entered
+            if admitted.created:
+                await self._started(turn, fold)
             if admitted.ended:  # re-published (a backend lost the reply), re-delivered, or a copy seen while it ran
                 await self._reply_again(entry_id, turn, admitted.first_entry, absorbed=admitted.absorbed)
                 return
-            if admitted.created:
-                metrics.TURNS_STARTED.labels(agent=turn.agent).inc()
-                await self._note_turn(trace_id, fold)  # the gateway's list of recent conversations
             assert admitted.taken is not None
             await self._advance_taken(trace_id, entry_id, admitted.taken, fold)
+
+    def _checked(
+        self, entry_id: str, fields: Mapping[bytes, bytes], stream: str | None
+    ) -> tuple[TurnMessage, TurnInput | None, TurnScope]:
+        """The wire's rules (size, depth, schema, ids, metadata, reply stream, agent, each field
+        once) and the agent's (its input type, its settings for the turn, the tool states asked)
+        for a turn entry read from ``stream`` → ``(turn, its input, its scope)``; the input is
+        None when the scope refuses the turn (another backend's conversation or replies).
+
+        Raises:
+            TurnRejected: the entry breaks one of those rules.
+        """
+        payload = fields.get(TURN_FIELD)
+        where = stream or self.keys.turns
+        doubled = wire.doubled_turn_refusal(fields, f"entry {entry_id} of {where}", keys=self.keys, limits=self.limits)
+        if doubled is not None:  # a field given twice: which value counts is unknown, none is read
+            raise doubled
+        if payload is None:
+            raise TurnRejected(
+                f"entry {entry_id} of {where} has no field 'turn' "
+                f"(fields: {sorted(k.decode(errors='replace') for k in fields)})"
+            )
+        turn = wire.validate_turn(payload, keys=self.keys, limits=self.limits, agents=(a.name for a in self.app.agents))
+        scope = self._scope(stream, turn.trace_id, turn.reply_to)
+        if scope.refusal is not None:
+            return turn, None, scope
+        if scope.reply_to != turn.reply_to:  # a backend's turn without reply_to: its own stream
+            turn = msgspec.structs.replace(turn, reply_to=scope.reply_to)
+        return turn, self.app.turn_input(turn), scope
+
+    async def _enter(
+        self,
+        entry_id: str,
+        where: str,
+        turn: TurnMessage,
+        routing: TurnInput,
+        payload: bytes | None,
+        *,
+        lead: bool,
+    ) -> tuple[Admitted, TraceFold | None] | None:
+        """Admit turn entry ``entry_id`` (read from ``where``) into its trace once, under the trace's
+        admission order: its busy policy, the queue's cap, the append. ``lead``: the entry this
+        handler was given, whose admission takes the lease; else an earlier turn of the trace
+        another process read (:meth:`_enter_earlier`), left to its own handler to answer when it
+        ended before or was a copy.
+
+        Returns:
+            For ``lead``: ``(admitted, the trace's fold before it)`` when the turn is in the
+            trace or ended before (``admitted.ended``), else None (refused, rejected by its busy
+            policy, or answered). For an earlier turn: None.
+        """
+        trace_id = turn.trace_id
+        if (turn.busy_policy or self.busy_policy) != "queue":
+            ended, first, absorbed, differs = await self.store.turn_copy(trace_id, routing, entry_id)
+            if ended:
+                self._settle(where, entry_id)
+                if lead:
+                    if differs:
+                        await self._report_conflict(entry_id, where, turn, first, payload)
+                    await self._reply_again(entry_id, turn, first, absorbed=absorbed)
+                return None
+            # which entry brought the turn: its own re-delivery is not a re-publish (see _reply_again)
+            await operations.note_turn_entry(self.redis, self.keys, trace_id, turn.turn_id, entry_id)
+            entering = await self._admit(turn, routing)
+            if entering is None:
+                self._settle(where, entry_id)
+                return None
+            routing = entering
+        if lead:
+            self._take_back(trace_id, entry_id)
+        fold = self.folds.get(trace_id)
+        # one round trip: ended before? else append once, (for the lead) take the lease, read what is new
+        admitted = await self.store.admit_turn(
+            trace_id,
+            routing,
+            entry_id,
+            take=lead,
+            ttl_ms=self.lease_ttl_ms,
+            after=fold.last_id if fold is not None else None,
+            expire_ms=self._expire_ms,
+            max_open=self.max_queued_turns,
+        )
+        self._settle(where, entry_id)
+        if admitted.full is not None:  # the conversation's queue is full: refused, nothing appended
+            await self._refuse_full(turn, routing, admitted.full)
+            return None
+        if admitted.differs:  # same ids, another body: absorbed all the same, and reported
+            await self._report_conflict(entry_id, where, turn, admitted.first_entry, payload)
+        if lead:
+            return admitted, fold
+        if admitted.created:  # (an ended one: its own handler answers it again)
+            await self._started(turn, fold)
+        return None
+
+    async def _enter_earlier(self, entry_id: str, trace_id: str) -> None:
+        """Admit, before entry ``entry_id``, the turns of ``trace_id`` published before it on the
+        same stream that are not admitted yet (:mod:`agentstream.steps.turn_order`), whichever
+        process read them: a conversation's turns enter in publish order with any number of
+        agent loops. Called under the trace's admission order, by the handler of the entry (a
+        direct call, outside a consumer, orders nothing).
+
+        Cost: one round trip (the group's pending entries before it whose payload may name the
+        trace), and one admission per earlier turn that this process has not settled itself.
+        An earlier entry the rules refuse is left to its own handler (which refuses it)."""
+        delivery = current_delivery()
+        if delivery is None or delivery.entry_id != entry_id:
+            return
+        stream = delivery.stream
+        try:
+            pending = await self._earlier.read(
+                stream, delivery.group, entry_id, turn_order.trace_marks(trace_id), field=TURN_FIELD
+            )
+        except _REDIS_DOWN:
+            raise  # the handler runs again (the consumer's retry), still before the turn enters
+        except REDIS_ERROR as exc:  # Redis refused the read: the turn enters, unordered, not held up
+            log.warning(
+                "could not read the turns pending before entry %s of %s (%s): not ordered", entry_id, stream, exc
+            )
+            return
+        if not pending.whole:
+            log.warning(
+                "more than %d entries of %s are pending before turn entry %s: the turns of trace %s among the "
+                "later ones may enter after it",
+                MOST_PENDING,
+                stream,
+                entry_id,
+                trace_id,
+            )
+
+        def check(other_id: str, fields: Mapping[bytes, bytes]) -> _Checked | None:
+            try:
+                turn, routing, _ = self._checked(other_id, fields, stream)
+            except TurnRejected:
+                return None
+            return None if routing is None else _Checked(turn, routing, fields.get(TURN_FIELD))
+
+        settled = self._settled.get(stream, {})
+        for earlier in turn_order.earlier_turns(
+            trace_id, entry_id, pending.entries, field=TURN_FIELD, settled=settled, check=check
+        ):
+            log.info(
+                "turn entry %s of %s (turn %s) was published before entry %s of its trace: it enters first",
+                earlier.entry_id,
+                stream,
+                earlier.turn.turn_id,
+                entry_id,
+            )
+            checked = earlier.turn
+            try:
+                await self._enter(earlier.entry_id, stream, checked.turn, checked.routing, checked.payload, lead=False)
+            except _REDIS_DOWN:
+                raise
+            except Exception:  # its own handler fails on it and retries it: no reason to hold this turn up
+                log.exception(
+                    "could not admit turn entry %s of %s before entry %s: left to its own handler",
+                    earlier.entry_id,
+                    stream,
+                    entry_id,
+                )
+
+    async def _started(self, turn: TurnMessage, fold: TraceFold | None) -> None:
+        """A turn entered its trace now: counted, and the trace noted in the gateway's list."""
+        metrics.TURNS_STARTED.labels(agent=turn.agent).inc()
+        await self._note_turn(turn.trace_id, fold)
+
+    def _settle(self, stream: str, entry_id: str) -> None:
+        """Note that this process decided the admission of entry ``entry_id`` of ``stream``: a
+        later turn need not admit it again (:meth:`_enter_earlier`). The newest
+        :data:`SETTLED_KEPT` per stream are kept."""
+        settled = self._settled.setdefault(stream, {})
+        settled[entry_id] = None
+        if len(settled) > SETTLED_KEPT:
+            del settled[next(iter(settled))]
 
     def _scope(self, stream: str | None, trace_id: str | None, reply_to: str | None) -> TurnScope:
         """What a turn read from ``stream`` may touch (:func:`agentstream.wire.backends.turn_scope`):
@@ -204,9 +363,9 @@ class Admission(LoopState):
         The consumer starts a stream's entries in the order it read them, but turns admitted at
         once go to Redis on separate pooled connections, whose new-connection handshakes finish
         in any order: turns a user sent back to back entered the trace reversed. Holding this
-        across the admission (one round trip) keeps the order of one process; across several
-        agent-loop processes, turns published at the same instant enter in the order Redis ran
-        their admissions.
+        across the admission keeps the order of one process; across several agent-loop
+        processes, :meth:`_enter_earlier` (run under it) admits first the earlier turns another
+        process read.
         """
         held = self._admitting.get(trace_id)
         if held is None:
@@ -376,6 +535,7 @@ class Admission(LoopState):
             # after the admissions of the trace this process started before it (a valid turn read
             # just before a malformed copy of it enters first; the copy then finds it and is ignored)
             async with self._admission_order(exc.trace_id):
+                await self._enter_earlier(entry_id, exc.trace_id)  # its failure goes after them
                 await self._reject_turn(entry_id, payload, exc, stream=stream)
             return
         source = stream or (self.keys.turns_for(exc.trace_id) if exc.trace_id else self.keys.turns)

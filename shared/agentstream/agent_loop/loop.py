@@ -47,6 +47,7 @@ from agentstream.models import ChatModel, endpoints_of
 from agentstream.runtime.deltas import DEFAULT_MAXLEN, DEFAULT_TTL_S
 from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.store import TraceStore
+from agentstream.runtime.turn_order import EarlierTurns
 from agentstream.steps.trace_fold import FoldCache
 from agentstream.wire import checks as wire
 from agentstream.wire.keys import Keys
@@ -116,6 +117,8 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         self.lease_ttl_ms = lease_ttl_ms
         self.folds = FoldCache(fold_cache_bytes)  # folded traces: a step reads and folds what was added
         self._admitting: dict[str, list] = {}  # trace id → [its admission lock, admissions using it]
+        self._earlier = EarlierTurns(self.redis)  # the turns published before one, pending (publish order)
+        self._settled: dict[str, dict[str, None]] = {}  # stream → turn entries whose admission was decided here
         self._reader = FoldReader(store, self.folds)
         self.busy_policy = busy_policy
         self.max_queued_turns = max_queued_turns
