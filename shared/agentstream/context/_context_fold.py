@@ -14,7 +14,7 @@ a call without a result gets a synthetic one; an empty reply is not replayed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -75,6 +75,48 @@ COMPRESSED_FUTILE = 1 << COMPRESSED
 def _count(value: object) -> int | None:
     """A token figure recorded in an output's attributes, or None when it is not one."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def usage_recorded(
+    event: ModelOutput, limits: ModelLimits, sent_chars: int, reserve: int, recorded: tuple[int, int] | None
+) -> tuple[int, int] | None:
+    """The prompt token count that corrects the size estimate after a model output (pure).
+
+    A window miss recorded on the output (:data:`WINDOW_MISS`: the request was refused as over
+    the window and sent again smaller) counts the refused request as the server did
+    (:func:`learn_from_miss`); else the output's ``usage.prompt_tokens``, when plausible for the
+    request (an under-report corrects nothing). Either only when the output is of ``limits``'
+    model (or ``limits`` names none).
+
+    Args:
+        event: the model output.
+        limits: the model's limits.
+        sent_chars: the characters of the request it answered, as built.
+        reserve: the output budget the request asked for, in tokens.
+        recorded: the correction in effect, kept when the output tells nothing.
+
+    Returns:
+        ``(prompt_tokens, sent_chars)``, or ``recorded``.
+    """
+    if limits.model is not None and limits.model != event.model:
+        return recorded
+    prompt_tokens = event.usage.prompt_tokens
+    if prompt_tokens is not None and plausible_prompt_tokens(prompt_tokens, sent_chars, limits):
+        recorded = (prompt_tokens, sent_chars)
+    miss = event.attributes.get(WINDOW_MISS) if event.attributes else None
+    if isinstance(miss, dict):
+        # sent again smaller after a window miss: its usage counts the smaller request, so the
+        # refused one (this call as built) is counted as the server did
+        counted = learn_from_miss(
+            limits,
+            sent_chars=sent_chars,
+            output_tokens=reserve,
+            prompt_tokens=_count(miss.get("prompt_tokens")),
+            window_tokens=_count(miss.get("window_tokens")),
+            over_by_tokens=_count(miss.get("over_by_tokens")),
+        ).prompt_tokens
+        recorded = (counted, sent_chars)
+    return recorded
 
 
 class ContextFold:
@@ -198,10 +240,12 @@ class ContextFold:
         with gc_paused():
             self._feed(events)
 
-    def _feed(self, events: Sequence[Any]) -> None:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+    def _feed(self, events: Sequence[Any]) -> None:
+        # the hot loop: a stored tool result or model output is folded here; every other event
+        # (and any subclass of these) in _other (see its docstring for the order of the checks)
         numbering = None if self.prenumbered else self.numbering
         keeps = self.filter.keeps if self.filter is not None else None
-        result, output = self._result, self._output
+        result, output, other = self._result, self._output, self._other
         count = self.count
         hidden = self.hidden
         try:
@@ -215,43 +259,58 @@ class ContextFold:
                         numbering.add(event.elements, event.name)
                     if keeps is None or keeps(event):
                         result(event)
-                    continue
-                if kind is ModelOutput:
+                elif kind is ModelOutput:
                     if keeps is None or keeps(event):
                         output(event)
-                    continue
-                if kind is TurnEnded or kind is TurnFailed:  # they carry no elements
+                elif kind is TurnEnded or kind is TurnFailed:  # they carry no elements
                     if keeps is None or keeps(event):
                         self._ending(event)
-                    continue
-                if kind is ToolsOffered:  # the agent's MCP tools from here on (never filtered out)
-                    if event.agent == self.agent.name:
-                        self._set_tools(self.own_tool_defs + offered_definitions(event))
-                    continue
-                if isinstance(event, TurnInput) and event.rolls_back is not None:
-                    self.rollbacks.add(event.rolls_back)
-                if numbering is not None:
-                    numbering.add_event(event)
-                if keeps is not None and not keeps(event):
-                    continue
-                if kind is TurnInput:
-                    self._input(event)
-                elif isinstance(event, ModelOutput):
-                    self._output(event)
-                elif isinstance(event, ToolOutput):
-                    self._result(event)
-                elif isinstance(event, TurnInput):
-                    self._input(event)
-                elif isinstance(event, (TurnEnded, TurnFailed)):
-                    self._ending(event)
-                elif isinstance(event, Compaction):
-                    self._compaction(event)
-                elif record_only(event):
-                    continue
+                elif kind is TurnInput:  # as _other would, without the calls
+                    if event.rolls_back is not None:
+                        self.rollbacks.add(event.rolls_back)
+                    if numbering is not None:
+                        numbering.add_event(event)
+                    if keeps is None or keeps(event):
+                        self._input(event)
                 else:
-                    self._app_event(event)
+                    other(event, kind, numbering, keeps)
         finally:
             self.count = count
+
+    def _other(self, event: Any, kind: type, numbering: Numbering | None, keeps: Callable[[Any], bool] | None) -> None:
+        """Fold an event of another type than the stored ones :meth:`_feed` folds itself (tools
+        offered, a compaction, a record-only or an app's own event, or any subclass of the wire's).
+
+        In order: the MCP tools offered to the agent from here on (never filtered out); else the
+        rollback a turn input names is noted and the event's elements numbered, whether or not
+        the filter keeps it; then a kept event is folded by its class: a stored turn input by
+        identity, then each of the wire's events by ``isinstance``, a record-only event not at
+        all, any other by its renderer (:meth:`_app_event`).
+        """
+        if kind is ToolsOffered:
+            if event.agent == self.agent.name:
+                self._set_tools(self.own_tool_defs + offered_definitions(event))
+            return
+        if isinstance(event, TurnInput) and event.rolls_back is not None:
+            self.rollbacks.add(event.rolls_back)
+        if numbering is not None:
+            numbering.add_event(event)
+        if keeps is not None and not keeps(event):
+            return
+        if kind is TurnInput:
+            self._input(event)
+        elif isinstance(event, ModelOutput):
+            self._output(event)
+        elif isinstance(event, ToolOutput):
+            self._result(event)
+        elif isinstance(event, TurnInput):
+            self._input(event)
+        elif isinstance(event, (TurnEnded, TurnFailed)):
+            self._ending(event)
+        elif isinstance(event, Compaction):
+            self._compaction(event)
+        elif not record_only(event):
+            self._app_event(event)
 
     def _hides(self, event: Any) -> bool:
         """Whether ``event`` is of a hidden (rolled-back) turn, noting where a hidden input was."""
@@ -288,11 +347,14 @@ class ContextFold:
             self._append_item(turn, messages)
         self.pending.clear()
 
-    def _output(self, event: ModelOutput) -> None:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+    def _output(self, event: ModelOutput) -> None:
+        """Fold a model output: judge the call it answered (the shrinks it applied) and correct the
+        size estimate by its usage (:func:`usage_recorded`), with limits; count it as a call; then,
+        when it is shown, note what it cites and lay it out in its turn under its tool calls (an
+        empty reply is not replayed)."""
         index = self.turn_index.get(event.turn_id)
         if index is None:
             return
-        turn = self.turns[index]
         limits = self.limits
         if limits is not None:
             # judge the call this output answered (most calls are under every threshold: checked here)
@@ -301,72 +363,24 @@ class ContextFold:
                 judge(self, index, event.step, len(self.calls), speculative=False, chars=chars)
             else:
                 self.last_chars = chars
-            prompt_tokens = event.usage.prompt_tokens
-            if (
-                prompt_tokens is not None
-                and (limits.model is None or limits.model == event.model)
-                and plausible_prompt_tokens(prompt_tokens, self.last_chars, limits)  # an under-report corrects nothing
-            ):
-                self.recorded = (prompt_tokens, self.last_chars)
-            miss = event.attributes.get(WINDOW_MISS) if event.attributes else None
-            if isinstance(miss, dict) and (limits.model is None or limits.model == event.model):
-                # sent again smaller after a window miss: its usage counts the smaller request, so the
-                # refused one (this call as built, self.last_chars) is counted as the server did
-                counted = learn_from_miss(
-                    limits,
-                    sent_chars=self.last_chars,
-                    output_tokens=self.reserve,
-                    prompt_tokens=_count(miss.get("prompt_tokens")),
-                    window_tokens=_count(miss.get("window_tokens")),
-                    over_by_tokens=_count(miss.get("over_by_tokens")),
-                ).prompt_tokens
-                self.recorded = (counted, self.last_chars)
+            if event.usage.prompt_tokens is not None or event.attributes:  # else it tells nothing
+                self.recorded = usage_recorded(event, limits, self.last_chars, self.reserve, self.recorded)
         self.calls.append(event)
         if not event.include_in_messages:  # recorded, counted as a call, never shown (nor its results)
             return
         content = event.content
-        style = self.config.citations
-        if style is not None and content:
-            for number in style.read(content):
-                element_id = self.numbering.element_id(number)
-                if element_id is not None:
-                    self.cited.add(element_id)
+        if self.config.citations is not None and content:
+            self._note_cited(content)
         tool_calls = event.tool_calls
         if not tool_calls and not content.strip():  # an empty reply is not replayed (is_empty_reply)
             return
+        turn = self.turns[index]
         output = Output(event, index)
         chars = (
             text_chars(content) + MESSAGE_OVERHEAD_CHARS
         )  # the message's characters (limits.message_chars) and its results'
         if tool_calls:
-            turn.tool_steps.append(event.step)
-            rounds = self.rounds
-            output.round = len(rounds)
-            rounds.append([])
-            places = self.places
-            results = self.results
-            for call in tool_calls:
-                call_id = call.id
-                chars += len(call_id) + len(call.name) + text_chars(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
-                slot = results.get(call_id)
-                if slot is None:  # no result yet: it will show under this call
-                    if call_id in places:
-                        self.recalls += 1
-                        self.more_places.setdefault(call_id, []).append(output)
-                    else:
-                        places[call_id] = output
-                    chars += MISSING_CHARS + len(call_id)  # missing_chars(call_id)
-                    continue
-                chars += slot.chars
-                if slot.turn is None:  # a result recorded before its call
-                    self._place(slot, turn, output)
-                    if self.agent.resets_on_answer and self.agent.answers_request(slot.output):
-                        turn.answer_steps.append(event.step)
-                else:  # a call id called again: the result shows under this call too
-                    self.recalls += 1
-                    if slot.more is None:
-                        slot.more = []
-                    slot.more.append(output)
+            chars += self._calls_chars(event, turn, output)
         turn.items.append(output)
         if event.reasoning:
             reasoning = text_chars(event.reasoning)
@@ -382,6 +396,55 @@ class ContextFold:
         if index < self.kept_from:
             self.hidden_chars += chars
 
+    def _note_cited(self, content: str) -> None:
+        """Note the elements ``content`` cites (by the citation style's marks)."""
+        style = self.config.citations
+        assert style is not None
+        element_of, cited = self.numbering.element_id, self.cited
+        for number in style.read(content):
+            element_id = element_of(number)
+            if element_id is not None:
+                cited.add(element_id)
+
+    def _calls_chars(self, event: ModelOutput, turn: Turn, output: Output) -> int:
+        """Lay out a model output's tool calls in a new round: each call's result (recorded
+        already) is placed under it, a call without one waits for its result here.
+
+        Returns:
+            The characters of the calls and of the results shown under them (a call still
+            without a result: its missing result's).
+        """
+        turn.tool_steps.append(event.step)
+        rounds = self.rounds
+        output.round = len(rounds)
+        rounds.append([])
+        places = self.places
+        results = self.results
+        chars = 0
+        for call in event.tool_calls:
+            call_id = call.id
+            chars += len(call_id) + len(call.name) + text_chars(call.arguments) + TOOL_CALL_OVERHEAD_CHARS
+            slot = results.get(call_id)
+            if slot is None:  # no result yet: it will show under this call
+                if call_id in places:
+                    self.recalls += 1
+                    self.more_places.setdefault(call_id, []).append(output)
+                else:
+                    places[call_id] = output
+                chars += MISSING_CHARS + len(call_id)  # missing_chars(call_id)
+                continue
+            chars += slot.chars
+            if slot.turn is None:  # a result recorded before its call
+                self._place(slot, turn, output)
+                if self.agent.resets_on_answer and self.agent.answers_request(slot.output):
+                    turn.answer_steps.append(event.step)
+            else:  # a call id called again: the result shows under this call too
+                self.recalls += 1
+                if slot.more is None:
+                    slot.more = []
+                slot.more.append(output)
+        return chars
+
     def _place(self, slot: Slot, turn: Turn, output: Output) -> None:
         if turn is not self.turns[-1] or 0 <= output.round < len(self.rounds) - 1:
             self.cursors.clear()  # a result placed in an older turn or round: candidates are read again
@@ -395,7 +458,7 @@ class ContextFold:
     def _result(self, event: ToolOutput) -> None:
         call_id = event.call_id
         results = self.results
-        if call_id in results or event.turn_id in self.ended or getattr(event, "late", False):
+        if call_id in results or event.turn_id in self.ended or event.late:
             return
         output = event
         if event.name == self.reopen_name and is_reopen_output(event, self.policy):
