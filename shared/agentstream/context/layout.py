@@ -12,7 +12,7 @@ as a tag. An image's bytes are never written as text.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -79,7 +79,16 @@ def _check_paths(mapping: Mapping[type, Any] | None, what: str) -> None:
                 raise ValueError(f"xml layout: {what} path {path!r} does not start with a field of {cls.__name__}")
 
 
-def xml(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+class _XmlSpec(NamedTuple):
+    """The settings of one :func:`xml` layout (see its arguments)."""
+
+    fields: Mapping[type, Mapping[str, str]] | None
+    tags: Mapping[type, str] | None
+    order: Mapping[type, str] | None
+    cite: str | None
+
+
+def xml(
     fields: Mapping[type, Mapping[str, str]] | None = None,
     tags: Mapping[type, str] | None = None,
     order: Mapping[type, str] | None = None,
@@ -105,85 +114,119 @@ def xml(  # noqa: C901 (an outlier from before the complexity limit; issue 32 sp
     """
     _check_paths(fields, "fields")
     _check_paths(order, "order")
-
-    def attributes(element: Element, numbering: Numbering, style: CitationStyle | None, whole_attr: str | None) -> str:
-        number = numbering.number(element.id)
-        shown_id = str(number) if number is not None else element.id
-        reserved = {"id"}
-        parts = [f'id="{escape_attribute(shown_id)}"']
-        if cite and style is not None and isinstance(element, Source) and number is not None:
-            parts.append(f'{cite}="{escape_attribute(style.cite(number))}"')
-            reserved.add(cite)
-        if whole_attr is not None and element.ref is not None:
-            ref_number = numbering.number(element.ref)
-            value = str(ref_number) if ref_number is not None else element.ref
-            parts.append(f'{whole_attr}="{escape_attribute(value)}"')
-            reserved.add(whole_attr)
-        chosen = _nearest(fields, type(element))
-        pairs: list[tuple[str, Any]] = []
-        if chosen is not None:
-            pairs = [(name, _value_at(element, path)) for path, name in chosen.items()]
-        else:
-            hidden = _nearest(_HIDDEN, type(element)) or frozenset()
-            for name in element.__struct_fields__:
-                if name in _BASE_FIELDS or name in hidden:
-                    continue
-                pairs.append((name, getattr(element, name)))
-            pairs.extend(element.properties.items())
-        for name, value in pairs:
-            if value is None or value == "":
-                continue
-            if name in reserved:
-                name = f"data-{name}"
-            parts.append(f'{name}="{escape_attribute(_attribute_text(value))}"')
-        return " ".join(parts)
+    spec = _XmlSpec(fields, tags, order, cite)
 
     def show(elements: Sequence[Element], numbering: Numbering, tool: str | None, style: CitationStyle | None) -> str:
-        present = {e.id for e in elements}
-        children: dict[str, list[Element]] = {}
-        roots: list[Element] = []
-        for element in elements:
-            if element.ref is not None and element.ref in present and element.ref != element.id:
-                children.setdefault(element.ref, []).append(element)
-            else:
-                roots.append(element)
-
-        def sort_parts(parts: list[Element]) -> list[Element]:
-            keyed: list[tuple[Any, int, Element]] = []
-            rest: list[tuple[Any, int, Element]] = []
-            for index, part in enumerate(parts):
-                path = _nearest(order, type(part))
-                value = _value_at(part, path) if path else None
-                (keyed if value is not None else rest).append((value, index, part))
-            try:
-                keyed.sort(key=lambda item: (item[0], item[1]))
-            except TypeError:
-                keyed.sort(key=lambda item: (str(item[0]), item[1]))
-            return [p for _, _, p in keyed] + [p for _, _, p in rest]
-
-        # ``again`` is render itself, passed in: a closure that named itself would be a reference
-        # cycle, and each call would leave one holding the numbering for the garbage collector.
-        def render(element: Element, nested: bool, seen: frozenset[str], again: Callable[..., str]) -> str:
-            tag = tag_of(type(element), tags)
-            whole_attr = None
-            if not nested and element.ref is not None and element.ref != element.id:
-                first = numbering.first(element.ref)
-                whole_attr = tag_of(type(first), tags) if first is not None else "ref"
-            head = f"<{tag} {attributes(element, numbering, style, whole_attr)}"
-            text = element.text if isinstance(element, Source) else ""
-            inner = [escape_text(text)] if text else []
-            if element.id not in seen:
-                for part in sort_parts(children.get(element.id, [])):
-                    inner.append(again(part, True, seen | {element.id}, again))
-            if not inner:
-                return head + "/>"
-            if len(inner) == 1 and text:
-                return f"{head}>{inner[0]}</{tag}>"
-            return head + ">\n" + "\n".join(inner) + f"\n</{tag}>"
-
-        return "\n".join(render(e, False, frozenset(), render) for e in roots)
+        children, roots = nest(elements)
+        return "\n".join(_render(spec, e, False, frozenset(), children, numbering, style) for e in roots)
 
     return show
+
+
+def nest(elements: Sequence[Element]) -> tuple[dict[str, list[Element]], list[Element]]:
+    """Which elements nest in which (pure).
+
+    Returns:
+        ``(children, roots)``: by whole id, the parts whose whole is among ``elements`` (in
+        order), and the elements that nest in none (a whole elsewhere, or none), in order.
+    """
+    present = {e.id for e in elements}
+    children: dict[str, list[Element]] = {}
+    roots: list[Element] = []
+    for element in elements:
+        if element.ref is not None and element.ref in present and element.ref != element.id:
+            children.setdefault(element.ref, []).append(element)
+        else:
+            roots.append(element)
+    return children, roots
+
+
+def sort_parts(parts: list[Element], order: Mapping[type, str] | None) -> list[Element]:
+    """The parts of one whole in layout order (pure): those with a value at their class's
+    ``order`` path by that value (by its text when values do not compare), then the rest, each
+    group in arrival order."""
+    keyed: list[tuple[Any, int, Element]] = []
+    rest: list[tuple[Any, int, Element]] = []
+    for index, part in enumerate(parts):
+        path = _nearest(order, type(part))
+        value = _value_at(part, path) if path else None
+        (keyed if value is not None else rest).append((value, index, part))
+    try:
+        keyed.sort(key=lambda item: (item[0], item[1]))
+    except TypeError:
+        keyed.sort(key=lambda item: (str(item[0]), item[1]))
+    return [p for _, _, p in keyed] + [p for _, _, p in rest]
+
+
+def _render(
+    spec: _XmlSpec,
+    element: Element,
+    nested: bool,
+    seen: frozenset[str],
+    children: dict[str, list[Element]],
+    numbering: Numbering,
+    style: CitationStyle | None,
+) -> str:
+    """One element's tag, with its text and its parts nested (each whole once on a path)."""
+    tag = tag_of(type(element), spec.tags)
+    whole_attr = None
+    if not nested and element.ref is not None and element.ref != element.id:
+        first = numbering.first(element.ref)
+        whole_attr = tag_of(type(first), spec.tags) if first is not None else "ref"
+    head = f"<{tag} {_attributes(spec, element, numbering, style, whole_attr)}"
+    text = element.text if isinstance(element, Source) else ""
+    inner = [escape_text(text)] if text else []
+    if element.id not in seen:
+        for part in sort_parts(children.get(element.id, []), spec.order):
+            inner.append(_render(spec, part, True, seen | {element.id}, children, numbering, style))
+    if not inner:
+        return head + "/>"
+    if len(inner) == 1 and text:
+        return f"{head}>{inner[0]}</{tag}>"
+    return head + ">\n" + "\n".join(inner) + f"\n</{tag}>"
+
+
+def _attributes(
+    spec: _XmlSpec, element: Element, numbering: Numbering, style: CitationStyle | None, whole_attr: str | None
+) -> str:
+    """An element's attributes: its number as ``id``, its citation, its whole, then its fields."""
+    number = numbering.number(element.id)
+    shown_id = str(number) if number is not None else element.id
+    reserved = {"id"}
+    parts = [f'id="{escape_attribute(shown_id)}"']
+    cite = spec.cite
+    if cite and style is not None and isinstance(element, Source) and number is not None:
+        parts.append(f'{cite}="{escape_attribute(style.cite(number))}"')
+        reserved.add(cite)
+    if whole_attr is not None and element.ref is not None:
+        ref_number = numbering.number(element.ref)
+        value = str(ref_number) if ref_number is not None else element.ref
+        parts.append(f'{whole_attr}="{escape_attribute(value)}"')
+        reserved.add(whole_attr)
+    for name, value in field_pairs(element, spec.fields):
+        if value is None or value == "":
+            continue
+        if name in reserved:
+            name = f"data-{name}"
+        parts.append(f'{name}="{escape_attribute(_attribute_text(value))}"')
+    return " ".join(parts)
+
+
+def field_pairs(element: Element, fields: Mapping[type, Mapping[str, str]] | None) -> list[tuple[str, Any]]:
+    """The (attribute name, value) pairs an element's fields show, before empty ones are left
+    out (pure): those ``fields`` chooses for its class (nearest); else every added field but the
+    hidden ones (an image's bytes), then its ``properties``."""
+    chosen = _nearest(fields, type(element))
+    if chosen is not None:
+        return [(name, _value_at(element, path)) for path, name in chosen.items()]
+    hidden = _nearest(_HIDDEN, type(element)) or frozenset()
+    pairs = [
+        (name, getattr(element, name))
+        for name in element.__struct_fields__
+        if name not in _BASE_FIELDS and name not in hidden
+    ]
+    pairs.extend(element.properties.items())
+    return pairs
 
 
 DEFAULT_LAYOUT = xml()
