@@ -136,7 +136,7 @@ def _partial(message: AnyMessage, fits: Callable[[AnyMessage], Count], keep_end:
     return best
 
 
-def _trim(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+def _trim(
     original: tuple[AnyMessage, ...],
     *,
     max_tokens: int,
@@ -146,7 +146,15 @@ def _trim(  # noqa: C901 (an outlier from before the complexity limit; issue 32 
     ends: frozenset[str] | None,
     include_system: bool,
 ) -> Count:
-    """The trimming algorithm, asking its driver for each count and split (sync or async)."""
+    """The trimming algorithm, asking its driver for each count and split (sync or async).
+
+    In order: a leading system message is set apart (``include_system``) and the rest grouped
+    in :func:`units`; with ``last``, the units after the last one that ends on an ``ends`` kind
+    go; all the units are kept when they fit, else the newest (``last``) or the oldest
+    (``first``) that fit, and, with ``allow_partial``, part of the next one when it is a single
+    message; then, with ``last``, the kept units before the first that starts on a ``starts``
+    kind go, and, with ``first``, those after the last that ends on an ``ends`` kind.
+    """
 
     def under(messages: list[AnyMessage]) -> Count:
         return (yield ("count", messages)) <= max_tokens
@@ -156,48 +164,93 @@ def _trim(  # noqa: C901 (an outlier from before the complexity limit; issue 32 
     if include_system and body and isinstance(body[0], SystemMessage):
         system = [body.pop(0)]
     grouped = units(body)
-    if strategy == "last" and ends is not None:
-        while grouped and kind_of(grouped[-1][-1]) not in ends:
-            grouped.pop()
-    kept: list[list[AnyMessage]] = []
+    if strategy == "last":
+        grouped = drop_after_last(grouped, ends)
+    kept: list[list[AnyMessage]]
     if (yield from under([*system, *(m for u in grouped for m in u)])):
         kept = grouped
     elif strategy == "last":
-        tail: list[AnyMessage] = []
-        for unit in reversed(grouped):
-            if (yield from under([*system, *unit, *tail])):
-                kept.insert(0, unit)
-                tail = [*unit, *tail]
-                continue
-            if allow_partial and len(unit) == 1:
-
-                def fits(m: AnyMessage, tail: list[AnyMessage] = tail) -> Count:
-                    return under([*system, m, *tail])
-
-                part = yield from _partial(unit[0], fits, True)
-                if part is not None:
-                    kept.insert(0, [part])
-            break
+        kept = yield from _newest_that_fit(system, grouped, under, allow_partial)
     else:
-        head: list[AnyMessage] = list(system)
-        for unit in grouped:
-            if (yield from under([*head, *unit])):
-                kept.append(unit)
-                head.extend(unit)
-                continue
-            if allow_partial and len(unit) == 1:
-                part = yield from _partial(unit[0], lambda m: under([*head, m]), False)
-                if part is not None:
-                    kept.append([part])
-            break
-    if strategy == "last" and starts is not None:
-        while kept and kind_of(kept[0][0]) not in starts:
-            kept.pop(0)
-    if strategy == "first" and ends is not None:
-        while kept and kind_of(kept[-1][-1]) not in ends:
-            kept.pop()
+        kept = yield from _oldest_that_fit(system, grouped, under, allow_partial)
+    if strategy == "last":
+        kept = drop_before_first(kept, starts)
+    else:
+        kept = drop_after_last(kept, ends)
     result = tuple([*system, *(m for u in kept for m in u)])
     return original if result == original else result
+
+
+def _newest_that_fit(
+    system: list[AnyMessage],
+    grouped: list[list[AnyMessage]],
+    under: Callable[[list[AnyMessage]], Count],
+    allow_partial: bool,
+) -> Count:
+    """The newest units that fit after ``system``, then part of the next older one (a single
+    message, ``allow_partial``: its last parts that fit) → the kept units, oldest first."""
+    kept: list[list[AnyMessage]] = []
+    tail: list[AnyMessage] = []
+    for unit in reversed(grouped):
+        if (yield from under([*system, *unit, *tail])):
+            kept.insert(0, unit)
+            tail = [*unit, *tail]
+            continue
+        if allow_partial and len(unit) == 1:
+
+            def fits(m: AnyMessage, tail: list[AnyMessage] = tail) -> Count:
+                return under([*system, m, *tail])
+
+            part = yield from _partial(unit[0], fits, True)
+            if part is not None:
+                kept.insert(0, [part])
+        break
+    return kept
+
+
+def _oldest_that_fit(
+    system: list[AnyMessage],
+    grouped: list[list[AnyMessage]],
+    under: Callable[[list[AnyMessage]], Count],
+    allow_partial: bool,
+) -> Count:
+    """The oldest units that fit after ``system``, then part of the next one (a single message,
+    ``allow_partial``: its first parts that fit) → the kept units, in order."""
+    kept: list[list[AnyMessage]] = []
+    head: list[AnyMessage] = list(system)
+    for unit in grouped:
+        if (yield from under([*head, *unit])):
+            kept.append(unit)
+            head.extend(unit)
+            continue
+        if allow_partial and len(unit) == 1:
+            part = yield from _partial(unit[0], lambda m: under([*head, m]), False)
+            if part is not None:
+                kept.append([part])
+        break
+    return kept
+
+
+def drop_after_last(grouped: list[list[AnyMessage]], ends: frozenset[str] | None) -> list[list[AnyMessage]]:
+    """The units up to the last that ends on one of the ``ends`` kinds (pure; all when None,
+    none when no unit does)."""
+    if ends is None:
+        return grouped
+    end = len(grouped)
+    while end and kind_of(grouped[end - 1][-1]) not in ends:
+        end -= 1
+    return grouped[:end]
+
+
+def drop_before_first(grouped: list[list[AnyMessage]], starts: frozenset[str] | None) -> list[list[AnyMessage]]:
+    """The units from the first that starts on one of the ``starts`` kinds (pure; all when
+    None, none when no unit does)."""
+    if starts is None:
+        return grouped
+    start = 0
+    while start < len(grouped) and kind_of(grouped[start][0]) not in starts:
+        start += 1
+    return grouped[start:]
 
 
 _ARGS_DOC = """
