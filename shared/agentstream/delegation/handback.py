@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -63,7 +63,16 @@ def timed_out(task: TaskInput) -> TurnFailed:
     )
 
 
-def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOutput:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+class Handed(NamedTuple):
+    """What a hand-back gives the parent's tool result: its text, data, error code and elements."""
+
+    text: str
+    data: Any = None
+    error: str | None = None
+    elements: tuple[AnyElement, ...] = ()
+
+
+def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOutput:
     """The parent's result of the call that opened this ended child trace.
 
     A child that ended with an answer gives its result (``delegation.result`` of its trace),
@@ -89,81 +98,108 @@ def hand_back(delegation: Delegation | None, events: Sequence[Event]) -> ToolOut
     ending = ending_of(events, task.turn_id)
     if ending is None:
         raise ValueError(f"the child's turn {task.turn_id!r} has not ended")
-    name = task.delegation or (delegation.name if delegation else "delegation")
+    handed = _handed(delegation, events, task, ending)
+    return ToolOutput(
+        turn_id=task.parent_turn_id,
+        call_id=task.call_id,
+        name=task.delegation or (delegation.name if delegation else "delegation"),
+        text=handed.text,
+        data=handed.data,
+        error=handed.error,
+        elements=handed.elements,
+    )
 
-    def result(
-        text: str, *, data: Any = None, error: str | None = None, elements: tuple[AnyElement, ...] = ()
-    ) -> ToolOutput:
-        return ToolOutput(
-            turn_id=task.parent_turn_id,
-            call_id=task.call_id,
-            name=name,
-            text=text,
-            data=data,
-            error=error,
-            elements=elements,
-        )
 
+def _handed(
+    delegation: Delegation | None, events: Sequence[Event], task: TaskInput, ending: TurnEnded | TurnFailed
+) -> Handed:
+    """:func:`hand_back`'s result, in order: a failed child's error; the result read, or the
+    error of reading it; an empty result's ``incomplete``; then the result as the task expects
+    it (:func:`expected_result`), as text with its sources (:func:`text_result`), or as data."""
     who = f"The {task.agent!r} subagent"
     if isinstance(ending, TurnFailed):
-        partial = _partial(events)
-        text = f"Error: {who} did not finish its task ({ending.code}): {ending.reason}."
-        if partial:
-            text += f"\nWhat it had written before it stopped (incomplete):\n{partial}"
-        summary = digest(events, task.turn_id)
-        return result(f"{text}\n{digest_text(summary)}", data={"digest": summary}, error=ending.code)
-
+        return failed_result(who, ending, events)
     read = delegation.result if delegation is not None else default_result
     try:
         value = read(events)
     except Exception as exc:  # the app's result function failed: the parent's model hears it
-        return result(f"Error: reading {who}'s result failed ({type(exc).__name__}: {exc}).", error="result_error")
+        return Handed(f"Error: reading {who}'s result failed ({type(exc).__name__}: {exc}).", error="result_error")
     if value is None or (isinstance(value, str) and not value.strip()):
         summary = digest(events, task.turn_id)
-        return result(
+        return Handed(
             f"Error: {who} ended without a result, so the task is incomplete.\n{digest_text(summary)}",
             data={"digest": summary},
             error="incomplete",
         )
-
     if task.expects is not None:
-        if isinstance(value, str):
-            problem = unicode_problem(_unfence(value))  # json.loads would make a lone surrogate the trace cannot store
-            if problem is not None:
-                return result(
-                    f"Error: {who}'s result is not the JSON the task asked for: it is not Unicode text "
-                    f"({problem}). Its result was:\n{value}",
-                    error="schema_mismatch",
-                )
-            try:
-                value = json.loads(_unfence(value))
-            except json.JSONDecodeError as exc:
-                return result(
-                    f"Error: {who}'s result is not the JSON the task asked for ({exc.msg}). Its result was:\n{value}",
-                    error="schema_mismatch",
-                )
-        problems = _schema_problems(task.expects, value)
-        if problems:
-            shown = json.dumps(value, sort_keys=True)
-            return result(
-                f"Error: {who}'s result does not fit the expected schema: {problems}. Its result was:\n{shown}",
-                data=value,
+        return expected_result(who, task.expects, value)
+    if isinstance(value, str):
+        return text_result(events, ending, value)
+    return data_result(value)
+
+
+def failed_result(who: str, ending: TurnFailed, events: Sequence[Event]) -> Handed:
+    """A failed child's result (pure): an error named by its code, with the newest text its model
+    wrote and the :func:`digest` of what it did."""
+    partial = _partial(events)
+    text = f"Error: {who} did not finish its task ({ending.code}): {ending.reason}."
+    if partial:
+        text += f"\nWhat it had written before it stopped (incomplete):\n{partial}"
+    summary = digest(events, ending.turn_id)
+    return Handed(f"{text}\n{digest_text(summary)}", data={"digest": summary}, error=ending.code)
+
+
+def expected_result(who: str, expects: dict[str, Any], value: Any) -> Handed:
+    """A result checked against the task's JSON schema ``expects`` (pure).
+
+    Text is read as JSON (without a surrounding code fence); text that is not Unicode or not
+    JSON, or a value the schema refuses, is a ``schema_mismatch`` error that shows the result;
+    else the value as sorted JSON text, and as data.
+    """
+    if isinstance(value, str):
+        problem = unicode_problem(_unfence(value))  # json.loads would make a lone surrogate the trace cannot store
+        if problem is not None:
+            return Handed(
+                f"Error: {who}'s result is not the JSON the task asked for: it is not Unicode text "
+                f"({problem}). Its result was:\n{value}",
                 error="schema_mismatch",
             )
-        return result(json.dumps(value, sort_keys=True), data=value)
+        try:
+            value = json.loads(_unfence(value))
+        except json.JSONDecodeError as exc:
+            return Handed(
+                f"Error: {who}'s result is not the JSON the task asked for ({exc.msg}). Its result was:\n{value}",
+                error="schema_mismatch",
+            )
+    problems = _schema_problems(expects, value)
+    if problems:
+        shown = json.dumps(value, sort_keys=True)
+        return Handed(
+            f"Error: {who}'s result does not fit the expected schema: {problems}. Its result was:\n{shown}",
+            data=value,
+            error="schema_mismatch",
+        )
+    return Handed(json.dumps(value, sort_keys=True), data=value)
 
-    if isinstance(value, str):
-        numbering = numbering_of(events)
-        text, citations = read_back(value, numbering)  # marks still in the text (a child that does not cite by style)
-        if not citations and isinstance(ending, TurnEnded) and value == ending.answer:
-            citations = ending.citations
-        data = {"citations": msgspec.to_builtins(citations)} if citations else None
-        return result(text.strip() or value, data=data, elements=shown_sources(events, numbering))
+
+def text_result(events: Sequence[Event], ending: TurnEnded | TurnFailed, value: str) -> Handed:
+    """A text result (pure): without its citation marks, the sources it cited as data (those
+    its answer recorded, when the text has no marks and is the answer), every source shown."""
+    numbering = numbering_of(events)
+    text, citations = read_back(value, numbering)  # marks still in the text (a child that does not cite by style)
+    if not citations and isinstance(ending, TurnEnded) and value == ending.answer:
+        citations = ending.citations
+    data = {"citations": msgspec.to_builtins(citations)} if citations else None
+    return Handed(text.strip() or value, data=data, elements=shown_sources(events, numbering))
+
+
+def data_result(value: Any) -> Handed:
+    """Any other result (pure): as sorted JSON text and data, or its ``str`` when it is not JSON data."""
     try:
         data = msgspec.to_builtins(value)
     except (TypeError, msgspec.EncodeError):
-        return result(str(value))
-    return result(json.dumps(data, sort_keys=True), data=data)
+        return Handed(str(value))
+    return Handed(json.dumps(data, sort_keys=True), data=data)
 
 
 def _partial(events: Sequence[Event]) -> str:
