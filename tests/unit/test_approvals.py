@@ -233,6 +233,23 @@ def test_when_a_turn_awaiting_approval_is_cancelled_the_call_gets_a_cancelled_re
     assert isinstance(decision, CancelTurn) and [r.call_id for r in decision.results] == ["c1"]
 
 
+def test_when_a_turn_is_cancelled_while_calls_await_approval_their_results_say_they_did_not_run():
+    from agentstream.steps.decision import CancelTurn, cancel_turn
+    from agentstream.wire.events import CancelRequested
+
+    cancel = CancelRequested(turn_id="t1", by="u")
+    # the free call of the same output did not run either: the output's jobs wait for every decision
+    held = [TURN, output(PAY, LOOK), awaited(), cancel]
+    decision = decide_at(held)
+    assert isinstance(decision, CancelTurn) and [r.call_id for r in decision.results] == ["c1", "c2"]
+    assert all("did not run" in r.text and "partly" not in r.text for r in decision.results)
+    assert cancel_turn(held, TURN, cancel) == decision  # the scan and the fold agree
+    # once approved, its job went out: it may have partly run
+    ran = [TURN, output(PAY, LOOK), awaited(), decided(True), cancel]
+    later = decide_at(ran)
+    assert isinstance(later, CancelTurn) and all("may have partly run" in r.text for r in later.results)
+
+
 # --- an approval message arrives ----------------------------------------------------------------
 
 

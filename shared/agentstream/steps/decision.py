@@ -619,21 +619,48 @@ def cancel_turn(events: Sequence[Event], turn: TurnInput, cancel: CancelRequeste
         cancel,
         tuple(e for e in events if isinstance(e, ModelOutput) and e.turn_id == tid),
         tuple(e for e in events if isinstance(e, ToolOutput) and e.turn_id == tid),
+        awaited={e.call_id: e for e in reversed(events) if isinstance(e, ApprovalAwaited) and e.turn_id == tid},
+        decided={e.call_id: e for e in reversed(events) if isinstance(e, ApprovalDecided) and e.turn_id == tid},
     )
     return _cancel_view(view, turn, cancel)
 
 
 def _cancel_view(view: TurnView, turn: TurnInput, cancel: CancelRequested) -> CancelTurn:
+    """The cancel of the view's turn: a cancelled result for each call without one. A call of a
+    model output that still waits for a person's decision never ran (no job of that output goes out
+    until every call of it is decided: :func:`agentstream.steps.approvals.gate_calls`), and its
+    result says so; any other call may have partly run."""
     who = f"by {cancel.by}" if cancel.by else ""
     why = f": {cancel.reason}" if cancel.reason else ""
-    results = unanswered_of(
-        view.outputs,
+    ran = [o for o in view.outputs if not _held_for_approval(o, view)]
+    held = [o for o in view.outputs if _held_for_approval(o, view)]
+    may_have_run = unanswered_of(
+        ran,
         view.results,
         turn,
         CANCELLED_CODE,
         f"Cancelled {who}{why} before this call returned a result; it may have partly run.",
     )
+    never_ran = unanswered_of(
+        held,
+        view.results,
+        turn,
+        CANCELLED_CODE,
+        f"Cancelled {who}{why} while this call awaited a person's approval; it did not run.",
+    )
+    results = tuple(sorted((*may_have_run, *never_ran), key=_call_order(view.outputs)))
     return CancelTurn(turn, results, CANCELLED_CODE, f"the turn was cancelled {who}{why}".rstrip())
+
+
+def _held_for_approval(output: ModelOutput, view: TurnView) -> bool:
+    """Whether no job of ``output``'s calls went out: one of them awaits a decision."""
+    return any(c.id in view.awaited and c.id not in view.decided for c in output.tool_calls)
+
+
+def _call_order(outputs: Sequence[ModelOutput]) -> Callable[[ToolOutput], int]:
+    """A sort key: a result's place among the calls of ``outputs``, in call order."""
+    place = {c.id: i for i, c in enumerate(c for o in outputs for c in o.tool_calls)}
+    return lambda result: place.get(result.call_id, len(place))
 
 
 def unanswered_results(events: Sequence[Event], turn: TurnInput, error: str, text: str) -> tuple[ToolOutput, ...]:
