@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 import msgspec
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -70,7 +71,7 @@ from agentstream.wire.events import (
 )
 from agentstream.wire.keys import trace_id_problem
 from agentstream_services.gateway import schemas
-from agentstream_services.gateway.perimeter import OpenStreams, Perimeter
+from agentstream_services.gateway.perimeter import OpenStreams, Perimeter, validation_problem
 from agentstream_services.gateway.settings import GatewaySettings
 
 log = logging.getLogger("agentstream.gateway")
@@ -805,6 +806,8 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
 
     for lost in LOST_REDIS_ERRORS:
         api.add_exception_handler(lost, redis_unavailable)
+
+    api.add_exception_handler(RequestValidationError, validation_problem)  # a 422 quotes bounded values
 
     @api.exception_handler(AgentStreamError)
     async def unreadable(request: Request, exc: AgentStreamError) -> JSONResponse:

@@ -15,8 +15,13 @@
   replica's cap or the key's, a new one is answered 429 (each holds a Redis connection while it
   waits: one key's streams took every connection of the pool from the others).
 
+- **A 422 does not echo the request.** A body the route's model refuses is answered with where
+  and what (FastAPI's list of errors: ``loc``, ``msg``, ``type``), each error's ``input`` cut to
+  :data:`ECHO_MAX_CHARS` (:func:`bounded_errors`): a 256 KB text refused as too long was sent back
+  whole, once per error.
+
 Nothing here touches Redis; the decisions (:func:`bearer_token`, :func:`declared_length`,
-:class:`OpenStreams`) are pure.
+:class:`OpenStreams`, :func:`bounded_errors`) are pure.
 """
 
 from __future__ import annotations
@@ -221,3 +226,36 @@ class OpenStreams:
         else:
             self.by_key.pop(key, None)
         self.total = max(0, self.total - 1)
+
+
+ECHO_MAX_CHARS = 120
+"""The most characters of a refused value a 422 answer quotes (its ``input``, as JSON text)."""
+
+
+def bounded_errors(errors: Any, max_chars: int = ECHO_MAX_CHARS) -> list[dict[str, Any]]:
+    """FastAPI's validation errors (``RequestValidationError.errors()``: dicts with ``loc``,
+    ``msg``, ``type``, ``input`` and maybe ``ctx``) as a 422 answers them: the shape kept, an
+    ``input`` whose JSON text is longer than ``max_chars`` replaced by its first ``max_chars``
+    characters followed by ``…`` and the full length, and ``ctx`` values that are not plain
+    numbers, texts or booleans shown as text (an exception object is not JSON)."""
+    import json
+
+    bounded = []
+    for error in errors:
+        one = {k: v for k, v in dict(error).items() if k not in ("input", "ctx", "url")}
+        if "input" in error:
+            text = json.dumps(error["input"], ensure_ascii=False, default=str)
+            one["input"] = error["input"] if len(text) <= max_chars else f"{text[:max_chars]}… ({len(text)} characters)"
+        if isinstance(error.get("ctx"), dict):
+            one["ctx"] = {
+                k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v)[:max_chars]
+                for k, v in error["ctx"].items()
+            }
+        bounded.append(one)
+    return bounded
+
+
+async def validation_problem(request: Any, exc: Any) -> JSONResponse:
+    """The 422 of a request the route's model refused (FastAPI's ``RequestValidationError``), with
+    :func:`bounded_errors` for its ``detail``."""
+    return JSONResponse(status_code=422, content={"detail": bounded_errors(exc.errors())})

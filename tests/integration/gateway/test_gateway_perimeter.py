@@ -27,7 +27,7 @@ def _client(store, keys, **gateway):
     api = create_api(
         app,
         settings,
-        GatewaySettings(keys=KEYS_DOCUMENT, max_body_bytes=LIMIT, **gateway),
+        GatewaySettings(keys=KEYS_DOCUMENT, **{"max_body_bytes": LIMIT, **gateway}),
         store,
         load_keys(text=KEYS_DOCUMENT),
     )
@@ -242,3 +242,37 @@ async def test_the_conversation_list_and_the_reads_use_one_rule(store, keys):
             assert "mixed" not in {c["trace_id"] for c in listed}
         listed = (await client.get("/v1/conversations", headers=auth(ADMIN_KEY))).json()["conversations"]
         assert [c["trace_id"] for c in listed] == ["mixed"]
+
+
+def test_a_refused_bodys_errors_quote_at_most_a_bounded_part_of_each_value():
+    from agentstream_services.gateway.perimeter import ECHO_MAX_CHARS, bounded_errors
+
+    long_text = "r" * 200_000
+    errors = [
+        {
+            "type": "string_too_long",
+            "loc": ("body", "reason"),
+            "msg": "too long",
+            "input": long_text,
+            "ctx": {"max_length": 2000},
+        },
+        {"type": "missing", "loc": ("body", "call_id"), "msg": "Field required", "input": {"approved": True}},
+        {"type": "value_error", "loc": ("body",), "msg": "bad", "input": 1, "ctx": {"error": ValueError("x" * 500)}},
+    ]
+    cut, whole, odd = bounded_errors(errors)
+    assert cut["loc"] == ("body", "reason") and cut["ctx"] == {"max_length": 2000}
+    assert len(cut["input"]) < ECHO_MAX_CHARS + 40 and "200002 characters" in cut["input"]
+    assert whole["input"] == {"approved": True}  # short values are kept as they were
+    assert odd["ctx"]["error"] == "x" * ECHO_MAX_CHARS  # not JSON: shown as text, cut
+
+
+async def test_a_422_does_not_echo_an_oversized_body_back(store, keys):
+    async with _client(store, keys, max_body_bytes=1_000_000) as client:
+        answer = await client.post(
+            "/v1/traces/c1/approvals",
+            json={"call_id": "c" * 100_000, "approved": "yes", "reason": "r" * 300_000},
+            headers=auth(CALC_KEY),
+        )
+    assert answer.status_code == 422, answer.text[:300]
+    assert len(answer.content) < 2_000, len(answer.content)  # FastAPI's default sent the 400 KB back
+    assert all("loc" in e and "msg" in e for e in answer.json()["detail"])
