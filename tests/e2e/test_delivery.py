@@ -1,6 +1,6 @@
 """Delivery guarantees with the services as separate OS processes (issue 4): graceful shutdown on
 SIGTERM, a Redis restart with AOF, kill -9 mid-run of a side-effect tool, a poison job that
-kills its worker, and the ``agentstream cancel`` command."""
+kills its worker, the ``agentstream cancel`` command, and publish order with two agent loops."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import time
 import pytest
 import redis as redis_sync
 
-from agentstream.wire.events import ToolOutput, ToolStarted, TurnEnded, TurnFailed, TurnInput
+from agentstream.wire import codec
+from agentstream.wire.events import ToolOutput, ToolStarted, TurnEnded, TurnFailed, TurnInput, TurnMessage
 from agentstream.wire.keys import TURN_FIELD
 from tests.support import apps
 from tests.support.procs import ROOT, Services, publish_turn, wait_replies, wait_until
@@ -208,3 +209,25 @@ def test_kill_9_of_the_process_that_queued_a_busy_conversations_turns_loses_none
         assert [r.turn_id for r in replies] == published and {r.status for r in replies} == {"ended"}
         time.sleep(1.0)  # a second reply published late would show now
         assert client.xlen(keys.replies) == len(published)
+
+
+def test_two_agent_loop_processes_admit_a_conversations_turns_in_publish_order(client, keys, services):
+    # issue 36: pairs of turns of one conversation published back to back, each pair once both
+    # processes wait on the stream (each reads one of the two), enter in publish order
+    services.start("loop-1", "agent-loop")
+    services.start("loop-2", "agent-loop")
+    rounds = 20
+    for r in range(rounds):
+        pipe = client.pipeline(transaction=False)
+        for turn_id in (f"a{r}", f"b{r}"):
+            body = TurnMessage(trace_id=f"pair-{r}", turn_id=turn_id, agent="plan", text="say: hi")
+            pipe.xadd(keys.turns_for(f"pair-{r}"), {TURN_FIELD: codec.encode(body)})
+        pipe.execute()
+        replies = wait_replies(client, keys, 2 * (r + 1), timeout_s=60)
+    assert {r.status for r in replies} == {"ended"}
+    wrong = [
+        r
+        for r in range(rounds)
+        if [e.turn_id for e in events(client, keys, f"pair-{r}") if isinstance(e, TurnInput)] != [f"a{r}", f"b{r}"]
+    ]
+    assert wrong == [], f"{len(wrong)} of {rounds} pairs entered out of publish order"

@@ -142,6 +142,30 @@ async def test_another_backends_turns_between_two_are_refused_on_their_own(redis
         await services.stop_all()
 
 
+async def test_an_earlier_turn_whose_admission_fails_is_left_to_its_own_handler(redis, keys, services, store, caplog):
+    """An error admitting an earlier turn (a bug, an error reply) does not fail the later turn's
+    handler: the earlier one's own handler admits it, and each turn is answered once."""
+    procs = [await services.start("p1", "agent-loop"), await services.start("p2", "agent-loop")]
+    for proc in procs:
+
+        async def failing(*args, lead, _enter=proc.loop._enter, **kwargs):
+            if not lead:
+                raise RuntimeError("an earlier turn's admission failed")
+            return await _enter(*args, lead=lead, **kwargs)
+
+        proc.loop._enter = failing
+    for r in range(6):
+        await _publish_together(redis, keys.turns_for(f"f{r}"), [_body(f"f{r}", f"a{r}"), _body(f"f{r}", f"b{r}")])
+        for turn_id in (f"a{r}", f"b{r}"):
+            assert (await wait_reply(redis, keys, turn_id)).status == "ended"
+    for r in range(6):
+        assert sorted(await _inputs(store, f"f{r}")) == [f"a{r}", f"b{r}"]
+    assert any("left to its own handler" in r.getMessage() for r in caplog.records)
+    assert not any("handler failed" in r.getMessage() for r in caplog.records)
+    replies = await redis.xrange(keys.replies)
+    assert len(replies) == 12
+
+
 async def _pending(redis, stream: str, consumer: str, bodies: list[bytes], *, ack: bool = False) -> list[str]:
     """Add ``bodies`` to ``stream`` and have ``consumer`` of the agent loop's group read them
     (pending; acknowledged with ``ack``) → their ids."""
