@@ -111,7 +111,10 @@ async def test_an_approval_with_edited_arguments_runs_the_call_with_them(redis_u
         events = await bed.trace(turn.trace_id)
     assert decision.arguments == '{"amount": 3}'
     assert ("pay", 3) in RUNS and ("pay", 5) not in RUNS
-    assert reply.answer.startswith("paid 3")
+    # the model is told: its call keeps {"amount": 5} in the context, and the result says what ran
+    assert reply.answer.startswith(
+        '[A person approved this call with edited arguments; it ran with: {"amount": 3}]\npaid 3'
+    )
     [made] = [c for o in of(events, ModelOutput) for c in o.tool_calls if c.name == "pay"]
     assert json.loads(made.arguments) == {"amount": 5}  # the trace keeps what the model asked for
 
@@ -130,7 +133,7 @@ async def test_an_edit_off_the_tools_schema_is_refused_and_the_call_still_awaits
         await bed.approve(turn.trace_id, waiting.call_id, by="ana", arguments={"amount": 4})
         reply = await bed.reply(turn)
     assert len(errors) == 1 and "$.amount" in errors[0] and "do not match the tool's schema" in errors[0]
-    assert reply.answer.startswith("paid 4") and ("pay", "x") not in RUNS
+    assert "\npaid 4 |" in reply.answer and ("pay", "x") not in RUNS
 
 
 async def test_a_call_nobody_decides_is_denied_at_its_timeout(redis_url):
@@ -382,5 +385,5 @@ async def test_the_gateway_approves_under_the_key_scopes_with_the_keys_name(redi
         '{"amount": 2}',
         "ok",
     )
-    assert reply.answer.startswith("paid 2") and RUNS.count(("pay", 2)) == 1
+    assert reply.answer.endswith('{"amount": 2}]\npaid 2 | found price') and RUNS.count(("pay", 2)) == 1
     assert twice.status_code == 409 and "that decision stands" in twice.json()["detail"]

@@ -390,3 +390,24 @@ def test_the_history_says_who_decided_what_and_when():
     lines = approval_history(entries, "t1")
     assert lines[0].startswith("2023-11-14 22:13:20 UTC") and "awaits approval" in lines[0]
     assert "approved by ana: fine" in lines[1] and "22:14:20" in lines[1]
+
+
+# --- what the model sees of an edited call ----------------------------------------------------------
+
+
+def test_when_a_call_ran_with_edited_arguments_the_model_sees_its_result_say_so_and_its_own_call_unchanged():
+    from agentstream.context import build_context
+
+    ran = ToolOutput(turn_id="t1", call_id="c1", name="pay", text="paid 3")
+    looked = ToolOutput(turn_id="t1", call_id="c2", name="look", text="price")
+    events = [TURN, output(PAY, LOOK), awaited(), decided(True, arguments='{"amount": 3}'), ran, looked]
+    built = build_context(events, AGENT, turn_id="t1", step=1, limits=None)
+    shown = [msgspec.json.decode(msgspec.json.encode(m)) for m in built.request.messages]
+    [assistant] = [m for m in shown if m.get("tool_calls")]
+    assert assistant["tool_calls"][0]["arguments"] == '{"amount": 5}'  # the model's own call, as it wrote it
+    results = {m["call_id"]: m["text"] for m in shown if m["type"] == "tool"}
+    assert results["c1"] == '[A person approved this call with edited arguments; it ran with: {"amount": 3}]\npaid 3'
+    assert results["c2"] == "price"  # an unedited call of the same output: as it returned
+    approved_as_made = [TURN, output(PAY), awaited(), decided(True), ran]
+    plain = build_context(approved_as_made, AGENT, turn_id="t1", step=1, limits=None)
+    assert "edited" not in msgspec.json.encode(plain.request.messages).decode()

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
+import msgspec
+
 from agentstream.context._context_fold_parts import (
     MISSING_CHARS,
     Change,
@@ -59,6 +61,7 @@ from agentstream.declarations.agents import Agent, ToolChoice
 from agentstream.errors import UnrenderedEventError
 from agentstream.wire.codec import gc_paused
 from agentstream.wire.events import (
+    ApprovalDecided,
     Compaction,
     ModelOutput,
     ToolOutput,
@@ -119,6 +122,15 @@ def usage_recorded(
     return recorded
 
 
+def edited_result(result: ToolOutput, arguments: str) -> ToolOutput:
+    """The result of a call a person approved with other arguments than the model wrote, as the
+    model sees it: its text begins with a line that says so and gives the arguments it ran with
+    (the model's own call keeps its arguments in the context; without the line the result would
+    seem to answer them)."""
+    note = f"[A person approved this call with edited arguments; it ran with: {arguments}]"
+    return msgspec.structs.replace(result, text=f"{note}\n{result.text}" if result.text else note)
+
+
 class ContextFold:
     """The incremental fold of one trace for one agent's settings and one model's limits.
 
@@ -147,6 +159,8 @@ class ContextFold:
     ):
         self.hidden = hidden
         self.rollbacks: set[str] = set()
+        # call id → the arguments a person approved it with, until its result is folded (see _result)
+        self.edited: dict[str, str] = {}
         self.hidden_at: dict[str, int] = {}  # a hidden turn → the index of the turn folded after it
         self.agent = agent
         self.config = config
@@ -309,6 +323,9 @@ class ContextFold:
             self._ending(event)
         elif isinstance(event, Compaction):
             self._compaction(event)
+        elif isinstance(event, ApprovalDecided):
+            if event.approved and event.arguments is not None:  # the result shows it ran with them
+                self.edited[event.call_id] = event.arguments
         elif not record_only(event):
             self._app_event(event)
 
@@ -461,6 +478,8 @@ class ContextFold:
         if call_id in results or event.turn_id in self.ended or event.late:
             return
         output = event
+        if self.edited and call_id in self.edited:
+            output = event = edited_result(event, self.edited.pop(call_id))
         if event.name == self.reopen_name and is_reopen_output(event, self.policy):
             output = derive_reopened(event, self)
         first = self.places.pop(call_id, None)

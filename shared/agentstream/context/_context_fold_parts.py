@@ -28,7 +28,9 @@ RECORD_ONLY_TAGS = frozenset(
 )
 """Stored event types that add no message to a context: they are records for the runtime (a
 side-effect tool about to run, a cancel request whose effects are written as their own events,
-a call awaiting approval and its decision (a denial is written as the call's error result);
+a call awaiting approval and its decision (a denial is written as the call's error result, and
+an approval with edited arguments shows in its result's first line:
+:func:`agentstream.context._context_fold.edited_result`);
 the MCP tools offered change the request's tools, which the trace state reads itself; a fork's
 first event names its source)."""
 
