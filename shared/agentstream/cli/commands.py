@@ -41,9 +41,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import msgspec
 import typer
@@ -663,61 +664,95 @@ def dev(
 # --- asking ----------------------------------------------------------------------------------
 
 
-def describe(event: Event) -> str:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
-    """One line per event, for people following a trace."""
-    match event:
-        case TaskInput(agent=agent, text=text, depth=depth, parent_trace_id=parent, call_id=call_id):
-            return f"» task for {agent} (depth {depth}, for call {call_id} of trace {parent}): {text}"
-        case TurnInput(agent=agent, text=text, rolls_back=rolls_back):
-            rolled = f" (rolls back turn {rolls_back}: left out of later contexts)" if rolls_back else ""
-            return f"» turn for {agent}{rolled}: {text}"
-        case ModelOutput(step=step, tool_calls=calls, content=content, stop_reason=stop, latency_ms=ms):
-            head = f"· model call {step} ({ms / 1000:.1f} s, {stop})"
-            lines = [head]
-            for call in calls:
-                lines.append(f"  → tool call {call.name}({call.arguments}) [{call.id}]")
-            if content and calls:
-                lines.append(f"  text: {content}")
-            return "\n".join(lines)
-        case ToolOutput(name=name, text=text, error=error, call_id=call_id, elements=elements):
-            shown = text if len(text) <= 300 else text[:300] + "…"
-            line = f"  ← tool result {name} [{call_id}]{' (error)' if error else ''}: {shown}"
-            if elements:
-                kinds = ", ".join(f"{getattr(type(e).__struct_config__, 'tag', '?')} {e.id}" for e in elements[:8])
-                more = f", … {len(elements) - 8} more" if len(elements) > 8 else ""
-                line += f"\n    elements: {kinds}{more}"
-            return line
-        case TurnEnded(answer=answer, citations=citations):
-            lines = [f"✓ answer: {answer}"]
-            for cited in citations:
-                where = " — ".join(p for p in (cited.title, cited.url or cited.id) if p)
-                lines.append(f"  [{cited.number}] {where}")
-            return "\n".join(lines)
-        case UnknownEvent(stored_type=stored_type, raw=raw):
-            return (
-                f"? {stored_type} (a type this app does not register; as stored): {json.dumps(raw, ensure_ascii=False)}"
-            )
-        case TurnFailed(code=code, reason=reason):
-            return f"✗ turn failed ({code}): {reason}"
-        case ToolStarted(name=name, call_id=call_id, worker=worker):
-            return f"  ▸ tool started {name} [{call_id}] on {worker or '?'}"
-        case CancelRequested(turn_id=turn_id, by=by, reason=reason):
-            return f"■ cancel of turn {turn_id} requested by {by}{': ' + reason if reason else ''}"
-        case Compaction(summary=summary, replaced_turns=replaced, kept_from_turn=kept):
-            shown = summary if len(summary) <= 300 else summary[:300] + "…"
-            return f"⋯ a summary now replaces {replaced} earlier turn(s) (kept from turn {kept}): {shown}"
-        case CompactionFailed(code=code, reason=reason):
-            return f"⚠ compaction failed ({code}): {reason}"
-        case ToolsOffered(agent=agent, tools=tools):
-            names = ", ".join(f"{t.server}/{t.name}" for t in tools) or "none"
-            return f"  ⚙ MCP tools offered to {agent} from here on: {names}"
-        case ForkedFrom():
-            return f"⑂ {fork_line(event)}"
-        case ApprovalAwaited() | ApprovalDecided():
-            from agentstream.steps.approvals import describe_approval
-
-            return describe_approval(event)
+def describe(event: Event) -> str:
+    """One line per event, for people following a trace: the line of the nearest class of the
+    event in :data:`DESCRIPTIONS` (a task input's, not a turn input's), else its ``repr``."""
+    for cls in type(event).__mro__:
+        line = DESCRIPTIONS.get(cls)
+        if line is not None:
+            return line(event)
     return repr(event)
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def _task_line(event: TaskInput) -> str:
+    return (
+        f"» task for {event.agent} (depth {event.depth}, for call {event.call_id} of trace "
+        f"{event.parent_trace_id}): {event.text}"
+    )
+
+
+def _turn_line(event: TurnInput) -> str:
+    rolled = f" (rolls back turn {event.rolls_back}: left out of later contexts)" if event.rolls_back else ""
+    return f"» turn for {event.agent}{rolled}: {event.text}"
+
+
+def _model_output_lines(event: ModelOutput) -> str:
+    lines = [f"· model call {event.step} ({event.latency_ms / 1000:.1f} s, {event.stop_reason})"]
+    for call in event.tool_calls:
+        lines.append(f"  → tool call {call.name}({call.arguments}) [{call.id}]")
+    if event.content and event.tool_calls:
+        lines.append(f"  text: {event.content}")
+    return "\n".join(lines)
+
+
+def _tool_output_lines(event: ToolOutput) -> str:
+    line = f"  ← tool result {event.name} [{event.call_id}]{' (error)' if event.error else ''}: {_shown(event.text)}"
+    elements = event.elements
+    if elements:
+        kinds = ", ".join(f"{getattr(type(e).__struct_config__, 'tag', '?')} {e.id}" for e in elements[:8])
+        more = f", … {len(elements) - 8} more" if len(elements) > 8 else ""
+        line += f"\n    elements: {kinds}{more}"
+    return line
+
+
+def _answer_lines(event: TurnEnded) -> str:
+    lines = [f"✓ answer: {event.answer}"]
+    for cited in event.citations:
+        where = " — ".join(p for p in (cited.title, cited.url or cited.id) if p)
+        lines.append(f"  [{cited.number}] {where}")
+    return "\n".join(lines)
+
+
+def _unknown_line(event: UnknownEvent) -> str:
+    return (
+        f"? {event.stored_type} (a type this app does not register; as stored): "
+        f"{json.dumps(event.raw, ensure_ascii=False)}"
+    )
+
+
+def _approval_line(event: ApprovalAwaited | ApprovalDecided) -> str:
+    from agentstream.steps.approvals import describe_approval
+
+    return describe_approval(event)
+
+
+DESCRIPTIONS: dict[type, Callable[[Any], str]] = {
+    TaskInput: _task_line,
+    TurnInput: _turn_line,
+    ModelOutput: _model_output_lines,
+    ToolOutput: _tool_output_lines,
+    TurnEnded: _answer_lines,
+    UnknownEvent: _unknown_line,
+    TurnFailed: lambda e: f"✗ turn failed ({e.code}): {e.reason}",
+    ToolStarted: lambda e: f"  ▸ tool started {e.name} [{e.call_id}] on {e.worker or '?'}",
+    CancelRequested: lambda e: f"■ cancel of turn {e.turn_id} requested by {e.by}{': ' + e.reason if e.reason else ''}",
+    Compaction: lambda e: (
+        f"⋯ a summary now replaces {e.replaced_turns} earlier turn(s) (kept from turn {e.kept_from_turn}): "
+        f"{_shown(e.summary)}"
+    ),
+    CompactionFailed: lambda e: f"⚠ compaction failed ({e.code}): {e.reason}",
+    ToolsOffered: lambda e: (
+        f"  ⚙ MCP tools offered to {e.agent} from here on: {', '.join(f'{t.server}/{t.name}' for t in e.tools) or 'none'}"
+    ),
+    ForkedFrom: lambda e: f"⑂ {fork_line(e)}",
+    ApprovalAwaited: _approval_line,
+    ApprovalDecided: _approval_line,
+}
+"""The line of each event type :func:`describe` knows (by class; a subclass takes its nearest base's)."""
 
 
 CUT_OFF = "cut off by the output limit"
