@@ -122,7 +122,72 @@ def _stream_id(value: str | None, name: str) -> str | None:
     return value
 
 
-def create_api(  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+class _Gateway:
+    """What the routes of one gateway app share: its settings, the trace store, the folds of the
+    traces requests ask about, the streams this replica holds open, and the rules of what a key
+    may see."""
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings,
+        gateway: GatewaySettings,
+        store: TraceStore,
+        endpoints: dict[str, ModelEndpoint],
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.gateway = gateway
+        self.store = store
+        self.keys = store.keys
+        self.endpoints = endpoints
+        self.folds = FoldReader(store, FoldCache(settings.fold_cache_budget_bytes()))  # the traces requests ask about
+        self.block_ms = min(settings.block_ms, 1000)
+        self.open_streams = OpenStreams(gateway.max_streams, gateway.max_streams_per_key)
+        self.default_wait_s = min(30.0, gateway.max_wait_s)
+
+    def hold_stream(self, key: ApiKey) -> None:
+        """Count a stream (or a long-poll) the key holds open; 429 over its or the gateway's limit."""
+        refusal = self.open_streams.take(key.name)
+        if refusal is not None:
+            metrics.GATEWAY_RATE_LIMITED.labels(key=key.name).inc()
+            raise HTTPException(429, refusal, headers={"Retry-After": "1"})
+
+    async def visible_events(self, key: ApiKey, trace_id: str) -> list[tuple[str, Event]]:
+        """The trace's entries when the key may see it; 404 when it is empty or not the key's."""
+        _trace_id(trace_id)
+        entries = await self.store.read(trace_id)
+        if not entries or not await self.may_see(key, trace_id, [e for _, e in entries]):
+            raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
+        return entries
+
+    async def may_see(self, key: ApiKey, trace_id: str, events: list[Event]) -> bool:
+        if key.trace_refusal(trace_id) is not None:  # another backend's conversation
+            return False
+        if key.all_agents:
+            return True
+        root = root_of(events, trace_id)
+        agents = trace_agents(events) if root == trace_id else (await self.folds.current(root)).agents
+        return bool(agents) and key.may_see(agents)  # a trace without a turn is nobody's but a "*" key's
+
+    async def may_see_fold(self, key: ApiKey, fold: TraceFold) -> bool:
+        """:meth:`may_see` from the trace's fold: what a request reads is what came since the last one."""
+        if key.trace_refusal(fold.trace_id) is not None:  # another backend's conversation
+            return False
+        if key.all_agents:
+            return True
+        root = fold.root_trace_id or fold.trace_id
+        agents = fold.agents if root == fold.trace_id else (await self.folds.current(root)).agents
+        return bool(agents) and key.may_see(agents)
+
+
+def _state_out(state) -> schemas.ConversationOut | None:
+    if state is None:
+        return None
+    return schemas.ConversationOut(**{f: getattr(state, f) for f in schemas.ConversationOut.model_fields})
+
+
+def create_api(
     app: App,
     settings: Settings,
     gateway: GatewaySettings,
@@ -133,6 +198,10 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
 ) -> FastAPI:
     """The gateway's ASGI app.
 
+    Its routes are added in this order (a request takes the first route whose path matches):
+    publishing and waiting, following, cancelling, approving, forking, reading, then the probes
+    and the console; then the perimeter, CORS and the error handlers.
+
     Args:
         app: the user app (its agents and tool queues; explain rebuilds requests with it).
         settings: agentstream's settings (namespace, block_ms, OPENAI_MODEL for explain).
@@ -141,9 +210,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         keyring: the API keys.
         endpoints: the configured model endpoints (explain renders bodies with them).
     """
-    keys = store.keys
-    endpoints = endpoints or {}
-    folds = FoldReader(store, FoldCache(settings.fold_cache_budget_bytes()))  # the traces requests ask about, folded
+    gw = _Gateway(app, settings, gateway, store, endpoints or {})
     api = FastAPI(
         title="agentstream gateway",
         version="1",
@@ -155,17 +222,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         redoc_url=None,
     )
     bearer = HTTPBearer(auto_error=False, description="An API key from the gateway's keys file.")
-    block_ms = min(settings.block_ms, 1000)
-    open_streams = OpenStreams(gateway.max_streams, gateway.max_streams_per_key)
-    api.state.open_streams = open_streams  # what this replica holds open (read by tests and operators' probes)
-
-    def hold_stream(key: ApiKey) -> None:
-        refusal = open_streams.take(key.name)
-        if refusal is not None:
-            metrics.GATEWAY_RATE_LIMITED.labels(key=key.name).inc()
-            raise HTTPException(429, refusal, headers={"Retry-After": "1"})
-
-    default_wait_s = min(30.0, gateway.max_wait_s)
+    api.state.open_streams = gw.open_streams  # what this replica holds open (read by tests and operators' probes)
 
     async def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> ApiKey:
         key = keyring.find(credentials.credentials) if credentials is not None else None
@@ -174,7 +231,7 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             raise HTTPException(
                 401, "a valid API key is needed: Authorization: Bearer <key>", headers={"WWW-Authenticate": "Bearer"}
             )
-        decision = await ratelimit.hit(store.redis, keys, key.name, limit=gateway.rate_limit_per_min)
+        decision = await ratelimit.hit(store.redis, store.keys, key.name, limit=gateway.rate_limit_per_min)
         if not decision.allowed:
             metrics.GATEWAY_RATE_LIMITED.labels(key=key.name).inc()
             raise HTTPException(
@@ -185,40 +242,28 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         return key
 
     Caller = Annotated[ApiKey, Depends(caller)]
+    for add_routes in (
+        _publish_route,
+        _reply_route,
+        _stream_route,
+        _cancel_route,
+        _approval_route,
+        _fork_route,
+        _conversations_route,
+        _explain_route,
+        _trace_routes,
+    ):
+        add_routes(api, gw, Caller)
+    _probe_routes(api, gw)
+    _guard(api, gateway, keyring)
+    _add_wire_schemas(api)
+    return api
 
-    async def visible_events(key: ApiKey, trace_id: str) -> list[tuple[str, Event]]:
-        """The trace's entries when the key may see it; 404 when it is empty or not the key's."""
-        _trace_id(trace_id)
-        entries = await store.read(trace_id)
-        if not entries or not await may_see(key, trace_id, [e for _, e in entries]):
-            raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
-        return entries
 
-    async def may_see(key: ApiKey, trace_id: str, events: list[Event]) -> bool:
-        if key.trace_refusal(trace_id) is not None:  # another backend's conversation
-            return False
-        if key.all_agents:
-            return True
-        root = root_of(events, trace_id)
-        agents = trace_agents(events) if root == trace_id else (await folds.current(root)).agents
-        return bool(agents) and key.may_see(agents)  # a trace without a turn is nobody's but a "*" key's
-
-    async def may_see_fold(key: ApiKey, fold: TraceFold) -> bool:
-        """:func:`may_see` from the trace's fold: what a request reads is what came since the last one."""
-        if key.trace_refusal(fold.trace_id) is not None:  # another backend's conversation
-            return False
-        if key.all_agents:
-            return True
-        root = fold.root_trace_id or fold.trace_id
-        agents = fold.agents if root == fold.trace_id else (await folds.current(root)).agents
-        return bool(agents) and key.may_see(agents)
-
-    def state_out(state) -> schemas.ConversationOut | None:
-        if state is None:
-            return None
-        return schemas.ConversationOut(**{f: getattr(state, f) for f in schemas.ConversationOut.model_fields})
-
-    # --- publishing and waiting ---------------------------------------------------------------
+def _publish_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """POST /v1/turns."""
+    app, settings, store, keys, folds = gw.app, gw.settings, gw.store, gw.keys, gw.folds
+    may_see_fold = gw.may_see_fold
 
     @api.post(
         "/v1/turns",
@@ -285,6 +330,13 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             stream_url=f"{base}/stream?turn_id={turn.turn_id}",
         )
 
+
+def _reply_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """GET /v1/traces/{trace_id}/turns/{turn_id}/reply."""
+    store, folds, gateway, open_streams = gw.store, gw.folds, gw.gateway, gw.open_streams
+    block_ms, default_wait_s = gw.block_ms, gw.default_wait_s
+    hold_stream, may_see_fold = gw.hold_stream, gw.may_see_fold
+
     @api.get(
         "/v1/traces/{trace_id:path}/turns/{turn_id}/reply",
         summary="Wait for a turn's reply (long-poll)",
@@ -338,7 +390,11 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             codec.encode(reply), media_type="application/json"
         )  # the wire's reply, as the agent loop publishes it
 
-    # --- following ------------------------------------------------------------------------------
+
+def _stream_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """GET /v1/traces/{trace_id}/stream."""
+    store, gateway = gw.store, gw.gateway
+    hold_stream, may_see = gw.hold_stream, gw.may_see
 
     @api.get(
         "/v1/traces/{trace_id:path}/stream",
@@ -393,63 +449,19 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             if ending_id is not None and _after_or_at(position, ending_id):
                 ended_early = reply_of(trace_id, events, turn_id)
 
-        hold_stream(key)  # given back when the stream ends (generate's finally)
-
-        async def generate() -> AsyncIterator[ServerSentEvent]:
-            nonlocal position, delta_position
-            metrics.GATEWAY_STREAMS_OPEN.inc()
-            try:
-                if ended_early is not None:
-                    yield ServerSentEvent(
-                        event="end", id=f"{position},{delta_position}", data=codec.encode(ended_early).decode()
-                    )
-                    return
-                seen = list(events)
-                cleared = bool(events)  # checked above; else nothing is sent before a turn of the key's agents
-                async for item in follow(
-                    store.redis, keys, trace_id, after=position, deltas_after=delta_position, block_ms=block_ms
-                ):
-                    if not cleared and not isinstance(item.event, TurnInput):
-                        continue
-                    if item.delta is not None:
-                        delta_position = item.entry_id
-                        data = {"id": item.entry_id, **msgspec.structs.asdict(item.delta)}
-                        yield ServerSentEvent(event="delta", id=f"{position},{delta_position}", data=json.dumps(data))
-                        continue
-                    event = item.event
-                    assert event is not None
-                    position = item.entry_id
-                    seen.append(event)
-                    if isinstance(event, TurnInput):
-                        if not await may_see(key, trace_id, seen):
-                            yield ServerSentEvent(
-                                event="error", data=json.dumps({"detail": "this conversation is not among this key's"})
-                            )
-                            return
-                        cleared = True
-                    yield ServerSentEvent(
-                        event="trace",
-                        id=f"{position},{delta_position}",
-                        data=json.dumps({"id": position, "event": _event_json(event)}),
-                    )
-                    if turn_id and isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id:
-                        reply = reply_of(trace_id, seen, turn_id)
-                        yield ServerSentEvent(
-                            event="end", id=f"{position},{delta_position}", data=codec.encode(reply).decode()
-                        )
-                        return
-            except (AgentStreamError, *LOST_REDIS_ERRORS) as exc:
-                # an entry that cannot be read, or Redis lost: the stream says why and ends
-                yield ServerSentEvent(event="error", data=json.dumps({"detail": _redis_problem(exc)}))
-            finally:
-                metrics.GATEWAY_STREAMS_OPEN.dec()
-                open_streams.give(key.name)
+        hold_stream(key)  # given back when the stream ends (_stream_events' finally)
 
         return EventSourceResponse(
-            generate(), ping=gateway.sse_ping_s, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+            _stream_events(gw, key, trace_id, turn_id, events, position, delta_position, ended_early),
+            ping=gateway.sse_ping_s,
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
-    # --- cancelling -----------------------------------------------------------------------------
+
+def _cancel_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """POST /v1/traces/{trace_id}/cancel."""
+    store, keys = gw.store, gw.keys
+    visible_events = gw.visible_events
 
     @api.post(
         "/v1/traces/{trace_id:path}/cancel",
@@ -477,7 +489,11 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         entry_id = await publish_cancel(store.redis, keys, message)
         return schemas.CancelAccepted(trace_id=trace_id, turn_id=target.turn_id, entry_id=entry_id)
 
-    # --- approving ------------------------------------------------------------------------------
+
+def _approval_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """POST /v1/traces/{trace_id}/approvals."""
+    store, keys = gw.store, gw.keys
+    visible_events = gw.visible_events
 
     @api.post(
         "/v1/traces/{trace_id:path}/approvals",
@@ -533,7 +549,11 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         entry_id = await publish_approval(store.redis, keys, message)
         return schemas.ApprovalAccepted(trace_id=trace_id, call_id=body.call_id, by=by, entry_id=entry_id)
 
-    # --- forking --------------------------------------------------------------------------------
+
+def _fork_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """POST /v1/traces/{trace_id}/forks."""
+    settings, store, keys = gw.settings, gw.store, gw.keys
+    visible_events = gw.visible_events
 
     @api.post(
         "/v1/traces/{trace_id:path}/forks",
@@ -599,7 +619,11 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             stream_url=f"/v1/traces/{forked.trace_id}/stream",
         )
 
-    # --- reading --------------------------------------------------------------------------------
+
+def _conversations_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """GET /v1/conversations."""
+    store, folds = gw.store, gw.folds
+    may_see_fold, state_out = gw.may_see_fold, _state_out
 
     @api.get(
         "/v1/conversations",
@@ -653,6 +677,12 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             conversations=[c for c in map(state_out, found) if c is not None], next_before_ms=next_before
         )
 
+
+def _explain_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """GET /v1/traces/{trace_id}/explain."""
+    app, settings, endpoints = gw.app, gw.settings, gw.endpoints
+    visible_events = gw.visible_events
+
     @api.get(
         "/v1/traces/{trace_id:path}/explain",
         response_model=schemas.Explanation,
@@ -689,6 +719,12 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             endpoint_settings(explained.endpoint, configured=explained.configured) if explained.endpoint else None
         )
         return schemas.Explanation(**data)
+
+
+def _trace_routes(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
+    """GET /v1/traces/{trace_id}, /v1/dead-letters and /v1/agents."""
+    app, store, keys = gw.app, gw.store, gw.keys
+    visible_events, state_out = gw.visible_events, _state_out
 
     @api.get(
         "/v1/traces/{trace_id:path}",
@@ -764,7 +800,10 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
             ],
         )
 
-    # --- probes and the console -------------------------------------------------------------------
+
+def _probe_routes(api: FastAPI, gw: _Gateway) -> None:
+    """The probes (/healthz, /readyz) and the console."""
+    store, gateway = gw.store, gw.gateway
 
     @api.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -788,6 +827,9 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         async def root() -> RedirectResponse:
             return RedirectResponse("/console/")
 
+
+def _guard(api: FastAPI, gateway: GatewaySettings, keyring: KeyRing) -> None:
+    """The perimeter, CORS and the error handlers."""
     # before any route: the key, then the body limit while it streams (and the security headers);
     # CORS is added after it, so it is outside: a preflight is answered without a key
     api.add_middleware(Perimeter, keyring=keyring, max_body_bytes=gateway.max_body_bytes)
@@ -814,8 +856,66 @@ def create_api(  # noqa: C901 (an outlier from before the complexity limit; issu
         log.error("gateway request %s %s failed: %s", request.method, request.url.path, exc)
         return JSONResponse(status_code=500, content={"detail": str(exc)})
 
-    _add_wire_schemas(api)
-    return api
+
+async def _stream_events(
+    gw: _Gateway,
+    key: ApiKey,
+    trace_id: str,
+    turn_id: str | None,
+    events: list[Event],
+    position: str,
+    delta_position: str,
+    ended_early: Reply | None,
+) -> AsyncIterator[ServerSentEvent]:
+    """The server-sent events of :func:`_stream_route` after its checks: the stored events from
+    ``position`` and the token deltas from ``delta_position``, until the turn ends (or, when it
+    ended at or before ``position``, its reply alone). Gives back the stream the key held."""
+    store, keys, block_ms, open_streams, may_see = gw.store, gw.keys, gw.block_ms, gw.open_streams, gw.may_see
+    metrics.GATEWAY_STREAMS_OPEN.inc()
+    try:
+        if ended_early is not None:
+            yield ServerSentEvent(
+                event="end", id=f"{position},{delta_position}", data=codec.encode(ended_early).decode()
+            )
+            return
+        seen = list(events)
+        cleared = bool(events)  # checked above; else nothing is sent before a turn of the key's agents
+        async for item in follow(
+            store.redis, keys, trace_id, after=position, deltas_after=delta_position, block_ms=block_ms
+        ):
+            if not cleared and not isinstance(item.event, TurnInput):
+                continue
+            if item.delta is not None:
+                delta_position = item.entry_id
+                data = {"id": item.entry_id, **msgspec.structs.asdict(item.delta)}
+                yield ServerSentEvent(event="delta", id=f"{position},{delta_position}", data=json.dumps(data))
+                continue
+            event = item.event
+            assert event is not None
+            position = item.entry_id
+            seen.append(event)
+            if isinstance(event, TurnInput):
+                if not await may_see(key, trace_id, seen):
+                    yield ServerSentEvent(
+                        event="error", data=json.dumps({"detail": "this conversation is not among this key's"})
+                    )
+                    return
+                cleared = True
+            yield ServerSentEvent(
+                event="trace",
+                id=f"{position},{delta_position}",
+                data=json.dumps({"id": position, "event": _event_json(event)}),
+            )
+            if turn_id and isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == turn_id:
+                reply = reply_of(trace_id, seen, turn_id)
+                yield ServerSentEvent(event="end", id=f"{position},{delta_position}", data=codec.encode(reply).decode())
+                return
+    except (AgentStreamError, *LOST_REDIS_ERRORS) as exc:
+        # an entry that cannot be read, or Redis lost: the stream says why and ends
+        yield ServerSentEvent(event="error", data=json.dumps({"detail": _redis_problem(exc)}))
+    finally:
+        metrics.GATEWAY_STREAMS_OPEN.dec()
+        open_streams.give(key.name)
 
 
 def _redis_problem(exc: Exception) -> str:
