@@ -23,7 +23,7 @@ import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import pydantic
 
@@ -98,9 +98,26 @@ def _library_url(module: str, qualname: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def corpus() -> tuple[Entry, ...]:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
-    """Every documented name, built once per process (about a second)."""
-    entries: list[Entry] = []
+def corpus() -> tuple[Entry, ...]:
+    """Every documented name, built once per process (about a second): the reference topics,
+    then the builtins and their methods, then the public names of :data:`MODULES` and their methods."""
+    entries = _topic_entries()
+    for name in dir(builtins):
+        obj = getattr(builtins, name)
+        if name.startswith("_") or (isinstance(obj, type) and issubclass(obj, BaseException)):
+            continue
+        entries.extend(_builtin_entries(name, obj))
+    for module_name in MODULES:
+        try:
+            module = __import__(module_name, fromlist=["_"])
+        except ImportError:
+            continue
+        entries.extend(_module_entries(module_name, module))
+    return tuple(entries)
+
+
+def _topic_entries() -> list[Entry]:
+    """The language-reference topics (none in a Python built without its docs data), by name."""
     topics: dict[str, str]
     try:
         from pydoc_data import topics as topics_data
@@ -108,46 +125,50 @@ def corpus() -> tuple[Entry, ...]:  # noqa: C901 (an outlier from before the com
         topics = topics_data.topics
     except ImportError:  # a Python built without its docs data
         topics = {}
+    entries = []
     for name, text in sorted(topics.items()):
         heading = text.strip().splitlines()[0].strip() if text.strip() else name
         entries.append(Entry(name, heading, "", f"python -m pydoc {name}", _paragraphs(text)))
+    return entries
 
-    def add(module: str, qualname: str, obj: object, url: str) -> None:
-        doc = inspect.getdoc(obj)
-        if doc:
-            shown = qualname if module == "builtins" else f"{module}.{qualname}"
-            entries.append(Entry(shown, shown, url, f"python -m pydoc {shown}", _paragraphs(doc)))
 
-    for name in dir(builtins):
-        obj = getattr(builtins, name)
-        if name.startswith("_") or (isinstance(obj, type) and issubclass(obj, BaseException)):
+def _entry(module: str, qualname: str, obj: object, url: str) -> list[Entry]:
+    """A documented name's entry, or none when it has no docstring."""
+    doc = inspect.getdoc(obj)
+    if not doc:
+        return []
+    shown = qualname if module == "builtins" else f"{module}.{qualname}"
+    return [Entry(shown, shown, url, f"python -m pydoc {shown}", _paragraphs(doc))]
+
+
+def _builtin_entries(name: str, obj: object) -> list[Entry]:
+    """A builtin's entry, then those of its public methods when it is a type."""
+    entries = _entry("builtins", name, obj, _library_url("builtins", name))
+    if isinstance(obj, type):
+        for attr, member in vars(obj).items():
+            if not attr.startswith("_") and callable(member):
+                url = f"https://docs.python.org/{VERSION}/library/stdtypes.html#{name}.{attr}"
+                entries += _entry("builtins", f"{name}.{attr}", member, url)
+    return entries
+
+
+def _module_entries(module_name: str, module: Any) -> list[Entry]:
+    """A module's public callables (``__all__``, or its names without an underscore), each then
+    the public methods of a class."""
+    entries: list[Entry] = []
+    for attr in getattr(module, "__all__", None) or [a for a in vars(module) if not a.startswith("_")]:
+        member = getattr(module, attr, None)
+        if member is None or not callable(member):
             continue
-        add("builtins", name, obj, _library_url("builtins", name))
-        if isinstance(obj, type):
-            for attr, member in vars(obj).items():
-                if not attr.startswith("_") and callable(member):
-                    add(
-                        "builtins",
-                        f"{name}.{attr}",
-                        member,
-                        f"https://docs.python.org/{VERSION}/library/stdtypes.html#{name}.{attr}",
+        entries += _entry(module_name, attr, member, _library_url(module_name, f"{module_name}.{attr}"))
+        if isinstance(member, type):
+            for method, value in vars(member).items():
+                if not method.startswith("_") and callable(value):
+                    qualified = f"{attr}.{method}"
+                    entries += _entry(
+                        module_name, qualified, value, _library_url(module_name, f"{module_name}.{qualified}")
                     )
-    for module_name in MODULES:
-        try:
-            module = __import__(module_name, fromlist=["_"])
-        except ImportError:
-            continue
-        for attr in getattr(module, "__all__", None) or [a for a in vars(module) if not a.startswith("_")]:
-            member = getattr(module, attr, None)
-            if member is None or not callable(member):
-                continue
-            add(module_name, attr, member, _library_url(module_name, f"{module_name}.{attr}"))
-            if isinstance(member, type):
-                for method, value in vars(member).items():
-                    if not method.startswith("_") and callable(value):
-                        qualified = f"{attr}.{method}"
-                        add(module_name, qualified, value, _library_url(module_name, f"{module_name}.{qualified}"))
-    return tuple(entries)
+    return entries
 
 
 @functools.lru_cache(maxsize=1)

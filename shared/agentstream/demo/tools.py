@@ -254,57 +254,79 @@ def _first_line(doc: str | None) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _index() -> tuple[dict[str, tuple[str, str]], dict[str, Counter[str]]]:  # noqa: C901 (an outlier from before the complexity limit; issue 32 splits it)
+def _index() -> tuple[dict[str, tuple[str, str]], dict[str, Counter[str]]]:
     """Build the search index once: name → (kind, summary) and name → word counts.
 
     Entries are the language-reference topics, the builtins (and the methods of builtin types
     such as ``str.split``), and the standard-library modules that import without side effects
     (with their public functions and classes). Built lazily on the first search (≈ 1–3 s).
+    The first entry of a name wins, in that order.
     """
-    entries: dict[str, tuple[str, str]] = {}
-    words: dict[str, Counter[str]] = {}
+    index = _Index()
+    for name, text in _topics().items():
+        index.add(name, "language reference", text)
+    for keyword, topic in _keyword_topics().items():
+        if topic in index.words and re.fullmatch(r"[a-z_]+", keyword):
+            index.words[topic][keyword] += 5  # "for" finds the "for" statement topic
+    for name in dir(builtins):
+        if not name.startswith("_"):
+            _add_builtin(index, name, getattr(builtins, name))
+    for module_name in _stdlib_modules():
+        _add_module(index, module_name, _loaded(module_name))
+    return index.entries, index.words
 
-    def add(name: str, kind: str, text: str, weight_name: int = 3) -> None:
-        if name in entries:
+
+class _Index:
+    """The index being built: name → (kind, summary), and name → word counts."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[str, str]] = {}
+        self.words: dict[str, Counter[str]] = {}
+
+    def add(self, name: str, kind: str, text: str, weight_name: int = 3) -> None:
+        """An entry, unless the name has one: its text's first line, and the words of its text's
+        start and of its name (each counted ``weight_name`` times)."""
+        if name in self.entries:
             return
-        entries[name] = (kind, _first_line(text))
+        self.entries[name] = (kind, _first_line(text))
         counts = Counter(_words(text[:3000]))
         for w in _words(name.replace(".", " ")):
             counts[w] += weight_name
-        words[name] = counts
+        self.words[name] = counts
 
-    for name, text in _topics().items():
-        add(name, "language reference", text)
-    keyword_topics = _keyword_topics()
-    for keyword, topic in keyword_topics.items():
-        if topic in words and re.fullmatch(r"[a-z_]+", keyword):
-            words[topic][keyword] += 5  # "for" finds the "for" statement topic
-    for name in dir(builtins):
-        if name.startswith("_"):
+
+def _add_builtin(index: _Index, name: str, obj: object) -> None:
+    """A builtin, and the public methods of a builtin type (not of an exception)."""
+    index.add(name, "builtin", getattr(obj, "__doc__", "") or "")
+    if isinstance(obj, type) and not issubclass(obj, BaseException):
+        for attr, member in vars(obj).items():
+            if not attr.startswith("_") and callable(member):
+                index.add(f"{name}.{attr}", "builtin method", getattr(member, "__doc__", "") or "", weight_name=4)
+
+
+def _loaded(module_name: str) -> Any:
+    """The module if it is imported already, or safe to import (:data:`_SAFE_TO_IMPORT`) and imports; else None."""
+    module = sys.modules.get(module_name)
+    if module is None and module_name in _SAFE_TO_IMPORT:
+        try:
+            module = __import__(module_name)
+        except Exception:
+            module = None
+    return module
+
+
+def _add_module(index: _Index, module_name: str, module: Any) -> None:
+    """A standard-library module (by name alone when it is not loaded), and its public callables
+    defined in it (``__all__``, or its names without an underscore)."""
+    if module is None:
+        index.add(module_name, "module", f"{module_name} standard library module")
+        return
+    index.add(module_name, "module", getattr(module, "__doc__", "") or module_name)
+    for attr in getattr(module, "__all__", None) or [a for a in vars(module) if not a.startswith("_")]:
+        member = getattr(module, attr, None)
+        if member is None or not callable(member) or getattr(member, "__module__", module_name) != module_name:
             continue
-        obj = getattr(builtins, name)
-        add(name, "builtin", getattr(obj, "__doc__", "") or "")
-        if isinstance(obj, type) and not issubclass(obj, BaseException):
-            for attr, member in vars(obj).items():
-                if not attr.startswith("_") and callable(member):
-                    add(f"{name}.{attr}", "builtin method", getattr(member, "__doc__", "") or "", weight_name=4)
-    for module_name in _stdlib_modules():
-        module = sys.modules.get(module_name)
-        if module is None and module_name in _SAFE_TO_IMPORT:
-            try:
-                module = __import__(module_name)
-            except Exception:
-                module = None
-        if module is None:
-            add(module_name, "module", f"{module_name} standard library module")
-            continue
-        add(module_name, "module", getattr(module, "__doc__", "") or module_name)
-        for attr in getattr(module, "__all__", None) or [a for a in vars(module) if not a.startswith("_")]:
-            member = getattr(module, attr, None)
-            if member is None or not callable(member) or getattr(member, "__module__", module_name) != module_name:
-                continue
-            add(f"{module_name}.{attr}", "stdlib", getattr(member, "__doc__", "") or "", weight_name=4)
-    return entries, words
+        index.add(f"{module_name}.{attr}", "stdlib", getattr(member, "__doc__", "") or "", weight_name=4)
 
 
 # Modules imported for the index (documented, pure-Python-safe, no side effects on import).
