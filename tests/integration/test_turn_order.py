@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from agentstream.runtime.consumer import current_delivery
 from agentstream.runtime.turn_order import EarlierTurns
 from agentstream.steps.turn_order import trace_marks
 from agentstream.wire.events import TurnFailed, TurnInput
@@ -142,25 +143,38 @@ async def test_another_backends_turns_between_two_are_refused_on_their_own(redis
         await services.stop_all()
 
 
-async def test_an_earlier_turn_whose_admission_fails_is_left_to_its_own_handler(redis, keys, services, store, caplog):
-    """An error admitting an earlier turn (a bug, an error reply) does not fail the later turn's
-    handler: the earlier one's own handler admits it, and each turn is answered once."""
+@pytest.mark.parametrize("failing", ["admission", "check"])
+async def test_an_earlier_turn_whose_admission_fails_is_left_to_its_own_handler(
+    redis, keys, services, store, caplog, failing
+):
+    """An error checking or admitting an earlier turn (a bug, an error reply) does not fail the
+    later turn's handler: the earlier one's own handler admits it, and each turn is answered once."""
     procs = [await services.start("p1", "agent-loop"), await services.start("p2", "agent-loop")]
     for proc in procs:
 
-        async def failing(*args, lead, _enter=proc.loop._enter, **kwargs):
+        async def enter(*args, lead, _enter=proc.loop._enter, **kwargs):
             if not lead:
                 raise RuntimeError("an earlier turn's admission failed")
             return await _enter(*args, lead=lead, **kwargs)
 
-        proc.loop._enter = failing
+        def checked(entry_id, *args, _checked=proc.loop._checked, **kwargs):
+            delivery = current_delivery()
+            if delivery is not None and delivery.entry_id != entry_id:
+                raise RuntimeError("an earlier turn's check failed")
+            return _checked(entry_id, *args, **kwargs)
+
+        if failing == "admission":
+            proc.loop._enter = enter
+        else:
+            proc.loop._checked = checked
     for r in range(6):
         await _publish_together(redis, keys.turns_for(f"f{r}"), [_body(f"f{r}", f"a{r}"), _body(f"f{r}", f"b{r}")])
         for turn_id in (f"a{r}", f"b{r}"):
             assert (await wait_reply(redis, keys, turn_id)).status == "ended"
     for r in range(6):
         assert sorted(await _inputs(store, f"f{r}")) == [f"a{r}", f"b{r}"]
-    assert any("left to its own handler" in r.getMessage() for r in caplog.records)
+    said = "left to its own handler" if failing == "admission" else "could not check turn entry"
+    assert any(said in r.getMessage() for r in caplog.records)
     assert not any("handler failed" in r.getMessage() for r in caplog.records)
     replies = await redis.xrange(keys.replies)
     assert len(replies) == 12

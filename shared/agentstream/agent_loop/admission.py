@@ -250,6 +250,9 @@ class Admission(LoopState):
                 turn, routing, _ = self._checked(other_id, fields, stream)
             except TurnRejected:
                 return None
+            except Exception:  # the rules crashed on it: its own handler fails on it and retries it
+                log.exception("could not check turn entry %s of %s before entry %s", other_id, stream, entry_id)
+                return None
             return None if routing is None else _Checked(turn, routing, fields.get(TURN_FIELD))
 
         settled = self._settled.get(stream, {})
