@@ -95,9 +95,10 @@ def build(
         group_consumer(store.redis, settings, stream=s, group=AGENT_LOOP_GROUP, handler=_told(loop.on_cancel)(s))
         for s in keys.cancel_streams
     ]
-    runners.append(  # approvals and denials of tool calls that wait for a person
-        group_consumer(store.redis, settings, stream=keys.approvals, group=AGENT_LOOP_GROUP, handler=loop.on_approval)
-    )
+    runners += [  # approvals and denials of tool calls that wait for a person: the shared stream, each backend's
+        group_consumer(store.redis, settings, stream=s, group=AGENT_LOOP_GROUP, handler=_told(loop.on_approval)(s))
+        for s in keys.approval_streams
+    ]
     runners += cancel_listeners(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms)
     # turns whose awaited tool work vanished end with a reason; calls awaiting approval past due are woken
     if settings.watchdog_interval_ms:

@@ -283,3 +283,72 @@ async def test_two_backends_under_the_docs_acl_reach_only_their_own_conversation
         for user in users:
             await admin.execute_command("ACL", "DELUSER", user)
         await admin.aclose()
+
+
+async def test_under_the_docs_acl_a_backend_decides_only_its_own_conversations_calls(
+    redis7_url, namespace, scripted_model
+):
+    """Each backend's approvals stream (``<ns>:backends:<b>:approvals``, written under the docs'
+    exact rule, no new ACL pattern): backend-7 knows backend-8's trace and call ids. Its approval
+    of that call on its own stream is refused by the agent loop (reported, nothing decided), and
+    its writes to backend-8's or the shared approvals stream are refused by Redis. backend-8's own
+    approval runs the call, recorded as ``backend-8/<its by>``."""
+    from agentstream.wire.events import ApprovalAwaited, ApprovalDecided
+    from agentstream.wire.keys import APPROVAL_FIELD
+
+    keys = Keys(namespace, 1, ("backend-7", "backend-8"))
+    admin = aioredis.Redis.from_url(redis7_url)
+    host_port = redis7_url.split("://", 1)[1]
+    clients, users = await _acl_users(admin, namespace, host_port, ("backend-7", "backend-8"))
+    a, b = clients["backend-7"], clients["backend-8"]
+    private = "backend-8:pay"
+    store = TraceStore(admin, keys)
+    services = InProcess(
+        apps.app,
+        redis7_url,
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_BACKENDS": "backend-7,backend-8"},
+    )
+    try:
+        await services.start("p1", "agent-loop", "tool-worker")
+        turn = {"trace_id": private, "turn_id": "t1", "agent": "calc", "text": "What is 6 * 7?", "approval": ["*"]}
+        await b.xadd(keys.backend_turns_for("backend-8", private), {TURN_FIELD: json.dumps(turn)})
+
+        async def awaiting():
+            return [e for e in await events_of(store, private) if isinstance(e, ApprovalAwaited)]
+
+        (waiting,) = await wait_for(awaiting, what="backend-8's call awaiting approval")
+        decision = {"trace_id": private, "call_id": waiting.call_id, "approved": True, "by": "backend-8"}
+        await a.xadd(keys.backend_approvals("backend-7"), {APPROVAL_FIELD: json.dumps(decision)})
+        await _refused_by_acl(
+            [
+                a.xadd(keys.backend_approvals("backend-8"), {APPROVAL_FIELD: json.dumps(decision)}),
+                a.xadd(keys.approvals, {APPROVAL_FIELD: json.dumps(decision)}),
+            ]
+        )
+
+        async def refused():
+            return [e for e in await errors_of(admin, keys) if "refused (forbidden)" in e["error"]]
+
+        (report,) = await wait_for(refused, what="the report of backend-7's refused approval")
+        assert keys.backend_approvals("backend-7") in report["error"] and private in report["error"]
+        assert not [e for e in await events_of(store, private) if isinstance(e, ApprovalDecided)]
+
+        await b.xadd(keys.backend_approvals("backend-8"), {APPROVAL_FIELD: json.dumps({**decision, "by": "ana"})})
+
+        async def answered():
+            got = [codec.decode_reply(f[REPLY_FIELD]) for _, f in await b.xrange(keys.backend_replies("backend-8"))]
+            return got[0] if got else None
+
+        reply = await wait_for(answered, what="backend-8's approved turn's answer")
+        assert reply.status == "ended" and reply.answer == "The answer is 42.", reply
+        (decided,) = [e for e in await events_of(store, private) if isinstance(e, ApprovalDecided)]
+        assert (decided.approved, decided.by) == (True, "backend-8/ana")
+    finally:
+        await services.stop_all()
+        for client in clients.values():
+            await client.aclose()
+        for user in users:
+            await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()

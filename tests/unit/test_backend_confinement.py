@@ -11,13 +11,14 @@ from agentstream.errors import ConfigError
 from agentstream.ops.settings import Settings
 from agentstream.wire.backends import (
     backend_name_problem,
+    confined_approval,
     confined_cancel,
     owns_trace,
     reply_refusal,
     trace_refusal,
     turn_scope,
 )
-from agentstream.wire.events import CancelMessage
+from agentstream.wire.events import APPROVAL_BY_MAX_CHARS, ApprovalMessage, CancelMessage
 from agentstream.wire.keys import Keys, trace_id_problem
 
 KEYS = Keys("ns", 4, ("b7", "b8"))
@@ -31,6 +32,9 @@ REPLIES = KEYS.replies
         ("ns:backends:b7:turns:p1", "b7"),
         ("ns:backends:b7:turns:p3", "b7"),
         ("ns:backends:b8:cancel", "b8"),
+        ("ns:backends:b8:approvals", "b8"),
+        ("ns:backends:b8:approvals:p1", None),  # not partitioned
+        ("ns:approvals", None),
         ("ns:backends:b7:turns:p4", None),  # no such partition (4 partitions: p1..p3)
         ("ns:backends:b7:turns:p01", None),
         ("ns:backends:b7:other", None),
@@ -184,3 +188,30 @@ def test_a_cancel_is_confined_and_its_by_is_its_stream(backend, message, by) -> 
     else:
         assert refusal is None and confined is not None
         assert (confined.by, confined.trace_id, confined.turn_id) == (by, message.trace_id, message.turn_id)
+
+
+@pytest.mark.parametrize(
+    ("backend", "trace_id", "by", "recorded_by"),
+    [
+        (None, "b8:c", "anyone", "anyone"),  # the shared stream: trusted, taken as it is
+        ("b7", "b7:c", "ana", "b7/ana"),  # its own conversation: who decided, under its name
+        ("b7", "b7:c", "", "b7"),
+        ("b7", "b7:c", "b8", "b7/b8"),  # naming another backend forges nothing
+        ("b7", "b7:c", "x" * APPROVAL_BY_MAX_CHARS, ("b7/" + "x" * APPROVAL_BY_MAX_CHARS)[:APPROVAL_BY_MAX_CHARS]),
+        ("b7", "b8:c", "ana", None),  # another backend's conversation: refused
+        ("b7", "b7", "ana", None),  # the prefix alone is no conversation
+        ("b7", "b77:c", "ana", None),
+    ],
+)
+def test_an_approval_is_confined_and_recorded_under_its_streams_backend(backend, trace_id, by, recorded_by) -> None:
+    message = ApprovalMessage(trace_id=trace_id, call_id="c1", approved=True, by=by)
+    confined, refusal = confined_approval(backend, message)
+    if recorded_by is None:
+        assert confined is None and refusal and trace_id in refusal and "approval" in refusal
+    else:
+        assert refusal is None and confined is not None
+        assert (confined.by, confined.trace_id, confined.call_id) == (recorded_by, trace_id, "c1")
+
+
+def test_every_approvals_stream_is_consumed_the_shared_one_first() -> None:
+    assert KEYS.approval_streams == ["ns:approvals", "ns:backends:b7:approvals", "ns:backends:b8:approvals"]

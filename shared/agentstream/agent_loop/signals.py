@@ -30,7 +30,7 @@ from agentstream.steps.decision import (
 )
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
-from agentstream.wire.backends import confined_cancel, turn_scope
+from agentstream.wire.backends import confined_approval, confined_cancel, turn_scope
 from agentstream.wire.events import (
     ApprovalDecided,
     ApprovalMessage,
@@ -105,13 +105,16 @@ class Signals(LoopState):
                 turn_id=message.turn_id,
             )
 
-    async def on_approval(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def on_approval(self, entry_id: str, fields: dict[bytes, bytes], *, stream: str | None = None) -> None:
         """An approval or a denial (the agent loop's group on the approvals stream): record it
         once per call, then advance the trace. One that cannot be read, or decides nothing (no
         such call awaiting approval, its turn ended, arguments the tool does not let a person
         edit or that do not match its schema), is reported on the errors stream; a second one for
-        a decided call changes nothing and is not reported (the first decision stands)."""
-        source = self.keys.approvals
+        a decided call changes nothing and is not reported (the first decision stands). A
+        backend's approvals stream (``stream``; default the shared ``<ns>:approvals``) may decide
+        only that backend's conversations' calls, under its name
+        (:func:`agentstream.wire.backends.confined_approval`)."""
+        source = stream or self.keys.approvals
         try:
             message = wire.validate_approval(codec.entry_field(fields, APPROVAL_FIELD), self.limits)
         except msgspec.DecodeError as exc:
@@ -119,6 +122,13 @@ class Signals(LoopState):
             shown = codec.entry_shown(fields, APPROVAL_FIELD)
             await self._report(f"malformed approval {entry_id}: {exc}", shown, source=source, entry=entry_id)
             return
+        confined, refusal = confined_approval(self.keys.backend_of_stream(stream), message)
+        if confined is None:  # another backend's conversation: nothing read or written there
+            error = f"approval {entry_id} of {source} refused ({FailureCode.FORBIDDEN}): {refusal}"
+            log.warning("%s", error)
+            await self._report(error, codec.entry_shown(fields, APPROVAL_FIELD), source=source, entry=entry_id)
+            return
+        message = confined
         outcome = await self.record_approval(message, by=message.by)
         if isinstance(outcome, Refused):
             error = f"approval {entry_id} of {source} decided nothing: {outcome.reason}"

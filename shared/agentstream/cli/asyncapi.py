@@ -10,7 +10,8 @@ stream                                    field       who writes it
 ``<ns>:turns``                            ``turn``    backends: a turn (the agent loop consumes it)
 ``<ns>:replies`` (or a turn's reply_to)   ``reply``   the agent loop, when a turn ends
 ``<ns>:cancel``                           ``cancel``  backends: stop a conversation's running turn
-``<ns>:backends:<b>:turns``, ``:cancel``  as above  backend ``b`` (AGENTSTREAM_BACKENDS), confined
+``<ns>:backends:<b>:turns``, ``:cancel``,  as above  backend ``b`` (AGENTSTREAM_BACKENDS), confined
+``:approvals``
 ``<ns>:approvals``                        approval    backends: approve or deny a tool call that waits
 ``<ns>:errors``                           ``error``   the services: an entry they could not read
 ``<ns>:trace:{<trace id>}``               ``e``, v    the services: every event of a conversation
@@ -193,6 +194,17 @@ def asyncapi_document(keys: Keys | None = None, *, server: str = "redis://localh
         f"schema), is reported on {keys.errors}; a second decision of a decided call changes nothing and is not reported.",
     )
     async def approvals(entry: ApprovalEntry) -> None:  # pragma: no cover
+        ...
+
+    @broker.subscriber(
+        stream=StreamSub(keys.backend_approvals("{backend}"), group=AGENT_LOOP_GROUP, consumer="agent-loop"),
+        title=keys.backend_approvals("{backend}"),
+        description="Approvals and denials in from one backend named in AGENTSTREAM_BACKENDS: as the shared "
+        f"{keys.approvals}, but only of its own conversations' calls (trace ids that begin with `<backend>:`; any other "
+        f"is refused, reported on {keys.errors}); the decision's `by` is `<backend>/<by>` (or the backend's name "
+        "without one): the backend it came from cannot be forged.",
+    )
+    async def backend_approvals(entry: ApprovalEntry) -> None:  # pragma: no cover
         ...
 
     broker.publisher(

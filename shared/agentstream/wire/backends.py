@@ -4,20 +4,22 @@ A deployment that names its backends (setting ``AGENTSTREAM_BACKENDS``, e.g.
 ``backend-7,backend-8``) gives each backend ``b``:
 
 - its own turns stream ``<ns>:backends:<b>:turns`` (partitioned as the shared turns stream:
-  ``...:turns:p<k>``) and cancel stream ``<ns>:backends:<b>:cancel``, which a Redis ACL lets
-  only ``b`` write (every key under ``<ns>:backends:<b>:``);
+  ``...:turns:p<k>``), cancel stream ``<ns>:backends:<b>:cancel`` and approvals stream
+  ``<ns>:backends:<b>:approvals``, which a Redis ACL lets only ``b`` write (every key under
+  ``<ns>:backends:<b>:``);
 - its conversations: the trace ids that begin with ``<b>:`` (``backend-7:conv-42``; a
   subagent's child trace ``backend-7:conv-42/...`` too);
 - its replies streams: ``<ns>:replies:<b>`` and the streams under ``<ns>:replies:<b>:``.
 
-A turn or a cancel read from ``b``'s stream may only name ``b``'s conversations, and a turn only
-``b``'s replies streams (a turn without ``reply_to`` is answered on ``<ns>:replies:<b>``); a
-cancel's ``by`` is ``b``, whatever the message says. Redis does not record who wrote an entry,
+A turn, a cancel or an approval read from ``b``'s stream may only name ``b``'s conversations, and
+a turn only ``b``'s replies streams (a turn without ``reply_to`` is answered on
+``<ns>:replies:<b>``); a cancel's ``by`` is ``b``, whatever the message says, and an approval's
+is ``b/<its by>``. Redis does not record who wrote an entry,
 so the stream an entry came on is the only sender the services can trust: these rules, with
 the ACL, make a backend unable to start, continue, read, cancel or be answered about another
 backend's conversation. Entries of the shared streams (``<ns>:turns``, ``<ns>:cancel``) are
-trusted as before: in a confined deployment only the services, the gateway and operators may
-write them (the ACL gives backends no access to them).
+trusted as before (``<ns>:approvals`` too): in a confined deployment only the services, the
+gateway and operators may write them (the ACL gives backends no access to them).
 
 A backend's name is 1 to 64 of ``A-Z a-z 0-9 _ -``, beginning with a letter or a digit: no
 ``:`` (so no backend's prefix is inside another's), no hash-tag or glob character (it goes into
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 import msgspec
 
 from agentstream.errors import ConfigError
-from agentstream.wire.events import CancelMessage
+from agentstream.wire.events import APPROVAL_BY_MAX_CHARS, ApprovalMessage, CancelMessage
 
 BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 """What a backend's name is: 1 to 64 of ``A-Z a-z 0-9 _ -``, the first a letter or a digit."""
@@ -169,3 +171,21 @@ def confined_cancel(backend: str | None, message: CancelMessage) -> tuple[Cancel
     if refusal is not None:
         return None, refusal
     return msgspec.structs.replace(message, by=backend), None
+
+
+def confined_approval(backend: str | None, message: ApprovalMessage) -> tuple[ApprovalMessage | None, str | None]:
+    """An approval read from ``backend``'s approvals stream (None: the shared, trusted one) →
+    (the approval to act on, None) or (None, why it is refused).
+
+    A backend may decide only its own conversations' calls, and its decision's ``by`` is the
+    backend's name, followed by ``/`` and the name the message gives, if any (``billing/ana``): who
+    decided stays on record, and which backend vouched for it cannot be forged. A decision of the
+    shared stream is taken as it is. Pure.
+    """
+    if backend is None:
+        return message, None
+    refusal = trace_refusal(backend, message.trace_id, "approval")
+    if refusal is not None:
+        return None, refusal
+    by = f"{backend}/{message.by}" if message.by else backend
+    return msgspec.structs.replace(message, by=by[:APPROVAL_BY_MAX_CHARS]), None

@@ -264,6 +264,10 @@ class Keys:
         """Backend ``backend``'s cancel stream (not partitioned): ``<ns>:backends:<backend>:cancel``."""
         return f"{self.namespace}:backends:{backend}:cancel"
 
+    def backend_approvals(self, backend: str) -> str:
+        """Backend ``backend``'s approvals stream (not partitioned): ``<ns>:backends:<backend>:approvals``."""
+        return f"{self.namespace}:backends:{backend}:approvals"
+
     def backend_replies(self, backend: str) -> str:
         """Backend ``backend``'s replies stream: ``<ns>:replies:<backend>``."""
         return f"{self.replies}:{backend}"
@@ -279,9 +283,14 @@ class Keys:
         """Every cancel stream: the shared one, then each configured backend's."""
         return [self.cancel, *(self.backend_cancel(b) for b in self.backends)]
 
+    @property
+    def approval_streams(self) -> list[str]:
+        """Every approvals stream: the shared one, then each configured backend's."""
+        return [self.approvals, *(self.backend_approvals(b) for b in self.backends)]
+
     def backend_of_stream(self, stream: str | None) -> str | None:
-        """The configured backend whose turns (any partition) or cancel stream ``stream`` is, or
-        None for any other stream (the shared ones: trusted senders). Pure."""
+        """The configured backend whose turns (any partition), cancel or approvals stream
+        ``stream`` is, or None for any other stream (the shared ones: trusted senders). Pure."""
         if not stream:
             return None
         head = f"{self.namespace}:backends:"
@@ -290,7 +299,7 @@ class Keys:
         name, _, rest = stream[len(head) :].partition(":")
         if name not in self.backends:
             return None
-        if rest in ("cancel", "turns"):
+        if rest in ("cancel", "turns", "approvals"):
             return name
         part = _TURNS_PARTITION.fullmatch(rest)
         return name if part is not None and int(part.group(1)) < self.partitions else None
