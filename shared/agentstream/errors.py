@@ -6,8 +6,8 @@ raised on purpose for a caller to act on (:class:`AgentStreamSignal`). An ``exce
 AgentStreamError`` meant for failures never swallows a signal meant for the consumer or the tool
 runner. The failure codes a failed turn carries are :class:`agentstream.wire.failures.FailureCode`.
 
-The tree (``tests/unit/test_errors.py`` checks that it names every exception class of the
-package, each under its real base)::
+The tree (``tests/unit/test_errors.py`` checks that it names every public exception class of
+the package, read from the source and imported, each under its real base)::
 
     AgentStreamError
     ├── ConfigError              misuse found at startup: a bad app path, an unknown model id,
@@ -71,6 +71,19 @@ package, each under its real base)::
     ├── UnexpectedModelCall      a model double got a call it was not written for
     │                            (agentstream.testing)
     └── RealModelCallBlocked     a test bed's service tried a real model call
+
+    (outside both trees, of another library's family, each handled where it is raised:)
+
+    RuntimeError
+    └── McpListingError          an MCP server's tool listing could not be taken in: its
+                                 session ends (agentstream.mcp_tools.host)
+    BrokenResourceError          anyio's
+    └── MessageTooLarge          an MCP server sent a message over the limit: its session ends
+                                 (agentstream.mcp_tools.transports)
+    DecodeError                  msgspec's, as the wire's decoders raise it
+    ├── MissingField             a work stream entry without the field of its message
+    │                            (agentstream.wire.codec)
+    └── DoubledField             a work stream entry that gives a field more than once
 
 Errors say what happened, to what (trace id, call id, stream) and what to do next. Third-party
 errors are converted at the boundary into the most specific of these (``raise ... from exc``).

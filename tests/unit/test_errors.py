@@ -1,8 +1,8 @@
 """The exception tree of :mod:`agentstream.errors` and the failure codes of the wire.
 
 - the tree drawn in the docstring of :mod:`agentstream.errors` names every exception class of the
-  package (read from the source with :mod:`ast`; private ``_Name`` classes are left out), each
-  under its real base;
+  package (read from the source with :mod:`ast`, and found again in every module imported;
+  private ``_Name`` classes are left out), each under its real base;
 - signals (:class:`~agentstream.errors.AgentStreamSignal`) are not failures: ``except
   AgentStreamError`` lets them through;
 - the failure codes the code writes are members of :class:`~agentstream.wire.failures.FailureCode`,
@@ -12,12 +12,17 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import pkgutil
 import re
 from pathlib import Path
 
 import pytest
 
+import agentstream
 import agentstream.errors as errors
+import agentstream_services
 from agentstream.errors import AgentStreamError, AgentStreamSignal, Deferred, ToolCancelled, TurnDenied, TurnRejected
 from agentstream.wire import codec
 from agentstream.wire.events import CompactionFailed, TurnFailed
@@ -25,7 +30,9 @@ from agentstream.wire.failures import FailureCode
 from agentstream.wire.schemas import trace_events_schema
 
 ROOT = Path(__file__).resolve().parents[2] / "shared/agentstream"
-ROOTS = {"Exception", "BaseException", "AssertionError"}
+FOREIGN = {"AssertionError", "RuntimeError", "BrokenResourceError", "DecodeError"}
+"""The other families the tree draws classes of the package under (Python's, anyio's, msgspec's)."""
+ROOTS = {"Exception", "BaseException", *FOREIGN}
 
 
 def _drawn_tree() -> dict[str, str]:
@@ -43,7 +50,8 @@ def _drawn_tree() -> dict[str, str]:
             stack.pop()
         parents[match.group(3)] = stack[-1][1] if stack else "Exception"
         stack.append((depth, match.group(3)))
-    parents.pop("AssertionError")
+    for foreign in FOREIGN:
+        parents.pop(foreign, None)
     return parents
 
 
@@ -72,6 +80,40 @@ def test_the_drawn_tree_names_every_exception_class_under_its_base() -> None:
     assert sorted(set(real) - set(drawn)) == [], "exception classes missing from the tree of errors.py"
     assert sorted(set(drawn) - set(real)) == [], "the tree of errors.py draws classes that do not exist"
     wrong = {name: (drawn[name], real[name]) for name in real if drawn[name] != real[name]}
+    assert wrong == {}, "drawn under another base than the class has: {name: (drawn, real)}"
+
+
+def _imported_exception_classes() -> dict[str, type[BaseException]]:
+    """{class name: class} for every public exception class defined in a module of the package
+    (and of its services), every module imported; the modules that fail to import, by name."""
+    classes: dict[str, type[BaseException]] = {}
+    failed: dict[str, str] = {}
+    for package in (agentstream, agentstream_services):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if module.name.rsplit(".", 1)[-1] == "__main__":  # runs the command line
+                continue
+            try:
+                imported = importlib.import_module(module.name)
+            except Exception as exc:  # a module the walk cannot see into: reported below
+                failed[module.name] = repr(exc)
+                continue
+            for name, value in vars(imported).items():
+                if (
+                    inspect.isclass(value)
+                    and issubclass(value, BaseException)
+                    and value.__module__ == imported.__name__
+                    and not name.startswith("_")
+                ):
+                    classes[name] = value
+    assert failed == {}, "modules that do not import: their exception classes are not checked"
+    return classes
+
+
+def test_every_exception_class_imported_is_drawn_under_its_base() -> None:
+    drawn, imported = _drawn_tree(), _imported_exception_classes()
+    assert {"AgentStreamError", "Deferred", "Retryable", "MissingField"} <= set(imported), "the walk is stale"
+    assert sorted(set(imported) - set(drawn)) == [], "exception classes missing from the tree of errors.py"
+    wrong = {n: (drawn[n], c.__bases__[0].__name__) for n, c in imported.items() if drawn[n] != c.__bases__[0].__name__}
     assert wrong == {}, "drawn under another base than the class has: {name: (drawn, real)}"
 
 
