@@ -33,7 +33,7 @@ def _hint_inside_the_window(loop, trace_id: str, taken_by_hint: list) -> None:
     """Wrap the loop's releases so that, once Redis has run one and before the step loop sees its
     answer, a second task of the same process advances the trace (and finishes). A step's
     release goes with its publication (publish_and_release) or, on one Redis server, with the
-    append of the model output whose jobs it publishes (append_publish_release)."""
+    append of the model output whose jobs it publishes (apply with a publication)."""
     inside = []  # the hint's own release does not start another hint
 
     async def hint(tid: str, released: bool, published: int) -> None:
@@ -46,7 +46,7 @@ def _hint_inside_the_window(loop, trace_id: str, taken_by_hint: list) -> None:
                 inside.pop()
 
     real_release = loop.store.publish_and_release
-    real_append = loop.store.append_publish_release
+    real_append = loop.store.apply
 
     async def release_then_hint(tid, token, entries, *, marks=()):
         result = await real_release(tid, token, entries, marks=marks)
@@ -55,11 +55,12 @@ def _hint_inside_the_window(loop, trace_id: str, taken_by_hint: list) -> None:
 
     async def append_then_hint(tid, output, **kwargs):
         result = await real_append(tid, output, **kwargs)
-        await hint(tid, result[2] == "released", len(result[3]))
+        if kwargs.get("publication") is not None:
+            await hint(tid, result.outcome == "released", len(result.entry_ids))
         return result
 
     loop.store.publish_and_release = release_then_hint
-    loop.store.append_publish_release = append_then_hint
+    loop.store.apply = append_then_hint
 
 
 def _at_least(items: list, n: int):
@@ -114,7 +115,7 @@ async def test_the_turns_entry_handled_again_before_the_reply_went_out_does_not_
     loop = proc.loop
     fields = {TURN_FIELD: codec.encode(TurnMessage(trace_id="w3", turn_id="t1", agent="plan", text="do: work(5)"))}
     real = loop.store.publish_and_release
-    real_append = loop.store.append_publish_release  # on one Redis the reply goes with the ending's append
+    real_append = loop.store.apply  # on one Redis the reply goes with the ending's append
     outcomes: list = []
 
     async def handled_again(tid, marks) -> None:
@@ -130,11 +131,12 @@ async def test_the_turns_entry_handled_again_before_the_reply_went_out_does_not_
         return await real(tid, token, entries, marks=marks)
 
     async def redelivered_before_the_append(tid, events, **kwargs):
-        await handled_again(tid, kwargs["marks"])
+        if kwargs.get("publication") is not None:
+            await handled_again(tid, kwargs["publication"].marks)
         return await real_append(tid, events, **kwargs)
 
     loop.store.publish_and_release = redelivered_first
-    loop.store.append_publish_release = redelivered_before_the_append
+    loop.store.apply = redelivered_before_the_append
     entry_id = (await redis.xadd(keys.turns_for("w3"), fields)).decode()
     reply = await wait_reply(redis, keys, "t1")
     assert reply.answer == "Results: worked 5 ms" and outcomes

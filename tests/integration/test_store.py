@@ -6,8 +6,9 @@ import pytest
 from redis.exceptions import ResponseError
 
 from agentstream.errors import StaleLeaseError
+from agentstream.runtime.store import Publication
 from agentstream.wire.events import ToolOutput, TurnEnded, TurnInput
-from tests.support.redis_server import single_node_only
+from tests.support.redis_server import cluster_only, single_node_only
 
 pytestmark = pytest.mark.integration
 
@@ -175,16 +176,19 @@ def _jobs(keys, output, trace_id: str = "tp"):
 async def _publish(store, keys, output, token, after, trace_id: str = "tp", jobs=None, then=(), marks=("jobs:t1:0",)):
     from agentstream.runtime.watchdog import awaiting_key
 
-    appended, read, outcome, entry_ids, _acked = await store.append_publish_release(
+    applied = await store.apply(
         trace_id,
         [output],
         then=list(then),
         fence=token,
         after=after,
-        entries=jobs if jobs is not None else _jobs(keys, output, trace_id),
-        marks=list(marks),
-        awaiting_key=awaiting_key(keys, keys.partition(trace_id)),
+        publication=Publication(
+            jobs if jobs is not None else _jobs(keys, output, trace_id),
+            list(marks),
+            awaiting_key(keys, keys.partition(trace_id)),
+        ),
     )
+    appended, read, outcome, entry_ids = applied.appended, applied.read, applied.outcome, applied.entry_ids
     return (appended[0] if not then else appended), read, outcome, entry_ids
 
 
@@ -311,16 +315,19 @@ async def test_a_work_stream_of_another_type_is_left_to_the_consumer_to_acknowle
     stream = f"{keys.namespace}:work"
     await redis.set(stream, "hostile")
     output = _output()
-    _appended, _read, outcome, _ids, acked = await store.append_publish_release(
+    applied = await store.apply(
         "tp",
         [output],
         fence=token,
         after=after,
-        entries=_jobs(keys, output),
-        marks=["jobs:t1:0"],
-        awaiting_key=awaiting_key(keys, keys.partition("tp")),
-        ack=(stream, "g", f"{{{stream}}}:attempts:g", "1-0"),
+        publication=Publication(
+            _jobs(keys, output),
+            ["jobs:t1:0"],
+            awaiting_key(keys, keys.partition("tp")),
+            ack=(stream, "g", f"{{{stream}}}:attempts:g", "1-0"),
+        ),
     )
+    outcome, acked = applied.outcome, applied.acknowledged
     assert outcome == "released" and not acked  # published and released; the consumer's own ack reports the stream
 
 
@@ -388,16 +395,14 @@ async def test_the_work_entry_is_acknowledged_with_a_release_not_with_a_kept_lea
     if dirty:
         await store.mark_dirty("tp", ttl_ms=10_000)
     output = _output()
-    _appended, _read, outcome, _ids, acked = await store.append_publish_release(
+    applied = await store.apply(
         "tp",
         [output],
         fence=token,
         after=after,
-        entries=_jobs(keys, output),
-        marks=["jobs:t1:0"],
-        awaiting_key=awaiting_key(keys, keys.partition("tp")),
-        ack=ack,
+        publication=Publication(_jobs(keys, output), ["jobs:t1:0"], awaiting_key(keys, keys.partition("tp")), ack=ack),
     )
+    outcome, acked = applied.outcome, applied.acknowledged
     assert acked is (not dirty)
     pending = (await redis.xpending(ack[0], "g"))["pending"]
     counters = await redis.hlen(ack[2])
@@ -415,19 +420,51 @@ async def test_the_work_entry_is_not_acknowledged_when_nothing_was_published(sto
     ack = await _work_entry(redis, keys)
     await store.append("tp", TurnInput(turn_id="t2", agent="a", text="meanwhile"))
     output = _output()
-    _appended, _read, outcome, _ids, acked = await store.append_publish_release(
+    applied = await store.apply(
         "tp",
         [output],
         fence=token,
         after=after,
-        entries=_jobs(keys, output),
-        marks=["jobs:t1:0"],
-        awaiting_key=awaiting_key(keys, keys.partition("tp")),
-        ack=ack,
+        publication=Publication(_jobs(keys, output), ["jobs:t1:0"], awaiting_key(keys, keys.partition("tp")), ack=ack),
     )
+    outcome, acked = applied.outcome, applied.acknowledged
     assert (
         outcome is None
         and not acked
         and (await redis.xpending(ack[0], "g"))["pending"] == 1
         and await redis.hlen(ack[2]) == 2
     )
+
+
+async def test_a_step_without_a_publication_appends_reads_back_and_keeps_the_lease(store, redis, keys):
+    # the same script as a publishing step's (lua/append.lua), its publication part left out
+    token, after = await _started(store)
+    output = _output()
+    applied = await store.apply("tp", [output], fence=token, after=after)
+    assert [a.created for a in applied.appended] == [True] and [e for _, e in applied.read.entries] == [output]
+    assert applied.outcome is None and applied.entry_ids == [] and not applied.acknowledged
+    assert int(await redis.get(keys.lease("tp"))) == token
+    assert await redis.hget(keys.trace_keys("tp"), "call:t1-c0") is not None  # its calls marked as it is appended
+    again = await store.apply("tp", [output], fence=token, after=after)
+    assert not again.appended[0].created and again.appended[0].entry_id == applied.appended[0].entry_id
+
+
+async def test_a_fenced_off_step_publishes_nothing(store, redis, keys):
+    token, after = await _started(store)
+    await redis.set(keys.lease("tp"), str(token + 1))  # another worker's lease now
+    output = _output()
+    publication = Publication(_jobs(keys, output), ["jobs:t1:0"], "unused") if store.one_server else None
+    with pytest.raises(StaleLeaseError):
+        await store.apply("tp", [output], fence=token, after=after, publication=publication)
+    assert await redis.xlen(keys.tools_for("default", "tp")) == 0 and len(await store.read("tp")) == 1
+
+
+@cluster_only("a publication spans hash slots: refused on a cluster")
+async def test_a_publication_with_the_append_is_refused_on_a_cluster(store, redis, keys):
+    token, after = await _started(store)
+    output = _output()
+    with pytest.raises(ValueError, match="one Redis server"):
+        await store.apply(
+            "tp", [output], fence=token, after=after, publication=Publication(_jobs(keys, output), [], "unused")
+        )
+    assert len(await store.read("tp")) == 1  # nothing appended

@@ -22,7 +22,7 @@ from agentstream.steps.approvals import (
     decide_message,
 )
 from agentstream.steps.decision import RecordResults, RunTools, decide, decide_view
-from agentstream.steps.machine import AppendOutput, after_output
+from agentstream.steps.effects import Effects, output_effects
 from agentstream.steps.trace_fold import fold_events
 from agentstream.wire import codec
 from agentstream.wire.checks import WireLimits, validate_approval
@@ -112,10 +112,16 @@ def test_when_the_output_is_appended_the_plan_publishes_no_job_with_it():
     view = fold_events("tr", [("1-0", TURN)]).view(NOW)
     following = decide_view(view.with_output(output(PAY)), AGENTS)
     assert isinstance(following, AwaitApproval)
-    plan = after_output(
-        TURN, following, publish_with_append=True, replies_owed=False, others_waiting=False, unstorable=lambda e: None
+    effects = output_effects(
+        TURN,
+        output(PAY),
+        following,
+        publish_with_append=True,
+        replies_owed=False,
+        others_waiting=False,
+        unstorable=lambda e: None,
     )
-    assert plan == AppendOutput(())
+    assert effects == Effects(TURN, (output(PAY),))
 
 
 @pytest.mark.parametrize(

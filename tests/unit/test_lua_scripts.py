@@ -72,7 +72,7 @@ def test_a_helper_written_in_several_scripts_is_the_same_in_each() -> None:
                 assert text == first, f"local function {function} of {name}.lua differs from the one in {where}.lua"
             else:
                 seen[function] = (text, name)
-    assert {"read_after", "next_fence", "release", "ack_entries", "append_events"} <= shared
+    assert {"read_after", "next_fence", "release", "ack_entries"} <= shared
 
 
 @pytest.mark.parametrize("name", FILES)

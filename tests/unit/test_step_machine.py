@@ -9,20 +9,13 @@ from agentstream.declarations.agents import Agent
 from agentstream.declarations.mcp_servers import McpServer
 from agentstream.declarations.tools import tool
 from agentstream.errors import ModelDeadlineExceeded, ModelUnanswered
-from agentstream.steps.decision import CancelTurn, EndTurn, FailTurn, RecordResults, RunTools
 from agentstream.steps.machine import (
-    AppendAndPublishJobs,
-    AppendAndReply,
-    AppendOutput,
     KeepOffer,
     WaitForCatalogs,
-    after_output,
-    ending_effects,
     model_call_failure,
     offer_before_call,
     queue_full_refusal,
     stamped_output,
-    storable_results,
     turn_deadline_failure,
     turn_time_left_s,
     unknown_model_failure,
@@ -32,11 +25,7 @@ from agentstream.steps.offers import Catalog, offer_digest
 from agentstream.wire.events import (
     ModelOutput,
     OfferedTool,
-    TaskInput,
-    ToolCall,
-    ToolOutput,
     ToolsOffered,
-    TurnEnded,
     TurnFailed,
     TurnInput,
 )
@@ -185,76 +174,3 @@ def test_when_the_prompt_comes_from_files_the_output_records_their_digest() -> N
         prompt_digest = "abc"  # as an agent whose system prompt is a prompt file has it
 
     assert stamped_output(output, Filed(name="f", system_prompt="S", model="m")).prompt_digest == "abc"
-
-
-# --- after the output --------------------------------------------------------------------------
-
-CALL = ToolCall(id="c1", name="get", arguments='{"k":"A"}')
-OUTPUT = ModelOutput(turn_id="t1", step=0, tool_calls=(CALL,))
-
-
-def plan(following, *, publish=True, owed=False, waiting=False, turn=TURN):
-    return after_output(
-        turn, following, publish_with_append=publish, replies_owed=owed, others_waiting=waiting, unstorable=never
-    )
-
-
-def test_when_the_output_calls_tools_the_loop_appends_publishes_and_releases_in_one_operation() -> None:
-    run = RunTools(TURN, AGENT, 0, (CALL,))
-    assert plan(run) == AppendAndPublishJobs(run)
-    assert plan(run, publish=False) == AppendOutput()  # a cluster: the step loop publishes them next
-    assert plan(run, owed=True) == AppendOutput()  # earlier replies go out first, with the release
-
-
-def test_when_the_output_answers_a_root_turn_the_loop_appends_the_ending_and_replies_in_one_operation() -> None:
-    ended = TurnEnded(turn_id="t1", answer="A")
-    assert plan(EndTurn(TURN, "A")) == AppendAndReply(ended)
-    assert plan(EndTurn(TURN, "A"), waiting=True) == AppendOutput((ended,))  # the next turn starts instead
-    task = TaskInput(turn_id="t1", agent="a", text="x", parent_trace_id="p", call_id="c")
-    assert plan(EndTurn(task, "A"), turn=task) == AppendOutput((ended,))  # a child answers its parent
-
-
-def test_when_the_output_fails_the_turn_the_ending_goes_with_its_append() -> None:
-    assert plan(FailTurn(TURN, FailureCode.REFUSAL, "no")) == AppendOutput(
-        (TurnFailed(turn_id="t1", code="refusal", reason="no"),)
-    )
-
-
-def test_when_calls_must_not_run_their_results_go_with_the_append_and_unstorable_ones_are_replaced() -> None:
-    good = ToolOutput(turn_id="t1", call_id="c1", name="nope", text="unknown tool", error="unknown_tool")
-    bad = ToolOutput(turn_id="t1", call_id="c2", name="nope", text="\ud800", error="unknown_tool")
-    found = after_output(
-        TURN,
-        RecordResults(TURN, (good, bad)),
-        publish_with_append=True,
-        replies_owed=False,
-        others_waiting=False,
-        unstorable=lambda e: "a lone surrogate" if "\ud800" in getattr(e, "text", "") else None,
-    )
-    assert isinstance(found, AppendOutput) and found.then[0] is good
-    assert found.then[1].error == "invalid_result" and "could not be stored (a lone surrogate)" in found.then[1].text
-    assert storable_results([good], never) == [good]
-
-
-CANCELLED_RESULT = ToolOutput(turn_id="t1", call_id="c1", name="get", text="Cancelled.", error="cancelled")
-
-
-@pytest.mark.parametrize(
-    ("decision", "before", "ending"),
-    [
-        (EndTurn(TURN, "A", answer_call="c9"), [], TurnEnded(turn_id="t1", answer="A", answer_call="c9")),
-        (FailTurn(TURN, "passes_cap", "too many"), [], TurnFailed(turn_id="t1", code="passes_cap", reason="too many")),
-        (
-            CancelTurn(
-                TURN,
-                (ToolOutput(turn_id="t1", call_id="c1", name="get", text="Cancelled.", error="cancelled"),),
-                "cancelled",
-                "by user",
-            ),
-            [ToolOutput(turn_id="t1", call_id="c1", name="get", text="Cancelled.", error="cancelled")],
-            TurnFailed(turn_id="t1", code="cancelled", reason="by user"),
-        ),
-    ],
-)
-def test_when_a_turn_ends_the_loop_appends_its_results_then_its_ending(decision, before, ending) -> None:
-    assert ending_effects(decision) == (before, ending)

@@ -17,6 +17,7 @@ from agentstream.ops import logs, tracing
 from agentstream.runtime.fold_reader import FoldReader
 from agentstream.runtime.store import Read, Taken, TraceStore
 from agentstream.runtime.turn_order import EarlierTurns
+from agentstream.steps.effects import jobs_marker, jobs_note
 from agentstream.steps.timeline import reply_of_ending
 from agentstream.steps.trace_fold import FoldCache, TraceFold
 from agentstream.wire import checks as wire
@@ -80,12 +81,10 @@ def _unconfirm(fold: TraceFold, marks: list[str]) -> None:
             fold.unconfirmed[rest] = None
         elif kind == "jobs":
             turn_id, _, step = rest.rpartition(":")
-            fold.notes.pop(("jobs", turn_id, int(step)), None)
+            fold.notes.pop(jobs_note(turn_id, int(step)), None)
 
 
-def _jobs_marker(turn_id: str, step: int) -> str:
-    """The key-hash marker that says the tool jobs of a step were published."""
-    return f"jobs:{turn_id}:{step}"
+_jobs_marker = jobs_marker  # the key-hash marker of a step's published jobs (agentstream.steps.effects)
 
 
 _reply_of_ending = (

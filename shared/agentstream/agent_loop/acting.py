@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import msgspec
 
 from agentstream.agent_loop._base import (
     LoopState,
-    _jobs_marker,
     _log_ending,
     _Outcome,
     _reply_of_ending,
@@ -34,6 +34,7 @@ from agentstream.ops import metrics, tracing
 from agentstream.runtime import operations
 from agentstream.runtime.consumer import current_delivery
 from agentstream.runtime.deltas import RedisDeltaSink
+from agentstream.runtime.store import Publication
 from agentstream.runtime.watchdog import awaiting_key
 from agentstream.steps.approvals import AwaitApproval, RecordApprovals
 from agentstream.steps.call_ids import scope_call_ids
@@ -47,11 +48,20 @@ from agentstream.steps.decision import (
     RunTools,
     decide_view,
 )
-from agentstream.steps.machine import (
-    AppendAndPublishJobs,
-    AppendAndReply,
-    after_output,
+from agentstream.steps.effects import (
+    Effects,
+    after_apply,
     ending_effects,
+    ending_kind,
+    jobs_marker,
+    jobs_note,
+    notes_before,
+    output_effects,
+    recorded,
+    reply_marker,
+    turn_ends,
+)
+from agentstream.steps.machine import (
     model_call_failure,
     stamped_output,
     storable_results,
@@ -84,30 +94,27 @@ class Acting(LoopState):
             case CallModel(turn=turn, agent=agent, step=step):
                 return await self._carry_out_call(trace_id, token, fold, turn, agent, step)
             case RecordResults(results=results):
-                await self._apply(trace_id, token, fold, self._storable(results))
-                return _Outcome.AGAIN
+                return await self._apply(trace_id, token, fold, recorded(self._storable(results)))
             case RunTools(turn=turn, agent=agent, step=step, calls=calls):
-                published = fold.notes.get(("jobs", turn.turn_id, step))
+                published = fold.notes.get(jobs_note(turn.turn_id, step))
                 if published is None:  # not known here: another worker may have published them
-                    published = await self.store.has_key(trace_id, _jobs_marker(turn.turn_id, step))
+                    published = await self.store.has_key(trace_id, jobs_marker(turn.turn_id, step))
                 if not published:  # built here, inside the step's span: each job carries it
                     jobs.append((turn.turn_id, step, self._jobs(trace_id, fold, turn, agent, calls)))
                 return _Outcome.WAIT
             case EndTurn() | FailTurn() | CancelTurn():
-                before, ending = ending_effects(decision)
-                return await self._end(trace_id, token, fold, ending, decision.turn, before=before)
+                return await self._apply(trace_id, token, fold, ending_effects(decision))
             case AwaitApproval(awaited=awaited, due_ms=due_ms):
                 # the due time first: a crash after it and before the append wakes the trace for nothing
                 await operations.note_approval_due(self.redis, self.keys, trace_id, due_ms)
                 fold.notes[AWAITS_APPROVAL] = True
                 if awaited:
-                    await self._apply(trace_id, token, fold, list(awaited))
+                    outcome = await self._apply(trace_id, token, fold, recorded(awaited))
                     self._log_awaited(trace_id, awaited)
-                    return _Outcome.AGAIN
+                    return outcome
                 return _Outcome.WAIT  # the lease goes back: nothing waits in memory for the person
             case RecordApprovals(decisions=decisions):  # calls nobody decided in time: denied
-                await self._apply(trace_id, token, fold, list(decisions))
-                return _Outcome.AGAIN
+                return await self._apply(trace_id, token, fold, recorded(decisions))
         raise AssertionError(f"unhandled decision {decision!r}")
 
     async def _carry_out_call(
@@ -259,161 +266,120 @@ class Acting(LoopState):
                     self.store.codec.unstorable(before),
                 )
 
-    async def _apply(
-        self,
-        trace_id: str,
-        token: int,
-        fold: TraceFold,
-        events: list,
-        *,
-        then: list | tuple = (),
-        entries: list | None = None,
-        marks: list[str] | None = None,
-    ) -> tuple[list, str | None]:
-        """Apply a step's effects under the lease ``token`` in one operation, and fold what came
-        since the fold's last entry → (what was appended, the outcome of the publication).
+    async def _apply(self, trace_id: str, token: int, fold: TraceFold, effects: Effects) -> _Outcome:
+        """Apply a step's ``effects`` under the lease ``token`` in one operation
+        (:meth:`TraceStore.apply`, one script), fold what came since the fold's last entry, and
+        note what :func:`~agentstream.steps.effects.after_apply` says → what the step loop does
+        next.
 
-        ``events`` are appended, then ``then`` when nothing came into the trace since the fold's
-        last entry. With ``entries`` (tool jobs or a reply, each ``(call id, stream, field,
-        payload)``) they are published, ``marks`` set, and the lease released in the same script
-        (:meth:`TraceStore.append_publish_release`, one Redis server), provided every event was
-        appended by it: the outcome is then ``"released"`` or ``"dirty"`` (a hint came: the lease
-        kept), None when nothing was published. The work entry being handled (a turn, a wake-up,
-        a cancel) is acknowledged in that script when the lease is released: every handler's
-        step loop is its last work, and a release ends it
-        (:func:`agentstream.runtime.consumer.current_delivery`).
+        The events are appended, then ``then`` when nothing came into the trace since the fold's
+        last entry. With jobs or a reply to publish (one Redis server only: the pure layer plans
+        none on a cluster, where the step loop publishes them with its release) they go out, their
+        markers are set and the lease is released in the same script, provided every event was
+        appended by it: ``RELEASED`` or ``DIRTY`` (a hint came: the lease kept), else ``AGAIN``.
+        The work entry being handled (a turn, a wake-up, a cancel) is acknowledged in that script
+        when the lease is released: every handler's step loop is its last work, and a release
+        ends it (:func:`agentstream.runtime.consumer.current_delivery`).
         """
-        if entries is None:
-            appended, read = await self.store.append_and_read(
-                trace_id, events, then=then, fence=token, after=fold.last_id, expire_ms=self._expire_ms
+        publication, reply = self._publication(trace_id, fold, effects) if effects.releases else (None, None)
+        noted = notes_before(effects)
+        fold.notes.update(noted)  # before Redis runs the release: see notes_before
+        try:
+            applied = await self.store.apply(
+                trace_id,
+                effects.events,
+                then=effects.then,
+                fence=token,
+                after=fold.last_id or "",
+                expire_ms=self._expire_ms,
+                publication=publication,
             )
-            assert read is not None
-            await self._fold_with(trace_id, fold, read)
-            return appended, None
-        delivery = current_delivery()
-        ack = delivery.ack_args() if delivery is not None and not delivery.acknowledged else None
-        appended, read, outcome, _ids, acknowledged = await self.store.append_publish_release(
-            trace_id,
-            events,
-            then=then,
-            fence=token,
-            after=fold.last_id,
-            entries=entries,
-            marks=marks or [],
-            awaiting_key=awaiting_key(self.keys, self.keys.partition(trace_id)),
-            expire_ms=self._expire_ms,
-            ack=ack,
-        )
-        if acknowledged:
+        except BaseException:
+            for key in noted:  # unknown: asked of Redis before the jobs are published
+                fold.notes.pop(key, None)
+            raise
+        if applied.acknowledged:
+            delivery = current_delivery()
             assert delivery is not None  # acknowledged only with its ack arguments
             delivery.acknowledged = True
-        await self._fold_with(trace_id, fold, read)
-        return appended, outcome
+        await self._fold_with(trace_id, fold, applied.read)
+        after = after_apply(effects, [a.created if a is not None else None for a in applied.appended], applied.outcome)
+        for key in after.forget:
+            fold.notes.pop(key, None)
+        fold.notes.update(after.notes)
+        if after.ended is not None:
+            assert effects.turn is not None  # an ending is a turn's
+            self._ended(fold, effects.turn, after.ended, replied=after.replied is not None)
+        if after.replied is not None:
+            assert reply is not None
+            _log_ending(trace_id, after.replied.ending, reply.stop_reason)
+            self._confirm(fold, [reply_marker(after.replied.ending.turn_id)])
+        return _Outcome(after.step)
+
+    def _publication(self, trace_id: str, fold: TraceFold, effects: Effects) -> tuple[Publication, Any]:
+        """What ``effects`` publish, as the store writes it → (the publication, the reply or None).
+
+        A step's jobs are built inside the step's span (each job carries it, as when the step
+        loop builds them); the work entry being handled is acknowledged with the release."""
+        entries: list[tuple[str, str, bytes, bytes]] = []
+        reply = None
+        if effects.jobs is not None:
+            run = effects.jobs
+            with _step_span(trace_id, run):
+                entries += self._jobs(trace_id, fold, run.turn, run.agent, run.calls)
+        if effects.reply is not None:
+            answered = effects.reply
+            reply = _reply_of_ending(trace_id, answered.turn, answered.ending, answered.stop_reason)
+            entries.append(("", self._reply_stream(answered.turn), REPLY_FIELD, codec.encode(reply)))
+        delivery = current_delivery()
+        ack = delivery.ack_args() if delivery is not None and not delivery.acknowledged else None
+        awaiting = awaiting_key(self.keys, self.keys.partition(trace_id))
+        return Publication(entries, effects.marks, awaiting, ack), reply
 
     async def _record_output(
         self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput
     ) -> _Outcome:
-        """Append a model output; when it ends the turn (an answer, or a failure), the ending goes
-        in the same append, provided nothing else came into the trace meanwhile."""
+        """Append a model output with what the step after it would write
+        (:func:`~agentstream.steps.effects.output_effects`): its ending or the results of calls
+        that must not run, provided nothing else came into the trace meanwhile, and on one Redis
+        server the jobs of its calls or the reply of its answer, with the release."""
         output = scope_call_ids(output, used=fold.call_ids)  # a call id names one call of the trace
         view = fold.view()  # as folded up to fold.last_id: the conditional part holds only if nothing came since
         nxt = decide_view(view.with_output(output), self.app.agent, self.served) if view.turn == turn else None
-        plan = after_output(
+        effects = output_effects(
             turn,
+            output,
             nxt,
             publish_with_append=self._publishes_with_append,
             replies_owed=bool(fold.unconfirmed),
             others_waiting=fold.others_unended(turn.turn_id),
             unstorable=self.store.codec.unstorable,
         )
-        match plan:
-            case AppendAndPublishJobs(run=run):
-                return await self._output_with_jobs(trace_id, token, fold, turn, output, run)
-            case AppendAndReply(ending=ending):
-                return await self._output_with_reply(trace_id, token, fold, turn, output, ending)
-        then = list(plan.then)
         if isinstance(nxt, RecordResults):
-            self._log_replaced(nxt.results, then)
-        appended, _ = await self._apply(trace_id, token, fold, [output], then=then)
-        if appended[0] is not None and appended[0].created and output.tool_calls:
-            fold.notes[("jobs", turn.turn_id, output.step)] = False  # a new output: nobody published its jobs
-        if then and isinstance(then[-1], (TurnEnded, TurnFailed)) and appended[-1] is not None:
-            self._ended(fold, turn, then[-1], appended[-1].created)
-        return _Outcome.AGAIN
-
-    async def _output_with_jobs(
-        self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput, nxt: RunTools
-    ) -> _Outcome:
-        """Append a model output with tool calls, publish their jobs and give the lease back in
-        one script, when nothing came into the trace since the fold's last entry (one Redis
-        server: :meth:`TraceStore.append_publish_release`). The step after the append would
-        decide ``nxt`` (run these calls) and then wait: its publication and release go with the
-        append. Otherwise (the output was there already, another entry came first, a job stream
-        refused the XADD) the step loop goes on as after any append."""
-        with _step_span(trace_id, nxt):  # each job carries its step's span, as when the step loop builds it
-            jobs = self._jobs(trace_id, fold, turn, nxt.agent, nxt.calls)
-        noted = ("jobs", turn.turn_id, nxt.step)
-        # noted before Redis runs the release, for a task of this process that takes the lease next (see _release)
-        fold.notes[noted] = True
-        try:
-            appended, outcome = await self._apply(
-                trace_id, token, fold, [output], entries=jobs, marks=[_jobs_marker(turn.turn_id, nxt.step)]
-            )
-        except BaseException:
-            fold.notes.pop(noted, None)  # unknown: asked of Redis before the jobs are published
-            raise
-        if outcome is None:  # not published: the step loop decides again from what it read
-            if appended[0] is not None and appended[0].created:
-                fold.notes[noted] = False  # a new output: nobody published its jobs
-            else:
-                fold.notes.pop(noted, None)
-            return _Outcome.AGAIN
-        return _Outcome.RELEASED if outcome == "released" else _Outcome.DIRTY
-
-    async def _output_with_reply(
-        self, trace_id: str, token: int, fold: TraceFold, turn: TurnInput, output: ModelOutput, ending: TurnEnded
-    ) -> _Outcome:
-        """Append a model output that answers a root turn with the turn's ending, publish the
-        reply and give the lease back in one script (one Redis server), when nothing came into the
-        trace since the fold's last entry: the reply is the one :meth:`_release` would publish
-        next (the output is the turn's last, so its stop reason is the reply's). The caller
-        checked that no other turn waits behind this one (the next step would start it, not
-        release). Otherwise the step loop goes on as after any append, and publishes the reply
-        it owes."""
-        stop_reason = output.stop_reason if not output.stopped_normally else None
-        reply = _reply_of_ending(trace_id, turn, ending, stop_reason)
-        entries = [("", self._reply_stream(turn), REPLY_FIELD, codec.encode(reply))]
-        marker = f"reply:{ending.turn_id}"
-        appended, outcome = await self._apply(
-            trace_id, token, fold, [output], then=[ending], entries=entries, marks=[marker]
-        )
-        if appended[-1] is not None:
-            self._ended(fold, turn, ending, appended[-1].created)  # the reply is owed until confirmed
-        if outcome is None:
-            return _Outcome.AGAIN
-        _log_ending(trace_id, ending, reply.stop_reason)
-        self._confirm(fold, [marker])
-        return _Outcome.RELEASED if outcome == "released" else _Outcome.DIRTY
+            self._log_replaced(nxt.results, list(effects.then))
+        return await self._apply(trace_id, token, fold, effects)
 
     async def _end(
-        self, trace_id: str, token: int, fold: TraceFold, ending: TurnEnded | TurnFailed, turn: TurnInput, *, before=()
+        self, trace_id: str, token: int, fold: TraceFold, ending: TurnEnded | TurnFailed, turn: TurnInput
     ) -> _Outcome:
-        """Append ``before`` (results) and the turn's ending in one atomic append; the reply goes
+        """Append the turn's ending (:func:`~agentstream.steps.effects.turn_ends`); the reply goes
         out with the next release (or before the next model call)."""
-        appended, _ = await self._apply(trace_id, token, fold, [*before, ending])
-        self._ended(fold, turn, ending, appended[-1].created)
-        return _Outcome.AGAIN
+        return await self._apply(trace_id, token, fold, turn_ends(turn, ending))
 
-    def _ended(self, fold: TraceFold, turn: TurnInput, ending: TurnEnded | TurnFailed, created: bool) -> None:
-        if not created:
-            return
-        fold.notes[("ended", ending.turn_id)] = True  # its reply is not out: no need to ask Redis
-        fold.notes[("context", ending.turn_id)] = tracing.inject()  # the reply goes out in the ending step's context
-        if isinstance(ending, TurnEnded):
+    def _ended(
+        self, fold: TraceFold, turn: TurnInput, ending: TurnEnded | TurnFailed, *, replied: bool = False
+    ) -> None:
+        """Count a turn's ending this process appended; unless its reply went out with it, the
+        reply goes out in the ending step's context."""
+        if not replied:
+            fold.notes[("context", ending.turn_id)] = tracing.inject()
+        kind = ending_kind(ending)
+        if kind == "ended":
             metrics.TURNS_ENDED.labels(agent=turn.agent).inc()
-        elif ending.code == FailureCode.CANCELLED:
+        elif kind == "cancelled":
             metrics.TURNS_CANCELLED.labels(agent=turn.agent).inc()
         else:
+            assert isinstance(ending, TurnFailed)
             metrics.TURNS_FAILED.labels(agent=turn.agent, code=ending.code).inc()
 
     def _check_usage(self, agent, request, output: ModelOutput) -> None:

@@ -8,9 +8,16 @@ was added to the trace, not what the trace holds. It holds the trace's lease (wi
 token) across the steps of one wake-up, so one trace takes one step at a time; it never holds
 a worker while tools run: their results wake it.
 
-Round trips: taking the lease and reading what is new is one script; an append reads back what
-came since (one script), and a model output that ends the turn carries its ending in the same
-append; the replies and tool jobs of a step go out in the round trip that releases the lease.
+Round trips: taking the lease and reading what is new is one script. Every decision that writes
+comes down to one value, :class:`agentstream.steps.effects.Effects` (events to append under the
+fencing token, events appended only if nothing came meanwhile, jobs or a reply to publish, the
+release), applied by one method (``_apply``) in one store operation
+(:meth:`agentstream.runtime.store.TraceStore.apply`, the script ``append.lua``) that reads back
+what came since; a model output carries what the step after it would write (its turn's ending,
+and on one Redis server its jobs or its reply with the release and the acknowledgement of the
+entry handled). What a step leaves waiting otherwise (the replies owed, the jobs on a Redis
+Cluster, whose hash slots one script cannot span) goes out in the round trip that releases the
+lease.
 
 A hint for a trace whose lease another worker holds marks the trace dirty in the same step (the
 holder looks again before it lets go); when the holder is another process, one hint per trace

@@ -20,6 +20,7 @@ from agentstream.runtime.watchdog import record_jobs
 from agentstream.steps.decision import (
     final_stop_reason,
 )
+from agentstream.steps.effects import ended_note, jobs_note
 from agentstream.steps.trace_fold import TraceFold
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
@@ -44,7 +45,7 @@ class Replies(LoopState):
         own: list[str] = []
         others: list[str] = []
         for turn_id in fold.unconfirmed:
-            (own if fold.notes.get(("ended", turn_id)) else others).append(turn_id)
+            (own if fold.notes.get(ended_note(turn_id)) else others).append(turn_id)
         if others:
             sent = await operations.replies_sent(self.redis, self.keys, trace_id, others)
             for turn_id, marker in zip(others, sent, strict=True):
@@ -80,7 +81,7 @@ class Replies(LoopState):
             kind, _, rest = mark.partition(":")
             if kind == "reply":
                 fold.unconfirmed.pop(rest, None)
-                fold.notes.pop(("ended", rest), None)
+                fold.notes.pop(ended_note(rest), None)
                 fold.notes.pop(("context", rest), None)
 
     async def _publish_replies(self, trace_id: str, fold: TraceFold) -> None:
@@ -109,7 +110,7 @@ class Replies(LoopState):
         # first, and undone when the release failed.
         self._confirm(fold, marks)
         for turn_id, step, _step_jobs in jobs:
-            fold.notes[("jobs", turn_id, step)] = True
+            fold.notes[jobs_note(turn_id, step)] = True
         try:
             outcome, entry_ids = await self.store.publish_and_release(trace_id, token, entries, marks=marks)
         except BaseException:

@@ -4,6 +4,10 @@ A trace is one Redis stream (``Keys.trace``). Every append carries an idempotenc
 and the XADD run in one Lua script on keys of the same hash slot, so an effect is recorded once
 however often the step that makes it runs. An append may also carry a fencing token: it then
 succeeds only while that token is the trace's current lease (a stale holder cannot append).
+Every append runs one script, ``lua/append.lua``: :meth:`TraceStore.append_and_read` (and the
+methods built on it) for the runtime's appends, :meth:`TraceStore.apply` for an agent-loop
+step's effects, which on one Redis server may also publish what the step leaves waiting and
+release the lease in that script.
 
 Idempotency keys used by the services (see :func:`key_for`):
 
@@ -23,6 +27,7 @@ and a job that names no call of its trace never runs; it reads no event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -61,7 +66,6 @@ log = logging.getLogger("agentstream.runtime.store")
 
 # The Lua scripts of the store, one per operation (agentstream/runtime/lua/<name>.lua).
 _APPEND_LUA = script("append")
-_APPEND_PUBLISH_LUA = script("append_publish")
 _TAKE_ONLY_LUA = script("take")
 _ADMIT_LUA = script("admit_turn")
 _ACQUIRE_LUA = script("acquire")
@@ -152,6 +156,30 @@ class Appended:
 
 
 @dataclass(frozen=True)
+class Publication:
+    """What a step publishes with its append, on one Redis server (:meth:`TraceStore.apply`).
+
+    Attributes:
+        entries: ``[(call id or "", stream, field, payload)]`` to XADD in order; a call id names
+            a tool job, recorded for the watchdog (of the appended output's turn).
+        marks: the key-hash markers that say the entries went out (a step's jobs marker,
+            ``reply:<turn id>``).
+        awaiting_key: the watchdog's sorted set of waiting traces for the trace.
+        ack: ``(stream, group, attempts key, entry id)``: the work entry the step handles,
+            acknowledged (and its attempts counter dropped, as
+            :class:`agentstream.runtime.consumer.StreamConsumer` does) when the lease is
+            released: the handler's work is then done. Not when the lease is kept, nor when the
+            stream or its counters hold another type (the consumer then acknowledges). None:
+            nothing to acknowledge.
+    """
+
+    entries: Sequence[tuple[str, str, bytes, bytes]]
+    marks: Sequence[str]
+    awaiting_key: str
+    ack: tuple[str, str, str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Read:
     """Entries of a trace read after an id, with the trace's first entry id.
 
@@ -167,6 +195,26 @@ class Read:
     entries: list[tuple[str, Event]]
     sizes: list[int]
     complete: bool = True
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The outcome of :meth:`TraceStore.apply`.
+
+    Attributes:
+        appended: one per event appended and conditional event (None for one left out).
+        read: what came after the id the step read up to, the appended events included.
+        outcome: ``"released"`` or ``"dirty"`` (published, the lease kept: a hint came) when the
+            publication went out; None when there was none or it did not go out.
+        entry_ids: the ids of the entries published, in their order (``[]`` when none went out).
+        acknowledged: the publication's work entry was acknowledged with the release.
+    """
+
+    appended: list[Appended | None]
+    read: Read
+    outcome: str | None = None
+    entry_ids: list[str] = dataclasses.field(default_factory=list)
+    acknowledged: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,7 +327,6 @@ class TraceStore:
         self.codec = codec if codec is not None else _codec.DEFAULT_CODEC
         self.read_count = read_count
         self._append_script = redis.register_script(_APPEND_LUA)
-        self._append_publish_script = redis.register_script(_APPEND_PUBLISH_LUA)
         self._take_script = redis.register_script(_TAKE_ONLY_LUA)
         self._admit_script = redis.register_script(_ADMIT_LUA)
         self._acquire_script = redis.register_script(_ACQUIRE_LUA)
@@ -291,7 +338,7 @@ class TraceStore:
     @property
     def one_server(self) -> bool:
         """Whether the store talks to one Redis server (not a Redis Cluster): a script may then
-        write keys of several hash slots (:meth:`append_publish_release`)."""
+        write keys of several hash slots (:meth:`apply` with a :class:`Publication`)."""
         return not isinstance(self.redis, RedisCluster)
 
     def _trace_keys(self, trace_id: str) -> list[str]:
@@ -413,7 +460,7 @@ class TraceStore:
                 publish again (or report) once it has dealt with the append's outcome.
 
         Each model output's tool calls are marked in the key hash as it is appended
-        (:func:`markers_for`).
+        (:func:`markers_for`). The script is :meth:`apply`'s, without a publication.
 
         Returns:
             ``(appended, read)``: one :class:`Appended` per event of ``events`` and ``then``
@@ -446,9 +493,13 @@ class TraceStore:
                 await self.redis.xadd(stream, fields)
         return appended
 
-    def _append_args(self, everything, then_count: int, *, fence, after, expire_ms, unless, release) -> list:
-        """The first eight arguments of the append script (see lua/append.lua) for ``everything``
-        it appends (its events, then ``then``), written under :func:`codec.entry_version`."""
+    def _append_args(
+        self, everything, then_count: int, *, fence, after, expire_ms, unless, release, publish: Sequence = ()
+    ) -> list:
+        """The arguments of the append script (see lua/append.lua) before its events, for
+        ``everything`` it appends (its events, then ``then``), written under
+        :func:`codec.entry_version`: eight, then the count of ``publish`` (the publication's
+        arguments; none: a plain append) and ``publish``."""
         return [
             "" if fence is None else str(fence),
             codec.entry_version(everything),
@@ -458,6 +509,8 @@ class TraceStore:
             self.read_count,
             unless or "",
             release[1] if release else "",
+            len(publish),
+            *publish,
         ]
 
     @staticmethod
@@ -472,90 +525,84 @@ class TraceStore:
                 argv += [field, value]
         return argv
 
-    async def append_publish_release(
+    async def apply(
         self,
         trace_id: str,
         events: Sequence[Event],
         *,
         then: Sequence[Event] = (),
         fence: int,
-        after: str | None,
-        entries: Sequence[tuple[str, str, bytes, bytes]],
-        marks: Sequence[str],
-        awaiting_key: str,
+        after: str,
         expire_ms: int | None = None,
-        ack: tuple[str, str, str, str] | None = None,
-    ) -> tuple[list[Appended | None], Read, str | None, list[str], bool]:
-        """Append ``events`` (and ``then``, as :meth:`append_and_read`) and, when this call
-        appended all of them and nothing came into the trace since ``after``, publish what the
-        step leaves waiting and give the lease back: one script, one round trip. On one Redis
-        server only (:attr:`one_server`): the streams published to and the awaiting set are other
-        hash slots, so on a Redis Cluster use :meth:`append_and_read`, then
-        :meth:`publish_and_release` and :func:`agentstream.runtime.watchdog.record_jobs`.
+        publication: Publication | None = None,
+    ) -> Applied:
+        """Apply a step's effects under its lease in one script (lua/append.lua), one round trip:
+        append ``events`` (each once), then ``then`` if nothing came into the trace since
+        ``after``, read back what came after ``after``, and with a ``publication``, publish what
+        the step leaves waiting and give the lease back, provided this call appended every event
+        and nothing came into the trace since ``after``.
 
-        The entries go out under the lease (checked first: a fenced-off step publishes nothing),
-        so a tool job never carries a call the trace does not hold and a reply never answers an
-        ending that was left out. What the publication writes is what those three calls write:
-        each entry's XADD, ``marks`` in the trace's key hash, for the tool jobs (entries with a
-        call id) the ``awaited`` record and the trace in ``awaiting_key`` scored by the time in
-        ms, then the release (kept when a hint came meanwhile, its dirty mark cleared).
+        The publication goes out under the lease (checked first: a fenced-off step publishes
+        nothing), so a tool job never carries a call the trace does not hold and a reply never
+        answers an ending that was left out. What it writes is what
+        :meth:`publish_and_release` and :func:`agentstream.runtime.watchdog.record_jobs` write:
+        each entry's XADD, the markers in the trace's key hash, for the tool jobs (entries with a
+        call id) the ``awaited`` record and the trace in the awaiting set scored by the time in
+        ms, then the release (kept when a hint came meanwhile, its dirty mark cleared), and the
+        acknowledgement of the work entry the step handles when the lease is released. A
+        publication needs one Redis server (:attr:`one_server`): the streams published to and
+        the awaiting set are other hash slots; on a Redis Cluster a step appends without one,
+        then calls :meth:`publish_and_release`.
 
         Args:
+            trace_id: the trace.
             events: appended in order, each once by its idempotency key (:func:`key_for`).
             then: appended after them only when the trace's last entry is still ``after``.
             fence: the lease's fencing token.
-            after: the id the step read the trace up to.
-            entries: ``[(call id or "", stream, field, payload)]`` to XADD in order; a call id
-                names a tool job, recorded for the watchdog.
-            marks: the key-hash markers that say the entries went out (a step's jobs marker,
-                ``reply:<turn id>``).
-            awaiting_key: the watchdog's sorted set of waiting traces for this trace.
+            after: the id the step read the trace up to (its fold's last entry).
             expire_ms: as :meth:`append_and_read`.
-            ack: ``(stream, group, attempts key, entry id)``: the work entry the step handles,
-                acknowledged (and its attempts counter dropped, as
-                :class:`agentstream.runtime.consumer.StreamConsumer` does) when the lease is
-                released: the handler's work is then done. Not when the lease is kept, nor when
-                the stream or its counters hold another type (the consumer then acknowledges).
+            publication: what to publish with the append and release, or None.
 
         Returns:
-            ``(appended, read, outcome, entry ids, acknowledged)``: as :meth:`append_and_read`
-            (what came after ``after``, the appended events included), then ``"released"`` or
-            ``"dirty"`` with the entry ids when the entries went out, or None with ``[]`` when
-            none did: an event was there already, one of ``then`` was left out, another entry
-            came first, or a stream (or the awaiting set) holds another type, as every one is
-            checked before the first XADD: nothing is published, no marker set, the lease held.
-            The step loop then publishes as after any append, and reports a refusal as it
-            always does. Last, whether ``ack``'s entry was acknowledged.
+            :class:`Applied`: one :class:`Appended` per event of ``events`` and ``then`` (None
+            for one of ``then`` left out), what came after ``after`` (the appended events
+            included), and for a publication its outcome: ``"released"`` or ``"dirty"`` with the
+            entry ids when the entries went out, or None with ``[]`` when none did: an event was
+            there already, one of ``then`` was left out, another entry came first, or a stream
+            (or the awaiting set) holds another type, as every one is checked before the first
+            XADD (logged): nothing is published, no marker set, the lease held. Last, whether
+            the publication's ``ack`` entry was acknowledged.
 
         Raises:
             StaleLeaseError: ``fence`` is not the trace's current lease (nothing is written).
+            ValueError: a publication with no entry, or on a Redis Cluster.
             SchemaVersionError, EventDecodeError: an entry read back cannot be decoded.
         """
-        if not entries:
-            raise ValueError("append_publish_release needs at least one entry to publish")
+        everything = [*events, *then]
+        keys = [*self._trace_keys(trace_id)[:3], self.keys.trace(trace_id)]
+        publish: list = []
+        if publication is not None:
+            if not publication.entries:
+                raise ValueError("a publication needs at least one entry to publish")
+            if not self.one_server:
+                raise ValueError("a publication with the append needs one Redis server, not a cluster")
+            keys += self._publication_keys(trace_id, publication)
+            publish = self._publication_args(trace_id, publication, events[0].turn_id if events else "")
         argv = self._append_args(
-            [*events, *then], len(then), fence=fence, after=after, expire_ms=expire_ms, unless=None, release=None
+            everything,
+            len(then),
+            fence=fence,
+            after=after,
+            expire_ms=expire_ms,
+            unless=None,
+            release=None,
+            publish=publish,
         )
-        jobs = any(call_id for call_id, _stream, _field, _payload in entries)
-        ack_stream, group, attempts, entry_id = (
-            ack if ack is not None else (self.keys.trace(trace_id), "", self.keys.trace(trace_id), "")
-        )
-        publish: list = [trace_id, int(time.time() * 1000) if jobs else "", group, entry_id, len(marks), *marks]
-        for call_id, _stream, field, payload in entries:  # a job's turn: the appended output's
-            publish += [call_id, events[0].turn_id, field, payload]
-        argv += [len(publish), *publish, *self._event_args([*events, *then], None)]
-        script_keys = [
-            *self._trace_keys(trace_id)[:3],
-            self.keys.trace(trace_id),
-            self.keys.dirty(trace_id),
-            awaiting_key,
-            ack_stream,
-            attempts,
-            *(stream for _call_id, stream, _field, _payload in entries),
-        ]
-        reply = await self._append_publish_script(keys=script_keys, args=argv)
-        appended, read = self._appended(trace_id, fence, after, *reply[:3])  # raises when fenced off (a short reply)
+        reply = await self._append_script(keys=keys, args=[*argv, *self._event_args(everything, None)])
+        appended, read = self._appended(trace_id, fence, after, *reply[:3])  # raises when fenced off
         assert read is not None
+        if publication is None:
+            return Applied(appended, read)
         code, raw_ids, acked = int(reply[3]), reply[4], bool(int(reply[5]))
         if code == -3:
             log.warning(
@@ -564,7 +611,34 @@ class TraceStore:
                 _text(raw_ids[0]),
             )
         outcome = {1: "released", 2: "dirty"}.get(code)
-        return appended, read, outcome, [_text(i) for i in raw_ids] if outcome else [], acked
+        return Applied(appended, read, outcome, [_text(i) for i in raw_ids] if outcome else [], acked)
+
+    def _publication_keys(self, trace_id: str, publication: Publication) -> list[str]:
+        """The keys of the append script after the trace's four (see lua/append.lua)."""
+        ack_stream, _group, attempts, _entry_id = publication.ack or (
+            self.keys.trace(trace_id),
+            "",
+            self.keys.trace(trace_id),
+            "",
+        )
+        return [
+            self.keys.dirty(trace_id),
+            publication.awaiting_key,
+            ack_stream,
+            attempts,
+            *(stream for _call_id, stream, _field, _payload in publication.entries),
+        ]
+
+    @staticmethod
+    def _publication_args(trace_id: str, publication: Publication, turn_id: str) -> list:
+        """The publication's arguments of the append script (a job's turn: ``turn_id``)."""
+        jobs = any(call_id for call_id, _stream, _field, _payload in publication.entries)
+        _stream, group, _attempts, entry_id = publication.ack or ("", "", "", "")
+        marks = publication.marks
+        out: list = [trace_id, int(time.time() * 1000) if jobs else "", group, entry_id, len(marks), *marks]
+        for call_id, _stream, field, payload in publication.entries:
+            out += [call_id, turn_id, field, payload]
+        return out
 
     async def _append_then_hint(self, script_keys: list, argv: list, hints: Sequence[Entry], failed: list[Entry]):
         """The append script, then the XADD of each hint, in one pipeline → the script's answer;

@@ -11,7 +11,7 @@ ever wake the turn, and every later turn of the conversation would queue behind 
   puts the trace in the namespace's *awaiting* set (a sorted set scored by publish time), see
   :func:`record_jobs` (on one Redis server the script that appends a model output and
   publishes its jobs writes the same record:
-  :meth:`agentstream.runtime.store.TraceStore.append_publish_release`). A look at a trace reads
+  :meth:`agentstream.runtime.store.TraceStore.apply`). A look at a trace reads
   that record and the markers of its calls (two HMGETs), never the whole key hash, which grows
   with the conversation.
 - Every agent-loop process runs a :class:`Watchdog`: every ``interval_s`` it looks at the traces

@@ -19,11 +19,11 @@ more decisions, each one function here, in the order the loop takes them:
    (``model_error``) instead of the model being called again on every delivery;
 7. :func:`stamped_output`: the output records the digest of the prompt file texts it read.
 
-Then :func:`after_output` plans the append of the output: the step that would follow it is
-decided now, so its effects (the turn's ending, results of calls that must not run, the tool
-jobs to publish, the reply) go with the append when nothing else came into the trace meanwhile.
-:func:`ending_effects` gives the events that end a turn for ``EndTurn``/``FailTurn``/``CancelTurn``;
-:func:`storable_results` replaces results the trace cannot store.
+Then :func:`agentstream.steps.effects.output_effects` says what the append of the output
+carries: the step that would follow it is decided now, so its effects (the turn's ending,
+results of calls that must not run, the tool jobs to publish, the reply) go with the append when
+nothing else came into the trace meanwhile (:mod:`agentstream.steps.effects`: every step's writes
+as one value). :func:`storable_results` replaces results the trace cannot store.
 
 Before all of them, at admission, :func:`on_busy` says what a turn published on a busy
 conversation does to its running turn (its message's ``busy_policy``, else the process's), and
@@ -43,7 +43,6 @@ import msgspec
 
 from agentstream.declarations.agents import Agent
 from agentstream.errors import ModelDeadlineExceeded, ModelError
-from agentstream.steps.decision import CancelTurn, Decision, EndTurn, FailTurn, RecordResults, RunTools
 from agentstream.steps.offers import desired_offer, latest_offer, offer_digest
 from agentstream.wire.events import (
     BUSY_POLICIES,
@@ -51,10 +50,8 @@ from agentstream.wire.events import (
     Event,
     ModelOutput,
     OfferedTool,
-    TaskInput,
     ToolOutput,
     ToolsOffered,
-    TurnEnded,
     TurnFailed,
     TurnInput,
 )
@@ -354,84 +351,3 @@ def storable_results(results: Sequence[Event], unstorable: Callable[[Any], str |
             )
         out.append(result)
     return out
-
-
-def ending_effects(decision: EndTurn | FailTurn | CancelTurn) -> tuple[list[Event], TurnEnded | TurnFailed]:
-    """The events that end a turn: (the results to append before the ending, the ending)."""
-    turn = decision.turn
-    match decision:
-        case EndTurn(answer=answer, citations=citations, answer_call=answer_call):
-            return [], TurnEnded(turn_id=turn.turn_id, answer=answer, citations=citations, answer_call=answer_call)
-        case FailTurn(code=code, reason=reason):
-            return [], TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
-        case CancelTurn(results=results, code=code, reason=reason):
-            return list(results), TurnFailed(turn_id=turn.turn_id, code=code, reason=reason)
-    raise AssertionError(f"not a turn's end: {decision!r}")
-
-
-@dataclass(frozen=True)
-class AppendOutput:
-    """Append the output, then (only if nothing came into the trace since the fold's last entry)
-    ``then``: the turn's ending, or results of calls that must not run."""
-
-    then: tuple[Event, ...] = ()
-
-
-@dataclass(frozen=True)
-class AppendAndPublishJobs:
-    """Append the output, publish the jobs of ``run`` (its calls) and release, in one operation."""
-
-    run: RunTools
-
-
-@dataclass(frozen=True)
-class AppendAndReply:
-    """Append the output with the turn's ``ending``, publish its reply and release, in one operation."""
-
-    ending: TurnEnded
-
-
-OutputPlan = AppendOutput | AppendAndPublishJobs | AppendAndReply
-
-
-def after_output(
-    turn: TurnInput,
-    following: Decision | None,
-    *,
-    publish_with_append: bool,
-    replies_owed: bool,
-    others_waiting: bool,
-    unstorable: Callable[[Any], str | None],
-) -> OutputPlan:
-    """How the loop appends a model output of ``turn``, given the decision that would follow it.
-
-    Args:
-        turn: the running turn.
-        following: :func:`~agentstream.steps.decision.decide_view` on the fold with the output
-            added (None when the fold's running turn is another one).
-        publish_with_append: the store can append, publish and release in one script (one
-            Redis server, not a cluster).
-        replies_owed: replies of earlier turns have not been confirmed yet (they go out first,
-            with the next release).
-        others_waiting: another turn of the trace waits behind this one (the step after this
-            turn's ending starts it instead of releasing).
-        unstorable: the codec's check of an event (see :func:`storable_results`).
-
-    Returns:
-        ``AppendAndPublishJobs`` when the output's calls are to run; ``AppendAndReply`` when it
-        answers a root turn that nothing waits behind; else ``AppendOutput`` with what goes
-        with it conditionally (the ending, or results of calls that must not run).
-    """
-    then: tuple[Event, ...] = ()
-    if isinstance(following, EndTurn | FailTurn):
-        then = (ending_effects(following)[1],)
-    elif isinstance(following, RecordResults):
-        then = tuple(storable_results(following.results, unstorable))
-    if publish_with_append and not replies_owed:
-        if isinstance(following, RunTools) and following.calls:
-            return AppendAndPublishJobs(following)
-        if isinstance(following, EndTurn) and not isinstance(turn, TaskInput) and not others_waiting:
-            ending = then[0]
-            assert isinstance(ending, TurnEnded)
-            return AppendAndReply(ending)
-    return AppendOutput(then)
