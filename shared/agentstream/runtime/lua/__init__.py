@@ -3,8 +3,9 @@
 Every Redis script agentstream sends is a ``<name>.lua`` file in this folder (package data):
 the file is the script, byte for byte, so a Lua error's line number is a line of that file.
 Helper functions a few scripts share (``read_after``, ``next_fence``, ``release``,
-``ack_entries``, ``take``, ``count``) are written out in each of them, the same text each time (``tests/unit/test_lua_scripts.py`` checks it), instead of strings put together
-across modules.
+``ack_entries``, ``take``, ``count``) are written out in each of them, the same text each
+time (``tests/unit/test_lua_scripts.py`` checks it), instead of strings put together across
+modules.
 """
 
 from __future__ import annotations
