@@ -196,6 +196,7 @@ def main() -> int:
     parser.add_argument("--quick-tools", action="store_true", help="only quick tools (no run time near the idle time)")
     parser.add_argument("--no-hostile", action="store_true", help="inject no hostile entries or copies")
     parser.add_argument("--write", action="store_true", help="record the figures in bench/RESULTS.md")
+    parser.add_argument("--logs", type=Path, default=None, help="keep the services' logs in this directory")
     args = parser.parse_args()
     config = ChaosConfig(
         conversations=args.conversations,
@@ -212,7 +213,9 @@ def main() -> int:
     )
     if args.concurrency:
         config.env["AGENTSTREAM_CONCURRENCY"] = str(args.concurrency)
-    with redis_url() as url, tempfile.TemporaryDirectory(prefix="agentstream-chaos-") as logs:
+    with redis_url() as url, tempfile.TemporaryDirectory(prefix="agentstream-chaos-") as scratch:
+        logs = str(args.logs) if args.logs else scratch
+        Path(logs).mkdir(parents=True, exist_ok=True)
         version = redis_version(url)
         print(
             f"chaos: {config.conversations * config.turns_per_conversation} turns, Redis {version}, logs in {logs}",

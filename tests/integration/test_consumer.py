@@ -755,3 +755,39 @@ async def test_a_dead_consumers_idle_entry_takes_the_next_free_slot_before_new_e
     await run_for(c, 1.4)
     # right after the entry that held the slot (first, when the look found it idle already)
     assert b"dead's" in order and order.index(b"dead's") <= 1, order
+
+
+async def test_an_entry_killed_while_it_waits_for_its_turn_has_not_started(redis, keys):
+    # An entry read beside a running suspect waits for its turn; a kill meanwhile counted a
+    # failed start for it, so entries that never ran became suspects themselves after two kills,
+    # and more and more of a busy worker's entries ran apart from the others.
+    stream = f"{keys.namespace}:work"
+    c = make(redis, keys, "w1", None, min_idle_ms=3_600_000, concurrency=4)
+    await c.ensure_group()
+    suspect = (await redis.xadd(stream, {b"x": b"suspect"})).decode()
+    await redis.xreadgroup("g", "w1", {stream: ">"}, count=1)
+    await redis.hset(c.attempts_key, suspect, 2)  # two failed starts: its third is a suspect's
+    started: list[bytes] = []
+
+    async def handler(entry_id, fields):
+        started.append(fields[b"x"])
+        await asyncio.sleep(3600)  # the process is killed in here
+
+    w = make(redis, keys, "w1", handler, min_idle_ms=3_600_000, concurrency=4)
+
+    async def killed(*args, **kwargs):  # kill -9: nothing is given back, nothing uncounted
+        return None
+
+    w._release = killed
+    task = asyncio.create_task(w.run(asyncio.Event()))
+    while not started:
+        await asyncio.sleep(0.02)
+    fresh = (await redis.xadd(stream, {b"x": b"fresh"})).decode()
+    while fresh not in w._inflight:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)  # it waits for the suspect's turn to end
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert started == [b"suspect"]
+    assert await redis.hget(w.attempts_key, suspect) == b"3"
+    assert await redis.hget(w.attempts_key, fresh) == b"0"  # never started: no failed start

@@ -1,13 +1,19 @@
 """Which entries run beside which in a process (runtime.consumer: is_suspect, group_limit,
 runs_alone, may_enter) and when idle entries go before new ones (reclaim_owed): tables."""
 
+import asyncio
+
 import pytest
 
 from agentstream.runtime.consumer import (
     ISOLATE_AFTER_STARTS,
+    NORMAL_TURN,
+    SUSPECTS_TURN,
+    IsolationGate,
     group_limit,
     is_suspect,
     may_enter,
+    next_turn,
     reclaim_owed,
     runs_alone,
 )
@@ -89,27 +95,50 @@ def test_every_innocent_beside_a_poison_entry_runs_its_last_start_alone_whatever
 
 
 @pytest.mark.parametrize(
-    ("limit", "normal", "suspects", "waiting", "enters"),
+    ("limit", "normal", "suspects", "waiting", "normals_waiting", "admitted", "enters"),
     [
-        (None, 0, [], [], True),
-        (None, 63, [], [], True),  # the consumer bounds the number; the gate only separates kinds
-        (None, 0, [32], [], False),  # no innocent entry beside a suspect
-        (None, 0, [], [32], False),  # nor once a suspect waits (it would never get its turn)
-        (32, 1, [], [32], False),  # a suspect waits for the innocent ones to finish
-        (32, 0, [], [32], True),
-        (32, 0, [32] * 31, [32], True),  # the 32nd of its group
-        (32, 0, [32] * 32, [32], False),  # a 33rd would exceed the group
-        (32, 0, [4, 32], [32], True),  # a narrowed-down suspect runs: the group stays within 4
-        (32, 0, [4, 32, 32, 32], [32], False),  # a 5th would exceed it
-        (4, 0, [4, 4], [4], True),
-        (1, 0, [], [1], True),
-        (1, 0, [32], [1], False),  # alone: nothing beside it
-        (32, 0, [], [1, 32], False),  # a smaller group waits: it goes first
-        (4, 0, [1], [4], False),  # one running alone: nothing joins it
+        (None, 0, [], [], 1, False, True),
+        (None, 63, [], [], 1, False, True),  # the consumer bounds the number; the gate only separates kinds
+        (None, 0, [32], [], 1, False, False),  # no innocent entry beside a suspect
+        (None, 0, [32], [], 1, True, False),  # not even one given the turn: it waits for the group to end
+        (None, 5, [], [32], 1, False, False),  # a suspect waits: no more innocent ones start...
+        (None, 5, [], [32], 1, True, True),  # ...but those that had the turn when it came
+        (32, 1, [], [32], 0, True, False),  # a suspect waits for the innocent ones to finish
+        (32, 0, [], [32], 0, False, True),
+        (32, 0, [32] * 31, [32], 0, False, True),  # the 32nd of its group
+        (32, 0, [32] * 32, [32], 0, True, False),  # a 33rd would exceed the group
+        (32, 0, [4, 32], [32], 0, False, True),  # a narrowed-down suspect runs: the group stays within 4
+        (32, 0, [4, 32, 32, 32], [32], 0, True, False),  # a 5th would exceed it
+        (4, 0, [4, 4], [4], 0, False, True),
+        (1, 0, [], [1], 0, False, True),
+        (1, 0, [32], [1], 0, True, False),  # alone: nothing beside it
+        (32, 0, [], [1, 32], 0, True, False),  # a smaller group waits: it goes first
+        (4, 0, [1], [4], 0, True, False),  # one running alone: nothing joins it
+        (32, 0, [32], [32], 3, False, False),  # innocent ones wait: no more suspects join the group...
+        (32, 0, [32], [32], 3, True, True),  # ...but those that had the turn when it came
     ],
 )
-def test_suspects_run_only_beside_suspects_within_every_members_group_limit(limit, normal, suspects, waiting, enters):
-    assert may_enter(limit, normal, suspects, waiting) is enters
+def test_suspects_run_only_beside_suspects_within_every_members_group_limit_taking_turns(
+    limit, normal, suspects, waiting, normals_waiting, admitted, enters
+):
+    assert may_enter(limit, normal, suspects, waiting, normals_waiting=normals_waiting, admitted=admitted) is enters
+
+
+@pytest.mark.parametrize(
+    ("running", "normals_waiting", "suspects_waiting", "last", "turn"),
+    [
+        (True, 3, 2, NORMAL_TURN, None),  # handlers run: the turn changes once they are done
+        (False, 0, 0, NORMAL_TURN, None),  # nobody waits
+        (False, 3, 0, NORMAL_TURN, NORMAL_TURN),
+        (False, 0, 2, NORMAL_TURN, SUSPECTS_TURN),
+        (False, 3, 2, NORMAL_TURN, SUSPECTS_TURN),  # both wait: the kind that did not have the last turn
+        (False, 3, 2, SUSPECTS_TURN, NORMAL_TURN),
+    ],
+)
+def test_suspects_and_the_others_take_turns_so_neither_waits_for_more_than_one_of_the_other(
+    running, normals_waiting, suspects_waiting, last, turn
+):
+    assert next_turn(running, normals_waiting, suspects_waiting, last) == turn
 
 
 @pytest.mark.parametrize(
@@ -123,3 +152,25 @@ def test_suspects_run_only_beside_suspects_within_every_members_group_limit(limi
 )
 def test_a_reclaim_that_ran_out_of_slots_takes_the_next_free_one(free, stopping, owed):
     assert reclaim_owed(free, stopping=stopping) is owed
+
+
+async def test_an_innocent_entry_waits_for_one_turn_of_suspects_not_for_every_suspect_that_comes():
+    # Suspects kept joining the running group while innocent entries waited for the group to
+    # end: under repeated kills, a quick job waited for one suspect group after another.
+    gate = IsolationGate()
+    order: list[str] = []
+
+    async def run(name: str, limit: int | None, after_s: float, hold_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await gate.enter(limit, "stream")
+        order.append(name)
+        await asyncio.sleep(hold_s)
+        await gate.leave(limit)
+
+    await asyncio.gather(
+        run("suspect a", 4, 0.0, 0.2),
+        run("innocent", None, 0.05, 0.05),  # waits: a suspect runs
+        run("suspect b", 4, 0.1, 0.2),  # would join a's group; the innocent one goes first
+        run("suspect c", 4, 0.25, 0.1),
+    )
+    assert order == ["suspect a", "innocent", "suspect b", "suspect c"]

@@ -35,9 +35,10 @@ entry, several at a time. Its rules:
   that survive instead of one at a time. One failed start makes no suspect: a process killed
   with 64 handlers running leaves 64 entries that started once, and they run side by side again.
   Running each suspect alone (before) made one ``kill -9`` of a busy worker cost minutes of
-  recovery (``bench/chaos.py``). A suspect's start is counted once its group may run, so a
-  crash while it waits does not count for it, and its last start is always alone: no entry is
-  dead-lettered for another's crash.
+  recovery (``bench/chaos.py``). Suspects and the other entries take turns, so neither waits
+  for more than one turn of the other. An entry that has to wait for its turn is counted once
+  it may start, so a crash while it waits does not count for it (nor is it a suspect for it),
+  and a suspect's last start is always alone: no entry is dead-lettered for another's crash.
 - Deliveries are counted by agentstream itself (:mod:`agentstream.runtime.claims`): once per handler
   start, before it runs, so a process killed mid-handler counts, while re-reads, claim renewals
   and deferrals do not (Redis's own ``times_delivered`` counts all of those: field case C17).
@@ -209,7 +210,15 @@ def runs_alone(attempts: int, concurrency: int, max_deliveries: int) -> bool:
     return concurrency > 1 and group_limit(attempts, concurrency, max_deliveries) == 1
 
 
-def may_enter(limit: int | None, normal_running: int, suspect_limits: list[int], waiting_limits: list[int]) -> bool:
+def may_enter(
+    limit: int | None,
+    normal_running: int,
+    suspect_limits: list[int],
+    waiting_limits: list[int],
+    *,
+    normals_waiting: int = 0,
+    admitted: bool = False,
+) -> bool:
     """Whether a handler may start now in the process (the rule of :class:`IsolationGate`). Pure.
 
     Args:
@@ -217,15 +226,18 @@ def may_enter(limit: int | None, normal_running: int, suspect_limits: list[int],
         normal_running: handlers of entries that are no suspects running now.
         suspect_limits: the group limits of the suspects running now.
         waiting_limits: the group limits of the suspects waiting to start (this one included).
+        normals_waiting: entries that are no suspects waiting to start (this one included).
+        admitted: the entry was waiting when its kind was given the turn (:func:`next_turn`).
 
-    An entry that is no suspect starts while no suspect runs or waits. A suspect starts while
-    no other entry runs, the group it joins stays within its own limit and the limit of every
-    suspect in it, and no waiting suspect has a smaller limit (the smaller group goes first, so
-    a narrowed-down suspect is not starved by bigger groups).
+    Entries that are suspects and entries that are not take turns: one kind never runs beside
+    the other, and once the other kind waits, only the entries given the turn may still start
+    (so neither kind waits for more than one turn of the other). A suspect also keeps its group
+    within its own limit and the limit of every suspect in it, and lets a waiting suspect with a
+    smaller limit go first (a narrowed-down suspect is not starved by bigger groups).
     """
     if limit is None:
-        return not suspect_limits and not waiting_limits
-    if normal_running:
+        return not suspect_limits and (not waiting_limits or admitted)
+    if normal_running or (normals_waiting and not admitted):
         return False
     size = len(suspect_limits) + 1
     if size > min([limit, *suspect_limits]):
@@ -241,40 +253,101 @@ def reclaim_owed(free: int, *, stopping: bool) -> bool:
     return free <= 0 and not stopping
 
 
+NORMAL_TURN = "normal"
+SUSPECTS_TURN = "suspects"
+
+
+def next_turn(running: bool, normals_waiting: int, suspects_waiting: int, last: str) -> str | None:
+    """Which kind of entry is given the turn (:data:`NORMAL_TURN` or :data:`SUSPECTS_TURN`), its
+    waiting entries all admitted, or None while handlers run or nobody waits. Pure.
+
+    When nothing runs and both kinds wait, the kind that did not have the last turn gets it."""
+    if running or not (normals_waiting or suspects_waiting):
+        return None
+    if normals_waiting and suspects_waiting:
+        return SUSPECTS_TURN if last == NORMAL_TURN else NORMAL_TURN
+    return NORMAL_TURN if normals_waiting else SUSPECTS_TURN
+
+
+@dataclass
+class _Waiter:
+    limit: int | None  # a suspect's group limit; None: no suspect
+    admitted: bool = False
+
+
 class IsolationGate:
     """Who may run now among the handlers of one process's consumers of one work stream (all its
-    partitions), by :func:`may_enter`: entries that failed twice before (suspects) run only
-    beside each other, in groups no bigger than their :func:`group_limit`; the others wait while
-    suspects run or wait. Shared by the consumers of a stream's partitions, so a suspect in one
-    partition takes no innocent entry of another with it when it kills its worker."""
+    partitions), by :func:`may_enter` and :func:`next_turn`: entries that failed twice before
+    (suspects) run only beside each other, in groups no bigger than their :func:`group_limit`;
+    suspects and the others take turns. Shared by the consumers of a stream's partitions, so a
+    suspect in one partition takes no innocent entry of another with it when it kills its worker."""
 
     def __init__(self) -> None:
         self._cond = asyncio.Condition()
         self._normal_running = 0
         self._suspects: list[int] = []  # the group limits of the suspects running
-        self._waiting: list[int] = []  # the group limits of the suspects waiting to run
+        self._waiters: list[_Waiter] = []
+        self._last = NORMAL_TURN
+
+    def _may_enter(self, waiter: _Waiter) -> bool:
+        waiting_limits = [w.limit for w in self._waiters if w.limit is not None]
+        normals_waiting = sum(1 for w in self._waiters if w.limit is None)
+        return may_enter(
+            waiter.limit,
+            self._normal_running,
+            self._suspects,
+            waiting_limits,
+            normals_waiting=normals_waiting,
+            admitted=waiter.admitted,
+        )
+
+    def _give_turn(self) -> None:
+        """When nothing runs, give the turn to a kind: its waiting entries are admitted."""
+        normals = sum(1 for w in self._waiters if w.limit is None)
+        turn = next_turn(
+            bool(self._normal_running or self._suspects), normals, len(self._waiters) - normals, self._last
+        )
+        if turn is None:
+            return
+        self._last = turn
+        for w in self._waiters:
+            if (w.limit is None) == (turn == NORMAL_TURN):
+                w.admitted = True
+
+    def try_enter(self, limit: int | None, stream: str) -> bool:
+        """Enter at once when :func:`may_enter` allows it without waiting → whether it did (then
+        :meth:`leave` follows; else :meth:`enter` waits for the right)."""
+        if not self._may_enter(_Waiter(limit)):
+            return False
+        self._entered(limit, stream)
+        return True
+
+    def _entered(self, limit: int | None, stream: str) -> None:
+        if limit is None:
+            self._normal_running += 1
+            return
+        self._suspects.append(limit)
+        log.info(
+            "handling an entry of %s that failed before beside suspects only (%d running, at most %d)",
+            stream,
+            len(self._suspects),
+            min(self._suspects),
+        )
 
     async def enter(self, limit: int | None, stream: str) -> None:
         """Wait for the right to run: ``limit`` is the entry's group limit when it is a suspect,
         None when it is not (:func:`may_enter`)."""
         async with self._cond:
-            if limit is None:
-                await self._cond.wait_for(lambda: may_enter(None, self._normal_running, self._suspects, self._waiting))
-                self._normal_running += 1
-                return
-            self._waiting.append(limit)
+            waiter = _Waiter(limit)
+            self._waiters.append(waiter)
             try:
-                await self._cond.wait_for(lambda: may_enter(limit, self._normal_running, self._suspects, self._waiting))
+                self._give_turn()
+                await self._cond.wait_for(lambda: self._may_enter(waiter))
+                self._entered(limit, stream)
             finally:
-                self._waiting.remove(limit)
+                self._waiters.remove(waiter)
+                self._give_turn()
                 self._cond.notify_all()
-            self._suspects.append(limit)
-            log.info(
-                "handling an entry of %s that failed before beside suspects only (%d running, at most %d)",
-                stream,
-                len(self._suspects),
-                min(self._suspects),
-            )
 
     async def leave(self, limit: int | None) -> None:
         async with self._cond:
@@ -282,6 +355,7 @@ class IsolationGate:
                 self._normal_running -= 1
             else:
                 self._suspects.remove(limit)
+            self._give_turn()
             self._cond.notify_all()
 
 
@@ -748,15 +822,20 @@ class StreamConsumer:
                 await self._dead_letter(entry_id, fields, attempts - 1)
                 return
             limit = self._suspect_limit(attempts)
-            if limit is not None:  # not started until its group may run: a crash before must not count for it
-                await self.redis.hincrby(self.attempts_key, entry_id, -1)
-                attempts -= 1
-            await self._enter(limit)
-            try:
-                if limit is not None:
+            if not self._gate.try_enter(limit, self.stream):
+                # not started until it may run: a crash while it waits must not count for it
+                await self._uncount(entry_id)
+                attempts = 0
+                await self._enter(limit)
+                try:
                     attempts = await self._begin(entry_id)
-                    if not attempts:
-                        return
+                except BaseException:
+                    await self._leave(limit)
+                    raise
+                if not attempts:
+                    await self._leave(limit)
+                    return
+            try:
                 delivery = Delivery(self.stream, self.group, self.attempts_key, entry_id, task=asyncio.current_task())
                 outcome = await self._call_handler(entry_id, fields, attempts, delivery)
             finally:
@@ -839,6 +918,14 @@ class StreamConsumer:
                 await self.redis.hset(self.attempts_key, f"{entry_id}:error", f"{type(exc).__name__}: {exc}"[:2000])
             return False
         return True
+
+    async def _uncount(self, entry_id: str) -> None:
+        """Take back the start just counted for an entry that waits before it starts."""
+        if entry_id in self._unwritten:  # its one start was not written down: now none
+            self._unwritten.discard(entry_id)
+            await self.redis.hset(self.attempts_key, entry_id, 0)
+        else:
+            await self.redis.hincrby(self.attempts_key, entry_id, -1)
 
     def _suspect_limit(self, attempts: int) -> int | None:
         """The group limit of an entry at its ``attempts``-th start when it is a suspect, else None."""
