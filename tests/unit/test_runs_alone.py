@@ -16,6 +16,7 @@ from agentstream.runtime.consumer import (
     next_turn,
     reclaim_owed,
     runs_alone,
+    suspects_admitted,
 )
 
 
@@ -174,3 +175,39 @@ async def test_an_innocent_entry_waits_for_one_turn_of_suspects_not_for_every_su
         run("suspect c", 4, 0.25, 0.1),
     )
     assert order == ["suspect a", "innocent", "suspect b", "suspect c"]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "admitted"),
+    [
+        ([], 0),
+        ([32] * 10, 10),
+        ([32] * 40, 32),  # one group: the rest wait for the next suspects' turn
+        ([4, 32, 32, 32, 32, 32], 4),  # the smallest limit bounds the group
+        ([1, 1, 32], 1),
+    ],
+)
+def test_a_suspects_turn_admits_one_group(waiting, admitted):
+    assert suspects_admitted(waiting) == admitted
+
+
+async def test_innocent_entries_wait_for_one_group_of_suspects_not_for_all_in_hand():
+    # A worker that claimed a dead one's 64 entries, most of them suspects in small groups,
+    # let its new entries wait until every suspect had run, group after group.
+    gate = IsolationGate()
+    order: list[str] = []
+
+    async def run(name: str, limit: int | None, after_s: float, hold_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await gate.enter(limit, "stream")
+        order.append(name)
+        await asyncio.sleep(hold_s)
+        await gate.leave(limit)
+
+    await asyncio.gather(
+        run("innocent a", None, 0.0, 0.1),
+        *(run(f"suspect {i}", 2, 0.02, 0.1) for i in range(4)),  # wait for a's turn to end
+        run("innocent b", None, 0.05, 0.05),
+    )
+    assert order[:3] == ["innocent a", "suspect 0", "suspect 1"]  # one group of 2
+    assert order[3] == "innocent b"  # then the innocent one that waited, before the next group

@@ -269,6 +269,13 @@ def next_turn(running: bool, normals_waiting: int, suspects_waiting: int, last: 
     return NORMAL_TURN if normals_waiting else SUSPECTS_TURN
 
 
+def suspects_admitted(waiting_limits: list[int]) -> int:
+    """How many waiting suspects a suspects' turn admits, the smallest limits first: one group,
+    as big as the smallest of their limits allows (the rest wait for the next suspects' turn,
+    so the other entries wait for one group, not for every suspect in hand). Pure."""
+    return min(len(waiting_limits), min(waiting_limits)) if waiting_limits else 0
+
+
 @dataclass
 class _Waiter:
     limit: int | None  # a suspect's group limit; None: no suspect
@@ -310,9 +317,13 @@ class IsolationGate:
         if turn is None:
             return
         self._last = turn
-        for w in self._waiters:
-            if (w.limit is None) == (turn == NORMAL_TURN):
-                w.admitted = True
+        if turn == NORMAL_TURN:
+            for w in self._waiters:
+                w.admitted = w.admitted or w.limit is None
+            return
+        suspects = sorted((w for w in self._waiters if w.limit is not None), key=lambda w: w.limit or 0)
+        for w in suspects[: suspects_admitted([w.limit or 0 for w in suspects])]:
+            w.admitted = True
 
     def try_enter(self, limit: int | None, stream: str) -> bool:
         """Enter at once when :func:`may_enter` allows it without waiting → whether it did (then
