@@ -137,12 +137,27 @@ class ServiceFailed(AgentStreamError):
     """
 
 
+REASON_MAX_CHARS = 2000
+"""The longest reason a refusal of a client's message carries (characters)."""
+
+
+def bounded_reason(reason: str, max_chars: int = REASON_MAX_CHARS) -> str:
+    """``reason`` when it has at most ``max_chars`` characters, else its first ``max_chars``
+    followed by ``…`` and its full length: a refusal that quotes a sender's field (an unknown
+    field's name, a model's) stays small wherever it is stored or sent."""
+    if len(reason) <= max_chars:
+        return reason
+    return f"{reason[:max_chars]}… (cut: {len(reason):,} characters in all)"
+
+
 class TurnRejected(AgentStreamError):
     """A published turn message breaks a rule of the wire; ``reason`` says what and where.
 
     Attributes:
         reason: what was wrong: the field (msgspec's path, ``$.turn_id``), or the limit with its
-            setting and the actual size.
+            setting and the actual size; at most :data:`REASON_MAX_CHARS` characters (a longer
+            one is cut, saying how long it was: a reason may quote what the sender wrote, and it
+            is stored in the trace, sent on the reply and logged).
         code: the failure reply's code, ``bad_turn``.
         limit: the setting whose limit the turn passed (``AGENTSTREAM_MAX_TURN_BYTES``), or None.
         trace_id, turn_id: the turn's ids when they could be read (None: the refusal has no
@@ -164,6 +179,7 @@ class TurnRejected(AgentStreamError):
         limit: str | None = None,
         code: str = "bad_turn",
     ):
+        reason = bounded_reason(reason)
         super().__init__(reason)
         self.reason = reason
         self.trace_id = trace_id

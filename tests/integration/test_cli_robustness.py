@@ -340,4 +340,16 @@ def test_gateway_key_with_a_name_that_cannot_name_a_backend_is_refused_and_write
             ["gateway-key", "--name", "k", "--agent", "*", "--backend", "a:b", "--keys-file", str(keys_file)]
         )
     assert exited.value.code != 0
-    assert "cannot name a backend" in capsys.readouterr().err and not keys_file.exists()
+    err = capsys.readouterr().err
+    assert "cannot name a backend" in err and "--backend" in err and not keys_file.exists()
+
+
+def test_gateway_key_for_a_backend_the_services_do_not_name_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AGENTSTREAM_BACKENDS", "billing,shop")
+    keys_file = tmp_path / "keys.yaml"
+    with pytest.raises(SystemExit) as exited:
+        cli_module.main(
+            ["gateway-key", "--name", "k", "--agent", "*", "--backend", "other", "--keys-file", str(keys_file)]
+        )
+    assert exited.value.code == 2
+    assert "not one of AGENTSTREAM_BACKENDS (billing, shop)" in capsys.readouterr().err and not keys_file.exists()

@@ -249,6 +249,8 @@ def test_when_a_turn_is_cancelled_while_calls_await_approval_their_results_say_t
     decision = decide_at(held)
     assert isinstance(decision, CancelTurn) and [r.call_id for r in decision.results] == ["c1", "c2"]
     assert all("did not run" in r.text and "partly" not in r.text for r in decision.results)
+    assert "this call awaited" in decision.results[0].text  # pay: it needed the person
+    assert "another call of the same model output awaited" in decision.results[1].text  # look: it waited beside
     assert cancel_turn(held, TURN, cancel) == decision  # the scan and the fold agree
     # once approved, its job went out: it may have partly run
     ran = [TURN, output(PAY, LOOK), awaited(), decided(True), cancel]

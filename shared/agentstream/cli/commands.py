@@ -1601,6 +1601,30 @@ def trace_explain(
         _fail(exc)
 
 
+def _backend_name(value: str | None) -> str | None:
+    """``--backend``: a name that may name a backend (:func:`agentstream.wire.backends.backend_name_problem`),
+    and one of ``AGENTSTREAM_BACKENDS`` when that is set (a usage error otherwise). With the setting
+    unset the key is written, with a warning: the services confine nothing until it names the backend."""
+    from agentstream.wire.backends import backend_name_problem
+
+    if value is None:
+        return None
+    _filled("a backend name", name=True)(value)
+    problem = backend_name_problem(value)
+    if problem is not None:
+        raise typer.BadParameter(f"{value!r} cannot name a backend: {problem}")
+    configured = [b for b in os.environ.get("AGENTSTREAM_BACKENDS", "").replace(",", " ").split() if b]
+    if configured and value not in configured:
+        raise typer.BadParameter(f"{value!r} is not one of AGENTSTREAM_BACKENDS ({', '.join(configured)})")
+    if not configured:
+        typer.secho(
+            f"warning: AGENTSTREAM_BACKENDS is not set here; the services must name {value!r} in it for the key's "
+            "backend to have its own streams",
+            err=True,
+        )
+    return value
+
+
 @cli.command("gateway-key")
 def gateway_key(
     name: Annotated[
@@ -1623,7 +1647,7 @@ def gateway_key(
     backend: Annotated[
         str | None,
         typer.Option(
-            callback=_filled("a backend name", name=True),
+            callback=_backend_name,
             help="Confine the key to this backend's conversations (one of AGENTSTREAM_BACKENDS).",
         ),
     ] = None,

@@ -641,15 +641,21 @@ def _cancel_view(view: TurnView, turn: TurnInput, cancel: CancelRequested) -> Ca
         CANCELLED_CODE,
         f"Cancelled {who}{why} before this call returned a result; it may have partly run.",
     )
-    never_ran = unanswered_of(
-        held,
-        view.results,
-        turn,
-        CANCELLED_CODE,
-        f"Cancelled {who}{why} while this call awaited a person's approval; it did not run.",
+    never_ran = tuple(
+        msgspec.structs.replace(
+            r, text=f"Cancelled {who}{why} while {_awaiting_whom(r.call_id, view)}; it did not run."
+        )
+        for r in unanswered_of(held, view.results, turn, CANCELLED_CODE, "")
     )
     results = tuple(sorted((*may_have_run, *never_ran), key=_call_order(view.outputs)))
     return CancelTurn(turn, results, CANCELLED_CODE, f"the turn was cancelled {who}{why}".rstrip())
+
+
+def _awaiting_whom(call_id: str, view: TurnView) -> str:
+    """Why a call held for approval did not run: it awaited a person, or waited beside one that did."""
+    if call_id in view.awaited and call_id not in view.decided:
+        return "this call awaited a person's approval"
+    return "another call of the same model output awaited a person's approval (they run together)"
 
 
 def _held_for_approval(output: ModelOutput, view: TurnView) -> bool:

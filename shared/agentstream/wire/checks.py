@@ -306,7 +306,7 @@ def validate_turn(
 
     The checks, in order (a payload over a limit is refused before it is decoded): the size of
     the whole turn, its nesting depth, the schema (fields, types, non-empty ids and text), the
-    length of the ids, the trace id's characters (:func:`~agentstream.wire.keys.trace_id_problem`:
+    length of the ids (and of ``model``), the trace id's characters (:func:`~agentstream.wire.keys.trace_id_problem`:
     its refusal names no trace, so it goes to the errors stream), the size of the metadata, the
     reply stream, and (when ``agents`` is given) that the agent exists.
 
@@ -349,8 +349,8 @@ def validate_turn(
         turn = codec.decode_turn(payload)
     except TurnRejected as exc:
         raise rejected(exc.reason) from exc
-    for name in ("trace_id", "turn_id", "agent"):
-        length = len(getattr(turn, name).encode())
+    for name in ("trace_id", "turn_id", "agent", "model"):
+        length = len((getattr(turn, name) or "").encode())
         if length > limits.max_id_bytes:
             raise rejected(
                 _over(f"turn message field `$.{name}`", length, "max_id_bytes", limits.max_id_bytes), "max_id_bytes"
@@ -481,8 +481,9 @@ def validate_approval(payload: bytes, limits: WireLimits) -> ApprovalMessage:
     checked against the wire's limits before it is decoded.
 
     Raises:
-        msgspec.DecodeError: over ``max_turn_bytes`` or ``max_json_depth``, an id over
-            ``max_id_bytes``, or anything :func:`agentstream.wire.codec.decode_approval` refuses;
+        msgspec.DecodeError: over ``max_turn_bytes`` or ``max_json_depth`` (the message, or the
+            JSON of its ``arguments``), an id over ``max_id_bytes``, or anything
+            :func:`agentstream.wire.codec.decode_approval` refuses;
             the message names the field or the limit and its setting.
     """
     if len(payload) > limits.max_turn_bytes:
@@ -493,6 +494,18 @@ def validate_approval(payload: bytes, limits: WireLimits) -> ApprovalMessage:
             _over("the approval message's nesting", depth, "max_json_depth", limits.max_json_depth, "levels deep")
         )
     message = codec.decode_approval(payload)
+    if message.arguments is not None:  # JSON inside the JSON: its nesting is bounded the same way
+        depth = json_depth(message.arguments)
+        if depth > limits.max_json_depth:
+            raise msgspec.DecodeError(
+                _over(
+                    "approval message field `$.arguments`'s nesting",
+                    depth,
+                    "max_json_depth",
+                    limits.max_json_depth,
+                    "levels deep",
+                )
+            )
     for name in ("trace_id", "call_id"):
         length = len(getattr(message, name).encode())
         if length > limits.max_id_bytes:

@@ -519,6 +519,8 @@ def decode_approval(payload: bytes) -> ApprovalMessage:
             edited = msgspec.json.decode(message.arguments)
         except msgspec.DecodeError as exc:
             raise msgspec.DecodeError(f"approval message field `$.arguments` is not JSON: {exc}") from None
+        except RecursionError:
+            raise msgspec.DecodeError(f"approval message field `$.arguments` is not readable: {TOO_DEEP}") from None
         if not isinstance(edited, dict):
             raise msgspec.DecodeError(
                 f"approval message field `$.arguments` must hold a JSON object (as text), got {type(edited).__name__}"
