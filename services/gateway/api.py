@@ -69,6 +69,7 @@ from agentstream.wire.events import (
     TurnInput,
     TurnMessage,
 )
+from agentstream.wire.jsontext import control_character
 from agentstream.wire.keys import trace_id_problem
 from agentstream_services.gateway import schemas
 from agentstream_services.gateway.perimeter import OpenStreams, Perimeter, validation_problem
@@ -116,10 +117,31 @@ def _trace_id(trace_id: str) -> str:
     return trace_id
 
 
+QUOTE_MAX_CHARS = 64
+"""The most characters of a refused path or query value a 422 quotes."""
+
+
+def _quoted(value: str) -> str:
+    """``value`` as a refusal quotes it: its repr, cut to :data:`QUOTE_MAX_CHARS` with its length."""
+    return repr(value) if len(value) <= QUOTE_MAX_CHARS else f"{value[:QUOTE_MAX_CHARS]!r}… ({len(value):,} characters)"
+
+
 def _stream_id(value: str | None, name: str) -> str | None:
     if value is not None and not _STREAM_ID.match(value):
-        raise HTTPException(422, f"{name} must be a stream entry id such as 1700000000000-0, got {value!r}")
+        raise HTTPException(422, f"{name} must be a stream entry id such as 1700000000000-0, got {_quoted(value)}")
     return value
+
+
+def _turn_id(turn_id: str, max_id_bytes: int) -> str:
+    """A turn id of a path, checked as the wire checks a turn message's (no turn may have another)."""
+    if not turn_id.strip() or len(turn_id.encode()) > max_id_bytes:
+        raise HTTPException(
+            422, f"a turn id must be 1 to {max_id_bytes} bytes, not only whitespace: got {_quoted(turn_id)}"
+        )
+    found = control_character(turn_id)
+    if found is not None:
+        raise HTTPException(422, f"turn id {_quoted(turn_id)} holds {found}: no turn has such an id")
+    return turn_id
 
 
 class _Gateway:
@@ -336,6 +358,7 @@ def _reply_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
     store, folds, gateway, open_streams = gw.store, gw.folds, gw.gateway, gw.open_streams
     block_ms, default_wait_s = gw.block_ms, gw.default_wait_s
     hold_stream, may_see_fold = gw.hold_stream, gw.may_see_fold
+    max_id_bytes = gw.settings.wire_limits.max_id_bytes
 
     @api.get(
         "/v1/traces/{trace_id:path}/turns/{turn_id}/reply",
@@ -360,6 +383,7 @@ def _reply_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         """The turn's reply once it has ended (200); 202 when it has not ended within
         ``timeout_s``. A turn just published may not be in its trace yet: the wait covers that."""
         _trace_id(trace_id)
+        _turn_id(turn_id, max_id_bytes)
         fold = await folds.current(trace_id)  # a poll reads what came since the last one, not the trace
         if fold.events and not await may_see_fold(key, fold):
             raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")

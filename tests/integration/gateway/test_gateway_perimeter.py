@@ -276,3 +276,16 @@ async def test_a_422_does_not_echo_an_oversized_body_back(store, keys):
     assert answer.status_code == 422, answer.text[:300]
     assert len(answer.content) < 2_000, len(answer.content)  # FastAPI's default sent the 400 KB back
     assert all("loc" in e and "msg" in e for e in answer.json()["detail"])
+
+
+async def test_a_refused_path_or_query_value_is_quoted_short_and_a_turn_id_no_turn_can_have_is_422(store, keys):
+    async with _client(store, keys) as client:
+        long_turn = await client.get(f"/v1/traces/c1/turns/{'t' * 15_000}/reply?timeout_s=0", headers=auth(CALC_KEY))
+        control = await client.get("/v1/traces/c1/turns/t%07/reply?timeout_s=0", headers=auth(CALC_KEY))
+        long_after = await client.get(f"/v1/traces/c1?after={'1' * 15_000}", headers=auth(CALC_KEY))
+        fine = await client.get("/v1/traces/c1/turns/t1/reply?timeout_s=0", headers=auth(CALC_KEY))
+    assert long_turn.status_code == 422 and len(long_turn.content) < 400, long_turn.text[:200]
+    assert "15,000 characters" in long_turn.json()["detail"]
+    assert control.status_code == 422 and "control" in control.json()["detail"].lower(), control.text
+    assert long_after.status_code == 422 and len(long_after.content) < 400, long_after.text[:200]
+    assert fine.status_code in (202, 404), fine.text  # a well-formed id is asked about as before
