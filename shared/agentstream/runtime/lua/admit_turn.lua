@@ -14,8 +14,8 @@
 -- answered again. `absorbed`: this entry was recorded so; `differs`: its digest is not the
 -- admitted turn's (said once per copy entry, the first time it is recorded, and for each
 -- entry that finds the turn ended).
--- Open turns: `open:<turn>` marks a turn admitted here and `open` counts them; append.lua and
--- append_publish.lua clear the mark and count down when the turn's ending is appended. A new turn
+-- Open turns: `open:<turn>` marks a turn admitted here and `open` counts them; append.lua
+-- clears the mark and counts down when the turn's ending is appended. A new turn
 -- that finds `open` at the cap is not appended: {'full', open} (steps.machine.queue_full_refusal).
 
 -- The fencing token of a new lease: a counter per trace in its key hash (no global hot key). A new
