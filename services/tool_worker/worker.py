@@ -137,7 +137,7 @@ class ToolWorker:
             return
         # a child of the step that published the job (OpenTelemetry); the tool runs inside it
         with tracing.span(
-            "agentstream.tool_call", parent=job.trace_context, kind="consumer", attributes=_span_attributes(job)
+            "agentstream.tool_call", parent=job.trace_context, kind="consumer", attributes=lambda: _span_attributes(job)
         ):
             await self._on_job(job, entry_id, stream)
 

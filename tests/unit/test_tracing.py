@@ -162,3 +162,34 @@ def test_job_structs_carry_the_context_and_omit_it_when_empty():
     ending = ChildEnded(trace_id="c/k", turn_id="t", trace_context={"traceparent": "tp"})
     assert decode_child_ended(codec.encode(ending)) == ending
     assert decode_child_ended(b'{"trace_id":"c/k","turn_id":"t"}').trace_context == {}  # from an older agent loop
+
+
+def test_without_a_tracer_a_span_builds_nothing_and_is_one_shared_block():
+    # no SDK configured (the services' usual case): no attributes built, no per-span object
+    built = []
+
+    def attributes():
+        built.append(1)
+        return {"agentstream.step": 1}
+
+    assert not tracing.recording()
+    first = tracing.span("agentstream.model_call", kind="client", attributes=attributes)
+    assert first is tracing.span("agentstream.step", attributes=attributes)
+    with first as span:
+        assert span is tracing.current() and not span.recording
+    assert tracing.model_call_attributes(object(), turn_id="u", step=1) == {}
+    parent = Parent.new()
+    with tracing.span("agentstream.step", parent={"traceparent": parent.traceparent}, attributes=attributes):
+        with tracing.span("agentstream.model_call", kind="client", attributes=attributes):
+            assert tracing.inject() == {"traceparent": parent.traceparent}
+    assert built == []
+    with pytest.raises(ValueError):
+        tracing.span("agentstream.step", kind="server")
+
+
+def test_with_a_tracer_attributes_given_as_a_function_are_recorded(exporter):
+    assert tracing.recording()
+    with tracing.span("agentstream.step", attributes=lambda: {"agentstream.step": 3, "x": None}):
+        pass
+    (span,) = exporter.get_finished_spans()
+    assert dict(span.attributes) == {"agentstream.step": 3}

@@ -112,7 +112,7 @@ def _step_span(trace_id: str, decision):
     turn = getattr(decision, "turn", None)
     if turn is None:
         return contextlib.nullcontext()
-    attributes = {
+    attributes = lambda: {  # noqa: E731  # built only when a tracer records
         "agentstream.decision": type(decision).__name__,
         "agentstream.trace_id": trace_id,
         "agentstream.turn_id": turn.turn_id,

@@ -15,11 +15,14 @@ says when they were read (:mod:`agentstream.runtime.stream_gauges` reads them).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import platform
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Info, disable_created_metrics
+import prometheus_client
+from prometheus_client import REGISTRY, Info, disable_created_metrics
 from prometheus_client.exposition import choose_encoder
 
 from agentstream.wire.events import ModelOutput
@@ -27,6 +30,64 @@ from agentstream.wire.events import ModelOutput
 log = logging.getLogger("agentstream.ops.metrics")
 
 disable_created_metrics()  # no `*_created` gauge beside every counter
+
+BOUND_CHILDREN_CAP = 1024
+"""The most label-value sets a metric keeps bound for :meth:`labels` (more: the cache starts over)."""
+
+
+class _BoundChildren:
+    """A labelled metric whose children are bound once per label values: ``labels(...)`` on the
+    hot path is one dict lookup, not prometheus_client's lock, str() of each value and tuple
+    build. The cache is bounded (:data:`BOUND_CHILDREN_CAP`) and forgotten by ``remove`` and
+    ``clear``; the children themselves are prometheus_client's, so what is exported is unchanged."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._by_position: dict[tuple[Any, ...], Any] = {}
+        self._by_name: dict[tuple[tuple[str, Any], ...], Any] = {}
+
+    def labels(self, *values: Any, **named: Any) -> Any:
+        if named:
+            key: Any = tuple(named.items())
+            cache: dict[Any, Any] = self._by_name
+        else:
+            key, cache = values, self._by_position
+        child = cache.get(key)
+        if child is None:
+            child = super().labels(*values, **named)  # type: ignore[misc]  # the metric class's own
+            if len(cache) >= BOUND_CHILDREN_CAP:
+                cache.clear()
+            cache[key] = child
+        return child
+
+    def remove(self, *values: Any) -> None:
+        self._forget()
+        super().remove(*values)  # type: ignore[misc]
+
+    def remove_by_labels(self, labels: dict[str, str]) -> None:
+        self._forget()
+        super().remove_by_labels(labels)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._forget()
+        super().clear()  # type: ignore[misc]
+
+    def _forget(self) -> None:
+        self._by_position.clear()
+        self._by_name.clear()
+
+
+class Counter(_BoundChildren, prometheus_client.Counter):
+    """A prometheus_client Counter whose children are bound once (see :class:`_BoundChildren`)."""
+
+
+class Gauge(_BoundChildren, prometheus_client.Gauge):
+    """A prometheus_client Gauge whose children are bound once (see :class:`_BoundChildren`)."""
+
+
+class Histogram(_BoundChildren, prometheus_client.Histogram):
+    """A prometheus_client Histogram whose children are bound once (see :class:`_BoundChildren`)."""
+
 
 LAG_COUNT_CAP = 10_000
 """Where a group's lag is counted from its entries (no lag from Redis), the most counted."""
@@ -73,6 +134,7 @@ HANDLERS_IN_FLIGHT = Gauge(
 )
 
 
+@functools.lru_cache(maxsize=64)
 def service_of_group(group: str) -> str:
     """The service a consumer group belongs to, as ``agentstream serve``, ``agentstream_build_info``
     and the chart's ``app.kubernetes.io/component`` name it: the tool workers' group is

@@ -14,8 +14,11 @@ The services continue that trace, so a user's tracing spans them:
   summary), with an ``agentstream.model_call`` per summary call.
 
 Only ``opentelemetry-api`` is used: spans are recorded when the app (or
-``opentelemetry-instrument``) configures the SDK with an exporter; otherwise they cost next to
-nothing and the incoming context passes through unchanged. Without the package every function
+``opentelemetry-instrument``) configures the SDK with an exporter. Otherwise (no SDK provider,
+global or set here) a span is a shared no-op or one context variable set, its attributes are not
+built (:func:`model_call_attributes` is empty; a callable ``attributes`` is not called), and the
+incoming context passes through unchanged, as agentstream's jobs carry it (it is not attached to
+OpenTelemetry's own context). Without the package every function
 here is a no-op, and the context a job carries is its parent's, unchanged. Work streams carry
 the context as hints carry everything: a re-delivered job continues the same parent.
 """
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +46,14 @@ CARRIER_KEYS = ("traceparent", "tracestate")
 
 _propagator = TraceContextTextMapPropagator() if _otel is not None else None
 _provider: Any = None  # set_tracer_provider(); None: OpenTelemetry's global provider
-_KINDS = {"internal", "client", "consumer"}
+_KINDS = frozenset({"internal", "client", "consumer"})
+# Whether the global provider can be read as OpenTelemetry's module attribute (one load per span)
+# rather than by get_tracer_provider() (an os.environ lookup per call); an env-named provider is
+# loaded by that function, so it is used then.
+_GLOBAL_ATTR = (
+    _otel is not None and hasattr(_otel, "_TRACER_PROVIDER") and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
+)
+_last: tuple[Any, Any] = (object(), None)  # (the provider last seen, its agentstream tracer or None)
 # Without OpenTelemetry: the carrier of the innermost span() block, passed on unchanged.
 _fallback: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
     "agentstream_trace_carrier", default=MappingProxyType({})
@@ -74,6 +85,11 @@ class Span:
     def __init__(self, span: Any = None):
         self._span = span
 
+    @property
+    def recording(self) -> bool:
+        """Whether attributes set on this span are kept."""
+        return self._span is not None and self._span.is_recording()
+
     def set(self, attributes: Mapping[str, Any]) -> None:
         """Set attributes on the span (None values are left out)."""
         if self._span is None or not self._span.is_recording():
@@ -83,33 +99,73 @@ class Span:
                 self._span.set_attribute(name, value)
 
 
+_NO_SPAN = Span()
+
+
 def current() -> Span:
-    """The current span (a stand-in when there is none or OpenTelemetry is absent)."""
-    return Span(_otel.get_current_span()) if _otel is not None else Span()
+    """The current span (a stand-in when there is none or no tracer records)."""
+    return Span(_otel.get_current_span()) if _tracer() is not None else _NO_SPAN
 
 
 def inject() -> dict[str, str]:
     """The trace context to carry on (a job's ``trace_context``): the current span's, as W3C pairs.
 
-    Empty when there is no valid current span. Without OpenTelemetry: the innermost
-    :func:`span` block's parent context, unchanged.
+    Empty when there is no valid current span. Without a tracer (see :func:`recording`): the
+    innermost :func:`span` block's parent context, unchanged.
     """
-    if _propagator is None:
+    if _propagator is None or _tracer() is None:
         return dict(_fallback.get())
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
     return carrier_of(carrier)
 
 
-@contextlib.contextmanager
+Attributes = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+"""A span's attributes, or a function building them (called only when the span records)."""
+
+
+class _NoSpan:
+    """The block of a span that records nothing and carries no context: one shared instance."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        return _NO_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Carried:
+    """The block of a span that records nothing: its parent's carrier is passed on unchanged."""
+
+    __slots__ = ("carrier", "token")
+
+    def __init__(self, carrier: Mapping[str, str]):
+        self.carrier = carrier
+        self.token: contextvars.Token[Mapping[str, str]] | None = None
+
+    def __enter__(self) -> Span:
+        self.token = _fallback.set(self.carrier)
+        return _NO_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            _fallback.reset(self.token)
+            self.token = None
+
+
+_NO_BLOCK = _NoSpan()
+
+
 def span(
     name: str,
     *,
     parent: Mapping[str, str] | None = None,
     kind: str = "internal",
-    attributes: Mapping[str, Any] | None = None,
-) -> Iterator[Span]:
-    """Run the block in a span named ``name``.
+    attributes: Attributes | None = None,
+) -> contextlib.AbstractContextManager[Span]:
+    """Run the block in a span named ``name`` (``with tracing.span(...) as span:``).
 
     Args:
         name: the span's name (``agentstream.step``, ...).
@@ -117,55 +173,65 @@ def span(
             the context it holds, or the root of a new trace when it holds none. None: a child of
             the current span (a span nested in another).
         kind: ``internal``, ``client`` (a call out, such as a model call) or ``consumer`` (a job).
-        attributes: the span's attributes (None values are left out).
+        attributes: the span's attributes (None values are left out), or a function returning
+            them, called only when the span records.
 
-    An exception that leaves the block is recorded on the span, which is then marked as failed.
+    Without a tracer (see :func:`recording`) nothing is built: a span without ``parent`` is a
+    shared no-op block, one with ``parent`` sets the carrier :func:`inject` passes on. An
+    exception that leaves a recorded block is recorded on the span, which is then marked as failed.
+
+    Raises:
+        ValueError: ``kind`` is none of the three.
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {sorted(_KINDS)}, got {kind!r}")
-    if _otel is None:
-        token = _fallback.set(carrier_of(parent)) if parent is not None else None
-        try:
-            yield Span()
-        finally:
-            if token is not None:
-                _fallback.reset(token)
-        return
-    context = _propagator.extract(carrier_of(parent)) if parent is not None else None
     tracer = _tracer()
-    if tracer is None:  # no SDK: OpenTelemetry's no-op tracer would only pass the parent on
-        if context is None:
-            yield Span(_otel.get_current_span())
-            return
-        from opentelemetry import context as _context
+    if tracer is None:
+        return _NO_BLOCK if parent is None else _Carried(carrier_of(parent))
+    return _recorded(tracer, name, parent, kind, attributes)
 
-        token = _context.attach(_otel.set_span_in_context(_otel.get_current_span(context)))
-        try:
-            yield Span(_otel.get_current_span())
-        finally:
-            _context.detach(token)
-        return
-    clean = {k: v for k, v in (attributes or {}).items() if v is not None}
+
+@contextlib.contextmanager
+def _recorded(
+    tracer: Any, name: str, parent: Mapping[str, str] | None, kind: str, attributes: Attributes | None
+) -> Iterator[Span]:
+    context = _propagator.extract(carrier_of(parent)) if parent is not None else None
+    given = attributes() if callable(attributes) else attributes
+    clean = {k: v for k, v in (given or {}).items() if v is not None}
     with tracer.start_as_current_span(
         name, context=context, kind=getattr(_otel.SpanKind, kind.upper()), attributes=clean
     ) as current:
         yield Span(current)
 
 
-_tracers: dict[int, tuple[Any, Any]] = {}  # id(provider) → (provider, its agentstream tracer)
+def recording() -> bool:
+    """Whether spans are recorded: OpenTelemetry is installed and an SDK provider is set
+    (globally, or by :func:`set_tracer_provider`). Costs one attribute read while it stays so."""
+    return _tracer() is not None
 
 
 def _tracer() -> Any:
-    """agentstream's tracer from the provider in use → None when no SDK is set up (OpenTelemetry's
-    proxy or no-op provider), where a span records nothing (a span block then costs a context
-    switch, not a tracer call per step)."""
-    provider = _provider if _provider is not None else _otel.get_tracer_provider()
-    if isinstance(provider, (_otel.ProxyTracerProvider, _otel.NoOpTracerProvider)):
+    """agentstream's tracer from the provider in use → None when no SDK is set up (no provider,
+    OpenTelemetry's proxy or no-op provider, or no OpenTelemetry), where a span records nothing.
+    The tracer is looked up again only when the provider in use changes."""
+    if _otel is None:
         return None
-    cached = _tracers.get(id(provider))
-    if cached is None or cached[0] is not provider:
-        cached = _tracers[id(provider)] = (provider, _otel.get_tracer("agentstream", tracer_provider=provider))
-    return cached[1]
+    global _last
+    if _provider is not None:
+        provider = _provider
+    elif _GLOBAL_ATTR:
+        provider = _otel._TRACER_PROVIDER  # None until the app sets one
+    else:
+        provider = _otel.get_tracer_provider()
+    last = _last
+    if provider is last[0]:
+        return last[1]
+    if provider is None or isinstance(provider, (_otel.ProxyTracerProvider, _otel.NoOpTracerProvider)):
+        tracer = None
+    else:
+        tracer = _otel.get_tracer("agentstream", tracer_provider=provider)
+    _last = (provider, tracer)
+    return tracer
 
 
 @contextlib.contextmanager
@@ -173,7 +239,7 @@ def within(carrier: Mapping[str, str]) -> Iterator[None]:
     """Run the block in the context a carrier holds (from :func:`inject`), with no span of its
     own: work done later on behalf of a span (a reply published after its step) carries that
     span's context on."""
-    if _otel is None:
+    if _tracer() is None:
         token = _fallback.set(carrier_of(carrier))
         try:
             yield
@@ -182,16 +248,16 @@ def within(carrier: Mapping[str, str]) -> Iterator[None]:
         return
     from opentelemetry import context as _context
 
-    token = _context.attach(_propagator.extract(carrier_of(carrier)))
+    attached = _context.attach(_propagator.extract(carrier_of(carrier)))
     try:
         yield
     finally:
-        _context.detach(token)
+        _context.detach(attached)
 
 
 def current_ids() -> tuple[str, str] | None:
     """(trace id, span id) in hex of the current span when one is recording, for the logs."""
-    if _otel is None:
+    if _tracer() is None:
         return None
     current = _otel.get_current_span()
     if not current.is_recording():
@@ -208,7 +274,11 @@ def model_call_attributes(model: Any, *, turn_id: str | None = None, step: int |
     Args:
         model: the model client (a :class:`~agentstream.models.ChatModel`; its ``endpoint`` says
             which provider, model and endpoint id).
+
+    Empty (nothing read) when no tracer records (see :func:`recording`).
     """
+    if _tracer() is None:
+        return {}
     config = getattr(model, "endpoint", None)
     return {
         "gen_ai.operation.name": "chat",
@@ -222,7 +292,7 @@ def model_call_attributes(model: Any, *, turn_id: str | None = None, step: int |
 
 def record_model_output(span: Span, output: ModelOutput | None) -> None:
     """Add a model call's outcome to its span: response model, stop reason and token usage."""
-    if output is None:
+    if output is None or not span.recording:
         return
     usage = output.usage
     span.set(
