@@ -49,7 +49,10 @@ _provider: Any = None  # set_tracer_provider(); None: OpenTelemetry's global pro
 _KINDS = frozenset({"internal", "client", "consumer"})
 # Whether the global provider can be read as OpenTelemetry's module attribute (one load per span)
 # rather than by get_tracer_provider() (an os.environ lookup per call); an env-named provider is
-# loaded by that function, so it is used then.
+# loaded by that function, so it is used then. The attribute is private to opentelemetry-api 1.x:
+# pyproject.toml pins the extra below 2, and tests/unit/test_tracing.py
+# (test_an_sdk_set_up_globally_after_spans_ran_without_one_records_the_next_spans) sets a provider
+# by the public API and fails if a release stops this read from finding it.
 _GLOBAL_ATTR = (
     _otel is not None and hasattr(_otel, "_TRACER_PROVIDER") and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
 )
