@@ -244,8 +244,14 @@ def bounded_errors(errors: Any, max_chars: int = ECHO_MAX_CHARS) -> list[dict[st
     for error in errors:
         one = {k: v for k, v in dict(error).items() if k not in ("input", "ctx", "url")}
         if "input" in error:
-            text = json.dumps(error["input"], ensure_ascii=False, default=str)
-            one["input"] = error["input"] if len(text) <= max_chars else f"{text[:max_chars]}… ({len(text)} characters)"
+            value = error["input"]
+            if isinstance(value, (bytes, bytearray)):  # a body that is not JSON (text/plain): as text
+                value = bytes(value).decode("utf-8", "replace")
+            text = json.dumps(value, ensure_ascii=False, default=str)
+            # the value as JSON reads it back: anything json cannot write (bytes inside, sets) is text
+            one["input"] = (
+                json.loads(text) if len(text) <= max_chars else f"{text[:max_chars]}… ({len(text)} characters)"
+            )
         if isinstance(error.get("ctx"), dict):
             one["ctx"] = {
                 k: v if isinstance(v, (int, float, str, bool)) or v is None else str(v)[:max_chars]

@@ -98,6 +98,7 @@ def test_schema_asyncapi_prints_a_valid_asyncapi_3_document_of_every_public_chan
         "prod:trace:{trace_id}:deltas",
         "prod:backends:{backend}:turns",  # a backend confined to its conversations (AGENTSTREAM_BACKENDS)
         "prod:backends:{backend}:cancel",
+        "prod:backends:{backend}:approvals",
     }
     assert channels["prod:trace:{trace_id}"]["parameters"]["trace_id"]
     schemas = document["components"]["schemas"]

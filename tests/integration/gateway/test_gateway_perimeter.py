@@ -4,6 +4,8 @@ source (httpx's ASGI transport pulls the body chunk by chunk as the app asks for
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -259,7 +261,12 @@ def test_a_refused_bodys_errors_quote_at_most_a_bounded_part_of_each_value():
         {"type": "missing", "loc": ("body", "call_id"), "msg": "Field required", "input": {"approved": True}},
         {"type": "value_error", "loc": ("body",), "msg": "bad", "input": 1, "ctx": {"error": ValueError("x" * 500)}},
     ]
-    cut, whole, odd = bounded_errors(errors)
+    errors.append({"type": "model_attributes_type", "loc": ("body",), "msg": "not an object", "input": b'{"a": 1}'})
+    errors.append({"type": "x", "loc": ("body",), "msg": "m", "input": {"raw": b"\xff", "set": {1}}})
+    cut, whole, odd, raw, mixed = bounded_errors(errors)
+    assert raw["input"] == '{"a": 1}'  # a text/plain body's bytes: as text (FastAPI's own answer does the same)
+    assert json.dumps(mixed)  # whatever the input held, the answer is JSON
+    assert isinstance(mixed["input"]["raw"], str)
     assert cut["loc"] == ("body", "reason") and cut["ctx"] == {"max_length": 2000}
     assert len(cut["input"]) < ECHO_MAX_CHARS + 40 and "200002 characters" in cut["input"]
     assert whole["input"] == {"approved": True}  # short values are kept as they were
