@@ -317,16 +317,21 @@ def test_an_app_factory_that_raises_is_a_configuration_error(tmp_path, capsys, m
     ), err
 
 
-def test_gateway_key_with_a_backend_writes_a_key_the_gateway_confines_to_that_backend(tmp_path, capsys):
+def test_gateway_key_with_a_backend_writes_a_key_the_gateway_confines_to_that_backend(tmp_path, capsys, monkeypatch):
+    """Written where AGENTSTREAM_BACKENDS is not set (a workstation), with a warning that the
+    services must name the backend for the key to be confined to streams of its own."""
     from agentstream.ops.apikeys import hash_key, load_keys
 
+    monkeypatch.delenv("AGENTSTREAM_BACKENDS", raising=False)
     keys_file = tmp_path / "keys.yaml"
     with pytest.raises(SystemExit) as exited:
         cli_module.main(
             ["gateway-key", "--name", "billing", "--agent", "*", "--backend", "billing", "--keys-file", str(keys_file)]
         )
     assert exited.value.code == 0
-    key = capsys.readouterr().out.strip()
+    out, err = capsys.readouterr()
+    key = out.strip()
+    assert "warning: AGENTSTREAM_BACKENDS is not set here; the services must name 'billing' in it" in err, err
     ring = load_keys(path=str(keys_file))
     [entry] = ring.keys
     assert (entry.name, entry.backend) == ("billing", "billing")
@@ -352,4 +357,6 @@ def test_gateway_key_for_a_backend_the_services_do_not_name_is_refused(tmp_path,
             ["gateway-key", "--name", "k", "--agent", "*", "--backend", "other", "--keys-file", str(keys_file)]
         )
     assert exited.value.code == 2
-    assert "not one of AGENTSTREAM_BACKENDS (billing, shop)" in capsys.readouterr().err and not keys_file.exists()
+    err = capsys.readouterr().err
+    assert "not one of AGENTSTREAM_BACKENDS (billing, shop)" in err and not keys_file.exists()
+    assert "warning" not in err, err
