@@ -14,8 +14,9 @@ from agentstream.ops.settings import Settings
 from agentstream.runtime.cancel import CancelListener, cancel_listeners
 from agentstream.runtime.consumer import StreamConsumer, group_consumer, partition_consumers
 from agentstream.runtime.store import TraceStore
+from agentstream.runtime.wake_routes import OwnWakeups, own_wakeups
 from agentstream.runtime.watchdog import Watchdog
-from agentstream.wire.keys import AGENT_LOOP_GROUP
+from agentstream.wire.keys import AGENT_LOOP_GROUP, owner_problem
 
 
 def _told(handler):
@@ -36,9 +37,10 @@ def build(
     http: httpx.AsyncClient,
     *,
     models: dict[str, ChatModel] | None = None,
-) -> tuple[AgentLoop, list[StreamConsumer | CancelListener | Watchdog]]:
-    """The agent loop, its consumers (every partition of turns and wake-ups, cancels), its cancel listener and
-    the watchdog of turns waiting on tools (:mod:`.watchdog`).
+) -> tuple[AgentLoop, list[StreamConsumer | CancelListener | Watchdog | OwnWakeups]]:
+    """The agent loop, its consumers (every partition of turns and wake-ups, its own wake-up stream of
+    each partition (:mod:`agentstream.runtime.wake_routes`), cancels), its cancel listener and the
+    watchdog of turns waiting on tools (:mod:`.watchdog`).
 
     Every configured model endpoint (``default`` from OPENAI_*, and AGENTSTREAM_MODELS_FILE's)
     gets its adapter; every agent must name one of them. ``models`` (endpoint id → model, e.g.
@@ -72,10 +74,11 @@ def build(
         limits=settings.wire_limits,
         turn_deadline_s=settings.turn_deadline_s,
         mcp_wait_s=settings.mcp_wait_s,
+        wake_owner="" if owner_problem(settings.consumer) else settings.consumer,
     )
     keys = settings.keys
     turn_streams = [keys.turns, *(keys.backend_turns(b) for b in keys.backends)]  # the shared one, each backend's
-    runners: list[StreamConsumer | CancelListener | Watchdog] = [
+    runners: list[StreamConsumer | CancelListener | Watchdog | OwnWakeups] = [
         consumer
         for stream, handler, on_dead in (
             *((turns, loop.on_turn, _dead_turn_hook(loop, keys, turns)) for turns in turn_streams),
@@ -91,6 +94,9 @@ def build(
             per_stream=True,
         )
     ]  # every partition of the turns and wake-up streams; a cancel stream has one
+    # this process's own wake-up stream of each partition: the wake-ups of the jobs it published
+    # come back to it while it is alive, where the conversation's fold is (sticky wake-ups)
+    runners += own_wakeups(store.redis, settings, _told(loop.on_wake), loop.on_dead_wake)
     runners += [
         group_consumer(store.redis, settings, stream=s, group=AGENT_LOOP_GROUP, handler=_told(loop.on_cancel)(s))
         for s in keys.cancel_streams

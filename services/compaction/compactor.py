@@ -105,7 +105,7 @@ class Compactor:
             tracing.span("agentstream.compaction", parent=job.trace_context, kind="consumer", attributes=attributes),
         ):  # a child of the step that asked for the summary (OpenTelemetry)
             await self.compact(job)
-            await self._wake(job.trace_id)
+            await self._wake(job.trace_id, job.wake_to)
 
     async def on_dead_job(self, entry_id: str, fields: dict[bytes, bytes], error: str) -> None:
         """A job that failed on every delivery: record the summary as failed, so the turn goes on."""
@@ -120,7 +120,7 @@ class Compactor:
             reason=f"the compaction job failed on every delivery ({error})",
         )
         await self.store.append(job.trace_id, failed, key=outcome_key(job.turn_id, job.kept_from_turn))
-        await self._wake(job.trace_id)
+        await self._wake(job.trace_id, job.wake_to)
 
     async def compact(self, job: CompactionJob) -> Compaction | CompactionFailed | None:
         """Write the outcome of the compaction the job's call needs → it, or None when none is due.
@@ -208,5 +208,6 @@ class Compactor:
     def _failed(plan: CompactionPlan, code: str, reason: str) -> CompactionFailed:
         return CompactionFailed(turn_id=plan.turn_id, kept_from_turn=plan.kept_from_turn, code=code, reason=reason)
 
-    async def _wake(self, trace_id: str) -> None:
-        await operations.wake_trace(self.redis, self.keys, trace_id, "compaction")
+    async def _wake(self, trace_id: str, owner: str = "") -> None:
+        # to the agent loop that asked while it is alive (it holds the fold), else any
+        await operations.wake_trace(self.redis, self.keys, trace_id, "compaction", owner=owner)

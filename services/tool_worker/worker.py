@@ -234,8 +234,8 @@ class ToolWorker:
     async def _record(self, job: ToolJob, result: ToolOutput, held) -> None:
         key = (job.trace_id, job.call_id)
         # the wake-up goes in the append's round trip; one that failed is sent again (and raises) below
-        hints = [operations.wake_entry(self.keys, job.trace_id, f"result:{job.call_id}")]
-        unsent: list[operations.Entry] = []
+        hints = [operations.wake_entry(self.keys, job.trace_id, f"result:{job.call_id}", owner=job.wake_to)]
+        unsent: list[operations.Hint] = []
         try:
             if result.error == CANCELLED:  # the loop's own cancelled result may be first
                 await self.store.append(job.trace_id, result, release=held.release, hints=hints, failed_hints=unsent)
@@ -419,7 +419,8 @@ class ToolWorker:
         return None
 
     async def _wake(self, job: ToolJob) -> None:
-        await operations.wake_trace(self.redis, self.keys, job.trace_id, f"result:{job.call_id}")
+        # to the agent loop that published the job while it is alive (it holds the fold), else any
+        await operations.wake_trace(self.redis, self.keys, job.trace_id, f"result:{job.call_id}", owner=job.wake_to)
 
 
 def _span_attributes(job: ToolJob) -> dict[str, str]:

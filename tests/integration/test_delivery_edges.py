@@ -484,8 +484,10 @@ async def test_a_turn_whose_results_are_in_but_whose_wake_up_never_came_is_woken
     await services.start("p1", "agent-loop", "tool-worker")
     await publish(redis, keys, trace_id="w3", turn_id="t0", agent="plan", text="do: work(0)")  # the groups exist
     assert (await wait_reply(redis, keys, "t0", timeout_s=15)).status == "ended"
-    await redis.delete(wake)
-    await redis.set(wake, "not a stream")
+    owned = keys.wake_owned(keys.partition("w3"), "p1")  # p1's own: the results' wake-ups go there (sticky)
+    for squatted in (wake, owned):
+        await redis.delete(squatted)
+        await redis.set(squatted, "not a stream")
     await publish(redis, keys, trace_id="w3", turn_id="t1", agent="plan", text="do: work(1)")
     await wait_for(lambda: store.has_key("w3", "jobs:t1:0"), 10)
     calls = [
@@ -494,7 +496,7 @@ async def test_a_turn_whose_results_are_in_but_whose_wake_up_never_came_is_woken
     await wait_for(lambda: store.has_key("w3", f"result:{calls[0]}"), 15, "the result is recorded all the same")
     await asyncio.sleep(1.0)  # the worker's wake-ups are refused meanwhile
     assert not await store.has_key("w3", "end:t1")
-    await redis.delete(wake)  # repaired
+    await redis.delete(wake, owned)  # repaired
     reply = await wait_reply(redis, keys, "t1", timeout_s=20)
     assert reply.status == "ended" and reply.answer == "Results: worked 1 ms"
     results = [e for e in await events_of(store, "w3") if isinstance(e, ToolOutput) and e.turn_id == "t1"]

@@ -61,22 +61,27 @@ async def test_each_trace_goes_through_its_own_partition_and_every_partition_is_
         reply = await wait_reply(redis, pkeys, f"t-{partition}")
         assert reply.status == "ended" and reply.answer == "Results: worked 1 ms | worked 2 ms"
     tools = pkeys.tools("default")
+    owned = [pkeys.wake_owned(p, "p1") for p in range(pkeys.partitions)]  # p1's own wake-up streams
     for partition, trace in traces.items():
-        for stream, field in ((pkeys.partitions_of(tools), JOB_FIELD), (pkeys.partitions_of(pkeys.wake), WAKE_FIELD)):
+        streams = ((pkeys.partitions_of(tools), JOB_FIELD), ([*pkeys.partitions_of(pkeys.wake), *owned], WAKE_FIELD))
+        for stream, field in streams:
             holders = {
                 name
                 for name in stream
                 for _, f in await redis.xrange(name)
                 if json.loads(f[field])["trace_id"] == trace
             }
-            assert holders == {stream[partition]}, (trace, holders)  # its jobs and wake-ups: its partition only
-    for name in pkeys.partitions_of(pkeys.turns) + pkeys.partitions_of(pkeys.wake):
+            # its jobs: its partition only; its results' wake-ups: p1's own stream of its partition
+            # (p1 published the jobs: sticky wake-ups), never another partition's
+            assert holders == {stream[partition] if field == JOB_FIELD else owned[partition]}, (trace, holders)
+    for name in pkeys.partitions_of(pkeys.turns) + pkeys.partitions_of(pkeys.wake) + owned:
         assert {g["name"] for g in await redis.xinfo_groups(name)} == {AGENT_LOOP_GROUP.encode()}
 
     async def all_consumed():
         # a turn's second wake-up may find its trace held by the first's step and wait for that
         # lease (a deferred hint): it is acknowledged a moment after the reply, not lost
-        groups = [(n, AGENT_LOOP_GROUP) for n in pkeys.partitions_of(pkeys.turns) + pkeys.partitions_of(pkeys.wake)]
+        agent_loops = pkeys.partitions_of(pkeys.turns) + pkeys.partitions_of(pkeys.wake) + owned
+        groups = [(n, AGENT_LOOP_GROUP) for n in agent_loops]
         groups += [(n, TOOL_WORKER_GROUP) for n in pkeys.partitions_of(tools)]
         pending = {n: (await redis.xpending(n, g))["pending"] for n, g in groups}
         return pending if not any(pending.values()) else None

@@ -198,7 +198,8 @@ def _text(value) -> str:
 
 # Commands a service sends on a timer, not per turn: claiming idle entries, renewing the claims of
 # entries in hand, trimming, pruning idle consumers, the watchdog's look at waiting traces.
-_HOUSEKEEPING_SCRIPTS = ("local kept = {}", "XINFO", "MINID")
+# (an agent loop's beat on its own wake-up streams, and the hand-over of a gone one's: sticky wake-ups)
+_HOUSEKEEPING_SCRIPTS = ("local kept = {}", "XINFO", "MINID", "beat_wake_owner.lua", "hand_over_wakes.lua")
 _HOUSEKEEPING = {"XAUTOCLAIM", "XPENDING", "XINFO", "XTRIM", "ZRANGEBYSCORE", "INFO"}
 
 
@@ -233,11 +234,31 @@ def _script_sources() -> dict[str, tuple[str, str]]:
     import hashlib
 
     from agentstream.runtime import call_runs as calls
-    from agentstream.runtime import claims, consumer, conversations, store, turn_order, watchdog
+    from agentstream.runtime import (
+        claims,
+        consumer,
+        conversations,
+        operations,
+        store,
+        turn_order,
+        wake_routes,
+        watchdog,
+    )
     from agentstream.runtime import retention as trimming
 
     out = {}
-    for module in (store, consumer, claims, conversations, trimming, watchdog, calls, turn_order):
+    for module in (
+        store,
+        consumer,
+        claims,
+        conversations,
+        trimming,
+        watchdog,
+        calls,
+        turn_order,
+        operations,
+        wake_routes,
+    ):
         for name, value in vars(module).items():
             if isinstance(value, str) and "redis.call" in value:
                 out[hashlib.sha1(value.encode()).hexdigest()] = (f"{module.__name__.rsplit('.', 1)[-1]}.{name}", value)
@@ -479,18 +500,27 @@ async def test_a_tool_result_and_its_wake_up_go_to_redis_in_one_round_trip(redis
             assert (await wait_reply(redis, keys, f"t{n}")).status == "ended"
     finally:
         recorder.close()
+    from agentstream.runtime.operations import ROUTE_WAKE_SHA
+
+    # the wake-up goes to the agent loop that published the job (sticky): one script that picks
+    # its own stream while it is alive, the shared one otherwise (one command, as an XADD is)
     wake = keys.wake_for("r9")
+    owned = keys.wake_owned(keys.partition("r9"), "p1")
     wakes = [
-        trip for trip in recorder.trips if any(_text(c[0]).upper() == "XADD" and _text(c[1]) == wake for c in trip)
+        trip
+        for trip in recorder.trips
+        if any(
+            _text(c[0]).upper() == "EVALSHA" and _text(c[1]) == ROUTE_WAKE_SHA and wake in map(_text, c) for c in trip
+        )
     ]
     assert len(wakes) == 3, recorder.trips
     for trip in wakes:
         names = [_text(c[0]).upper() for c in trip]
         if is_cluster_url(redis_url):
-            assert names == ["XADD"], trip
+            assert names == ["EVALSHA"], trip
         else:
-            assert names == ["EVALSHA", "XADD"], trip  # the append script, then the hint
-    assert len(await redis.xrange(wake)) >= 3
+            assert names == ["EVALSHA", "EVALSHA"], trip  # the append script, then the hint's
+    assert len(await redis.xrange(owned)) >= 3
 
 
 async def _grew(redis: Redis, stream: str, length: int) -> bool:
@@ -535,7 +565,7 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     await services.start("p2", "tool-worker")
     await publish(redis, keys, trace_id="r10", turn_id="w0", agent="plan", text="do: work(0)")
     assert (await wait_reply(redis, keys, "w0")).status == "ended"
-    wakes = keys.wake_for("r10")
+    wakes = keys.wake_owned(keys.partition("r10"), "p1")  # the wake-ups come back to p1 (sticky)
 
     async def first_wake_up_handled() -> bool:
         # the wake-up of the first result was read, acknowledged and its step let the lease go
@@ -613,8 +643,8 @@ async def test_a_model_outputs_jobs_or_its_reply_and_the_release_go_to_redis_wit
     # two results, two wake-ups a turn: the first one's step finds a result missing and lets the
     # lease go (the wake-up acknowledged on its own), the second one's append ends the turn
     assert acked.count(keys.turns_for("r10")) == (3 if is_cluster_url(redis_url) else 0), acked
-    assert acked.count(keys.wake_for("r10")) == (6 if is_cluster_url(redis_url) else 3), acked
-    for stream in (keys.turns_for("r10"), keys.wake_for("r10")):
+    assert acked.count(wakes) == (6 if is_cluster_url(redis_url) else 3), acked
+    for stream in (keys.turns_for("r10"), wakes):
         assert (await redis.xpending(stream, "agent-loop"))["pending"] == 0
     assert await redis.xlen(jobs) == 1 + 2 * 3  # the first turn's job, then two a turn, each once
     assert await redis.zscore(awaiting_key(keys, keys.partition("r10")), "r10") is not None

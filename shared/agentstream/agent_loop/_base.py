@@ -146,6 +146,7 @@ class LoopState:
     limits: wire.WireLimits
     turn_deadline_s: float | None
     empty_hints: int
+    wake_owner: str
     _admitting: dict[str, list]
     _earlier: EarlierTurns
     _settled: dict[str, dict[str, None]]

@@ -27,11 +27,14 @@ class Compactions:
 
     Args:
         store: the trace store.
+        wake_owner: the agent-loop consumer its jobs name as the owner of the wake-up that
+            follows the summary (``CompactionJob.wake_to``); ``""``: none.
     """
 
-    def __init__(self, store: TraceStore):
+    def __init__(self, store: TraceStore, *, wake_owner: str = ""):
         self.store = store
         self.keys = store.keys
+        self.wake_owner = wake_owner
 
     async def request_for(
         self, trace_id: str, built: BuiltContext, events: Sequence[Event], agent: Agent
@@ -66,6 +69,7 @@ class Compactions:
             step=step,
             kept_from_turn=plan.kept_from_turn,
             trace_context=tracing.inject(),  # the compaction's span is a child of the asking step's
+            wake_to=self.wake_owner,  # the summary's wake-up comes back here, where the fold is
         )
         await operations.publish_compaction(self.store.redis, self.keys, trace_id, codec.encode(job), marker)
         log.info(

@@ -84,6 +84,9 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
             None: no deadline.
         mcp_wait_s: how long a turn waits for the first tool list of its agent's MCP servers,
             in seconds, before it fails (see :mod:`agentstream.agent_loop.mcp_offers`).
+        wake_owner: this process's consumer name, which the tool jobs it publishes name as the
+            owner of their results' wake-ups (``ToolJob.wake_to``, see
+            :mod:`agentstream.steps.wake_routes`); ``""``: none (they go to the shared stream).
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         limits: wire.WireLimits = wire.DEFAULT_LIMITS,
         turn_deadline_s: float | None = None,
         mcp_wait_s: float = 30.0,
+        wake_owner: str = "",
     ):
         if busy_policy not in BUSY_POLICIES:
             raise ValueError(f"busy_policy must be one of {BUSY_POLICIES}, got {busy_policy!r}")
@@ -119,7 +123,7 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         self.delta_maxlen = delta_maxlen
         self.delta_ttl_s = delta_ttl_s
         self.children = Children(app, store)
-        self.compactions = Compactions(store)
+        self.compactions = Compactions(store, wake_owner=wake_owner)
         self.mcp = McpOffers(store, wait_s=mcp_wait_s)  # the MCP tools each call offers, recorded in the trace
         self.lease_ttl_ms = lease_ttl_ms
         self.folds = FoldCache(fold_cache_bytes)  # folded traces: a step reads and folds what was added
@@ -137,5 +141,7 @@ class AgentLoop(Admission, Signals, Leases, Acting, Replies):
         self._deferred: dict[str, tuple[str, float]] = {}  # trace → (hint entry, until): one waits per trace
         self.empty_hints = 0  # wake-ups (and other hints) that named a trace holding nothing
         self.limits = limits
+        # the consumer its jobs name as their wake-ups' owner (sticky wake-ups); "": the shared stream
+        self.wake_owner = wake_owner
         self.turn_deadline_s = turn_deadline_s
         self._usage_doubted: set[str] = set()  # endpoints whose under-reported usage was logged

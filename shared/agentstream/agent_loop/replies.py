@@ -139,6 +139,7 @@ class Replies(LoopState):
                 name=call.name,
                 arguments=call.arguments,
                 trace_context=tracing.inject(),  # the tool call's span is a child of this step's
+                wake_to=self.wake_owner,  # its result's wake-up comes back here, where the fold is
             )
             stream, field = self.children.job_stream(
                 tool, queue, trace_id

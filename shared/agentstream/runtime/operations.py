@@ -21,9 +21,11 @@ children) is handed over as :data:`Entry` values, in the order they are to be ad
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -41,6 +43,7 @@ from agentstream.wire.keys import (
     REPLY_FIELD,
     WAKE_FIELD,
     Keys,
+    owner_problem,
     partition_stream,
 )
 
@@ -53,21 +56,92 @@ log = logging.getLogger("agentstream.runtime.operations")
 _ADMIT_CHILD_LUA = script("admit_child")  # agentstream/runtime/lua/admit_child.lua
 
 
-async def wake_trace(redis: aioredis.Redis, keys: Keys, trace_id: str, reason: str) -> str:
-    """Wake the agent loop of a trace: XADD a :class:`Wake` (a hint, never state) to the trace's
-    wake-up stream (its partition of ``<ns>:wake``) → the entry id.
+@dataclass(frozen=True)
+class RoutedWake:
+    """A wake-up for its owner's own stream while the owner is alive, else for the shared one:
+    one script on the partition's hash slot (``lua/route_wake.lua``; the rule:
+    :func:`agentstream.steps.wake_routes.route`), one command as an XADD is.
+
+    Attributes:
+        stream: the trace's partition of ``<ns>:wake`` (where it goes unless the owner is alive).
+        fields: the entry's fields (``wake``: the encoded :class:`Wake`).
+        owners: the partition's owners set (:meth:`Keys.wake_owners`).
+        owned: the owner's stream (:meth:`Keys.wake_owned`).
+        owner: the owner, a name :func:`agentstream.wire.keys.owner_problem` allows.
+    """
+
+    stream: str
+    fields: dict[bytes, bytes]
+    owners: str
+    owned: str
+    owner: str
+
+    def script_keys(self) -> list[str]:
+        """The script's KEYS: the owners set, the owner's stream, the shared stream."""
+        return [self.owners, self.owned, self.stream]
+
+    def script_args(self) -> list:
+        """The script's ARGV: the owner, then the entry's fields and values."""
+        return [self.owner, *(part for pair in self.fields.items() for part in pair)]
+
+
+Hint = Entry | RoutedWake
+"""A hint sent after an append (:meth:`agentstream.runtime.store.TraceStore.append_and_read`'s
+``hints``): an entry to XADD, or a wake-up routed to its owner (:class:`RoutedWake`)."""
+
+_ROUTE_WAKE_LUA = script("route_wake")  # agentstream/runtime/lua/route_wake.lua
+ROUTE_WAKE_SHA = hashlib.sha1(_ROUTE_WAKE_LUA.encode()).hexdigest()
+"""The SHA-1 of the route script, for an EVALSHA queued in a pipeline (:func:`queue_hint`)."""
+
+
+async def wake_trace(redis: aioredis.Redis, keys: Keys, trace_id: str, reason: str, *, owner: str = "") -> str:
+    """Wake the agent loop of a trace: add a :class:`Wake` (a hint, never state) to the trace's
+    wake-up stream (its partition of ``<ns>:wake``) or, with an ``owner`` that is alive, to that
+    agent-loop consumer's own stream (:func:`wake_entry`) → the entry id.
 
     ``reason`` says what happened, for logs: ``result:<call id>`` (a tool result is in the trace),
     ``compaction``, ``child:<trace id>``, ``lost_work``..."""
-    stream, fields = wake_entry(keys, trace_id, reason)
-    entry_id = await redis.xadd(stream, xadd_fields(fields))
+    return await send_hint(redis, wake_entry(keys, trace_id, reason, owner=owner))
+
+
+def wake_entry(keys: Keys, trace_id: str, reason: str, *, owner: str = "") -> Hint:
+    """The hint :func:`wake_trace` sends, for a caller that sends it in a pipeline of its own
+    (:meth:`agentstream.runtime.store.TraceStore.append_and_read`'s ``hints``): an entry of the
+    trace's wake-up stream, or with an ``owner`` (a job's ``wake_to``) whose name may name a
+    stream (:func:`agentstream.wire.keys.owner_problem`), a :class:`RoutedWake`. A name that may
+    not is ignored: the wake-up goes to the shared stream, and no key is named after it."""
+    stream = keys.wake_for(trace_id)
+    fields = {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason=reason))}
+    if not owner or owner_problem(owner) is not None:
+        return stream, fields
+    partition = keys.partition(trace_id)
+    return RoutedWake(stream, fields, keys.wake_owners(partition), keys.wake_owned(partition, owner), owner)
+
+
+def queue_hint(pipe, hint: Hint) -> None:
+    """Queue on ``pipe`` (a pipeline of one Redis server) the command that sends ``hint``: its
+    XADD, or the route script's EVALSHA (an answer ``NoScriptError`` means it was not sent)."""
+    if isinstance(hint, RoutedWake):
+        keys_ = hint.script_keys()
+        pipe.execute_command("EVALSHA", ROUTE_WAKE_SHA, len(keys_), *keys_, *hint.script_args())
+        return
+    stream, fields = hint
+    pipe.xadd(stream, xadd_fields(fields))
+
+
+async def send_hint(redis: aioredis.Redis, hint: Hint) -> str:
+    """Send ``hint`` on its own (an XADD, or the route script of a :class:`RoutedWake`) → the entry id.
+
+    Raises:
+        redis.exceptions.ResponseError, ConnectionError, TimeoutError: as redis-py raises them.
+    """
+    if isinstance(hint, RoutedWake):
+        route = redis.register_script(_ROUTE_WAKE_LUA)
+        _stream, entry_id = await route(keys=hint.script_keys(), args=hint.script_args())
+    else:
+        stream, fields = hint
+        entry_id = await redis.xadd(stream, xadd_fields(fields))
     return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-
-
-def wake_entry(keys: Keys, trace_id: str, reason: str) -> Entry:
-    """The entry :func:`wake_trace` adds, for a caller that sends it in a pipeline of its own
-    (:meth:`agentstream.runtime.store.TraceStore.append_and_read`'s ``hints``)."""
-    return keys.wake_for(trace_id), {WAKE_FIELD: codec.encode(Wake(trace_id=trace_id, reason=reason))}
 
 
 async def request_cancel(redis: aioredis.Redis, keys: Keys, message: CancelMessage) -> None:

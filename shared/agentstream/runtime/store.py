@@ -43,7 +43,7 @@ from redis.exceptions import NoScriptError
 from agentstream.errors import StaleLeaseError
 from agentstream.runtime.entries import entry_fields, keep_doubled_fields
 from agentstream.runtime.lua import script
-from agentstream.runtime.operations import Entry, redirect_refused_replies
+from agentstream.runtime.operations import Entry, Hint, queue_hint, redirect_refused_replies, send_hint
 from agentstream.wire import codec
 from agentstream.wire import codec as _codec
 from agentstream.wire.events import (
@@ -353,8 +353,8 @@ class TraceStore:
         key: str | None = None,
         fence: int | None = None,
         release: tuple[str, str] | None = None,
-        hints: Sequence[Entry] = (),
-        failed_hints: list[Entry] | None = None,
+        hints: Sequence[Hint] = (),
+        failed_hints: list[Hint] | None = None,
     ) -> Appended:
         """Append one event once.
 
@@ -389,8 +389,8 @@ class TraceStore:
         fence: int | None = None,
         unless: str | None = None,
         release: tuple[str, str] | None = None,
-        hints: Sequence[Entry] = (),
-        failed_hints: list[Entry] | None = None,
+        hints: Sequence[Hint] = (),
+        failed_hints: list[Hint] | None = None,
     ) -> list[Appended]:
         """Append several events in order, each once, in one round trip and atomically.
 
@@ -428,8 +428,8 @@ class TraceStore:
         expire_ms: int | None = None,
         unless: str | None = None,
         release: tuple[str, str] | None = None,
-        hints: Sequence[Entry] = (),
-        failed_hints: list[Entry] | None = None,
+        hints: Sequence[Hint] = (),
+        failed_hints: list[Hint] | None = None,
     ) -> tuple[list[Appended | None], Read | None]:
         """Append ``events`` (each once, in order), then ``then`` if nothing else was appended
         since ``after``, and read back what came after ``after``: one round trip, atomically.
@@ -449,7 +449,8 @@ class TraceStore:
             release: ``(run key, holder)``: in the same step, delete that key (in the trace's
                 hash slot) if ``holder`` still holds it (a tool call's run key, see
                 :class:`agentstream.runtime.call_runs.CallRuns`).
-            hints: ``(stream, fields)`` entries XADDed just after the append, in the same round
+            hints: ``(stream, fields)`` entries XADDed (or wake-ups routed to their owner, each one
+                script: :class:`~agentstream.runtime.operations.RoutedWake`) just after the append, in the same round
                 trip (one pipeline without a transaction), whatever the append's outcome: wake-up
                 hints that what was appended is there (a hint is never state: one that finds
                 nothing new costs a look). On a Redis Cluster they are sent after the append's
@@ -477,7 +478,7 @@ class TraceStore:
         )
         argv += self._event_args([*events, *then], keys)
         script_keys = [*self._trace_keys(trace_id)[:3], release[0] if release else self.keys.trace(trace_id)]
-        failed: list[Entry] = []
+        failed: list[Hint] = []
         if hints and not isinstance(self.redis, RedisCluster):
             raw_out, raw_first, raw_entries = await self._append_then_hint(script_keys, argv, hints, failed)
         else:  # on a cluster a pipeline runs each node's part at once: a hint there must not overtake the append
@@ -489,8 +490,8 @@ class TraceStore:
             if failed_hints is not None:
                 failed_hints.extend(failed)
         if failed_hints is None:
-            for stream, fields in failed:  # published again on their own: raises what refuses them
-                await self.redis.xadd(stream, fields)
+            for hint in failed:  # published again on their own: raises what refuses them
+                await send_hint(self.redis, hint)
         return appended
 
     def _append_args(
@@ -640,14 +641,14 @@ class TraceStore:
             out += [call_id, turn_id, field, payload]
         return out
 
-    async def _append_then_hint(self, script_keys: list, argv: list, hints: Sequence[Entry], failed: list[Entry]):
-        """The append script, then the XADD of each hint, in one pipeline → the script's answer;
-        the hints whose XADD failed go to ``failed``."""
+    async def _append_then_hint(self, script_keys: list, argv: list, hints: Sequence[Hint], failed: list[Hint]):
+        """The append script, then each hint (its XADD, or a routed wake-up's script), in one
+        pipeline → the script's answer; the hints that failed go to ``failed``."""
         pipe = self.redis.pipeline(transaction=False)
         # EVALSHA queued as a plain command, as in release_lease
         pipe.execute_command("EVALSHA", self._append_script.sha, len(script_keys), *script_keys, *argv)
-        for stream, fields in hints:
-            pipe.xadd(stream, fields)
+        for hint in hints:
+            queue_hint(pipe, hint)
         answers = await pipe.execute(raise_on_error=False)
         first = answers[0]
         if isinstance(first, NoScriptError):  # the server lost its scripts: the hints ran too early
@@ -814,8 +815,8 @@ class TraceStore:
         events: Sequence[Event] = (),
         *,
         release: tuple[str, str] | None = None,
-        hints: Sequence[Entry] = (),
-        failed_hints: list[Entry] | None = None,
+        hints: Sequence[Hint] = (),
+        failed_hints: list[Hint] | None = None,
     ) -> tuple[Appended, bool]:
         """Append a tool result once per call; one that finds the call answered is kept as late.
 

@@ -62,6 +62,9 @@ class CompactionJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
         kept_from_turn: the first turn the summary keeps, as the loop planned it.
         trace_context: the OpenTelemetry context of the step that asked (W3C ``traceparent``,
             ``tracestate``; empty without tracing), see :mod:`agentstream.ops.tracing`.
+        wake_to: the agent-loop consumer that asked, which holds the trace's fold: the wake-up
+            after the summary goes to its own stream while it is alive
+            (:mod:`agentstream.steps.wake_routes`); empty: the shared one.
     """
 
     trace_id: str
@@ -69,6 +72,7 @@ class CompactionJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     step: int
     kept_from_turn: str
     trace_context: dict[str, str] = {}
+    wake_to: str = ""
 
 
 _job_decoder = msgspec.json.Decoder(CompactionJob)

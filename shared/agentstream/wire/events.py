@@ -784,6 +784,12 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     ``trace_context`` is the OpenTelemetry context of the step that published the job (W3C
     ``traceparent``/``tracestate``; empty without tracing): the tool call's span is its child
     (see :mod:`agentstream.ops.tracing`).
+
+    ``wake_to`` is the agent-loop consumer that published the job, which holds the trace's fold:
+    the wake-up of its result goes to that consumer's own wake-up stream while it is alive, else
+    to the partition's shared one (:mod:`agentstream.steps.wake_routes`). Empty (a job of an
+    older agent loop, or a consumer name that may not name a stream): the shared one. A hint like
+    the job: a name that no live agent loop registered reaches only the shared stream.
     """
 
     trace_id: str
@@ -792,6 +798,7 @@ class ToolJob(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     name: str
     arguments: str
     trace_context: dict[str, str] = {}
+    wake_to: str = ""
 
 
 class Wake(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,6 +10,11 @@ Work streams (hints, never state):
 - ``<ns>:turns``: turns published by backends (field ``turn``: JSON, see TurnMessage).
 - ``<ns>:wake``: wake-ups for the agent loop (field ``wake``).
 - ``<ns>:tools:<queue>``: tool jobs of one tool queue (field ``job``).
+- ``{<wake partition>}:to:<owner>``: the wake-ups of one agent-loop consumer (its own, for the
+  conversations whose jobs it published: sticky wake-ups, see :mod:`agentstream.steps.wake_routes`),
+  read in the agent loop's group; ``{<wake partition>}:owners``: the consumers alive with such
+  streams (a sorted set: owner → the time until which it counts as alive, Unix ms). Both in the
+  hash slot of the wake-up partition they belong to (its name as their hash tag).
 - ``<ns>:replies``: answers (field ``reply``), unless a turn names its own ``reply_to``.
 - ``<ns>:cancel``: cancel requests (field ``cancel``: JSON, see CancelMessage), read by the agent
   loop's group and, without a group, by every service process (to abort work in hand).
@@ -184,6 +189,36 @@ def trace_id_problem(trace_id: str) -> str | None:
     return None
 
 
+OWNER_MAX_CHARS = 128
+"""The longest agent-loop consumer name that may own wake-up streams (characters)."""
+
+_OWNER_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]*")
+
+
+def owner_problem(owner: object) -> str | None:
+    """Why ``owner`` may not name an agent-loop consumer's own wake-up stream
+    (``{<wake partition>}:to:<owner>``, see :mod:`agentstream.steps.wake_routes`), or None when it may.
+
+    Allowed: 1 to :data:`OWNER_MAX_CHARS` ASCII letters, digits and ``. _ @ : -``, beginning with
+    a letter or a digit (a host name and a process id, as the default consumer name is). A tool
+    job's ``wake_to`` is checked before any key is named after it: a job is written by whoever may
+    write its stream, so its owner is trusted no more than the job. The reason does not quote the
+    name. Pure.
+    """
+    if not isinstance(owner, str):
+        return f"it is a {type(owner).__name__}, not a text"
+    if not owner:
+        return "it is empty"
+    if len(owner) > OWNER_MAX_CHARS:
+        return f"it has {len(owner)} characters, more than {OWNER_MAX_CHARS}"
+    if not _OWNER_SHAPE.fullmatch(owner):
+        return (
+            "it holds characters other than ASCII letters, digits and '.', '_', '@', ':', '-', or does not "
+            "begin with a letter or a digit"
+        )
+    return None
+
+
 def check_queue_name(queue: str) -> str:
     """``queue`` itself, when it may name a tool queue (stream ``<ns>:tools:<queue>``; see
     :func:`name_problem`), whatever the number of partitions (so raising it later is safe).
@@ -324,6 +359,25 @@ class Keys:
     def wake_for(self, trace_id: str) -> str:
         """The wake-up stream a wake-up of ``trace_id`` is published to."""
         return self.for_trace(self.wake, trace_id)
+
+    def wake_owners(self, partition: int) -> str:
+        """The agent-loop consumers that own wake-up streams of partition ``partition`` of
+        ``<ns>:wake`` (a sorted set: owner → the time until which it counts as alive, Unix ms):
+        ``{<wake partition>}:owners``, in the partition stream's hash slot."""
+        return f"{{{partition_stream(self.wake, partition)}}}:owners"
+
+    def wake_owned(self, partition: int, owner: str) -> str:
+        """Agent-loop consumer ``owner``'s own wake-up stream of partition ``partition``:
+        ``{<wake partition>}:to:<owner>``, in the partition stream's hash slot (one script or
+        one read may touch both on a Redis Cluster).
+
+        Raises:
+            ConfigError: ``owner`` may not name a stream (:func:`owner_problem`).
+        """
+        problem = owner_problem(owner)
+        if problem:
+            raise ConfigError(f"a wake-up owner's name cannot be used: {problem}")
+        return f"{{{partition_stream(self.wake, partition)}}}:to:{owner}"
 
     def tools_for(self, queue: str, trace_id: str) -> str:
         """The stream of tool queue ``queue`` that the jobs of ``trace_id`` go to."""
