@@ -1,7 +1,7 @@
 """Sticky wake-ups on real Redis (issue 35 item 6): a conversation's wake-ups go to the agent
 loop that published its jobs while it is alive, and reach another one when it is gone.
 
-Each agent-loop process has its own wake-up stream per partition (``{<wake partition>}:to:<owner>``)
+Each agent-loop process has its own wake-up stream per partition (``<wake partition>:to:{<wake partition>}:<owner>``)
 and keeps itself alive in the partition's owners set (:mod:`agentstream.runtime.wake_routes`);
 a tool job names its owner (``ToolJob.wake_to``) and the tool worker's wake-up goes through one
 script that picks the owner's stream while its expiry is ahead, else the shared one.

@@ -324,7 +324,7 @@ async def test_a_work_stream_of_another_type_is_left_to_the_consumer_to_acknowle
             _jobs(keys, output),
             ["jobs:t1:0"],
             awaiting_key(keys, keys.partition("tp")),
-            ack=(stream, "g", f"{{{stream}}}:attempts:g", "1-0"),
+            ack=(stream, "g", f"{stream}:attempts:{{{stream}}}:g", "1-0"),
         ),
     )
     outcome, acked = applied.outcome, applied.acknowledged
@@ -377,7 +377,7 @@ async def test_no_reply_goes_out_when_the_turns_ending_was_left_out(store, redis
 
 async def _work_entry(redis, keys):
     """A work entry read by a consumer of group g, with an attempts counter → its ack arguments."""
-    stream, attempts = f"{keys.namespace}:work", f"{{{keys.namespace}:work}}:attempts:g"
+    stream, attempts = f"{keys.namespace}:work", f"{keys.namespace}:work:attempts:{{{keys.namespace}:work}}:g"
     await redis.xgroup_create(stream, "g", id="0", mkstream=True)
     entry_id = (await redis.xadd(stream, {b"x": b"1"})).decode()
     await redis.xreadgroup("g", "w1", {stream: ">"})

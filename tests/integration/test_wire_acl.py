@@ -352,3 +352,57 @@ async def test_under_the_docs_acl_a_backend_decides_only_its_own_conversations_c
         for user in users:
             await admin.execute_command("ACL", "DELUSER", user)
         await admin.aclose()
+
+
+def docs_services_acl(namespace: str) -> list[str]:
+    """The rules the docs give the services' own Redis user, with the namespace put in."""
+    match = re.search(
+        r"The services themselves need every command on the namespace's keys \(a user with\s+`([^`]+)`",
+        docs.page(ACL_PAGE),
+    )
+    assert match, "docs/how-to/acls.md gives no rule for the services' own user"
+    return match.group(1).replace("agentstream:", f"{namespace}:").split()
+
+
+async def test_the_services_answer_a_tool_using_turn_under_the_docs_acl_of_their_own_user(
+    redis7_url, namespace, scripted_model
+):
+    """Every key a service touches on a turn's way (the work streams, their delivery counts, the
+    agent loops' own wake-up streams, the trace, leases, replies) is inside the patterns the docs
+    give the services' user: a key outside them is refused by Redis (NOPERM) and the turn never
+    ends. The keys module promises every name starts with the namespace; this holds it to that."""
+    admin = aioredis.Redis.from_url(redis7_url)
+    user, password = f"services-{namespace}", "a-long-services-password"
+    await admin.execute_command(
+        "ACL", "SETUSER", user, "on", f">{password}", "resetkeys", *docs_services_acl(namespace)
+    )
+    host_port = redis7_url.split("://", 1)[1]
+    services = InProcess(
+        apps.app,
+        f"redis://{user}:{password}@{host_port}",
+        namespace,
+        scripted_model.base_url,
+        env={"AGENTSTREAM_DEFAULT_MODEL_OPTIONS": '{"stream": false}', "AGENTSTREAM_PARTITIONS": "2"},
+    )
+    keys = Keys(namespace, 2)
+    try:
+        await services.start("p1", "agent-loop", "tool-worker")
+        for n in range(4):  # both partitions
+            trace_id = f"conv-services-acl-{n}"
+            turn = {"trace_id": trace_id, "turn_id": "t1", "agent": "calc", "text": "What is 6 * 7?"}
+            await admin.xadd(keys.turns_for(trace_id), {TURN_FIELD: json.dumps(turn)})
+
+        async def replies():
+            got = [codec.decode_reply(f[REPLY_FIELD]) for _, f in await admin.xrange(keys.replies)]
+            return got if len(got) == 4 else None
+
+        got = await wait_for(replies, what="the four replies")
+        assert [(r.status, r.answer) for r in got] == [("ended", "The answer is 42.")] * 4, got
+        assert await errors_of(admin, keys) == []
+        named = [k.decode() for k in await admin.keys(f"*{namespace}*")]  # the server may hold others' keys
+        outside = [k for k in named if not k.startswith(f"{namespace}:")]
+        assert outside == [], f"keys outside the namespace's pattern: {outside}"
+    finally:
+        await services.stop_all()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()

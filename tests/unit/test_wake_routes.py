@@ -106,8 +106,8 @@ def test_a_partitions_owners_set_and_owner_streams_share_the_shared_streams_hash
         slot = key_slot(shared.encode())
         assert key_slot(keys.wake_owners(p).encode()) == slot
         assert key_slot(keys.wake_owned(p, "agent-loop-1").encode()) == slot
-        assert keys.wake_owned(p, "agent-loop-1") == f"{{{shared}}}:to:agent-loop-1"
-        assert keys.wake_owners(p) == f"{{{shared}}}:owners"
+        assert keys.wake_owned(p, "agent-loop-1") == f"{shared}:to:{{{shared}}}:agent-loop-1"
+        assert keys.wake_owners(p) == f"{shared}:owners:{{{shared}}}"
 
 
 def test_no_owner_stream_is_named_for_a_name_that_may_not_name_one() -> None:

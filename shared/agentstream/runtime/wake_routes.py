@@ -5,8 +5,8 @@ partition of ``<ns>:wake``, an agent-loop process (its consumer name the *owner*
 :class:`OwnWakeups`:
 
 - it beats: one script (``lua/beat_wake_owner.lua``) creates its stream
-  ``{<wake partition>}:to:<owner>`` and the group on it when missing, sets its expiry in the
-  partition's owners set ``{<wake partition>}:owners`` to now + ``ttl_ms`` and returns the owners
+  ``<wake partition>:to:{<wake partition>}:<owner>`` and the group on it when missing, sets its expiry in the
+  partition's owners set ``<wake partition>:owners:{<wake partition>}`` to now + ``ttl_ms`` and returns the owners
   whose expiry passed; every ``beat_ms`` (jittered);
 - it reads its stream in the agent loop's group with a :class:`~agentstream.runtime.consumer.StreamConsumer`
   of its own (every delivery guarantee of a work stream: a kill between read and handled leaves

@@ -10,9 +10,9 @@ Work streams (hints, never state):
 - ``<ns>:turns``: turns published by backends (field ``turn``: JSON, see TurnMessage).
 - ``<ns>:wake``: wake-ups for the agent loop (field ``wake``).
 - ``<ns>:tools:<queue>``: tool jobs of one tool queue (field ``job``).
-- ``{<wake partition>}:to:<owner>``: the wake-ups of one agent-loop consumer (its own, for the
+- ``<wake partition>:to:{<wake partition>}:<owner>``: the wake-ups of one agent-loop consumer (its own, for the
   conversations whose jobs it published: sticky wake-ups, see :mod:`agentstream.steps.wake_routes`),
-  read in the agent loop's group; ``{<wake partition>}:owners``: the consumers alive with such
+  read in the agent loop's group; ``<wake partition>:owners:{<wake partition>}``: the consumers alive with such
   streams (a sorted set: owner → the time until which it counts as alive, Unix ms). Both in the
   hash slot of the wake-up partition they belong to (its name as their hash tag).
 - ``<ns>:replies``: answers (field ``reply``), unless a turn names its own ``reply_to``.
@@ -197,7 +197,7 @@ _OWNER_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:-]*")
 
 def owner_problem(owner: object) -> str | None:
     """Why ``owner`` may not name an agent-loop consumer's own wake-up stream
-    (``{<wake partition>}:to:<owner>``, see :mod:`agentstream.steps.wake_routes`), or None when it may.
+    (``<wake partition>:to:{<wake partition>}:<owner>``, see :mod:`agentstream.steps.wake_routes`), or None when it may.
 
     Allowed: 1 to :data:`OWNER_MAX_CHARS` ASCII letters, digits and ``. _ @ : -``, beginning with
     a letter or a digit (a host name and a process id, as the default consumer name is). A tool
@@ -260,7 +260,7 @@ def attempts_key(stream: str, group: str) -> str:
     """
     if "{" in stream and "}" in stream[stream.index("{") :]:
         return f"{stream}:attempts:{group}"
-    return f"{{{stream}}}:attempts:{group}"
+    return f"{stream}:attempts:{{{stream}}}:{group}"
 
 
 @dataclass(frozen=True)
@@ -363,12 +363,13 @@ class Keys:
     def wake_owners(self, partition: int) -> str:
         """The agent-loop consumers that own wake-up streams of partition ``partition`` of
         ``<ns>:wake`` (a sorted set: owner → the time until which it counts as alive, Unix ms):
-        ``{<wake partition>}:owners``, in the partition stream's hash slot."""
-        return f"{{{partition_stream(self.wake, partition)}}}:owners"
+        ``<wake partition>:owners:{<wake partition>}``, in the partition stream's hash slot."""
+        stream = partition_stream(self.wake, partition)
+        return f"{stream}:owners:{{{stream}}}"
 
     def wake_owned(self, partition: int, owner: str) -> str:
         """Agent-loop consumer ``owner``'s own wake-up stream of partition ``partition``:
-        ``{<wake partition>}:to:<owner>``, in the partition stream's hash slot (one script or
+        ``<wake partition>:to:{<wake partition>}:<owner>``, in the partition stream's hash slot (one script or
         one read may touch both on a Redis Cluster).
 
         Raises:
@@ -377,7 +378,8 @@ class Keys:
         problem = owner_problem(owner)
         if problem:
             raise ConfigError(f"a wake-up owner's name cannot be used: {problem}")
-        return f"{{{partition_stream(self.wake, partition)}}}:to:{owner}"
+        stream = partition_stream(self.wake, partition)
+        return f"{stream}:to:{{{stream}}}:{owner}"
 
     def tools_for(self, queue: str, trace_id: str) -> str:
         """The stream of tool queue ``queue`` that the jobs of ``trace_id`` go to."""

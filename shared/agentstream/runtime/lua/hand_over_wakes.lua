@@ -19,8 +19,13 @@ local function now_ms()
 end
 
 -- The owner's stream as the owners set names it: a key that is not it is never written.
+-- (<wake partition>:owners:{<wake partition>} → <wake partition>:to:{<wake partition>}:<owner>)
 local function owned_stream(owners, owner)
-  return string.sub(owners, 1, #owners - #':owners') .. ':to:' .. owner
+  local at = string.find(owners, ':owners:{', 1, true)
+  if not at then
+    return ''
+  end
+  return string.sub(owners, 1, at - 1) .. ':to:' .. string.sub(owners, at + #':owners:') .. ':' .. owner
 end
 
 if KEYS[2] ~= owned_stream(KEYS[1], ARGV[1]) then
