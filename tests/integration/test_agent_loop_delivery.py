@@ -387,6 +387,23 @@ async def test_an_agent_loop_stopped_mid_model_call_gives_back_the_lease_and_the
     assert pending["time_since_delivered"] >= 1_000_000_000  # released: any loop claims it at once
 
 
+async def test_a_lease_is_renewed_while_a_model_call_outlasts_it(redis, keys, services, store, model):
+    # A model call of 60 s under a lease of 1 s (the least the settings take): the holder renews it every third of its time
+    # to live (from a timer, which starts the renewing task only once a hold lasts that long), so
+    # the trace stays held by the same token, and the entry is not taken from under the step.
+    services.env["AGENTSTREAM_LEASE_TTL_MS"] = "1000"
+    services.env["AGENTSTREAM_SHUTDOWN_GRACE_S"] = "0.3"
+    await services.start("p1", "agent-loop")
+    await publish(redis, keys, trace_id="c19", turn_id="t1", agent="plan", text="SLOW do: work(1)")
+    await wait_for(lambda: _model_saw(model, "SLOW"), what="the slow model request")
+    token = await redis.get(keys.lease("c19"))
+    assert token is not None
+    await asyncio.sleep(3.0)  # three times the lease's time to live
+    assert await redis.get(keys.lease("c19")) == token
+    assert 0 < await redis.pttl(keys.lease("c19")) <= 1000
+    await services.stop("p1")
+
+
 async def test_a_reply_lost_between_a_turns_end_and_its_publication_still_goes_out(redis, keys, services, store):
     # A worker appended t1's ending and died before publishing its reply; t2 was queued behind it.
     await store.append("c18", TurnInput(turn_id="t1", agent="plan", text="x"))

@@ -122,7 +122,7 @@ class Leases(LoopState):
     async def _hold(self, trace_id: str, token: int, read: Read, fold: TraceFold | None) -> bool:
         """Take the trace's steps under the lease ``token`` → True when the lease was lost."""
         self._held[trace_id] = token
-        renewer = asyncio.create_task(self._renew(trace_id, token))
+        renewer = _Renewer(self, trace_id, token)
         try:
             fold = await self._fold_with(trace_id, fold, read)
             return await self._steps(trace_id, token, fold)
@@ -135,9 +135,7 @@ class Leases(LoopState):
         finally:
             if self._held.get(trace_id) == token:
                 del self._held[trace_id]
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            await renewer.stop()
 
     def _held_elsewhere(self, trace_id: str, entry_id: str | None, taken: Taken) -> None:
         """The lease is held (the trace is marked dirty already): wait for a holder in another
@@ -154,10 +152,10 @@ class Leases(LoopState):
 
     async def _renew(self, trace_id: str, token: int) -> None:
         while True:
-            await asyncio.sleep(self.lease_ttl_ms / 3000.0)
             if not await self.store.renew_lease(trace_id, token, ttl_ms=self.lease_ttl_ms):
                 log.warning("could not renew the lease of trace %s", trace_id)
                 return
+            await asyncio.sleep(self.lease_ttl_ms / 3000.0)
 
     async def _steps(self, trace_id: str, token: int, fold: TraceFold) -> bool:
         """Decide from the fold and act until the trace waits; then publish and release → True
@@ -183,3 +181,35 @@ class Leases(LoopState):
             if released != "dirty":
                 return released == "lost"
             fold = await self._current_fold(trace_id)  # a hint came meanwhile: look again
+
+
+class _Renewer:
+    """Renews a held lease every third of its time to live, from a timer: most holds end well
+    before the first renewal, and a timer costs no task (a task per hold was created, stepped,
+    cancelled and awaited at every step). The renewing task starts only when the timer fires."""
+
+    __slots__ = ("_loop", "_task", "_timer", "_token", "_trace_id")
+
+    def __init__(self, loop: Leases, trace_id: str, token: int) -> None:
+        self._loop = loop
+        self._trace_id = trace_id
+        self._token = token
+        self._task: asyncio.Task | None = None
+        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            loop.lease_ttl_ms / 3000.0, self._start
+        )
+
+    def _start(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._loop._renew(self._trace_id, self._token))
+
+    async def stop(self) -> None:
+        """Stop renewing (the lease is given back or lost); waits for a renewal under way to end."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
