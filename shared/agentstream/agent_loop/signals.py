@@ -209,14 +209,16 @@ class Signals(LoopState):
         task = asyncio.ensure_future(call)
         self._model_calls[trace_id] = (turn_id, task)
         try:
-            await asyncio.wait({task})
+            return await task  # a cancel of this handler cancels the call too
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                return None  # the call was aborted (_abort_local), not this handler
+            raise
         finally:
             self._model_calls.pop(trace_id, None)
             if not task.done():
                 task.cancel()
-        if task.cancelled():
-            return None
-        return task.result()
 
     async def on_dead_turn(
         self, entry_id: str, fields: dict[bytes, bytes], error: str, *, stream: str | None = None
