@@ -48,6 +48,7 @@ def decode_child_ended(payload: bytes) -> ChildEnded:
 
 MEMO_ENTRIES = 256  # the most entries of each memo below (agents made per turn would fill them)
 _OFFERED: dict[tuple[int, tuple[str, ...], str | None, Any, int], tuple[Agent, Agent]] = {}
+_BY_TURN: dict[tuple[int, int, int], tuple[Agent, Any, Any, Agent]] = {}  # (agent, turn, endpoint) → offered
 
 
 def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
@@ -116,6 +117,21 @@ def offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEn
         TurnDenied: the agent's settings function refuses the turn.
         ConfigError: the settings it returned are not valid.
     """
+    # Asked at every decision of every step (twice a step in the agent loop): the answer for the
+    # same agent, turn event and endpoint is kept, so a step pays one lookup, not the settings,
+    # the limits and the hashing of the memo keys below.
+    model = turn.model or agent.model
+    endpoint = endpoints.get(model) if endpoints and model is not None else None
+    key = (id(agent), id(turn), id(endpoint))
+    held = _BY_TURN.get(key)
+    if held is not None and held[0] is agent and held[1] is turn and held[2] is endpoint:
+        return held[3]
+    offered = _offered_agent(agent, turn, endpoints)
+    _remember(_BY_TURN, key, (agent, turn, endpoint, offered))
+    return offered
+
+
+def _offered_agent(agent: Agent, turn: TurnInput, endpoints: Mapping[str, ModelEndpoint] | None) -> Agent:
     agent = agent.for_turn(turn)  # the agent's settings function's changes for this turn (cached)
     depth = depth_of(turn)
     withheld = tuple(t.name for t in agent.tools if t.delegated and depth >= t.max_depth)  # type: ignore[attr-defined]

@@ -55,3 +55,16 @@ def test_an_agents_own_limits_get_the_model_they_run_on():
     unnamed = dataclasses.replace(agent, model_limits=limits)  # limits of no model trust every count
     assert build_context(trace.events, unnamed, turn_id=nxt, step=0).size_tokens > 15_000
     assert build_context(trace.events, agent, turn_id=nxt, step=0).size_tokens < 15_000
+
+
+def test_the_agent_offered_for_a_turn_is_kept_per_endpoint():
+    """Asked again for the same agent, turn and endpoint (every decision of a step asks), the same
+    agent comes back; another endpoint under the same id (reconfigured) gives its own limits."""
+    agent = make_agent(model="big")
+    turn = TurnInput(turn_id="t1", agent="a", text="hi")
+    first = offered_agent(agent, turn, ENDPOINTS)
+    assert offered_agent(agent, turn, ENDPOINTS) is first
+    assert offered_agent(agent, turn, dict(ENDPOINTS)) is first  # another mapping, the same endpoint
+    wider = {"big": dataclasses.replace(ENDPOINTS["big"], window_tokens=50_000)}
+    assert offered_agent(agent, turn, wider).model_limits.window == Tokens(50_000)
+    assert first.model_limits.window == Tokens(20_000)
