@@ -139,6 +139,28 @@ async def test_an_append_with_hints_survives_a_server_that_lost_its_scripts(stor
     assert unsent == [hint]  # it went out before the append ran: the caller sends it again
 
 
+async def test_the_steps_scripts_survive_a_server_that_lost_them(store, redis):
+    # take, admit and apply send EVALSHA themselves (not through redis-py's script call): a
+    # server that lost its scripts (a restart, SCRIPT FLUSH) has them loaded again
+    await store.append("h4", ToolOutput(turn_id="t", call_id="c0", name="x", text="ok"))
+    await redis.script_flush()
+    taken = await store.take("h4", ttl_ms=5000, after=None)
+    assert taken.token is not None and taken.read is not None and len(taken.read.entries) == 1
+    await redis.script_flush()
+    applied = await store.apply(
+        "h4",
+        [ToolOutput(turn_id="t", call_id="c1", name="x", text="ok")],
+        fence=taken.token,
+        after=taken.read.entries[-1][0],
+    )
+    assert applied.appended[0] is not None and applied.appended[0].created
+    await redis.script_flush()
+    admitted = await store.admit_turn(
+        "h5", TurnInput(turn_id="u1", agent="a", text="hi"), "1-0", take=False, ttl_ms=5000, after=None
+    )
+    assert admitted.created
+
+
 # --- a model output's append with its jobs' publication and the release (one Redis server) -------
 
 

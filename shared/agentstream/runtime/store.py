@@ -33,11 +33,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from agentstream.errors import StaleLeaseError
@@ -334,12 +336,15 @@ class TraceStore:
         self._begin_call_script = redis.register_script(_BEGIN_CALL_LUA)
         self._renew_script = redis.register_script(_RENEW_LUA)
         self._fork_script = redis.register_script(_FORK_LUA)
+        # asked at every step: the client's kind once (an isinstance of redis-py's cluster class
+        # goes through ABCMeta, a few microseconds a call)
+        self._one_server = not isinstance(self.redis, RedisCluster)
 
     @property
     def one_server(self) -> bool:
         """Whether the store talks to one Redis server (not a Redis Cluster): a script may then
         write keys of several hash slots (:meth:`apply` with a :class:`Publication`)."""
-        return not isinstance(self.redis, RedisCluster)
+        return self._one_server
 
     def _trace_keys(self, trace_id: str) -> list[str]:
         k = self.keys
@@ -479,7 +484,7 @@ class TraceStore:
         argv += self._event_args([*events, *then], keys)
         script_keys = [*self._trace_keys(trace_id)[:3], release[0] if release else self.keys.trace(trace_id)]
         failed: list[Hint] = []
-        if hints and not isinstance(self.redis, RedisCluster):
+        if hints and self._one_server:
             raw_out, raw_first, raw_entries = await self._append_then_hint(script_keys, argv, hints, failed)
         else:  # on a cluster a pipeline runs each node's part at once: a hint there must not overtake the append
             raw_out, raw_first, raw_entries = await self._append_script(keys=script_keys, args=argv)
@@ -599,7 +604,7 @@ class TraceStore:
             release=None,
             publish=publish,
         )
-        reply = await self._append_script(keys=keys, args=[*argv, *self._event_args(everything, None)])
+        reply = await _run_script(self.redis, self._append_script, keys, [*argv, *self._event_args(everything, None)])
         appended, read = self._appended(trace_id, fence, after, *reply[:3])  # raises when fenced off
         assert read is not None
         if publication is None:
@@ -713,7 +718,9 @@ class TraceStore:
         When another worker holds the lease, the trace is marked dirty in the same step (its
         holder looks again before it lets go, see :meth:`release_lease`).
         """
-        raw = await self._take_script(keys=self._trace_keys(trace_id), args=[ttl_ms, after or "", self.read_count])
+        raw = await _run_script(
+            self.redis, self._take_script, self._trace_keys(trace_id), [ttl_ms, after or "", self.read_count]
+        )
         return self._taken(trace_id, raw)
 
     def _taken(self, trace_id: str, raw) -> Taken:
@@ -743,9 +750,11 @@ class TraceStore:
         ``max_open``: the most turns admitted and not ended the trace may hold (None: no cap); a
         new turn that finds that many is not appended (``Admitted.full`` says the count).
         """
-        raw = await self._admit_script(
-            keys=self._trace_keys(trace_id),
-            args=[
+        raw = await _run_script(
+            self.redis,
+            self._admit_script,
+            self._trace_keys(trace_id),
+            [
                 turn.turn_id,
                 entry_id,
                 codec.entry_version((turn,)),
@@ -1113,6 +1122,17 @@ class TraceStore:
     async def mark_dirty(self, trace_id: str, *, ttl_ms: int) -> None:
         """Note that a hint for the trace arrived (read by :meth:`release_lease`)."""
         await self.redis.set(self.keys.dirty(trace_id), b"1", px=ttl_ms)
+
+
+async def _run_script(redis: aioredis.Redis, script: AsyncScript, keys: list, args: list) -> Any:
+    """A registered script (redis-py's ``register_script``) run as its call runs it: EVALSHA of
+    its digest, and when the server does not hold it, the script's own call, which loads it and
+    runs it again. For the scripts of every step: the same command, without the call's copies of
+    its keys and arguments and its import at each call."""
+    try:
+        return await redis.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return await script(keys=keys, args=args)
 
 
 def _problem(text: str) -> CallState:
