@@ -361,6 +361,12 @@ class IsolationGate:
                 self._cond.notify_all()
 
     async def leave(self, limit: int | None) -> None:
+        if not self._waiters and not self._cond.locked():  # nobody to tell (every handler's end)
+            if limit is None:
+                self._normal_running -= 1
+            else:
+                self._suspects.remove(limit)
+            return
         async with self._cond:
             if limit is None:
                 self._normal_running -= 1
