@@ -488,9 +488,22 @@ class SharedConnection:
 def pack(args: tuple) -> bytes:
     """A command in RESP, packed as the pooled connections pack it (redis-py's hiredis packer).
 
+    redis-py's packer splits a command name of several words and copies every argument to turn
+    a ``bytearray`` or ``memoryview`` into bytes (a generator over the arguments, for every
+    command), then calls ``hiredis.pack_command``. A one-word name goes to ``hiredis.pack_command``
+    directly; an argument it does not take (a ``bytearray``; None or another type Redis has no
+    form for) raises its TypeError, and the command is packed again by redis-py's packer, which
+    converts it or raises what redis-py raises.
+
     Raises:
         redis.exceptions.DataError: an argument Redis has no form for (None, a dict...).
     """
+    name = args[0]
+    if hiredis is not None and ((type(name) is str and " " not in name) or (type(name) is bytes and b" " not in name)):
+        try:
+            return hiredis.pack_command(args)
+        except TypeError:
+            pass
     return b"".join(_PACKER.pack(*args))
 
 
