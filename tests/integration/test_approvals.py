@@ -295,6 +295,19 @@ async def test_the_cli_approves_and_denies_and_trace_show_and_explain_say_who_de
         not_object = await asyncio.to_thread(
             invoke, ["approve", turn.trace_id, waiting.call_id, "--arguments", "[1]", "--wait-s", "0"], env
         )
+        # an edit the agent loop would refuse is refused here, by the same rule, before it is published
+        # (it used to be published, refused on the errors stream, and waited for 30 s)
+        off_schema = await asyncio.to_thread(
+            invoke, ["approve", turn.trace_id, waiting.call_id, "--arguments", '{"amount": "lots"}'], env
+        )
+        extra = await asyncio.to_thread(
+            invoke, ["approve", turn.trace_id, waiting.call_id, "--arguments", '{"amount": 1, "x": 1}'], env
+        )
+        probe = connect(redis_url)
+        try:
+            published_before = await probe.xlen(bed.keys.approvals)
+        finally:
+            await probe.aclose()
         approved = await asyncio.to_thread(
             invoke,
             ["approve", turn.trace_id, waiting.call_id, "--reason", "looks right", "--arguments", '{"amount": 4}'],
@@ -318,6 +331,9 @@ async def test_the_cli_approves_and_denies_and_trace_show_and_explain_say_who_de
     assert "who decided what, and when" in explained.output, explained.output
     assert "approved by ops" in explained.output
     assert not_object.exit_code == 2 and "must hold a JSON object" in not_object.output
+    assert off_schema.exit_code == 2 and "do not match the tool's schema at $.amount" in off_schema.output
+    assert extra.exit_code == 2 and "do not match the tool's schema" in extra.output, extra.output
+    assert published_before == 0  # neither refused edit reached the approvals stream
 
 
 GATEWAY_KEYS = {

@@ -810,20 +810,18 @@ async def _ask(
         start = await last_entry_id(redis, settings.keys.trace(trace_id))  # "0-0": a new conversation
         deltas_start = await last_entry_id(redis, settings.keys.deltas(trace_id))
         message = TurnMessage(trace_id=trace_id, turn_id=turn_id, agent=agent, text=text)
-        await conversations.publish_turn(TraceStore(redis, settings.keys), message)
+        errors_after = await last_entry_id(redis, settings.keys.errors)
+        entry = await conversations.publish_turn(TraceStore(redis, settings.keys), message)
         if on_published is not None:
             on_published(turn_id)
-        deadline = time.monotonic() + timeout_s
         stop = asyncio.Event()
-
-        async def watchdog() -> None:
-            await asyncio.sleep(timeout_s)
-            stop.set()
-
-        guard = asyncio.create_task(watchdog())
-        try:
-            # the steps from the trace, and the reply's tokens as they arrive (agentstream.cli.watch)
-            ending = await watch_turn(
+        asyncio.get_running_loop().call_later(timeout_s, stop.set)
+        # the steps from the trace, and the reply's tokens as they arrive (agentstream.cli.watch);
+        # a turn refused before it had a trace (reported on the errors stream) ends the wait
+        ending, refusal = await _unless_refused(
+            redis,
+            settings,
+            watch_turn(
                 redis,
                 settings.keys,
                 trace_id,
@@ -834,13 +832,18 @@ async def _ask(
                 echo=echo,
                 describe=Describer(),
                 outage_s=timeout_s,  # a Redis restart is ridden out
-            )
-            if ending is not None:
-                return ending
-        finally:
-            guard.cancel()
+            ),
+            source=settings.keys.turns_for(trace_id),
+            entry=entry,
+            after=errors_after,
+            stop=stop,
+        )
+        if ending is not None:
+            return ending
+        if refusal is not None:
+            echo(f"the agent loop refused the turn: {refusal}")
+            return None
         echo(f"no answer within {timeout_s:.0f} s (trace {trace_id}); {hint}")
-        _ = deadline
         return None
     finally:
         await redis.aclose()
@@ -935,15 +938,27 @@ async def _cancel(
             echo(f"trace {message.trace_id!r}: {target.reason}; nothing to cancel")
             return target.ending
         message.turn_id = target.turn_id
+        errors_after = await last_entry_id(redis, settings.keys.errors)
         entry = await publish_cancel(redis, settings.keys, message)
         echo(f"cancel of turn {message.turn_id} published ({settings.keys.cancel} {entry})")
         if wait_s <= 0:
             return None
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(wait_s, stop.set)
-        async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
-            if isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == message.turn_id:
-                return event
+
+        async def turn_end() -> TurnEnded | TurnFailed | None:
+            async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
+                if isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == message.turn_id:
+                    return event
+            return None
+
+        ending, refusal = await _unless_refused(
+            redis, settings, turn_end(), source=settings.keys.cancel, entry=entry, after=errors_after, stop=stop
+        )
+        if ending is not None:
+            return ending
+        if refusal is not None:
+            raise AgentStreamError(f"the agent loop refused the cancel: {refusal}")
         echo(f"turn {message.turn_id} did not end within {wait_s:.0f} s; is the agent loop running?")
         return None
     finally:
@@ -1898,9 +1913,17 @@ if __name__ == "__main__":
 async def _decide(
     settings: Settings, message: ApprovalMessage, wait_s: float, echo=typer.echo
 ) -> ApprovalDecided | None:
-    """Publish an approval or denial on the approvals stream after checking that the trace holds
-    the call awaiting one; wait up to ``wait_s`` for the decision that stands (None: none seen)."""
+    """Publish an approval or denial on the approvals stream once the trace shows the agent loop
+    would take it (:func:`agentstream.steps.approvals.decide_message`, the rule the agent loop and
+    the gateway apply: the call awaits approval, its turn is open, an edit is allowed and matches
+    the tool's schema); wait up to ``wait_s`` for the decision that stands (None: none seen).
+
+    Raises:
+        AgentStreamError: the decision would be refused (the reason, before anything is
+            published), or the agent loop refused it after all (the errors stream's reason).
+    """
     from agentstream.runtime.operations import publish_approval
+    from agentstream.steps.approvals import AlreadyDecided, Refused, decide_message
     from agentstream.steps.trace_fold import fold_events
 
     redis = _connect(settings)
@@ -1909,16 +1932,18 @@ async def _decide(
         entries = await store.read(message.trace_id)
         fold = fold_events(message.trace_id, entries)
         awaited, decided, turn_open = fold.approval_of(message.call_id)
-        if decided is not None:
-            echo(f"call {message.call_id!r} was decided already:")
-            return decided
-        if awaited is None:
+        if awaited is None and decided is None:
             raise AgentStreamError(
                 f"trace {message.trace_id!r} holds no call {message.call_id!r} awaiting approval "
                 "(`agentstream trace show` lists the calls that do)"
             )
-        if not turn_open:
-            raise AgentStreamError(f"call {message.call_id!r}: its turn {awaited.turn_id!r} has ended")
+        outcome = decide_message(message, awaited=awaited, decided=decided, turn_open=turn_open, by=message.by)
+        if isinstance(outcome, AlreadyDecided):
+            echo(f"call {message.call_id!r} was decided already:")
+            return outcome.decision
+        if isinstance(outcome, Refused):
+            raise AgentStreamError(outcome.reason.replace("; nothing was decided, send the decision again", ""))
+        errors_after = await last_entry_id(redis, settings.keys.errors)
         entry = await publish_approval(redis, settings.keys, message)
         what = "approval" if message.approved else "denial"
         echo(f"{what} of call {message.call_id} published ({settings.keys.approvals} {entry})")
@@ -1927,13 +1952,43 @@ async def _decide(
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(wait_s, stop.set)
         start = entries[-1][0] if entries else "0-0"
-        async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
-            if isinstance(event, ApprovalDecided) and event.call_id == message.call_id:
-                return event
+
+        async def recorded() -> ApprovalDecided | None:
+            async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
+                if isinstance(event, ApprovalDecided) and event.call_id == message.call_id:
+                    return event
+            return None
+
+        decision, refusal = await _unless_refused(
+            redis, settings, recorded(), source=settings.keys.approvals, entry=entry, after=errors_after, stop=stop
+        )
+        if decision is not None:
+            return decision
+        if refusal is not None:
+            raise AgentStreamError(f"the agent loop refused the {what}: {refusal}")
         echo(f"no decision on call {message.call_id} was recorded within {wait_s:.0f} s; is the agent loop running?")
         return None
     finally:
         await redis.aclose()
+
+
+async def _unless_refused(redis, settings: Settings, outcome, *, source: str, entry: str, after: str, stop):
+    """Await ``outcome`` (a coroutine that ends with what the command waits for, or None once
+    ``stop`` is set) while watching the errors stream for a refusal of entry ``entry`` of
+    ``source`` (:func:`agentstream.runtime.reports.refusal_of`, from ``after``): a refusal sets
+    ``stop``, so the wait ends at once → (the outcome or None, the refusal's reason or None)."""
+    from agentstream.runtime.reports import refusal_of
+
+    watch = asyncio.create_task(refusal_of(redis, settings.keys, source=source, entry=entry, after=after, stop=stop))
+    watch.add_done_callback(lambda t: None if t.cancelled() or t.exception() or t.result() is None else stop.set())
+    try:
+        got = await outcome
+    finally:
+        if not watch.done():
+            watch.cancel()
+        await asyncio.wait({watch})
+    refusal = None if watch.cancelled() or watch.exception() else watch.result()
+    return got, refusal
 
 
 def _approve_or_deny(
