@@ -303,6 +303,9 @@ async def test_the_cli_approves_and_denies_and_trace_show_and_explain_say_who_de
         extra = await asyncio.to_thread(
             invoke, ["approve", turn.trace_id, waiting.call_id, "--arguments", '{"amount": 1, "x": 1}'], env
         )
+        long_reason = await asyncio.to_thread(
+            invoke, ["deny", turn.trace_id, waiting.call_id, "--reason", "x" * 3000, "--wait-s", "0"], env
+        )
         probe = connect(redis_url)
         try:
             published_before = await probe.xlen(bed.keys.approvals)
@@ -334,6 +337,7 @@ async def test_the_cli_approves_and_denies_and_trace_show_and_explain_say_who_de
     assert off_schema.exit_code == 2 and "do not match the tool's schema at $.amount" in off_schema.output
     assert extra.exit_code == 2 and "do not match the tool's schema" in extra.output, extra.output
     assert published_before == 0  # neither refused edit reached the approvals stream
+    assert long_reason.exit_code == 2 and "--reason: Expected `str` of length <= 2000" in long_reason.output
 
 
 GATEWAY_KEYS = {

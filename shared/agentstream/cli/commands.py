@@ -1991,6 +1991,25 @@ async def _unless_refused(redis, settings: Settings, outcome, *, source: str, en
     return got, refusal
 
 
+APPROVAL_FLAGS = {
+    "$.trace_id": "TRACE_ID",
+    "$.call_id": "CALL_ID",
+    "$.reason": "--reason",
+    "$.by": "--by (or $USER)",
+    "$.arguments": "--arguments",
+}
+"""Where each field of an approval message comes from on ``approve``/``deny``'s command line."""
+
+
+def _named_flag(error: str, flags: dict[str, str]) -> str:
+    """A wire check's message about a message the CLI built (``... - at `$.reason```), with the
+    command-line flag or argument that gave that field named first."""
+    for path, flag in flags.items():
+        if error.endswith(f"`{path}`"):
+            return f"{flag}: {error}"
+    return error
+
+
 def _approve_or_deny(
     approved: bool, trace_id: str, call_id: str, reason: str, by: str | None, arguments: str | None, wait_s: float
 ) -> None:
@@ -2007,7 +2026,7 @@ def _approve_or_deny(
             )
         )
     except msgspec.DecodeError as exc:
-        _fail(AgentStreamError(str(exc)))
+        _fail(AgentStreamError(_named_flag(str(exc), APPROVAL_FLAGS)))
     try:
         _check_redis(settings)
         decision = asyncio.run(_decide(settings, message, wait_s))
