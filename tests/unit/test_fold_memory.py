@@ -143,3 +143,24 @@ def test_shared_objects_are_not_counted():
     holder = [AGENT, "x" * 10_000]
     assert deep_size_bytes(holder, (Agent,)) < deep_size_bytes(holder) - deep_size_bytes(AGENT) // 2 + 1
     assert deep_size_bytes(holder, (Agent,)) >= 10_000
+
+
+def test_a_large_fold_is_counted_by_scaling_not_walked_again(monkeypatch):
+    """A walk holds the event loop: a fold measured large is only scaled by its stored bytes from
+    then on, and its count stays within the tolerance."""
+    from agentstream.steps import trace_fold
+
+    monkeypatch.setattr(FoldCache, "MEASURED_UP_TO_BYTES", 50_000)
+    walked_at: list[int] = []  # the fold's stored bytes at each walk
+    real = trace_fold.deep_size_bytes
+
+    def counting(root: Any, shared: tuple[type, ...] = ()) -> int:
+        walked_at.append(root.nbytes)
+        return real(root, shared)
+
+    monkeypatch.setattr(trace_fold, "deep_size_bytes", counting)
+    cache, growth, stored = _measured(lambda cache: _serve(cache, "long", 300, 200, 400))
+    assert stored > 4 * 50_000  # grew past the cap more than fourfold
+    assert sum(1 for nbytes in walked_at if nbytes >= 50_000) == 1  # walked once past it, then scaled
+    ratio = cache.nbytes / growth
+    assert 1 / TOLERANCE <= ratio <= TOLERANCE, f"counted {cache.nbytes} bytes for {growth} held (×{ratio:.2f})"

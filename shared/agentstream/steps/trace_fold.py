@@ -425,7 +425,10 @@ class FoldCache:
     steps keeps a fold's measuring cost linear in its size: each event is walked 4/3 times on
     average (3 times at a growth of 1.5, which was a quarter of the agent loop's CPU on one long
     conversation), and the scaled count stays within a few percent of the memory the folds hold
-    (``tests/unit/test_fold_memory.py`` checks it against tracemalloc).
+    (``tests/unit/test_fold_memory.py`` checks it against tracemalloc). A fold measured at
+    :attr:`MEASURED_UP_TO_BYTES` stored bytes or more is not walked again, only scaled: a walk
+    holds the event loop (every conversation of the process waits), and the walk of a fold of
+    thousands of events took a tenth of a second and more.
 
     Args:
         max_bytes: the most bytes of memory kept over all folds; the least recently used folds
@@ -442,6 +445,7 @@ class FoldCache:
     """
 
     REMEASURE_GROWTH = 4.0  # a fold is measured again once it has grown fourfold
+    MEASURED_UP_TO_BYTES = 1 << 20  # a fold measured at this many stored bytes or more is not walked again
 
     def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
         if max_bytes < 0:
@@ -476,7 +480,10 @@ class FoldCache:
         measure = self._measures.get(fold.trace_id)
         growth = self.REMEASURE_GROWTH
         events = len(fold.events)
-        if measure is not None and fold.nbytes < measure[1] * growth and events < measure[2] * growth:
+        if measure is not None and (
+            measure[1] >= self.MEASURED_UP_TO_BYTES  # large: scaled from here on, never walked again
+            or (fold.nbytes < measure[1] * growth and events < measure[2] * growth)
+        ):
             cost, stored, _ = measure
             return cost if stored == 0 else max(cost, cost * fold.nbytes // stored)
         cost = deep_size_bytes(fold, _SHARED)
