@@ -69,8 +69,6 @@ from agentstream.wire.events import (
     TurnInput,
     TurnMessage,
 )
-from agentstream.wire.jsontext import control_character
-from agentstream.wire.keys import trace_id_problem
 from agentstream_services.gateway import schemas
 from agentstream_services.gateway.perimeter import OpenStreams, Perimeter, validation_problem
 from agentstream_services.gateway.settings import GatewaySettings
@@ -80,7 +78,6 @@ log = logging.getLogger("agentstream.gateway")
 _STREAM_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 _EVENT_ID = re.compile(r"^(\d{1,20}-\d{1,20}),(\d{1,20}-\d{1,20})$")
 TRACE_PAGE_MAX = 5000
-TRACE_ID_MAX = 512
 LIST_MAX = 200
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
@@ -108,22 +105,20 @@ def _event_json(event: Event) -> dict[str, Any]:
     return msgspec.json.decode(codec.encode(event))
 
 
-def _trace_id(trace_id: str) -> str:
-    if not trace_id.strip() or len(trace_id) > TRACE_ID_MAX:
-        raise HTTPException(422, f"a trace id must be 1 to {TRACE_ID_MAX} characters, not only whitespace")
-    problem = trace_id_problem(trace_id)
-    if problem is not None:  # the wire refuses it too: no such trace can exist
-        raise HTTPException(422, f"trace id {trace_id!r} cannot name a trace: {problem}")
-    return trace_id
+def _id(value: str, what: str, limits: wire.WireLimits, *, names_trace: bool = False) -> str:
+    """An id of a path, query or body, checked by the wire's one rule (:func:`agentstream.wire.checks.id_refusal`):
+    what no turn may have, no request may name either (422, the value quoted, bounded)."""
+    refusal = wire.id_refusal(value, what, limits, names_trace=names_trace)
+    if refusal is not None:
+        raise HTTPException(422, f"{refusal}: got {_quoted(value)}")
+    return value
 
 
-QUOTE_MAX_CHARS = 64
-"""The most characters of a refused path or query value a 422 quotes."""
+def _trace_id(trace_id: str, limits: wire.WireLimits) -> str:
+    return _id(trace_id, "a trace id", limits, names_trace=True)
 
 
-def _quoted(value: str) -> str:
-    """``value`` as a refusal quotes it: its repr, cut to :data:`QUOTE_MAX_CHARS` with its length."""
-    return repr(value) if len(value) <= QUOTE_MAX_CHARS else f"{value[:QUOTE_MAX_CHARS]!r}… ({len(value):,} characters)"
+_quoted = wire.quoted
 
 
 def _stream_id(value: str | None, name: str) -> str | None:
@@ -132,16 +127,8 @@ def _stream_id(value: str | None, name: str) -> str | None:
     return value
 
 
-def _turn_id(turn_id: str, max_id_bytes: int) -> str:
-    """A turn id of a path, checked as the wire checks a turn message's (no turn may have another)."""
-    if not turn_id.strip() or len(turn_id.encode()) > max_id_bytes:
-        raise HTTPException(
-            422, f"a turn id must be 1 to {max_id_bytes} bytes, not only whitespace: got {_quoted(turn_id)}"
-        )
-    found = control_character(turn_id)
-    if found is not None:
-        raise HTTPException(422, f"turn id {_quoted(turn_id)} holds {found}: no turn has such an id")
-    return turn_id
+def _turn_id(turn_id: str, limits: wire.WireLimits) -> str:
+    return _id(turn_id, "a turn id", limits)
 
 
 class _Gateway:
@@ -177,7 +164,7 @@ class _Gateway:
 
     async def visible_events(self, key: ApiKey, trace_id: str) -> list[tuple[str, Event]]:
         """The trace's entries when the key may see it; 404 when it is empty or not the key's."""
-        _trace_id(trace_id)
+        _trace_id(trace_id, self.settings.wire_limits)
         entries = await self.store.read(trace_id)
         if not entries or not await self.may_see(key, trace_id, [e for _, e in entries]):
             raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
@@ -358,7 +345,6 @@ def _reply_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
     store, folds, gateway, open_streams = gw.store, gw.folds, gw.gateway, gw.open_streams
     block_ms, default_wait_s = gw.block_ms, gw.default_wait_s
     hold_stream, may_see_fold = gw.hold_stream, gw.may_see_fold
-    max_id_bytes = gw.settings.wire_limits.max_id_bytes
 
     @api.get(
         "/v1/traces/{trace_id:path}/turns/{turn_id}/reply",
@@ -382,8 +368,8 @@ def _reply_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
     ) -> Any:
         """The turn's reply once it has ended (200); 202 when it has not ended within
         ``timeout_s``. A turn just published may not be in its trace yet: the wait covers that."""
-        _trace_id(trace_id)
-        _turn_id(turn_id, max_id_bytes)
+        _trace_id(trace_id, gw.settings.wire_limits)
+        _turn_id(turn_id, gw.settings.wire_limits)
         fold = await folds.current(trace_id)  # a poll reads what came since the last one, not the trace
         if fold.events and not await may_see_fold(key, fold):
             raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
@@ -441,9 +427,7 @@ def _stream_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         request: Request,
         trace_id: str,
         key: Caller,
-        turn_id: Annotated[
-            str | None, Query(max_length=256, description="End the stream once this turn has ended.")
-        ] = None,
+        turn_id: Annotated[str | None, Query(description="End the stream once this turn has ended.")] = None,
         after: Annotated[str | None, Query(description="Only trace events after this entry id (default: all).")] = None,
         last_event_id: Annotated[
             str | None, Header(alias="Last-Event-ID", description="Resume after this event id.")
@@ -461,7 +445,9 @@ def _stream_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
             position, delta_position = match.group(1), match.group(2)
         else:
             position, delta_position = _stream_id(after, "after") or "0-0", "0-0"
-        entries = await store.read(_trace_id(trace_id))
+        entries = await store.read(_trace_id(trace_id, gw.settings.wire_limits))
+        if turn_id is not None:
+            _turn_id(turn_id, gw.settings.wire_limits)
         events = [e for _, e in entries]
         if events and not await may_see(key, trace_id, events):
             raise HTTPException(404, f"no trace {trace_id!r} among this key's conversations")
@@ -505,6 +491,8 @@ def _cancel_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         aborted, queued tool jobs skipped, running tools told; the turn ends with
         ``turn_failed`` code ``cancelled``. Follow the stream to see it end."""
         body = body or schemas.CancelIn()
+        if body.turn_id:
+            _turn_id(body.turn_id, gw.settings.wire_limits)
         entries = await visible_events(key, trace_id)
         target = cancel_target([e for _, e in entries], body.turn_id)
         if target.turn_id is None:
@@ -544,6 +532,7 @@ def _approval_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         under the key's scopes; ``by`` is the key's name. The decision is appended once per call
         (a second one changes nothing) and the turn goes on: an approved call runs once, a denied
         one gets an error result the model sees. Follow the stream to see it."""
+        _id(body.call_id, "a call id", gw.settings.wire_limits)
         entries = await visible_events(key, trace_id)
         arguments = json.dumps(body.arguments) if body.arguments is not None else None
         by = f"gateway:{key.name}"
@@ -602,6 +591,9 @@ def _fork_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         ``fork_id`` answers the same fork. Under the key's scopes: the key must see this
         conversation (else 404), may use the replaced turn's agent, and, for a key of one
         backend, fork only into that backend's conversations (else 403)."""
+        _turn_id(body.turn_id, settings.wire_limits)
+        if body.fork_id is not None:  # as the fork itself checks it: no fork a turn cannot reach
+            _id(body.fork_id, "a fork id", settings.wire_limits, names_trace=True)
         entries = await visible_events(key, trace_id)
         fork_id = body.fork_id or new_fork_id(trace_id)  # under the source's id: its backend's too
         refusal = key.trace_refusal(fork_id)
@@ -665,9 +657,7 @@ def _conversations_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         after_ms: Annotated[
             int | None, Query(ge=0, le=2**53, description="Only conversations at or after this time (Unix ms).")
         ] = None,
-        agent: Annotated[
-            str | None, Query(min_length=1, max_length=256, description="Only those whose newest turn is this agent's.")
-        ] = None,
+        agent: Annotated[str | None, Query(description="Only those whose newest turn is this agent's.")] = None,
         state: Annotated[
             str | None, Query(max_length=32, description="Only those whose newest turn is in this state.")
         ] = None,
@@ -683,6 +673,8 @@ def _conversations_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         filters). A filter that few conversations match may answer a short page (even an empty
         one) with a ``next_before_ms``: the gateway reads at most a bounded part of the index
         per request."""
+        if agent is not None:
+            _id(agent, "an agent name", gw.settings.wire_limits)
         try:
             where = conversation_filter(agent=agent, state=state, meta=meta or ())
         except ValueError as exc:
@@ -718,12 +710,14 @@ def _explain_route(api: FastAPI, gw: _Gateway, Caller: Any) -> None:
         trace_id: str,
         key: Caller,
         step: Annotated[int, Query(ge=0, le=100_000, description="The call's step within its turn (0-based).")],
-        turn_id: Annotated[str | None, Query(max_length=256, description="The turn (default: the newest).")] = None,
+        turn_id: Annotated[str | None, Query(description="The turn (default: the newest).")] = None,
     ) -> schemas.Explanation:
         """The exact request of one model call, rebuilt from the stored trace (its fingerprint
         compared with the one recorded), and which shrink shortened each old result, and when
         (what ``agentstream trace explain`` prints)."""
         entries = await visible_events(key, trace_id)
+        if turn_id is not None:
+            _turn_id(turn_id, settings.wire_limits)
         try:
             explained = explain_call(
                 [e for _, e in entries],

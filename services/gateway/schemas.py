@@ -16,6 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentstream.runtime.deadletters import DeadLetter
 from agentstream.wire.events import APPROVAL_REASON_MAX_CHARS, CANCEL_REASON_MAX_CHARS
 
+ID_NOTE = (
+    "At most AGENTSTREAM_MAX_ID_BYTES UTF-8 bytes (default 256), not only whitespace, no control characters: "
+    "the wire's rule for ids (422 otherwise)."
+)
+
 
 class Problem(BaseModel):
     """An error: what was wrong, for a person."""
@@ -44,7 +49,7 @@ class Pending(BaseModel):
 class CancelIn(BaseModel):
     """A cancel request. Without ``turn_id``, the turn running now is cancelled."""
 
-    turn_id: str = Field(default="", max_length=256)
+    turn_id: str = Field(default="", description=ID_NOTE)
     reason: str = Field(default="", max_length=CANCEL_REASON_MAX_CHARS)
 
 
@@ -56,7 +61,7 @@ class ApprovalIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    call_id: str = Field(min_length=1, max_length=256)
+    call_id: str = Field(min_length=1, description=ID_NOTE)
     approved: bool
     reason: str = Field(default="", max_length=APPROVAL_REASON_MAX_CHARS)
     arguments: dict[str, Any] | None = Field(
@@ -167,7 +172,7 @@ class ForkIn(BaseModel):
 
     model_config = ConfigDict(strict=True)
 
-    turn_id: str = Field(min_length=1, max_length=256, description="The turn to fork at.")
+    turn_id: str = Field(min_length=1, description=f"The turn to fork at. {ID_NOTE}")
     step: int | None = Field(
         default=None, ge=0, le=1_000_000, description="Fork before this model call of the turn (0-based)."
     )
@@ -177,8 +182,7 @@ class ForkIn(BaseModel):
     fork_id: str | None = Field(
         default=None,
         min_length=1,
-        max_length=256,
-        description="The fork's trace id, its idempotency key (default: <trace id>.fork-<random>).",
+        description=f"The fork's trace id, its idempotency key (default: <trace id>.fork-<random>). {ID_NOTE}",
     )
 
 

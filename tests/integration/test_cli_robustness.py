@@ -100,12 +100,26 @@ REFUSED_ARGUMENTS = [  # (command line, what the one line must name)
     (["prompt", ""], "the prompt file cannot be empty"),
     (["prompt", "p", "--var", "=x"], "NAME=VALUE"),
     (["prompt", "p", "--var", "novalue"], "NAME=VALUE"),
+    # the wire's one rule for ids (AGENTSTREAM_MAX_ID_BYTES, in UTF-8 bytes), before anything is published
+    (["ask", "hi", "--trace-id", "x" * 600], "a trace id is 600 bytes, over the limit AGENTSTREAM_MAX_ID_BYTES=256"),
+    (["ask", "hi", "--trace-id", "é" * 200], "a trace id is 400 bytes"),
+    (["ask", "hi", "--trace-id", "a}b"], "a trace id cannot name a trace"),
+    (["ask", "hi", "--agent", "a" * 300], "an agent name is 300 bytes"),
+    (["fork", "c1", "--turn", "t1", "--to", "é" * 200], "'--to': a fork id is 400 bytes"),
+    (["fork", "c1", "--turn", "t1", "--step", "0", "--to", "f" * 300], "a fork id is 300 bytes"),
+    (["fork", "c1", "--turn", "t" * 300], "'--turn': a turn id is 300 bytes"),
+    (["approve", "c1", "c" * 300], "a call id is 300 bytes"),
+    (["deny", "x" * 300, "c1"], "a trace id is 300 bytes"),
+    (["cancel", "x" * 300], "a trace id is 300 bytes"),
+    (["cancel", "c1", "--turn-id", "t" * 300], "'--turn-id': a turn id is 300 bytes"),
+    (["trace", "show", "x" * 10_000], "a trace id is 10,000 bytes"),
+    (["trace", "explain", "c1", "--step", "0", "--turn-id", "t" * 300], "a turn id is 300 bytes"),
     (["partition"], "Missing argument"),
     (["partition", "c1", "--bogus"], "No such option"),
 ]
 
 
-@pytest.mark.parametrize("args, says", REFUSED_ARGUMENTS, ids=[" ".join(a) or "-" for a, _ in REFUSED_ARGUMENTS])
+@pytest.mark.parametrize("args, says", REFUSED_ARGUMENTS, ids=[" ".join(a)[:60] or "-" for a, _ in REFUSED_ARGUMENTS])
 def test_empty_blank_and_out_of_range_arguments_are_refused_in_one_line_with_exit_code_2(
     args, says, capsys, monkeypatch
 ):
@@ -119,6 +133,24 @@ def test_empty_blank_and_out_of_range_arguments_are_refused_in_one_line_with_exi
     assert exited.value.code == 2, (out, err)
     assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert says in err and "--help" in err, err
+
+
+async def test_ask_with_a_trace_id_over_the_wire_limit_fails_at_once_and_publishes_nothing(
+    redis_url, namespace, redis, keys, capsys, monkeypatch
+):
+    """It published, waited 300 s and asked whether the agent loop ran, while the agent loop had
+    refused the turn at once. The command checks with the wire's rule and the configured limit."""
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("AGENTSTREAM_NAMESPACE", namespace)
+    with pytest.raises(SystemExit) as exited:
+        await asyncio.to_thread(cli_module.main, ["ask", "--agent", "calc", "--trace-id", "x" * 600, "hi"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "'--trace-id'" in err and "AGENTSTREAM_MAX_ID_BYTES=256" in err, err
+    assert await redis.xlen(keys.turns) == 0 and await redis.xlen(keys.errors) == 0
+    monkeypatch.setenv("AGENTSTREAM_MAX_ID_BYTES", "128")  # the configured limit
+    with pytest.raises(SystemExit) as exited:
+        await asyncio.to_thread(cli_module.main, ["ask", "--agent", "calc", "--trace-id", "x" * 200, "hi"])
+    assert exited.value.code == 2 and "AGENTSTREAM_MAX_ID_BYTES=128" in capsys.readouterr().err
 
 
 def test_good_arguments_still_pass_and_help_is_not_an_error(capsys, monkeypatch):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from agentstream.errors import ForkRefused
 from agentstream.ops.apikeys import load_keys
 from agentstream.ops.settings import Settings
 from agentstream.runtime.forks import fork_conversation
+from agentstream.wire.checks import WireLimits
 from agentstream.wire.events import ForkedFrom, ModelOutput, TurnEnded, TurnInput
 from agentstream_services.gateway.api import create_api
 from agentstream_services.gateway.settings import GatewaySettings
@@ -234,6 +236,10 @@ async def test_the_gateway_forks_under_the_source_keys_scopes(store, keys):
         (auth(CALC_KEY), {"turn_id": "t1", "step": -1}, 422, "step"),
         (auth(CALC_KEY), {"turn_id": "t1", "step": True}, 422, "step"),  # not read as 1
         (auth(CALC_KEY), {"turn_id": "t1", "fork_id": "g2-a\u0000b"}, 422, "control"),  # as a turn's trace id
+        # the wire's limit is in UTF-8 bytes: 200 characters of 2 bytes are over 256
+        (auth(CALC_KEY), {"turn_id": "t1", "fork_id": "é" * 200}, 422, "a fork id is 400 bytes, over the limit"),
+        (auth(CALC_KEY), {"turn_id": "t1", "fork_id": "g2-" + "f" * 300}, 422, "AGENTSTREAM_MAX_ID_BYTES=256"),
+        (auth(CALC_KEY), {"turn_id": "t" * 300}, 422, "a turn id is 300 bytes"),
     ],
 )
 async def test_the_gateway_refuses_a_fork_it_cannot_make(store, keys, headers, body, status, says):
@@ -258,3 +264,42 @@ async def test_a_replaced_input_needs_the_right_to_its_agent(store, keys):
         assert made.status_code == 201 and made.json()["turn_entry"]
     published = await store.redis.xrange(keys.turns_for("g3-f"))
     assert [json.loads(f[b"turn"])["text"] for _, f in published] == ["again"]
+
+
+@pytest.mark.parametrize("how", [{}, {"step": 0}, {"text": "again"}])
+async def test_no_fork_is_made_that_a_turn_could_not_reach(store, keys, how):
+    """A fork id over ``AGENTSTREAM_MAX_ID_BYTES`` (every later turn to it would be refused) is
+    refused by the fork itself, whoever calls it, and nothing is written."""
+    await _calc_conversation(store, "g9")
+    for fork_id in ("g9-" + "f" * 300, "é" * 200):
+        with pytest.raises(ForkRefused) as refused:
+            await fork_conversation(store, "g9", turn_id="t1", fork_id=fork_id, **how)
+        assert refused.value.kind == "invalid" and "over the limit AGENTSTREAM_MAX_ID_BYTES=256" in str(refused.value)
+    if not how:
+        wider = WireLimits(max_id_bytes=512)
+        made = await fork_conversation(store, "g9", turn_id="t1", fork_id="g9-" + "f" * 300, limits=wider)
+        assert made.created  # under a configured limit that holds it, it is a fork as any other
+    assert not [k for k in await store.redis.keys(f"{keys.namespace}:*") if "é".encode() in k]
+
+
+@pytest.mark.parametrize("how", [[], ["--step", "0"]])
+async def test_the_fork_command_refuses_a_fork_id_no_turn_could_reach_before_anything_is_written(
+    store, keys, redis_url, namespace, how, capsys, monkeypatch
+):
+    """``fork --to`` over ``AGENTSTREAM_MAX_ID_BYTES`` made the fork and exited 0; every later
+    turn to it was refused. Now exit 2, naming --to, with the wire's reason; nothing written."""
+    from agentstream.cli import commands as cli_module
+
+    await _calc_conversation(store, "g8")
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("AGENTSTREAM_NAMESPACE", namespace)
+    for fork_id in ("g8-" + "f" * 300, "é" * 200):
+        with pytest.raises(SystemExit) as exited:
+            await asyncio.to_thread(cli_module.main, ["fork", "g8", "--turn", "t1", "--to", fork_id, *how])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2, err
+        assert "'--to'" in err and "over the limit AGENTSTREAM_MAX_ID_BYTES=256" in err, err
+    assert not [k for k in await store.redis.keys(f"{keys.namespace}:*") if b"fff" in k or "é".encode() in k]
+    monkeypatch.setenv("AGENTSTREAM_MAX_ID_BYTES", "512")  # the configured limit, not a constant
+    wider = await _cli(["fork", "g8", "--turn", "t1", "--to", "g8-" + "f" * 300], dict(os.environ))
+    assert wider.exit_code == 0, wider.output

@@ -63,6 +63,7 @@ from agentstream.runtime.deltas import last_entry_id
 from agentstream.runtime.store import TraceStore
 from agentstream.steps.forking import fork_line
 from agentstream.wire import codec
+from agentstream.wire.checks import WireLimits, id_refusal, quoted
 from agentstream.wire.events import (
     ApprovalAwaited,
     ApprovalDecided,
@@ -141,6 +142,34 @@ def _filled(what: str, *, name: bool = False):
     return check
 
 
+def _wire_limits() -> WireLimits:
+    """The wire's limits from the settings (the defaults when a setting is wrong: the command
+    itself then reports that setting)."""
+    try:
+        return _settings().wire_limits
+    except AgentStreamError:
+        return WireLimits()
+
+
+def _an_id(what: str, *, names_trace: bool = False):
+    """A typer callback that refuses what the wire would refuse as an id (a trace, turn, fork
+    or call id, an agent name): :func:`agentstream.wire.checks.id_refusal` under the configured
+    ``AGENTSTREAM_MAX_ID_BYTES``, checked before anything is published or read, so a command
+    fails at once (usage error, exit code 2, naming the argument or flag) where a turn would be
+    refused behind it."""
+
+    def check(value):
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            if one is None:
+                continue
+            refusal = id_refusal(one, what, _wire_limits(), names_trace=names_trace)
+            if refusal is not None:
+                raise typer.BadParameter(f"{refusal} (got {quoted(one)})")
+        return value
+
+    return check
+
+
 AppOption = Annotated[
     str,
     typer.Option(
@@ -150,11 +179,11 @@ AppOption = Annotated[
         help="The app, as module:attribute (the module is looked up from the current directory first).",
     ),
 ]
-AgentOption = Annotated[str, typer.Option(callback=_filled("an agent name", name=True), help="The agent that answers.")]
+AgentOption = Annotated[str, typer.Option(callback=_an_id("an agent name"), help="The agent that answers.")]
 RunAgentOption = Annotated[
     str | None,
     typer.Option(
-        callback=_filled("an agent name", name=True),
+        callback=_an_id("an agent name"),
         show_default=False,
         help="The agent that answers (default: the app's only agent; the demo app's is demo).",
     ),
@@ -873,13 +902,13 @@ def ask(
     agent: Annotated[
         str | None,
         typer.Option(
-            callback=_filled("an agent name", name=True),
+            callback=_an_id("an agent name"),
             show_default=False,
             help="The agent that answers (default: the only agent of the app the running agent loops serve).",
         ),
     ] = None,
     trace_id: Annotated[
-        str | None, typer.Option(callback=_filled("a trace id", name=True), help="Continue this conversation.")
+        str | None, typer.Option(callback=_an_id("a trace id", names_trace=True), help="Continue this conversation.")
     ] = None,
     timeout_s: Annotated[float, TimeoutOption] = 300.0,
 ) -> None:
@@ -968,12 +997,13 @@ async def _cancel(
 @cli.command()
 def cancel(
     trace_id: Annotated[
-        str, typer.Argument(callback=_filled("a trace id", name=True), help="The conversation whose turn to stop.")
+        str,
+        typer.Argument(callback=_an_id("a trace id", names_trace=True), help="The conversation whose turn to stop."),
     ],
     turn_id: Annotated[
         str | None,
         typer.Option(
-            callback=_filled("a turn id", name=True),
+            callback=_an_id("a turn id"),
             show_default=False,
             help="The turn to stop (default: the one running now).",
         ),
@@ -1007,13 +1037,11 @@ def cancel(
 @cli.command("fork")
 def fork(
     trace_id: Annotated[
-        str, typer.Argument(callback=_filled("a trace id", name=True), help="The conversation to fork.")
+        str, typer.Argument(callback=_an_id("a trace id", names_trace=True), help="The conversation to fork.")
     ],
     turn_id: Annotated[
         str,
-        typer.Option(
-            "--turn", callback=_filled("a turn id", name=True), show_default=False, help="The turn to fork at."
-        ),
+        typer.Option("--turn", callback=_an_id("a turn id"), show_default=False, help="The turn to fork at."),
     ],
     step: Annotated[
         int | None,
@@ -1031,7 +1059,7 @@ def fork(
         str | None,
         typer.Option(
             "--to",
-            callback=_filled("a fork id (--to)", name=True),
+            callback=_an_id("a fork id", names_trace=True),
             show_default=False,
             help="The fork's trace id, its idempotency key (default: <trace id>.fork-<random>).",
         ),
@@ -1374,7 +1402,7 @@ async def _read(settings: Settings, trace_id: str, codec=None):
 
 
 TraceIdArgument = Annotated[
-    str, typer.Argument(callback=_filled("a trace id", name=True), help="The trace (conversation) id.")
+    str, typer.Argument(callback=_an_id("a trace id", names_trace=True), help="The trace (conversation) id.")
 ]
 StoredDataDirOption = Annotated[
     Path | None,
@@ -1597,7 +1625,7 @@ def trace_explain(
         typer.Option(
             "--turn-id",
             "--turn",
-            callback=_filled("a turn id", name=True),
+            callback=_an_id("a turn id"),
             help="The turn id, as `cancel --turn-id` and the gateway's "
             "`?turn_id=` take it (default: the newest turn; `--turn` "
             "is the old spelling).",
@@ -1651,9 +1679,7 @@ def gateway_key(
     ],
     agent: Annotated[
         list[str],
-        typer.Option(
-            callback=_filled("an agent name", name=True), help="An agent the key may use (repeat it; '*' for all)."
-        ),
+        typer.Option(callback=_an_id("an agent name"), help="An agent the key may use (repeat it; '*' for all)."),
     ],
     keys_file: Annotated[
         str | None,
@@ -2040,7 +2066,7 @@ def _approve_or_deny(
 
 
 _CallIdArgument = Annotated[
-    str, typer.Argument(callback=_filled("a call id", name=True), help="The tool call (its `approval_awaited` event).")
+    str, typer.Argument(callback=_an_id("a call id"), help="The tool call (its `approval_awaited` event).")
 ]
 _ByOption = Annotated[
     str | None,

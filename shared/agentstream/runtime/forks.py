@@ -24,11 +24,8 @@ from agentstream.steps.forking import ForkPlan, fork_plan
 from agentstream.steps.summarising import outcome_key
 from agentstream.wire import checks as wire
 from agentstream.wire import codec
-from agentstream.wire.checks import WireLimits
-from agentstream.wire.codec import ID_RULE
+from agentstream.wire.checks import WireLimits, quoted
 from agentstream.wire.events import Compaction, CompactionFailed, Event, ForkedFrom
-from agentstream.wire.jsontext import control_character
-from agentstream.wire.keys import trace_id_problem
 
 
 @dataclass(frozen=True)
@@ -108,18 +105,17 @@ async def fork_conversation(
         SchemaVersionError, EventDecodeError: the source cannot be read.
     """
     fork_id = fork_id if fork_id is not None else new_fork_id(source_trace_id)
-    problem = trace_id_problem(fork_id) if fork_id.strip() else "it is empty"
+    limits = limits or WireLimits()
+    problem = wire.id_refusal(fork_id, "a fork id", limits, names_trace=True)  # as a turn's trace id is refused
     if problem is None and "/" in fork_id:
-        problem = "it holds '/', which names a delegated task's trace"
-    if problem is None and (found := control_character(fork_id)) is not None:
-        problem = f"it holds {found}; {ID_RULE}"  # as a turn's trace id is refused
-    if problem is not None:
-        raise ForkRefused(f"fork id {fork_id!r} cannot name a trace: {problem}", kind="invalid")
+        problem = "a fork id cannot name a trace: it holds '/', which names a delegated task's trace"
+    if problem is not None:  # a fork no turn could reach is not made
+        raise ForkRefused(f"{problem} (fork id {quoted(fork_id)})", kind="invalid")
     entries = await store.read(source_trace_id)
     plan = fork_plan(entries, source_trace_id, fork_id=fork_id, turn_id=turn_id, step=step, text=text, by=by)
     if plan.turn is not None:  # refused before anything is written, as the agent loop would refuse it
         try:
-            wire.validate_turn(codec.encode(plan.turn), keys=store.keys, limits=limits or WireLimits())
+            wire.validate_turn(codec.encode(plan.turn), keys=store.keys, limits=limits)
         except TurnRejected as exc:
             kind = "too_large" if exc.limit else "invalid"
             raise ForkRefused(f"the turn that replaces {turn_id!r} is refused: {exc.reason}", kind=kind) from None

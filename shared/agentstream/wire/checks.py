@@ -295,6 +295,59 @@ def _over(what: str, size: int, limit_name: str, limit: int, unit: str = "bytes"
     return f"{what} is {size:,} {unit}, over the limit {LIMIT_SETTINGS[limit_name]}={limit:,}"
 
 
+QUOTE_MAX_CHARS = 64
+"""The most characters of a refused value that a reason quotes."""
+
+
+def quoted(value: str, limit: int = QUOTE_MAX_CHARS) -> str:
+    """``value`` as a refusal quotes it: its repr, cut to ``limit`` characters with its length. Pure."""
+    return repr(value) if len(value) <= limit else f"{value[:limit]!r}… ({len(value):,} characters)"
+
+
+# --- ids ---------------------------------------------------------------------------------------
+
+
+def id_refusal(
+    value: object, what: str, limits: WireLimits = DEFAULT_LIMITS, *, names_trace: bool = False
+) -> str | None:
+    """Why ``value`` may not be an id (trace, turn, fork, call id, agent name) → the reason, or
+    None when it may. The one rule every entry point applies (the agent loop to a turn, the
+    gateway to a path or a body, the ``agentstream`` commands to their arguments, a fork to its
+    id), so nothing one door takes is refused behind another.
+
+    Refused, in order: not a text; empty or only whitespace; over ``limits.max_id_bytes``
+    UTF-8 bytes (not characters: ``"é"`` is 2 bytes); a control or invisible character
+    (:func:`~agentstream.wire.jsontext.control_character`); with ``names_trace``, what
+    :func:`~agentstream.wire.keys.trace_id_problem` refuses.
+
+    Args:
+        value: the candidate id.
+        what: how the reason names it (``"a trace id"``, ``"turn message field `$.trace_id`"``).
+        limits: the wire's limits (``AGENTSTREAM_MAX_ID_BYTES``).
+        names_trace: the id names a trace (a trace or fork id): its keys' hash tag is checked too.
+
+    Returns:
+        ``"<what> is 300 bytes, over the limit AGENTSTREAM_MAX_ID_BYTES=256"`` and the like
+        (the value itself is not quoted: the caller quotes it, bounded, if it wants); None when
+        the id may be used. Pure.
+    """
+    if not isinstance(value, str):
+        return f"{what} is a {type(value).__name__}, not a text"
+    if not value.strip():
+        return f"{what} cannot be empty or only spaces"
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > limits.max_id_bytes:
+        return _over(what, size, "max_id_bytes", limits.max_id_bytes)
+    found = control_character(value)
+    if found is not None:
+        return f"{what} may not hold {found}; {codec.ID_RULE}"
+    if names_trace:
+        problem = trace_id_problem(value)
+        if problem is not None:
+            return f"{what} cannot name a trace: {problem}"
+    return None
+
+
 def validate_turn(
     payload: bytes | str,
     *,
@@ -350,11 +403,10 @@ def validate_turn(
     except TurnRejected as exc:
         raise rejected(exc.reason) from exc
     for name in ("trace_id", "turn_id", "agent", "model"):
-        length = len((getattr(turn, name) or "").encode())
-        if length > limits.max_id_bytes:
-            raise rejected(
-                _over(f"turn message field `$.{name}`", length, "max_id_bytes", limits.max_id_bytes), "max_id_bytes"
-            )
+        value = getattr(turn, name)
+        refusal = id_refusal(value, f"turn message field `$.{name}`", limits) if value is not None else None
+        if refusal is not None:  # the decoder refused empty ones and control characters already
+            raise rejected(refusal, "max_id_bytes" if len(value.encode()) > limits.max_id_bytes else None)
     problem = trace_id_problem(turn.trace_id)
     if problem is not None:  # no failure is written under keys this id would name: the errors stream has it
         raise TurnRejected(
@@ -507,9 +559,7 @@ def validate_approval(payload: bytes, limits: WireLimits) -> ApprovalMessage:
                 )
             )
     for name in ("trace_id", "call_id"):
-        length = len(getattr(message, name).encode())
-        if length > limits.max_id_bytes:
-            raise msgspec.DecodeError(
-                _over(f"approval message field `$.{name}`", length, "max_id_bytes", limits.max_id_bytes)
-            )
+        refusal = id_refusal(getattr(message, name), f"approval message field `$.{name}`", limits)
+        if refusal is not None:
+            raise msgspec.DecodeError(refusal)
     return message

@@ -296,3 +296,35 @@ async def test_a_refused_path_or_query_value_is_quoted_short_and_a_turn_id_no_tu
     assert control.status_code == 422 and "control" in control.json()["detail"].lower(), control.text
     assert long_after.status_code == 422 and len(long_after.content) < 400, long_after.text[:200]
     assert fine.status_code in (202, 404), fine.text  # a well-formed id is asked about as before
+
+
+async def test_every_id_of_a_path_query_or_body_is_held_to_the_wires_limit_in_bytes(store, keys):
+    """One rule (:func:`agentstream.wire.checks.id_refusal`) and one message on every route: a
+    trace path once said "1 to 512 characters" and bodies counted characters, while the wire
+    refuses over ``AGENTSTREAM_MAX_ID_BYTES`` UTF-8 bytes."""
+    await store.append("ct1", TurnInput(turn_id="t1", agent="calc", text="hi"))
+    await store.append("ct1", TurnEnded(turn_id="t1", answer="ok"))
+    wide = "é" * 200  # 200 characters, 400 bytes
+    async with _client(store, keys) as client:
+        asks = [
+            ("GET", f"/v1/traces/{'x' * 10_000}", None, "a trace id is 10,000 bytes"),
+            ("GET", f"/v1/traces/{wide}", None, "a trace id is 400 bytes"),
+            ("GET", f"/v1/traces/{wide}/stream", None, "a trace id is 400 bytes"),
+            ("GET", f"/v1/traces/ct1/stream?turn_id={wide}", None, "a turn id is 400 bytes"),
+            ("GET", f"/v1/traces/ct1/explain?step=0&turn_id={wide}", None, "a turn id is 400 bytes"),
+            ("GET", f"/v1/traces/ct1/turns/{wide}/reply?timeout_s=0", None, "a turn id is 400 bytes"),
+            ("GET", f"/v1/conversations?agent={wide}", None, "an agent name is 400 bytes"),
+            ("POST", "/v1/traces/ct1/forks", {"turn_id": "t1", "fork_id": wide}, "a fork id is 400 bytes"),
+            ("POST", "/v1/traces/ct1/forks", {"turn_id": wide}, "a turn id is 400 bytes"),
+            ("POST", "/v1/traces/ct1/cancel", {"turn_id": wide}, "a turn id is 400 bytes"),
+            ("POST", "/v1/traces/ct1/approvals", {"call_id": wide, "approved": True}, "a call id is 400 bytes"),
+            ("POST", "/v1/traces/ct1/approvals", {"call_id": " ", "approved": True}, "a call id cannot be empty"),
+        ]
+        for method, path, body, says in asks:
+            response = await client.request(method, path, json=body, headers=auth(CALC_KEY))
+            assert response.status_code == 422, (path, response.text[:300])
+            detail = response.json()["detail"]
+            assert says in detail, (path, detail)
+            assert "empty" in says or "over the limit AGENTSTREAM_MAX_ID_BYTES=256" in detail, (path, detail)
+            assert len(detail) < 400, detail
+    assert await store.read(wide) == []  # no fork was made
