@@ -105,7 +105,9 @@ def build(
         group_consumer(store.redis, settings, stream=s, group=AGENT_LOOP_GROUP, handler=_told(loop.on_approval)(s))
         for s in keys.approval_streams
     ]
-    runners += cancel_listeners(store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms)
+    runners += cancel_listeners(
+        store.redis, keys, loop.on_cancel_broadcast, block_ms=settings.block_ms, limits=settings.wire_limits
+    )
     # turns whose awaited tool work vanished end with a reason; calls awaiting approval past due are woken
     if settings.watchdog_interval_ms:
         runners += [  # one per partition of the awaiting set

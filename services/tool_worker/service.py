@@ -47,7 +47,9 @@ def build(
             on_dead_letter=worker.on_dead_job,
         )
     ]
-    runners += cancel_listeners(store.redis, keys, worker.on_cancel_broadcast, block_ms=settings.block_ms)
+    runners += cancel_listeners(
+        store.redis, keys, worker.on_cancel_broadcast, block_ms=settings.block_ms, limits=settings.wire_limits
+    )
     servers = [s for s in app.mcp_servers.values() if s.queue in served]
     if servers:  # the MCP servers of the queues served here: this process keeps their sessions
         from agentstream.mcp_tools.host import McpHost

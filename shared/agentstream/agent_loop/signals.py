@@ -68,7 +68,7 @@ class Signals(LoopState):
         (:func:`agentstream.wire.backends.confined_cancel`)."""
         where = stream or self.keys.cancel
         try:
-            message = codec.decode_cancel(codec.entry_field(fields, CANCEL_FIELD))
+            message = wire.validate_cancel(codec.entry_field(fields, CANCEL_FIELD), self.limits)
         except msgspec.DecodeError as exc:
             log.error("dropping malformed cancel %s: %s", entry_id, exc)
             shown = codec.entry_shown(fields, CANCEL_FIELD)

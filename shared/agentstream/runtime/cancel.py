@@ -32,6 +32,7 @@ from agentstream.ops import logs
 from agentstream.runtime.entries import keep_doubled_fields
 from agentstream.wire import codec
 from agentstream.wire.backends import confined_cancel
+from agentstream.wire.checks import WireLimits, validate_cancel
 from agentstream.wire.events import CancelMessage, Event, TurnEnded, TurnFailed, TurnInput
 from agentstream.wire.keys import CANCEL_FIELD, Keys
 
@@ -99,6 +100,8 @@ class CancelListener:
             stream of :attr:`~agentstream.wire.keys.Keys.cancel_streams`). A backend's cancel stream
             is confined to its conversations and its ``by`` is the backend
             (:func:`agentstream.wire.backends.confined_cancel`); a refused cancel is not passed on.
+        limits: the wire's limits a cancel is held to (:func:`agentstream.wire.checks.validate_cancel`:
+            its size first); default the defaults.
     """
 
     def __init__(
@@ -110,8 +113,10 @@ class CancelListener:
         block_ms: int = 1000,
         backoff_max_s: float = 5.0,
         stream: str | None = None,
+        limits: WireLimits | None = None,
     ):
-        self.redis = keep_doubled_fields(redis)  # a cancel that repeats a field is ignored
+        self.redis = keep_doubled_fields(redis)
+        self.limits = limits or WireLimits()  # a cancel that repeats a field is ignored
         self.stream = stream or keys.cancel
         self.backend = keys.backend_of_stream(self.stream)
         self.on_cancel = on_cancel
@@ -147,7 +152,7 @@ class CancelListener:
         """One entry of the cancel stream; nothing its bytes do gets past here (a listener that
         raised would stop its whole service)."""
         try:
-            message = codec.decode_cancel(codec.entry_field(fields, CANCEL_FIELD))
+            message = validate_cancel(codec.entry_field(fields, CANCEL_FIELD), self.limits)
         except (Exception, RecursionError) as exc:  # any bytes: bad JSON, wrong types, nesting too deep
             self.ignored += 1
             # the agent loop's group consumer records it on the errors stream
@@ -179,9 +184,11 @@ def _s(value: bytes | str) -> str:
 
 
 def cancel_listeners(
-    redis: aioredis.Redis, keys: Keys, on_cancel: OnCancel, *, block_ms: int = 1000
+    redis: aioredis.Redis, keys: Keys, on_cancel: OnCancel, *, block_ms: int = 1000, limits: WireLimits | None = None
 ) -> list[CancelListener]:
     """One :class:`CancelListener` per cancel stream (the shared one, then each configured
     backend's: a blocking read of several streams would be a cross-slot command on a Redis
     Cluster)."""
-    return [CancelListener(redis, keys, on_cancel, block_ms=block_ms, stream=s) for s in keys.cancel_streams]
+    return [
+        CancelListener(redis, keys, on_cancel, block_ms=block_ms, stream=s, limits=limits) for s in keys.cancel_streams
+    ]

@@ -38,7 +38,7 @@ import msgspec
 from agentstream.errors import TurnRejected
 from agentstream.wire import codec
 from agentstream.wire.entries import EntryFields, doubled_refusal
-from agentstream.wire.events import ApprovalMessage, TurnMessage
+from agentstream.wire.events import ApprovalMessage, CancelMessage, TurnMessage
 from agentstream.wire.failures import FailureCode
 from agentstream.wire.jsontext import control_character, duplicate_key
 from agentstream.wire.keys import Keys, trace_id_problem
@@ -348,6 +348,34 @@ def id_refusal(
     return None
 
 
+def size_refusal(payload: bytes | str, what: str, limits: WireLimits = DEFAULT_LIMITS) -> str | None:
+    """Why a client's message is refused for its size alone → the reason, or None when it is
+    within ``max_turn_bytes`` (``AGENTSTREAM_MAX_TURN_BYTES``: turns, cancels and approvals, on
+    the shared streams and each backend's). Checked before anything is decoded, so a large
+    message is refused for its size, not for what a decoder makes of its bytes. Pure.
+
+    Args:
+        payload: the message's bytes (or text: its UTF-8 size).
+        what: how the reason names it (``"the cancel message"``).
+
+    Returns:
+        ``"the cancel message is 5,000,000 bytes, over the limit AGENTSTREAM_MAX_TURN_BYTES=524,288"``,
+        or None.
+    """
+    size = len(payload.encode("utf-8", "surrogatepass")) if isinstance(payload, str) else len(payload)
+    if size > limits.max_turn_bytes:
+        return _over(what, size, "max_turn_bytes", limits.max_turn_bytes)
+    return None
+
+
+def depth_refusal(payload: bytes | str, what: str, limits: WireLimits = DEFAULT_LIMITS) -> str | None:
+    """Why a client's message is refused for its nesting (``max_json_depth``) → the reason, or None. Pure."""
+    depth = json_depth(payload)
+    if depth > limits.max_json_depth:
+        return _over(f"{what}'s nesting", depth, "max_json_depth", limits.max_json_depth, "levels deep")
+    return None
+
+
 def validate_turn(
     payload: bytes | str,
     *,
@@ -389,15 +417,12 @@ def validate_turn(
             limit=LIMIT_SETTINGS[limit] if limit else None,
         )
 
-    size = len(payload.encode()) if isinstance(payload, str) else len(payload)
-    if size > limits.max_turn_bytes:
-        raise rejected(_over("the turn message", size, "max_turn_bytes", limits.max_turn_bytes), "max_turn_bytes")
-    depth = json_depth(payload)
-    if depth > limits.max_json_depth:
-        raise rejected(
-            _over("the turn message's nesting", depth, "max_json_depth", limits.max_json_depth, "levels deep"),
-            "max_json_depth",
-        )
+    too_large = size_refusal(payload, "the turn message", limits)
+    if too_large is not None:
+        raise rejected(too_large, "max_turn_bytes")
+    too_deep = depth_refusal(payload, "the turn message", limits)
+    if too_deep is not None:
+        raise rejected(too_deep, "max_json_depth")
     try:
         turn = codec.decode_turn(payload)
     except TurnRejected as exc:
@@ -538,13 +563,11 @@ def validate_approval(payload: bytes, limits: WireLimits) -> ApprovalMessage:
             :func:`agentstream.wire.codec.decode_approval` refuses;
             the message names the field or the limit and its setting.
     """
-    if len(payload) > limits.max_turn_bytes:
-        raise msgspec.DecodeError(_over("the approval message", len(payload), "max_turn_bytes", limits.max_turn_bytes))
-    depth = json_depth(payload)
-    if depth > limits.max_json_depth:
-        raise msgspec.DecodeError(
-            _over("the approval message's nesting", depth, "max_json_depth", limits.max_json_depth, "levels deep")
-        )
+    refusal = size_refusal(payload, "the approval message", limits) or depth_refusal(
+        payload, "the approval message", limits
+    )
+    if refusal is not None:
+        raise msgspec.DecodeError(refusal)
     message = codec.decode_approval(payload)
     if message.arguments is not None:  # JSON inside the JSON: its nesting is bounded the same way
         depth = json_depth(message.arguments)
@@ -560,6 +583,31 @@ def validate_approval(payload: bytes, limits: WireLimits) -> ApprovalMessage:
             )
     for name in ("trace_id", "call_id"):
         refusal = id_refusal(getattr(message, name), f"approval message field `$.{name}`", limits)
+        if refusal is not None:
+            raise msgspec.DecodeError(refusal)
+    return message
+
+
+def validate_cancel(payload: bytes, limits: WireLimits = DEFAULT_LIMITS) -> CancelMessage:
+    """A published cancel message's JSON → the :class:`~agentstream.wire.events.CancelMessage`,
+    checked against the wire's limits before it is decoded, as a turn and an approval are.
+
+    Raises:
+        msgspec.DecodeError: over ``max_turn_bytes`` or ``max_json_depth``, anything
+            :func:`agentstream.wire.codec.decode_cancel` refuses, or an id :func:`id_refusal`
+            refuses; the message names the field or the limit and its setting.
+    """
+    refusal = size_refusal(payload, "the cancel message", limits) or depth_refusal(
+        payload, "the cancel message", limits
+    )
+    if refusal is not None:
+        raise msgspec.DecodeError(refusal)
+    message = codec.decode_cancel(payload)
+    for name in ("trace_id", "turn_id"):
+        value = getattr(message, name)
+        if name == "turn_id" and not value:  # no turn id: the running turn
+            continue
+        refusal = id_refusal(value, f"cancel message field `$.{name}`", limits)
         if refusal is not None:
             raise msgspec.DecodeError(refusal)
     return message
