@@ -20,12 +20,18 @@
   :data:`ECHO_MAX_CHARS` (:func:`bounded_errors`): a 256 KB text refused as too long was sent back
   whole, once per error.
 
+- **The header block's size** (:class:`HeadCounter`, in the server's protocol, before any route
+  or the key is looked at): a request whose request line and headers, as received up to and
+  including the blank line that ends them, are over ``max_header_bytes`` is answered 431 with a
+  JSON ``detail`` (:func:`header_block_answer`) and its connection closed.
+
 Nothing here touches Redis; the decisions (:func:`bearer_token`, :func:`declared_length`,
-:class:`OpenStreams`, :func:`bounded_errors`) are pure.
+:class:`OpenStreams`, :func:`bounded_errors`, :class:`HeadCounter`) are pure.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -59,6 +65,77 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 NO_STORE = (b"cache-control", b"no-store")
 """Put on every ``/v1/...`` response that has no ``Cache-Control`` of its own: what a key may read
 stays out of shared and browser caches."""
+
+
+HEADER_LIMIT_SETTING = "AGENTSTREAM_GATEWAY_MAX_HEADER_BYTES"
+HEADER_BLOCK_STATUS = 431
+"""Request Header Fields Too Large (RFC 6585): the answer to a header block over the limit."""
+
+
+class HeadCounter:
+    """Counts the bytes of a request's header block as they arrive: the request line, every
+    header line and the blank line that ends them (``\r\n\r\n``, or ``\n\n``), exactly as
+    received (no folding or whitespace trimmed). Pure: fed the bytes, it says whether the block
+    is whole, still arriving, or over the limit.
+
+    Args:
+        limit: the most bytes a header block may have (``AGENTSTREAM_GATEWAY_MAX_HEADER_BYTES``).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0  # bytes of the block so far
+        self.refusal: str | None = None  # why, once a block was over the limit
+        self._tail = b""  # the last bytes fed, for an end that spans two chunks
+
+    def feed(self, data: bytes) -> tuple[str, int]:
+        """The next bytes of the connection, while a request's head is awaited → ``("whole",
+        the block's size)`` when its end is among them (at or under the limit; what follows it is
+        the body or the next request), ``("more", seen so far)`` when it is not, ``("over",
+        seen so far)`` once the block is over the limit (whole or not; :attr:`refusal` then
+        says why). Leading empty lines (allowed between requests) count too."""
+        if not data:
+            return ("more", self.seen)
+        window = self._tail + data
+        ends = [i for i in (window.find(b"\r\n\r\n"), window.find(b"\n\n")) if i >= 0]
+        if ends:
+            end = min(ends)
+            size = self.seen + end - len(self._tail) + (4 if window.startswith(b"\r\n\r\n", end) else 2)
+            self.seen, self._tail = 0, b""
+            if size > self.limit:
+                self.refusal = header_block_refusal(size, self.limit, whole=True)
+                return ("over", size)
+            return ("whole", size)
+        self.seen += len(data)
+        self._tail = window[-3:]
+        if self.seen > self.limit:
+            self.refusal = header_block_refusal(self.seen, self.limit, whole=False)
+            return ("over", self.seen)
+        return ("more", self.seen)
+
+
+def header_block_refusal(size: int, limit: int, *, whole: bool) -> str:
+    """The reason a header block is refused (``size`` bytes seen, ``whole`` when its end was)."""
+    counted = f"is {size:,} bytes" if whole else f"is more than {limit:,} bytes ({size:,} received)"
+    return (
+        f"the request's header block (request line and headers) {counted}, over the limit "
+        f"{HEADER_LIMIT_SETTING}={limit:,}"
+    )
+
+
+def header_block_answer(reason: str) -> bytes:
+    """The whole HTTP/1.1 answer to a header block over the limit: 431, JSON ``{"detail": reason}``,
+    the security headers, ``Connection: close``."""
+    body = json.dumps({"detail": reason}).encode()
+    head = [
+        f"HTTP/1.1 {HEADER_BLOCK_STATUS} Request Header Fields Too Large".encode(),
+        b"content-type: application/json",
+        f"content-length: {len(body)}".encode(),
+        b"connection: close",
+        *(name + b": " + value for name, value in SECURITY_HEADERS),
+        NO_STORE[0] + b": " + NO_STORE[1],
+    ]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:

@@ -26,6 +26,7 @@ from agentstream.ops.apikeys import load_keys
 from agentstream.ops.settings import Settings
 from agentstream.runtime.store import TraceStore
 from agentstream_services.gateway.api import create_api
+from agentstream_services.gateway.perimeter import HeadCounter, header_block_answer
 from agentstream_services.gateway.settings import GatewaySettings
 
 log = logging.getLogger("agentstream.gateway")
@@ -39,25 +40,47 @@ class _Server(uvicorn.Server):
         yield
 
 
+DRAIN_S = 2.0
+"""How long a connection whose request was refused for its header block is still read (and its
+bytes dropped) before it is closed: closing at once, with the rest of the request unread, resets
+the connection, and the client may lose the answer."""
+
+
 class _GuardedH11(H11Protocol):
     """uvicorn's h11 protocol with the two timeouts it lacks (issue 33: six slow-header
-    connections stayed open 70 s, an idle one 80 s):
+    connections stayed open 70 s, an idle one 80 s), and the header block's limit:
 
     - a connection that has no request in progress, a new one too, is closed after
       ``idle_timeout_s`` without a byte (uvicorn arms its keep-alive timer only after a response);
     - a request's headers must be whole within ``header_timeout_s`` of its first byte (uvicorn
-      disarms every timer at each byte, so one byte every few seconds held a connection for ever).
+      disarms every timer at each byte, so one byte every few seconds held a connection for ever);
+    - a request whose header block (request line and headers, as received, to the blank line
+      that ends them) is over ``max_header_bytes`` is answered 431 with a JSON reason and the
+      connection closed, before any route or the key is looked at
+      (:class:`~agentstream_services.gateway.perimeter.HeadCounter`). uvicorn's own limit,
+      ``h11_max_incomplete_event_size``, only bounds what is still buffered: a block that
+      arrived whole in one read (up to 64 KiB) passed it.
     """
 
     header_timeout_s = 10.0
     idle_timeout_s = 5.0
+    max_header_bytes = 16_384
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._head = HeadCounter(self.max_header_bytes)
+        self._refused = False
         self.timeout_keep_alive_task = self.loop.call_later(self.idle_timeout_s, self.timeout_keep_alive_handler)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # the rest of a refused request: read and dropped, so the answer is not lost to a reset
+            return
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():  # a request's head
+            state, _ = self._head.feed(data)
+            if state == "over":
+                self._refuse_head(self._head.refusal or "the request's header block is over the limit")
+                return
         super().data_received(data)
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             self._disarm_header_deadline()
@@ -77,6 +100,15 @@ class _GuardedH11(H11Protocol):
             self._header_deadline.cancel()
             self._header_deadline = None
 
+    def _refuse_head(self, reason: str) -> None:
+        self.logger.warning("refusing a request: %s", reason)
+        self._disarm_header_deadline()
+        self._refused = True
+        self.transport.write(header_block_answer(reason))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the answer, then FIN; closing with unread bytes would send a reset
+        self.loop.call_later(DRAIN_S, self.transport.close)
+
     def _headers_too_slow(self) -> None:
         self._header_deadline = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
@@ -85,11 +117,16 @@ class _GuardedH11(H11Protocol):
 
 
 def guarded_protocol(gateway: GatewaySettings) -> type[H11Protocol]:
-    """The HTTP protocol class of the gateway's server, with its header and idle timeouts."""
+    """The HTTP protocol class of the gateway's server, with its header and idle timeouts and its
+    header block limit."""
     return type(
         "GatewayH11",
         (_GuardedH11,),
-        {"header_timeout_s": gateway.header_timeout_s, "idle_timeout_s": gateway.idle_timeout_s},
+        {
+            "header_timeout_s": gateway.header_timeout_s,
+            "idle_timeout_s": gateway.idle_timeout_s,
+            "max_header_bytes": gateway.max_header_bytes,
+        },
     )
 
 
@@ -130,7 +167,7 @@ class GatewayRunner:
             http=guarded_protocol(gateway),
             timeout_keep_alive=gateway.idle_timeout_s,  # type: ignore[arg-type]  # a float works (call_later)
             limit_concurrency=gateway.max_connections,  # past it: 503
-            h11_max_incomplete_event_size=gateway.max_header_bytes,  # past it: 400
+            h11_max_incomplete_event_size=gateway.max_header_bytes,  # a backstop: the protocol answers 431 first
         )
         self.server = _Server(config)
 

@@ -24,7 +24,9 @@ Its server's limits (each replica's), with their defaults:
   one too) is closed after this many seconds.
 - ``AGENTSTREAM_GATEWAY_MAX_CONNECTIONS`` (1000): connections (or requests in progress) past
   which a request is answered 503.
-- ``AGENTSTREAM_GATEWAY_MAX_HEADER_BYTES`` (16384): the most bytes of a request's headers (400 past it).
+- ``AGENTSTREAM_GATEWAY_MAX_HEADER_BYTES`` (16384): the most bytes of a request's header block:
+  its request line and headers as received, to and with the blank line that ends them (431
+  Request Header Fields Too Large past it, with a JSON ``detail``, before the key is looked at).
 - ``AGENTSTREAM_GATEWAY_MAX_STREAMS`` (256) and ``AGENTSTREAM_GATEWAY_MAX_STREAMS_PER_KEY`` (32):
   event streams and long-polls open at once, in all and per key (429 past either: each holds a
   Redis connection while it waits).

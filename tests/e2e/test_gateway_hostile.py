@@ -4,6 +4,7 @@ key on every route, slow headers, idle connections, many streams."""
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import time
@@ -214,3 +215,57 @@ def test_connections_past_the_limit_are_answered_503(redis_url, tmp_path):
                 sock.close()
     finally:
         services.stop_all()
+
+
+def _head_of(size: int, headers: dict[str, str], path: str = "/v1/agents") -> bytes:
+    """A GET whose header block (request line, headers, the blank line) is exactly ``size`` bytes,
+    padded with one ``X-Big`` header."""
+    lines = [f"GET {path} HTTP/1.1", "Host: gateway", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    bare = ("\r\n".join(lines) + "\r\nX-Big: \r\n\r\n").encode()
+    head = ("\r\n".join(lines) + "\r\nX-Big: " + "b" * (size - len(bare)) + "\r\n\r\n").encode()
+    assert len(head) == size
+    return head
+
+
+def _exchange(address, data: bytes, *, pieces: int = 1) -> bytes:
+    """Send ``data`` (in ``pieces`` writes) and read the answer until the server closes."""
+    answer = b""
+    with socket.create_connection(address, timeout=30) as sock:
+        step = -(-len(data) // pieces)
+        for start in range(0, len(data), step):
+            try:
+                sock.sendall(data[start : start + step])
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if pieces > 1:
+                time.sleep(0.05)  # separate reads on the server: the block arrives in parts
+        while True:
+            try:
+                got = sock.recv(65_536)
+            except ConnectionResetError:
+                break
+            if not got:
+                break
+            answer += got
+    return answer
+
+
+@pytest.mark.parametrize("pieces", [1, 4])
+def test_the_header_block_limit_holds_at_every_size_before_the_key_is_looked_at(gateway, pieces):
+    """AGENTSTREAM_GATEWAY_MAX_HEADER_BYTES (16384) was enforced only past ~64 KiB (20,000 and
+    60,000 bytes of one header got 200): uvicorn's limit bounds only what is still buffered. The
+    whole block (request line and headers, as received) is counted, in one read or several."""
+    _, address = gateway
+    limit = 16_384
+    for headers in (auth(CALC_KEY), {}):
+        at_limit = _exchange(address, _head_of(limit, headers), pieces=pieces)
+        assert _status(at_limit) == (200 if headers else 401), at_limit[:300]
+        for size in (limit + 1, 20_000, 60_000, 200_000):
+            answer = _exchange(address, _head_of(size, headers), pieces=pieces)
+            assert _status(answer) == 431, (size, answer[:300])
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert b"content-type: application/json" in head.lower() and b"x-content-type-options: nosniff" in head
+            detail = json.loads(body)["detail"]
+            assert "AGENTSTREAM_GATEWAY_MAX_HEADER_BYTES=16,384" in detail, detail
+    # a connection is served as before after all that
+    assert _status(_exchange(address, _head_of(200, auth(CALC_KEY)))) == 200
