@@ -975,14 +975,15 @@ async def _cancel(
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(wait_s, stop.set)
 
-        async def turn_end() -> TurnEnded | TurnFailed | None:
-            async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
-                if isinstance(event, (TurnEnded, TurnFailed)) and event.turn_id == message.turn_id:
-                    return event
-            return None
-
+        turn_end = _first_event(
+            store,
+            message.trace_id,
+            start,
+            stop,
+            lambda e: isinstance(e, (TurnEnded, TurnFailed)) and e.turn_id == message.turn_id,
+        )
         ending, refusal = await _unless_refused(
-            redis, settings, turn_end(), source=settings.keys.cancel, entry=entry, after=errors_after, stop=stop
+            redis, settings, turn_end, source=settings.keys.cancel, entry=entry, after=errors_after, stop=stop
         )
         if ending is not None:
             return ending
@@ -1979,14 +1980,15 @@ async def _decide(
         asyncio.get_running_loop().call_later(wait_s, stop.set)
         start = entries[-1][0] if entries else "0-0"
 
-        async def recorded() -> ApprovalDecided | None:
-            async for _, event in store.follow(message.trace_id, after=start, block_ms=500, stop=stop):
-                if isinstance(event, ApprovalDecided) and event.call_id == message.call_id:
-                    return event
-            return None
-
+        recorded = _first_event(
+            store,
+            message.trace_id,
+            start,
+            stop,
+            lambda e: isinstance(e, ApprovalDecided) and e.call_id == message.call_id,
+        )
         decision, refusal = await _unless_refused(
-            redis, settings, recorded(), source=settings.keys.approvals, entry=entry, after=errors_after, stop=stop
+            redis, settings, recorded, source=settings.keys.approvals, entry=entry, after=errors_after, stop=stop
         )
         if decision is not None:
             return decision
@@ -1996,6 +1998,15 @@ async def _decide(
         return None
     finally:
         await redis.aclose()
+
+
+async def _first_event(store: TraceStore, trace_id: str, after: str, stop: asyncio.Event, match) -> Any:
+    """The first event of trace ``trace_id`` appended after entry ``after`` for which
+    ``match(event)`` is true, followed as it is appended; None once ``stop`` is set."""
+    async for _, event in store.follow(trace_id, after=after, block_ms=500, stop=stop):
+        if match(event):
+            return event
+    return None
 
 
 async def _unless_refused(redis, settings: Settings, outcome, *, source: str, entry: str, after: str, stop):
